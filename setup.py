@@ -1,0 +1,30 @@
+"""Packaging for tfos: distributed TensorFlow on Apache Spark."""
+from setuptools import find_packages, setup
+
+setup(
+    name="tfos",
+    version="0.1.0",
+    description="Run distributed TensorFlow training and inference on Apache Spark "
+    "(a TensorFlowOnSpark successor).",
+    long_description=open("README.md", encoding="utf-8").read() if __import__("os").path.exists("README.md") else "",
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["tfos", "tfos.*"]),
+    python_requires=">=3.11",
+    install_requires=[
+        "pyspark>=3.5,<5",
+        "numpy>=1.26",
+        "cloudpickle>=3.0",
+        "psutil>=5.9",
+        "tqdm>=4.66",
+    ],
+    extras_require={
+        # Users often bring their own TensorFlow build, so TF is an extra.
+        "tf": ["tensorflow-cpu==2.21.*", "tf-keras==2.21.*", "tensorboard>=2.21"],
+        "arrow": ["pyarrow>=15", "pandas>=2.2"],
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "mypy>=1.10"],
+    },
+    classifiers=[
+        "Programming Language :: Python :: 3.11",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    ],
+)
