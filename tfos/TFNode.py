@@ -1,0 +1,108 @@
+"""TFoS-compatible TF-process helpers: ``TFNode.DataFeed``, ``start_cluster_server``... (TF process).
+
+Everything here runs inside ``main_fun(args, ctx)`` on a node.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+from .datafeed import DataFeed
+from .node_context import TFNodeContext, absolute_path
+
+__all__ = [
+    "DataFeed",
+    "TFNodeContext",
+    "hdfs_path",
+    "start_cluster_server",
+    "next_batch",
+    "batch_results",
+    "terminate",
+    "export_saved_model",
+    "shard_files",
+]
+
+
+def hdfs_path(ctx: TFNodeContext, path: str) -> str:
+    """``path`` made absolute against ``ctx.defaultFS`` / ``ctx.working_dir`` (TFoS rules).
+
+    See :func:`tfos.node_context.absolute_path`.
+    """
+    return absolute_path(path, ctx.defaultFS, ctx.working_dir)
+
+
+def start_cluster_server(ctx: TFNodeContext, num_gpus: int = 1, rdma: bool = False):
+    """TF1-style ``(tf.train.ClusterSpec, tf.distribute.Server)`` for this node (TF process).
+
+    Works on TF 2.x for ``tf.compat.v1`` between-graph programs. See
+    :func:`tfos.tf_server.start_cluster_server` for the details and errors.
+    """
+    from .tf_server import start_cluster_server as _start
+
+    return _start(ctx, num_gpus, rdma)
+
+
+def shard_files(ctx: TFNodeContext, pattern: Any, num_workers: Optional[int] = None) -> list:
+    """This worker's share of the input files: ``sorted(glob)[rank::num_workers]``.
+
+    See :func:`tfos.tf_server.shard_files`.
+    """
+    from .tf_server import shard_files as _shard
+
+    return _shard(ctx, pattern, num_workers)
+
+
+def next_batch(mgr: Any, batch_size: int, qname: str = "input") -> list:
+    """TFoS's functional form of ``DataFeed(mgr, qname_in=qname).next_batch(batch_size)``.
+
+    Prefer a long-lived :class:`DataFeed`: this helper keeps one per queue on ``mgr``.
+    """
+    return _feed(mgr, qname, True).next_batch(batch_size)
+
+
+def batch_results(mgr: Any, results: Sequence, qname: str = "output") -> None:
+    """TFoS's functional form of ``DataFeed.batch_results`` (inference feed of ``mgr``)."""
+    _feed(mgr, "input", False).batch_results(results)
+
+
+def terminate(mgr: Any, qname: str = "input") -> None:
+    """TFoS's functional form of ``DataFeed.terminate``."""
+    _feed(mgr, qname, True).terminate()
+
+
+def _feed(mgr: Any, qname: str, train_mode: bool) -> DataFeed:
+    feeds = mgr.__dict__.setdefault("_tfnode_feeds", {})
+    key = (qname, train_mode)
+    if key not in feeds:
+        feeds[key] = DataFeed(mgr, train_mode, qname_in=qname)
+    return feeds[key]
+
+
+def export_saved_model(sess: Any, export_dir: str, tag_set: Any, signatures: dict) -> None:
+    """TF1-style SavedModel export of a ``tf.compat.v1`` session (TF process, chief only).
+
+    Args:
+        sess: A ``tf.compat.v1.Session`` holding the trained graph.
+        export_dir: Target directory (must not exist).
+        tag_set: A tag or list of tags, e.g. ``tf.saved_model.SERVING`` or "serve".
+        signatures: ``{signature_key: {'inputs': {name: tensor}, 'outputs': {name: tensor},
+            'method_name': optional}}`` (TFoS's format).
+
+    Raises:
+        ValueError: When ``signatures`` is empty or a tensor is missing.
+    """
+    import tensorflow as tf
+
+    if not signatures:
+        raise ValueError("export_saved_model needs at least one signature")
+    v1 = tf.compat.v1
+    tags = [tag_set] if isinstance(tag_set, str) else list(tag_set)
+    builder = v1.saved_model.builder.SavedModelBuilder(export_dir)
+    sig_defs = {}
+    for key, sig in signatures.items():
+        inputs = {k: v1.saved_model.utils.build_tensor_info(t) for k, t in sig["inputs"].items()}
+        outputs = {k: v1.saved_model.utils.build_tensor_info(t) for k, t in sig["outputs"].items()}
+        method = sig.get("method_name", v1.saved_model.signature_constants.PREDICT_METHOD_NAME)
+        sig_defs[key] = v1.saved_model.signature_def_utils.build_signature_def(inputs, outputs, method)
+    builder.add_meta_graph_and_variables(sess, tags, signature_def_map=sig_defs, strip_default_attrs=True)
+    builder.save()

@@ -1,0 +1,45 @@
+"""tfos: distributed TensorFlow training and inference on Apache Spark.
+
+The TensorFlowOnSpark names are kept, so a TFoS program runs after renaming its imports:
+``from tfos import TFCluster, TFNode`` gives ``TFCluster.run(...)``,
+``TFCluster.InputMode`` and ``TFNode.DataFeed``.
+
+Where code runs:
+    driver: :mod:`tfos.TFCluster` (``run``, ``TFCluster``), :mod:`tfos.TFParallel`, :mod:`tfos.pipeline`;
+    TF process: :mod:`tfos.TFNode`, :class:`tfos.datafeed.DataFeed`, :mod:`tfos.tf_server`, :mod:`tfos.compat`;
+    anywhere (pure): :mod:`tfos.errors`, :mod:`tfos.cluster_template`.
+TensorFlow is imported lazily, only in the TF process and in TF helpers.
+"""
+
+from . import TFCluster, TFNode, errors
+from .cluster_template import InputMode
+from .datafeed import DataFeed
+from .errors import (
+    ClusterFailedError,
+    ConfigurationError,
+    FeedTimeoutError,
+    MalformedRowError,
+    NodeFailedError,
+    ReservationTimeoutError,
+    TFOSError,
+)
+from .node_context import TFNodeContext
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "TFCluster",
+    "TFNode",
+    "InputMode",
+    "DataFeed",
+    "TFNodeContext",
+    "errors",
+    "TFOSError",
+    "ConfigurationError",
+    "ReservationTimeoutError",
+    "ClusterFailedError",
+    "NodeFailedError",
+    "FeedTimeoutError",
+    "MalformedRowError",
+    "__version__",
+]

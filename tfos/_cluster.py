@@ -1,0 +1,630 @@
+"""The driver side of a tfos cluster: ``run()`` and the :class:`TFCluster` it returns (driver only).
+
+Only this module (and :mod:`tfos._spark_checks`) touches the SparkContext. Every Spark job
+tfos starts runs in a thread of its own under a job group of this cluster, so a failure
+cancels exactly this cluster's jobs and nothing else.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import sys
+import threading
+import time
+import uuid
+from typing import Any, Callable, Optional, Sequence
+
+from . import _wire
+from ._cluster_state import ClusterState
+from ._control_server import ControlServer
+from ._deadline import Deadline
+from ._feed_tasks import FeedPlan, make_arrow_feed_fn, make_feed_fn, make_infer_fn
+from ._launch import ClusterConfig
+from ._node_task import launch_local_node, make_start_task
+from ._spark_checks import check_spark
+from .cluster_template import InputMode, build_template, format_template, roles_from_template
+from .errors import ClusterFailedError, ConfigurationError, DeadlineExceededError, ReservationTimeoutError, TFOSError
+
+__all__ = ["TFCluster", "run"]
+
+log = logging.getLogger("tfos.cluster")
+
+#: Seconds to wait for nodes to exit after a stop directive.
+_STOP_TIMEOUT_S = 45.0
+#: Seconds to let a node failure report arrive after a Spark job failed, to name the cause.
+_ATTRIBUTION_S = 5.0
+
+
+def _default_fs(sc: Any) -> str:
+    try:
+        fs = sc._jsc.hadoopConfiguration().get("fs.defaultFS") or "file://"
+    except Exception:  # noqa: BLE001 - no JVM Hadoop conf (unusual); fall back to local
+        fs = "file://"
+    return "file://" if fs.startswith("file:") else fs.rstrip("/")
+
+
+class _JobThread:
+    """Runs one Spark action in a thread under a job group (driver)."""
+
+    def __init__(self, sc: Any, group: str, description: str, action: Callable[[], Any]):
+        from pyspark import InheritableThread
+
+        self.sc, self.group = sc, group
+        self.result: Any = None
+        self.error: Optional[BaseException] = None
+        self.done = threading.Event()
+
+        def _run() -> None:
+            try:
+                sc.setJobGroup(group, description, interruptOnCancel=True)
+                self.result = action()
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiting driver thread
+                self.error = exc
+            finally:
+                self.done.set()
+
+        self.thread = InheritableThread(target=_run, name=f"tfos-job-{group}", daemon=True)
+        self.thread.start()
+
+    def cancel(self) -> None:
+        """Cancels this job group only (never other jobs of the application)."""
+        try:
+            self.sc.cancelJobGroup(self.group)
+        except Exception as exc:  # noqa: BLE001 - the context may already be stopping
+            log.debug("cancelJobGroup(%s) failed: %s", self.group, exc)
+
+
+def _spark_error_text(exc: BaseException) -> str:
+    text = str(exc)
+    for marker in ("FeedError: ", "FeedTimeoutError: ", "TFOSError: "):
+        if marker in text:
+            line = text.split(marker, 1)[1].splitlines()[0]
+            return marker + line
+    return text.splitlines()[0][:500] if text else type(exc).__name__
+
+
+class TFCluster:
+    """A running tfos cluster (driver side). Created by :func:`run`, not directly.
+
+    Use it as a context manager to shut it down on exit::
+
+        with TFCluster.run(sc, main_fun, args, 3, 0, input_mode=InputMode.SPARK) as cluster:
+            cluster.train(rdd, num_epochs=2)
+
+    Attributes:
+        sc: The SparkContext.
+        cluster_id: Unique id; also the Spark job group prefix.
+        input_mode: :class:`InputMode` of the cluster.
+        num_executors: Number of nodes.
+        cluster_template: ``{job: [executor ids]}``.
+        defaultFS: Spark's ``fs.defaultFS``.
+        working_dir: The driver's working directory.
+    """
+
+    def __init__(self) -> None:  # populated by run()
+        self.sc: Any = None
+        self.cluster_id = ""
+        self.input_mode = InputMode.TENSORFLOW
+        self.num_executors = 0
+        self.cluster_template: dict[str, list[int]] = {}
+        self.defaultFS = "file://"
+        self.working_dir = os.getcwd()
+        self.queues: list[str] = []
+        self.progress = True
+        self._state: Optional[ClusterState] = None
+        self._server: Optional[ControlServer] = None
+        self._config: Optional[ClusterConfig] = None
+        self._start_job: Optional[_JobThread] = None
+        self._jobs: list[_JobThread] = []
+        self._local_nodes: list = []
+        self._closed = False
+        self._feed_seq = 0
+        self._liveness_stop = threading.Event()
+
+    # ------------------------------------------------------------- properties
+    @property
+    def cluster_info(self) -> list[dict]:
+        """TFoS-style list of registered nodes (dicts with executor_id, job_name, task_index,
+        host, port, ...)."""
+        assert self._state is not None
+        return [n.to_dict() for n in self._state.nodes_snapshot()]
+
+    @property
+    def cluster_spec(self) -> dict[str, list[str]]:
+        """``{job: ["host:port", ...]}`` of the running cluster."""
+        assert self._state is not None
+        return self._state.cluster_spec()
+
+    def tensorboard_url(self, timeout_s: float = 60.0) -> Optional[str]:
+        """The TensorBoard URL (``http://host:port/``), or None when TensorBoard is off.
+
+        Args:
+            timeout_s: Longest wait for TensorBoard to come up, in seconds.
+
+        Raises:
+            ClusterFailedError: When a node failed while waiting.
+        """
+        assert self._state is not None and self._config is not None
+        if not self._config.tensorboard:
+            return None
+        st = self._state
+        try:
+            if not st.wait(lambda: st.tensorboard_url is not None, Deadline(timeout_s, "TensorBoard to start")):
+                raise st.error("tensorboard_url()")
+        except DeadlineExceededError:
+            log.warning("TensorBoard did not report a URL within %g s", timeout_s)
+        return st.tensorboard_url
+
+    # ------------------------------------------------------------- internals
+    def _fail(self, context: str) -> ClusterFailedError:
+        assert self._state is not None
+        err = self._state.error(context)
+        self._teardown(failed=True)
+        return err
+
+    def _check_open(self, what: str) -> None:
+        if self._closed:
+            raise TFOSError(f"{what}: the cluster {self.cluster_id} was already shut down")
+        assert self._state is not None
+        if self._state.failed:
+            raise self._fail(what)
+
+    def _on_first_failure(self, _failure: Any) -> None:
+        # Runs on a control-server thread: cancel only this cluster's job groups.
+        for job in list(self._jobs):
+            if not job.done.is_set():
+                job.cancel()
+
+    def _liveness_loop(self) -> None:
+        assert self._state is not None
+        while not self._liveness_stop.wait(1.0):
+            self._state.check_liveness()
+
+    def _run_job(self, kind: str, description: str, action: Callable[[], Any]) -> _JobThread:
+        self._feed_seq += 1
+        job = _JobThread(self.sc, f"{self.cluster_id}-{kind}-{self._feed_seq}", description, action)
+        self._jobs.append(job)
+        return job
+
+    def _await_job(self, job: _JobThread, context: str, progress: Optional[Callable[[], None]] = None) -> Any:
+        """Waits for a feed/inference job, failing fast on any node failure (driver)."""
+        assert self._state is not None
+        st = self._state
+        while not job.done.wait(0.25):
+            if st.failed:
+                job.cancel()
+                job.done.wait(30.0)
+                raise self._fail(context)
+            if progress:
+                progress()
+        if progress:
+            progress()
+        if job.error is not None:
+            _sleep_for_attribution(st)
+            if st.failed:
+                raise self._fail(context)
+            text = _spark_error_text(job.error)
+            self._teardown(failed=True)
+            raise ClusterFailedError(self.cluster_id, [st.make_failure(st.roles[0].executor_id, "spark", type(job.error).__name__, text)], context) from job.error
+        return job.result
+
+    def _feed_nodes(self) -> tuple:
+        assert self._state is not None
+        return tuple(n for n in self._state.nodes_snapshot() if n.role.feedable)
+
+    def _plan(self, mode: str, qname: str, kind: Any, parts: int, feed_timeout: float) -> FeedPlan:
+        assert self._config is not None
+        cfg = self._config
+        if qname not in self.queues:
+            raise ConfigurationError(f"qname {qname!r} is not one of the cluster's queues {self.queues}; pass queues=[...] to TFCluster.run()")
+        return FeedPlan(cfg.cluster_id, cfg.key, cfg.driver_host, cfg.driver_port, self._feed_nodes(), qname, mode, kind, parts, float(feed_timeout))
+
+    def _progress(self, job_group_prefix: str, total: int, parts: int, epochs: int, desc: str) -> Callable[[], None]:
+        if not self.progress or os.environ.get("TFOS_PROGRESS", "1") == "0":
+            return lambda: None
+        from tqdm import tqdm
+
+        assert self._state is not None
+        st = self._state
+        tracker = self.sc.statusTracker()
+        bar = tqdm(total=total, desc=desc, unit="part", file=sys.stderr, mininterval=0.5 if sys.stderr.isatty() else 10.0, leave=True)
+        t0, rows0 = time.monotonic(), st.rows_consumed()
+        group = f"{self.cluster_id}-{job_group_prefix}-{self._feed_seq}"
+
+        def update() -> None:
+            done = 0
+            for jid in tracker.getJobIdsForGroup(group):
+                info = tracker.getJobInfo(jid)
+                for sid in info.stageIds if info else ():
+                    s = tracker.getStageInfo(sid)
+                    if s:
+                        done += s.numCompletedTasks
+            done = min(done, total)
+            rows = st.rows_consumed() - rows0
+            rate = rows / max(1e-6, time.monotonic() - t0)
+            epoch = min(epochs, done // max(1, parts) + 1)
+            bar.set_postfix_str(f"epoch {epoch}/{epochs}, {rows:,} rows, {rate:,.0f} rows/s", refresh=False)
+            bar.update(done - bar.n)
+            if done >= total:
+                bar.close()
+
+        return update
+
+    # ---------------------------------------------------------------- feeding
+    def train(self, dataRDD: Any, num_epochs: int = 1, feed_timeout: float = 600, qname: str = "input") -> None:
+        """Feeds an RDD or DataFrame to the nodes' ``DataFeed`` for ``num_epochs`` epochs (driver).
+
+        Blocks until every partition of every epoch was consumed by the TF processes, or the
+        nodes called ``DataFeed.terminate()`` (the rest is skipped quickly). An epoch is one
+        pass over every partition; epochs are fed back to back in one Spark job.
+
+        Args:
+            dataRDD: An RDD of rows (tuples, lists, numpy arrays, strings) or a Spark
+                DataFrame (fed as Arrow record batches).
+            num_epochs: Passes over the data, >= 1. (TFoS treated 0 as 10: tfos refuses it.)
+            feed_timeout: Seconds a node may accept no data before the feed fails.
+            qname: The node queue to feed.
+
+        Raises:
+            ConfigurationError: Not InputMode.SPARK, ``num_epochs`` < 1, unknown ``qname``.
+            ClusterFailedError: A node failed, died or stopped reading (within seconds of
+                the failure; names the node, with its remote traceback).
+        """
+        if self.input_mode != InputMode.SPARK:
+            raise ConfigurationError("train() feeds data only in InputMode.SPARK; this cluster runs InputMode.TENSORFLOW, where TensorFlow reads its own data")
+        if isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or num_epochs < 1:
+            raise ConfigurationError(f"num_epochs must be an integer >= 1 (one epoch = one pass over every partition), got {num_epochs!r}")
+        self._check_open("train()")
+        df = _as_dataframe(dataRDD)
+        if df is not None and _arrow_ok():
+            parts = df.rdd.getNumPartitions()
+            plan = self._plan("train", qname, _chunk_kind("arrow"), parts, feed_timeout)
+            data = functools.reduce(lambda a, b: a.union(b), [df] * num_epochs)
+            fn = make_arrow_feed_fn(plan)
+            action: Callable[[], Any] = lambda: [tuple(r) for r in data.mapInArrow(fn, "partition long, outcome string").collect()]
+        else:
+            rdd = df.rdd if df is not None else dataRDD
+            parts = rdd.getNumPartitions()
+            src, kind = _raw_source(rdd)
+            plan = self._plan("train", qname, kind, parts, feed_timeout)
+            data = src if num_epochs == 1 else self.sc.union([src] * num_epochs)
+            fn = make_feed_fn(plan)
+            action = lambda: data.mapPartitionsWithIndex(fn).collect()
+        total = parts * num_epochs
+        desc = f"tfos train: {parts} partitions x {num_epochs} epoch(s) -> {len(plan.nodes)} node(s)"
+        log.info("%s", desc)
+        job = self._run_job("train", desc, action)
+        outcomes = self._await_job(job, "train()", self._progress("train", total, parts, num_epochs, "tfos train"))
+        skipped = [o for o in outcomes if o[1] in ("finished", "skipped")]
+        terminated = [o for o in outcomes if o[1] == "terminated"]
+        if terminated:
+            log.info("train(): %d of %d partitions skipped after DataFeed.terminate()", len(terminated), total)
+        if skipped:
+            log.warning(
+                "train(): %d of %d partitions were not fed because main_fun on their node had already returned "
+                "(it stopped reading without DataFeed.terminate())", len(skipped), total,
+            )
+
+    def inference(self, dataRDD: Any, feed_timeout: float = 600, qname: str = "input") -> Any:
+        """Runs inference over an RDD (or DataFrame) and returns the results (driver).
+
+        The nodes' ``main_fun`` reads batches with ``DataFeed(train_mode=False)`` (batches
+        never span partitions) and answers each with ``batch_results``. The job runs
+        eagerly under this cluster's job group, so failures surface here; the results are
+        persisted (MEMORY_AND_DISK) and returned as an RDD with exactly one result per
+        input row, in input order within each partition.
+
+        Args:
+            dataRDD: An RDD of rows, or a DataFrame (its ``.rdd`` rows are fed).
+            feed_timeout: Seconds a node may go without accepting data or returning results.
+            qname: The node queue to feed.
+
+        Returns:
+            An RDD of results.
+
+        Raises:
+            ConfigurationError: Not InputMode.SPARK, or unknown ``qname``.
+            ClusterFailedError: A node failed, or returned too few/many results.
+        """
+        if self.input_mode != InputMode.SPARK:
+            raise ConfigurationError("inference() needs InputMode.SPARK")
+        self._check_open("inference()")
+        df = _as_dataframe(dataRDD)
+        rdd = df.rdd if df is not None else dataRDD
+        parts = rdd.getNumPartitions()
+        src, kind = _raw_source(rdd)
+        plan = self._plan("inference", qname, kind, parts, feed_timeout)
+        from pyspark import StorageLevel
+
+        from ._spark_rawio import raw_output_rdd
+
+        out = raw_output_rdd(src, make_infer_fn(plan))
+        out.persist(StorageLevel.MEMORY_AND_DISK)
+        desc = f"tfos inference: {parts} partitions -> {len(plan.nodes)} node(s)"
+        job = self._run_job("inference", desc, lambda: out.count())
+        self._await_job(job, "inference()", self._progress("inference", parts, parts, 1, "tfos inference"))
+        return out
+
+    # --------------------------------------------------------------- shutdown
+    def shutdown(self, ssc: Any = None, grace_secs: float = 0, timeout: float = 259200) -> None:
+        """Ends the feed, waits for the workers' ``main_fun`` to return, stops every node (driver).
+
+        Args:
+            ssc: Ignored (TFoS's Spark Streaming context; streaming is not supported).
+            grace_secs: Extra seconds to wait after the workers finished before stopping
+                ps/evaluator nodes (TFoS compatibility). Failures are caught whatever its
+                value, because every node reports its own failure.
+            timeout: Longest wait, in seconds, for the workers' ``main_fun`` to return.
+
+        Raises:
+            ClusterFailedError: Any node failed at any time (remote tracebacks included).
+            DeadlineExceededError: The workers did not finish within ``timeout``.
+        """
+        if self._closed:
+            return
+        assert self._state is not None
+        st = self._state
+        try:
+            if self.input_mode == InputMode.SPARK:
+                st.close_feed()
+            workers = [r.executor_id for r in st.roles if r.feedable]
+            deadline = Deadline(timeout, "main_fun to return on every chief/master/worker node", "a main_fun that never ends (e.g. waiting for data after terminate())")
+            if not st.wait(lambda: all(st.is_done(e) for e in workers), deadline):
+                raise self._fail("shutdown()")
+            if grace_secs:
+                try:
+                    st.wait(lambda: False, Deadline(float(grace_secs), "grace period"))
+                except DeadlineExceededError:
+                    pass
+                if st.failed:
+                    raise self._fail("shutdown()")
+            self._teardown(failed=False)
+            if st.failed:
+                raise st.error("shutdown()")
+        except BaseException:
+            if not self._closed:
+                self._teardown(failed=True)
+            raise
+        log.info("tfos cluster %s shut down", self.cluster_id)
+
+    def _teardown(self, failed: bool) -> None:
+        """Stops every node, waits (bounded) for their processes, closes the server (driver)."""
+        if self._closed:
+            return
+        self._closed = True
+        st = self._state
+        assert st is not None
+        if failed:
+            st.abort("the cluster failed")
+        else:
+            st.request_stop()
+        registered = set(st.nodes)
+        try:
+            st_wait = Deadline(_STOP_TIMEOUT_S, "every node process to exit")
+            while not st_wait.expired():
+                with st._cond:
+                    alive = [e for e in registered if e not in st.exit_codes and not any(f.executor_id == e and f.kind == "lost" for f in st.failures)]
+                if not alive:
+                    break
+                time.sleep(0.1)
+            else:
+                log.warning("tfos cluster %s: nodes %s did not report their exit in %g s", self.cluster_id, alive, _STOP_TIMEOUT_S)
+        finally:
+            for job in self._jobs:
+                if not job.done.wait(0 if failed else 10.0):
+                    job.cancel()
+                    job.done.wait(10.0)
+            for proc in self._local_nodes:
+                try:
+                    proc.wait(10.0)
+                except Exception:  # noqa: BLE001 - subprocess.TimeoutExpired
+                    proc.kill()
+            self._liveness_stop.set()
+            if self._server is not None:
+                self._server.close()
+
+    def __enter__(self) -> "TFCluster":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.shutdown()
+        elif not self._closed:
+            try:
+                self._teardown(failed=True)
+            except Exception as texc:  # noqa: BLE001 - never mask the user's exception
+                log.warning("teardown after an error failed: %s", texc)
+
+
+def _sleep_for_attribution(state: ClusterState) -> None:
+    """After a Spark job failed, waits briefly for the node's own failure report, which
+    carries the real cause (bounded by _ATTRIBUTION_S)."""
+    deadline = Deadline(_ATTRIBUTION_S, "a node failure report")
+    while not state.failed and not deadline.expired():
+        time.sleep(0.1)
+
+
+def _as_dataframe(data: Any) -> Any:
+    try:
+        from pyspark.sql import DataFrame
+    except ImportError:
+        return None
+    return data if isinstance(data, DataFrame) else None
+
+
+def _arrow_ok() -> bool:
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _chunk_kind(name: str):
+    from ._data_plane import ChunkKind
+
+    return ChunkKind(name)
+
+
+def _raw_source(rdd: Any) -> tuple[Any, Any]:
+    """The RDD to feed and its chunk kind: raw PySpark frames when possible."""
+    from ._data_plane import ChunkKind
+    from ._spark_rawio import raw_frames
+
+    raw = raw_frames(rdd)
+    if raw is None:
+        return rdd, None
+    return raw.rdd, ChunkKind(_kind_value(raw.kind))
+
+
+def _kind_value(kind: Any) -> str:
+    value = getattr(kind, "value", kind)
+    return str(value).lower()
+
+
+def run(
+    sc: Any,
+    map_fun: Callable[[Any, Any], Any],
+    tf_args: Any,
+    num_executors: int,
+    num_ps: int,
+    tensorboard: bool = False,
+    input_mode: InputMode = InputMode.TENSORFLOW,
+    log_dir: Optional[str] = None,
+    driver_ps_nodes: bool = False,
+    master_node: Optional[str] = None,
+    reservation_timeout: float = 600,
+    queues: Sequence[str] = ("input", "output", "error"),
+    eval_node: bool = False,
+    release_port: bool = True,
+    *,
+    heartbeat_timeout: float = 15.0,
+    forward_logs: str = "chief",
+    progress: bool = True,
+    queue_chunks: int = 4,
+    executor_wait_s: float = 60.0,
+) -> TFCluster:
+    """Starts a TensorFlow cluster on Spark executors and runs ``map_fun`` on every node (driver).
+
+    Reserves one executor per node (a barrier stage, so all nodes are gang-scheduled),
+    gives each a role from the template (ps, then ``master_node``, then the evaluator,
+    then workers), sets ``TF_CONFIG`` and calls ``map_fun(tf_args, ctx)`` in a TF process on
+    each node. Returns once every node has registered; training then proceeds in the
+    background until :meth:`TFCluster.shutdown`.
+
+    Args:
+        sc: The SparkContext.
+        map_fun: ``main_fun(args, ctx)``, run on every node (must be picklable by cloudpickle).
+        tf_args: Passed to ``map_fun`` unchanged: an argparse Namespace, a dict or argv list.
+        num_executors: Number of nodes (ps included).
+        num_ps: Number of parameter-server nodes.
+        tensorboard: Start TensorBoard on the chief (or worker 0).
+        input_mode: :class:`InputMode`.TENSORFLOW or .SPARK.
+        log_dir: TensorBoard log directory.
+        driver_ps_nodes: Run the ps nodes as processes on the driver host instead of
+            executors (then only ``num_executors - num_ps`` executors are needed).
+        master_node: None, 'chief' or 'master': the job name of the first non-ps node.
+        reservation_timeout: Seconds to wait for every node to register.
+        queues: Queue names of fed nodes (InputMode.SPARK).
+        eval_node: Make one node an 'evaluator'.
+        release_port: Release each node's held TF port before ``map_fun`` (set False and
+            call ``ctx.release_port()`` yourself, or use ``ctx.start_cluster_server``).
+        heartbeat_timeout: Seconds of silence after which a node is declared lost.
+        forward_logs: Whose stdout/stderr lines reach the driver's 'tfos.node' logger:
+            'chief' (default), 'all' or 'none'.
+        progress: Show a progress line on the driver during train()/inference()
+            (also off with ``TFOS_PROGRESS=0``).
+        queue_chunks: Bound of each node's input queue, in chunks.
+        executor_wait_s: Longest wait for Spark executors to register before launching.
+
+    Returns:
+        The running :class:`TFCluster`.
+
+    Raises:
+        ConfigurationError: Bad arguments or Spark configuration (C01, C05, C13, C14,
+            dynamic allocation), before anything is launched.
+        ReservationTimeoutError: Not every node registered within ``reservation_timeout``.
+        ClusterFailedError: A node failed while the cluster was forming.
+    """
+    if not callable(map_fun):
+        raise ConfigurationError("map_fun must be callable as map_fun(args, ctx)")
+    input_mode = InputMode(int(input_mode))
+    template = build_template(num_executors, num_ps, master_node, eval_node)
+    roles = roles_from_template(template)
+    spark_ids = [r.executor_id for r in roles if not (driver_ps_nodes and r.job_name == "ps")]
+    queues = tuple(queues)
+    if input_mode == InputMode.SPARK and "input" not in queues:
+        log.debug("queues %s has no 'input' queue", queues)
+    check_spark(sc, len(spark_ids), input_mode, wait_s=min(executor_wait_s, reservation_timeout))
+
+    import cloudpickle
+
+    cluster = TFCluster()
+    cluster.sc = sc
+    cluster.cluster_id = f"tfos-{uuid.uuid4().hex[:12]}"
+    cluster.input_mode = input_mode
+    cluster.num_executors = num_executors
+    cluster.cluster_template = template
+    cluster.defaultFS = _default_fs(sc)
+    cluster.queues = list(queues)
+    cluster.progress = progress
+    log.info("tfos cluster %s: %s (input mode %s)", cluster.cluster_id, format_template(template), input_mode.name)
+
+    key = _wire.new_key()
+    state = ClusterState(cluster.cluster_id, roles, heartbeat_timeout, on_failure=cluster._on_first_failure)
+    cluster._state = state
+    driver_host = sc.getConf().get("spark.driver.host", "127.0.0.1")
+    server = ControlServer(key, state.handle, host=driver_host)
+    cluster._server = server
+    config = ClusterConfig(
+        cluster_id=cluster.cluster_id, key=key, driver_host=server.host, driver_port=server.port,
+        input_mode=input_mode, roles=tuple(roles), default_fs=cluster.defaultFS,
+        heartbeat_interval_s=min(1.0, heartbeat_timeout / 4), heartbeat_timeout_s=float(heartbeat_timeout),
+        reservation_timeout_s=float(reservation_timeout), release_port=release_port, queues=queues,
+        queue_chunks=queue_chunks, tensorboard=bool(tensorboard), log_dir=log_dir, forward_logs=forward_logs,
+    )
+    cluster._config = config
+    threading.Thread(target=cluster._liveness_loop, name=f"{cluster.cluster_id}-liveness", daemon=True).start()
+    try:
+        payload = cloudpickle.dumps((map_fun, tf_args))
+        for r in roles:
+            if r.executor_id not in spark_ids:
+                cluster._local_nodes.append(launch_local_node(config, r.executor_id, payload, os.getcwd()))
+        start_fn = make_start_task(config, spark_ids, payload)
+        n = len(spark_ids)
+        nodes_rdd = sc.parallelize(range(n), n).barrier().mapPartitionsWithIndex(start_fn)
+        desc = f"tfos start: {format_template(template)}"
+        cluster._start_job = cluster._run_job("start", desc, nodes_rdd.collect)
+        deadline = Deadline(
+            reservation_timeout, f"all {num_executors} nodes to register",
+            "too few free Spark task slots (another job holds executors), executors that cannot reach the "
+            "driver's control port, or node processes failing at start-up (see the executor logs)",
+        )
+        start = cluster._start_job
+        while not state.all_registered():
+            if state.failed:
+                raise cluster._fail("run()")
+            if start.done.is_set():
+                # The start job ended (or died) before every node registered.
+                _sleep_for_attribution(state)
+                if state.failed:
+                    raise cluster._fail("run()")
+                if not state.all_registered():
+                    what = _spark_error_text(start.error) if start.error is not None else "the start tasks returned early"
+                    etype = type(start.error).__name__ if start.error is not None else "StartJobEnded"
+                    cluster._teardown(failed=True)
+                    raise ClusterFailedError(cluster.cluster_id, [state.make_failure(state.missing()[0] if state.missing() else 0, "spark", etype, what)], "run()") from start.error
+                break
+            if deadline.expired():
+                missing = state.missing()
+                cluster._teardown(failed=True)
+                raise deadline.error(ReservationTimeoutError, f"executor ids {missing} never registered")
+            time.sleep(0.05)
+    except BaseException:
+        if not cluster._closed:
+            cluster._teardown(failed=True)
+        raise
+    log.info("tfos cluster %s: all %d nodes registered: %s", cluster.cluster_id, num_executors, state.cluster_spec())
+    return cluster

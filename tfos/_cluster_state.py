@@ -1,0 +1,371 @@
+"""The driver's view of one cluster: registry, node states, failures, directives (driver only).
+
+This is a pure, thread-safe state machine: the control server calls :meth:`ClusterState.handle`
+for every authenticated request, a liveness thread calls :meth:`ClusterState.check_liveness`,
+and the driver API waits on it. It never touches Spark, so it is unit-tested directly.
+
+Node life cycle as seen by the driver::
+
+    pending --register--> registered --status running--> running --+--> finished
+                                                                   +--> failed
+    (any non-terminal) --no heartbeat for heartbeat_timeout_s--> failed (lost)
+    supervisor 'exited' report: the node's processes are gone (code/signal recorded)
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from typing import Callable, Optional, Sequence
+
+from ._deadline import Deadline
+from .cluster_template import NodeInfo, NodeRole, build_cluster_spec
+from .errors import ClusterFailedError, ControlProtocolError, NodeFailure
+
+__all__ = ["ClusterState", "describe_exit"]
+
+log = logging.getLogger(__name__)
+node_log = logging.getLogger("tfos.node")
+
+_MAX_POLL_S = 5.0
+TERMINAL = ("finished", "failed", "stopped")
+
+
+def describe_exit(code: int) -> str:
+    """Human text for a process exit status (negative = killed by that signal)."""
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"killed by {name}"
+    return f"exit code {code}"
+
+
+class ClusterState:
+    """Thread-safe registry and failure aggregator of one cluster (driver side).
+
+    Args:
+        cluster_id: The cluster id (frames must carry it).
+        roles: One role per executor id.
+        heartbeat_timeout_s: Seconds without a supervisor heartbeat before a node is lost.
+        on_failure: Called once, outside the lock, with the first failure (the driver
+            cancels its job groups there).
+    """
+
+    def __init__(
+        self,
+        cluster_id: str,
+        roles: Sequence[NodeRole],
+        heartbeat_timeout_s: float,
+        on_failure: Optional[Callable[[NodeFailure], None]] = None,
+    ):
+        self.cluster_id = cluster_id
+        self.roles = list(roles)
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self._on_failure = on_failure
+        self._cond = threading.Condition()
+        self.nodes: dict[int, NodeInfo] = {}
+        self.proc_state: dict[int, str] = {r.executor_id: "pending" for r in roles}
+        self.exit_codes: dict[int, int] = {}
+        self.last_heartbeat: dict[int, float] = {}
+        self.failures: list[NodeFailure] = []
+        self.stop_requested = False
+        self.feed_closed = False
+        self.abort_reason = ""
+        self.counters: dict[int, dict[str, int]] = {}
+        self.tensorboard_url: Optional[str] = None
+        self.hosts: dict[int, str] = {}
+
+    # ----------------------------------------------------------------- queries
+    def role(self, executor_id: int) -> NodeRole:
+        """The role of ``executor_id``.
+
+        Raises:
+            ControlProtocolError: For an id outside the cluster.
+        """
+        if not isinstance(executor_id, int) or not 0 <= executor_id < len(self.roles):
+            raise ControlProtocolError(f"unknown executor id {executor_id!r}")
+        return self.roles[executor_id]
+
+    def node_name(self, executor_id: int) -> str:
+        """``job:index (executor N, host H)`` for reports."""
+        r = self.role(executor_id)
+        host = self.hosts.get(executor_id, "unknown host")
+        return f"{r.job_name}:{r.task_index} (executor {executor_id}, host {host})"
+
+    @property
+    def failed(self) -> bool:
+        """True once any node failure was recorded."""
+        return bool(self.failures)
+
+    def all_registered(self) -> bool:
+        """True once every node registered."""
+        return len(self.nodes) == len(self.roles)
+
+    def missing(self) -> list[int]:
+        """Executor ids that have not registered yet."""
+        return [r.executor_id for r in self.roles if r.executor_id not in self.nodes]
+
+    def error(self, context: str) -> ClusterFailedError:
+        """The aggregated error for everything that failed so far."""
+        with self._cond:
+            return ClusterFailedError(self.cluster_id, list(self.failures), context)
+
+    def is_done(self, executor_id: int) -> bool:
+        """True when the node's main_fun ended (or its processes are gone)."""
+        return self.proc_state[executor_id] in TERMINAL or executor_id in self.exit_codes
+
+    # ---------------------------------------------------------------- mutation
+    def record_failure(self, failure: NodeFailure) -> None:
+        """Records a failure, wakes every waiter and fires ``on_failure`` for the first one."""
+        with self._cond:
+            first = not self.failures
+            eid = failure.executor_id
+            # One root cause per node: a process exit after a reported exception is a consequence.
+            if any(f.executor_id == eid and f.kind == "exception" for f in self.failures) and failure.kind in (
+                "exited",
+                "lost",
+                "feed",
+            ):
+                return
+            self.failures.append(failure)
+            if 0 <= eid < len(self.roles):
+                self.proc_state[eid] = "failed"
+            self._cond.notify_all()
+        log.error("tfos node failed: %s: %s: %s", failure.node_name, failure.error_type, failure.message)
+        if first and self._on_failure is not None:
+            self._on_failure(failure)
+
+    def make_failure(self, executor_id: int, kind: str, error_type: str, message: str, tb: str = "") -> NodeFailure:
+        """A :class:`NodeFailure` for a node of this cluster."""
+        r = self.role(executor_id)
+        return NodeFailure(executor_id, r.job_name, r.task_index, self.hosts.get(executor_id, ""), kind, error_type, message, tb)
+
+    def request_stop(self, feed_closed: bool = True) -> None:
+        """Directs every node to stop (and, by default, closes the feed)."""
+        with self._cond:
+            self.stop_requested = True
+            self.feed_closed = self.feed_closed or feed_closed
+            self._cond.notify_all()
+
+    def close_feed(self) -> None:
+        """Tells every node that no more data will be fed (end of feed)."""
+        with self._cond:
+            self.feed_closed = True
+            self._cond.notify_all()
+
+    def abort(self, reason: str) -> None:
+        """Tells every node and late registrant to give up (e.g. run() failed)."""
+        with self._cond:
+            self.abort_reason = reason
+            self.stop_requested = True
+            self._cond.notify_all()
+
+    def check_liveness(self, now: Optional[float] = None) -> None:
+        """Declares lost every live node whose supervisor missed ``heartbeat_timeout_s``."""
+        now = time.monotonic() if now is None else now
+        lost = []
+        with self._cond:
+            for eid, seen in self.last_heartbeat.items():
+                if eid in self.exit_codes or self.proc_state[eid] in ("failed", "stopped"):
+                    continue
+                if self.stop_requested and self.proc_state[eid] in TERMINAL:
+                    continue
+                if now - seen > self.heartbeat_timeout_s:
+                    lost.append((eid, now - seen))
+        for eid, silence in lost:
+            self.record_failure(
+                self.make_failure(
+                    eid,
+                    "lost",
+                    "NodeLost",
+                    f"no heartbeat for {silence:.1f} s (timeout {self.heartbeat_timeout_s:g} s): the executor, "
+                    "its Python worker or the node supervisor died without a report (executor JVM killed, "
+                    "out of memory, or host lost)",
+                )
+            )
+
+    # --------------------------------------------------------------- waiting
+    def wait(self, predicate: Callable[[], bool], deadline: Deadline, poll_s: float = 0.5) -> bool:
+        """Waits until ``predicate()`` (called under the lock) or a failure, up to ``deadline``.
+
+        Returns:
+            True when the predicate holds, False when a failure was recorded first.
+
+        Raises:
+            DeadlineExceededError: When the deadline expires first.
+        """
+        with self._cond:
+            while True:
+                if self.failures:
+                    return False
+                if predicate():
+                    return True
+                if deadline.expired():
+                    raise deadline.error()
+                self._cond.wait(deadline.slice(poll_s))
+
+    # -------------------------------------------------------- control handlers
+    def handle(self, body: dict, peer: str) -> dict:
+        """Dispatches one authenticated control request; returns the response body.
+
+        Raises:
+            ControlProtocolError: For an unknown type, a foreign cluster id or bad fields.
+        """
+        if body.get("cluster") != self.cluster_id:
+            raise ControlProtocolError("frame is for another cluster")
+        handler = getattr(self, "_on_" + str(body.get("type")), None)
+        if handler is None:
+            raise ControlProtocolError(f"unknown message type {body.get('type')!r}")
+        try:
+            return handler(body, peer)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ControlProtocolError(f"malformed {body.get('type')!r} message: {exc!r}") from None
+
+    def _directives(self) -> dict:
+        return {
+            "stop": self.stop_requested,
+            "feed_closed": self.feed_closed,
+            "abort": self.abort_reason,
+            "failed": bool(self.failures),
+        }
+
+    def _on_register(self, body: dict, peer: str) -> dict:
+        node = NodeInfo.from_dict(body["node"])
+        role = self.role(node.executor_id)
+        if (node.job_name, node.task_index) != (role.job_name, role.task_index):
+            raise ControlProtocolError(f"executor {node.executor_id} registered as {node.job_name}:{node.task_index}, template says {role.job_name}:{role.task_index}")
+        with self._cond:
+            if self.abort_reason or self.failures:
+                return {"ok": False, "abort": self.abort_reason or "the cluster has already failed"}
+            old = self.nodes.get(node.executor_id)
+            if old is not None and old.pid != node.pid:
+                return {"ok": False, "abort": f"executor id {node.executor_id} is already taken by pid {old.pid} on {old.host} (a retried Spark task?)"}
+            clash = [n for n in self.nodes.values() if n.executor_key and n.executor_key == node.executor_key and n.executor_id != node.executor_id]
+            self.nodes[node.executor_id] = node
+            self.hosts[node.executor_id] = node.host
+            if self.proc_state[node.executor_id] == "pending":
+                self.proc_state[node.executor_id] = "registered"
+            self._cond.notify_all()
+        log.info("tfos node registered: %s, TF port %d%s", node.name, node.port, f", data port {node.data_port}" if node.data_port else "")
+        return {"ok": True, "shared_executor": [n.executor_id for n in clash]}
+
+    def _on_await_cluster(self, body: dict, peer: str) -> dict:
+        poll = min(float(body.get("poll_s", _MAX_POLL_S)), _MAX_POLL_S)
+        end = time.monotonic() + poll
+        with self._cond:
+            while True:
+                if self.abort_reason or self.failures:
+                    return {"ready": False, "abort": self.abort_reason or "another node failed"}
+                if self.all_registered():
+                    nodes = sorted(self.nodes.values(), key=lambda n: n.executor_id)
+                    return {"ready": True, "nodes": [n.to_dict() for n in nodes]}
+                left = end - time.monotonic()
+                if left <= 0:
+                    return {"ready": False, "missing": self.missing()}
+                self._cond.wait(left)
+
+    def _on_heartbeat(self, body: dict, peer: str) -> dict:
+        eid = int(body["executor_id"])
+        self.role(eid)
+        with self._cond:
+            self.last_heartbeat[eid] = time.monotonic()
+            if "host" in body and eid not in self.hosts:
+                self.hosts[eid] = str(body["host"])
+            return self._directives()
+
+    def _on_wait_event(self, body: dict, peer: str) -> dict:
+        eid = int(body["executor_id"])
+        self.role(eid)
+        known = body.get("known", {})
+        counters = body.get("counters")
+        poll = min(float(body.get("poll_s", 1.0)), _MAX_POLL_S)
+        end = time.monotonic() + poll
+        with self._cond:
+            if isinstance(counters, dict):
+                self.counters[eid] = {str(k): int(v) for k, v in counters.items()}
+            while True:
+                d = self._directives()
+                if any(d[k] != known.get(k) for k in d):
+                    return d
+                left = end - time.monotonic()
+                if left <= 0:
+                    return d
+                self._cond.wait(left)
+
+    def _on_status(self, body: dict, peer: str) -> dict:
+        eid = int(body["executor_id"])
+        self.role(eid)
+        state = str(body["state"])
+        if state == "failed":
+            f = NodeFailure.from_dict(body["failure"])
+            self.record_failure(f)
+        elif state == "exited":
+            code = int(body["code"])
+            with self._cond:
+                self.exit_codes[eid] = code
+                proc = self.proc_state[eid]
+                stopping = self.stop_requested
+                self._cond.notify_all()
+            if code != 0 and proc not in ("finished", "stopped", "failed") and not stopping:
+                self.record_failure(
+                    self.make_failure(eid, "exited", "ProcessDied", f"the TF process died ({describe_exit(code)}) before main_fun returned")
+                )
+        elif state in ("running", "finished", "stopped"):
+            with self._cond:
+                if self.proc_state[eid] != "failed":
+                    self.proc_state[eid] = state
+                self._cond.notify_all()
+            if state == "finished":
+                log.info("tfos node %s: main_fun finished", self.node_name(eid))
+        else:
+            raise ControlProtocolError(f"unknown node state {state!r}")
+        return {"ok": True}
+
+    def _on_feed_error(self, body: dict, peer: str) -> dict:
+        self.record_failure(NodeFailure.from_dict(body["failure"]))
+        return {"ok": True}
+
+    def _on_node_state(self, body: dict, peer: str) -> dict:
+        eid = int(body["executor_id"])
+        self.role(eid)
+        with self._cond:
+            fails = [f for f in self.failures if f.executor_id == eid]
+            return {
+                "state": self.proc_state[eid],
+                "exit_code": self.exit_codes.get(eid),
+                "failure": f"{fails[0].error_type}: {fails[0].message}" if fails else "",
+                "cluster_failed": bool(self.failures),
+            }
+
+    def _on_log(self, body: dict, peer: str) -> dict:
+        eid = int(body["executor_id"])
+        name = self.node_name(eid)
+        for line in body.get("lines", [])[:1000]:
+            node_log.info("[%s] %s", name, str(line)[:2000])
+        return {"ok": True}
+
+    def _on_tensorboard(self, body: dict, peer: str) -> dict:
+        with self._cond:
+            self.tensorboard_url = str(body["url"])
+            self._cond.notify_all()
+        log.info("TensorBoard for cluster %s: %s", self.cluster_id, self.tensorboard_url)
+        return {"ok": True}
+
+    def nodes_snapshot(self) -> list[NodeInfo]:
+        """The registered nodes, ordered by executor id."""
+        with self._cond:
+            return sorted(self.nodes.values(), key=lambda n: n.executor_id)
+
+    def cluster_spec(self) -> dict[str, list[str]]:
+        """The cluster spec of the registered nodes."""
+        return build_cluster_spec(self.nodes_snapshot())
+
+    def rows_consumed(self) -> int:
+        """Total rows the TF processes have taken from their feeds (from heartbeats)."""
+        with self._cond:
+            return sum(c.get("rows", 0) for c in self.counters.values())
+

@@ -1,0 +1,173 @@
+"""Data-plane framing and chunk decoding (pure; used by Spark feed tasks and the TF process).
+
+A data connection goes from one Spark feed task to one node's TF process. After the
+challenge-response handshake (:func:`tfos._wire.serve_challenge`), every frame is::
+
+    type (1 byte) | payload length (uint64, big-endian) | payload
+
+Client -> server: ``H`` header (JSON), ``D`` data chunk, ``E`` end of partition.
+Server -> client: ``S`` status (JSON, right after the handshake), ``A`` partition consumed
+(JSON), ``R`` results chunk (a pickled list), ``F`` end of results (JSON), ``T`` the node
+terminated the feed, ``X`` error (JSON).
+
+Chunks are never one row per frame: a ``D`` frame carries a whole Spark batch of pickled
+rows, one UTF-8 line, or one Arrow record batch.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import pickle
+import socket
+import struct
+from typing import Any, Union
+
+from ._deadline import Deadline
+
+__all__ = ["FrameType", "ChunkKind", "send_frame", "recv_frame", "send_json", "decode_chunk", "MAX_DATA_FRAME_BYTES"]
+
+_HEAD = struct.Struct(">BQ")
+#: A single data frame may not exceed this many bytes (a Spark batch is far smaller).
+MAX_DATA_FRAME_BYTES = 1 << 31
+
+
+class FrameType(bytes, enum.Enum):
+    """The one-byte frame types of a data connection."""
+
+    HEADER = b"H"
+    DATA = b"D"
+    END = b"E"
+    STATUS = b"S"
+    ACK = b"A"
+    RESULTS = b"R"
+    RESULTS_END = b"F"
+    TERMINATED = b"T"
+    ERROR = b"X"
+
+
+class ChunkKind(str, enum.Enum):
+    """How the payload of a ``D`` frame encodes rows.
+
+    Attributes:
+        PICKLED_BATCH: A pickled list of rows (PySpark's own batch format, forwarded raw).
+        PICKLED_ROW: One pickled row.
+        UTF8: One row of UTF-8 text (e.g. ``sc.textFile``).
+        ARROW: An Arrow IPC stream holding one record batch (DataFrames).
+    """
+
+    PICKLED_BATCH = "pickled_batch"
+    PICKLED_ROW = "pickled_row"
+    UTF8 = "utf8"
+    ARROW = "arrow"
+
+
+def send_frame(sock: socket.socket, ftype: FrameType, payload: Union[bytes, bytearray, memoryview] = b"") -> None:
+    """Sends one frame (blocking; the socket's timeout bounds it)."""
+    head = _HEAD.pack(ftype.value[0], len(payload))
+    if len(payload) < 65536:
+        sock.sendall(head + bytes(payload))
+    else:
+        sock.sendall(head)
+        sock.sendall(payload)
+
+
+def send_json(sock: socket.socket, ftype: FrameType, obj: Any) -> None:
+    """Sends one frame whose payload is compact JSON."""
+    send_frame(sock, ftype, json.dumps(obj, separators=(",", ":")).encode("utf-8"))
+
+
+def _recv_into(sock: socket.socket, view: memoryview, deadline: Deadline) -> None:
+    got, n = 0, len(view)
+    while got < n:
+        left = deadline.remaining()
+        if left <= 0:
+            raise deadline.error(extra=f"received {got} of {n} bytes")
+        sock.settimeout(min(left, 3600.0))
+        try:
+            k = sock.recv_into(view[got:], n - got)
+        except socket.timeout:
+            raise deadline.error(extra=f"received {got} of {n} bytes") from None
+        if k == 0:
+            raise ConnectionError(f"data connection closed after {got} of {n} bytes")
+        got += k
+
+
+def recv_frame(sock: socket.socket, deadline: Deadline) -> tuple[FrameType, bytearray]:
+    """Receives one frame.
+
+    Returns:
+        ``(frame type, payload)``.
+
+    Raises:
+        ConnectionError: The peer closed the connection or sent an unknown frame type.
+        DeadlineExceededError: The frame did not arrive in time.
+    """
+    head = bytearray(_HEAD.size)
+    _recv_into(sock, memoryview(head), deadline)
+    code, n = _HEAD.unpack(head)
+    try:
+        ftype = FrameType(bytes([code]))
+    except ValueError:
+        raise ConnectionError(f"unknown data frame type {code!r}") from None
+    if n > MAX_DATA_FRAME_BYTES:
+        raise ConnectionError(f"data frame of {n} bytes exceeds the cap")
+    payload = bytearray(n)
+    if n:
+        _recv_into(sock, memoryview(payload), deadline)
+    return ftype, payload
+
+
+def decode_chunk(kind: ChunkKind, payload: Union[bytes, bytearray]) -> list:
+    """Turns one ``D`` payload into its list of rows (TF process side).
+
+    Pickled payloads are only decoded after the connection authenticated with the
+    cluster key (the feed task that sent them is part of this cluster's Spark job).
+
+    Args:
+        kind: The chunk encoding announced in the connection header.
+        payload: The frame payload.
+
+    Returns:
+        The rows. Arrow chunks become tuples, one per row, with list columns of equal
+        length turned into numpy arrays of shape ``(length,)``.
+
+    Raises:
+        ValueError: For a payload that does not decode as announced.
+    """
+    if kind is ChunkKind.PICKLED_BATCH:
+        rows = pickle.loads(payload)  # authenticated peer, see docstring
+        if not isinstance(rows, list):
+            rows = list(rows)
+        return rows
+    if kind is ChunkKind.PICKLED_ROW:
+        return [pickle.loads(payload)]
+    if kind is ChunkKind.UTF8:
+        return [bytes(payload).decode("utf-8")]
+    if kind is ChunkKind.ARROW:
+        return arrow_rows(payload)
+    raise ValueError(f"unknown chunk kind {kind!r}")
+
+
+def arrow_rows(payload: Union[bytes, bytearray]) -> list:
+    """Decodes an Arrow IPC stream chunk into a list of row tuples (TF process side)."""
+    import numpy as np
+    import pyarrow as pa
+
+    reader = pa.ipc.open_stream(pa.py_buffer(payload))
+    table = reader.read_all()
+    cols = []
+    for col in table.itercolumns():
+        arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+        if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type) or pa.types.is_fixed_size_list(arr.type):
+            offsets = None if pa.types.is_fixed_size_list(arr.type) else np.asarray(arr.offsets)
+            if arr.null_count == 0 and (offsets is None or len(set(np.diff(offsets).tolist())) <= 1):
+                flat = arr.flatten().to_numpy(zero_copy_only=False)
+                cols.append(list(flat.reshape(len(arr), -1)) if len(arr) else [])
+                continue
+            cols.append(arr.to_pylist())
+        elif pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type) or pa.types.is_boolean(arr.type):
+            cols.append(arr.to_pylist() if arr.null_count else arr.to_numpy(zero_copy_only=False).tolist())
+        else:
+            cols.append(arr.to_pylist())
+    return list(zip(*cols)) if cols else []

@@ -1,0 +1,385 @@
+"""Spark feed and inference tasks (built on the driver, run in Spark tasks).
+
+Each task takes one partition of one epoch, picks a node (its own executor's node
+first), authenticates to the node's data server and streams the partition in chunks:
+raw PySpark frames when possible (no unpickling here), pickled batches otherwise, or
+Arrow record batches for DataFrames. It never does per-row IPC.
+
+What a task does when the node cannot take data:
+
+* the node called ``DataFeed.terminate()`` -> the partition is skipped at once, without
+  reading its rows (C11);
+* the node's ``main_fun`` already returned -> the partition is skipped and counted; the
+  driver logs a warning with the count (C02);
+* the node failed or died -> the task reports a feed failure to the driver (which cancels
+  this cluster's jobs) and raises an error naming the node and the partition (C03).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import pickle
+import select
+import socket
+import threading
+import time
+from typing import Any, Iterator, Optional
+
+from . import _wire
+from ._control_client import ControlClient
+from ._data_plane import ChunkKind, FrameType, recv_frame, send_frame, send_json
+from ._deadline import Deadline
+from .cluster_template import NodeInfo
+from .errors import ControlProtocolError, DeadlineExceededError, FeedTimeoutError, NodeFailure, TFOSError
+
+__all__ = ["FeedPlan", "choose_node", "make_feed_fn", "make_arrow_feed_fn", "make_infer_fn", "FeedError"]
+
+log = logging.getLogger(__name__)
+
+#: Rows per chunk when rows must be re-pickled in the task (non-raw RDDs).
+GENERIC_CHUNK_ROWS = 1024
+_CONNECT_TIMEOUT_S = 30.0
+
+
+class FeedError(TFOSError):
+    """A feed or inference task could not deliver its partition (names node and partition)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class FeedPlan:
+    """Everything a feed task needs, captured by value in the Spark closure.
+
+    Attributes:
+        cluster_id: The cluster id.
+        key: The cluster key (never logged).
+        driver_host, driver_port: The control server.
+        nodes: The feedable nodes (chief/master/worker), ordered by executor id.
+        qname: The node queue to feed.
+        mode: 'train' or 'inference'.
+        kind: The chunk encoding of the input (None: rows re-pickled in the task).
+        parts_per_epoch: Partitions in one epoch of the input.
+        feed_timeout_s: Longest time a node may accept no data (or return no results).
+    """
+
+    cluster_id: str
+    key: bytes = dataclasses.field(repr=False)
+    driver_host: str = ""
+    driver_port: int = 0
+    nodes: tuple[NodeInfo, ...] = ()
+    qname: str = "input"
+    mode: str = "train"
+    kind: Optional[ChunkKind] = None
+    parts_per_epoch: int = 1
+    feed_timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        if not self.nodes:
+            raise TFOSError("the cluster has no chief/master/worker node to feed")
+        if self.mode not in ("train", "inference"):
+            raise ValueError(f"bad feed mode {self.mode!r}")
+        if self.feed_timeout_s <= 0:
+            raise ValueError("feed_timeout must be > 0 seconds")
+
+
+def choose_node(nodes: tuple[NodeInfo, ...], index: int, executor_key: str, host: str) -> tuple[NodeInfo, str]:
+    """Picks the node that receives partition ``index`` (pure).
+
+    Nodes on the task's own executor come first (under ``local[N]`` all nodes share one
+    executor, and partitions are spread over them by index, so no node steals another's
+    data); then nodes on the same host; then any node (the task runs on an executor that
+    hosts no feedable node, e.g. a ps executor or a spare one: C06, C07).
+
+    Returns:
+        ``(node, how)`` where how is 'executor', 'host' or 'remote'.
+    """
+    for how, group in (
+        ("executor", [n for n in nodes if n.executor_key == executor_key]),
+        ("host", [n for n in nodes if n.host == host]),
+        ("remote", list(nodes)),
+    ):
+        if group:
+            return group[index % len(group)], how
+    raise TFOSError("no node to feed")
+
+
+class _Link:
+    """One authenticated data connection from a task to a node."""
+
+    def __init__(self, plan: FeedPlan, node: NodeInfo, partition: int, epoch: int):
+        self.plan, self.node, self.partition, self.epoch = plan, node, partition, epoch
+        self.where = f"partition {partition} (epoch {epoch}) -> {node.name}"
+        self.sock = socket.create_connection((node.host, node.data_port), timeout=_CONNECT_TIMEOUT_S)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        hs = Deadline(_CONNECT_TIMEOUT_S, f"the data handshake with {node.name}")
+        _wire.answer_challenge(self.sock, plan.key, hs)
+        send_json(self.sock, FrameType.HEADER, {
+            "qname": plan.qname, "mode": plan.mode, "partition": partition, "epoch": epoch,
+            "kind": (plan.kind or ChunkKind.PICKLED_BATCH).value, "feed_timeout": plan.feed_timeout_s,
+        })
+        ftype, payload = recv_frame(self.sock, hs)
+        self.status = json.loads(bytes(payload)) if ftype is FrameType.STATUS else {"state": "error", "message": "bad status"}
+        self.sock.settimeout(plan.feed_timeout_s)
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+    def peer_spoke(self) -> bool:
+        """True when the node sent something (T or X) while we were sending."""
+        r, _, _ = select.select([self.sock], [], [], 0)
+        return bool(r)
+
+    def send(self, ftype: FrameType, payload: Any = b"") -> None:
+        try:
+            send_frame(self.sock, ftype, payload)
+        except socket.timeout:
+            raise FeedTimeoutError(
+                f"{self.node.name} accepted no data for {self.plan.feed_timeout_s:g} s while feeding "
+                f"{self.where}: main_fun is not reading queue {self.plan.qname!r} (raise feed_timeout if a "
+                "step can legitimately take that long)"
+            ) from None
+
+    def recv(self) -> tuple[FrameType, bytearray]:
+        try:
+            return recv_frame(self.sock, Deadline(self.plan.feed_timeout_s, f"an answer from {self.node.name} for {self.where}"))
+        except DeadlineExceededError:
+            raise FeedTimeoutError(
+                f"{self.node.name} sent nothing for {self.plan.feed_timeout_s:g} s for {self.where}: main_fun "
+                "stopped consuming or producing results"
+            ) from None
+
+
+def _client(plan: FeedPlan) -> ControlClient:
+    return ControlClient(plan.driver_host, plan.driver_port, plan.key, plan.cluster_id, connect_timeout_s=10.0)
+
+
+def _report(plan: FeedPlan, node: NodeInfo, message: str) -> None:
+    failure = NodeFailure(node.executor_id, node.job_name, node.task_index, node.host, "feed", "FeedError", message)
+    try:
+        c = _client(plan)
+        c.request("feed_error", failure=failure.to_dict(), timeout_s=10.0)
+        c.close()
+    except (OSError, ControlProtocolError, DeadlineExceededError):
+        pass
+
+
+def _node_gone(plan: FeedPlan, node: NodeInfo, where: str, exc: BaseException) -> str:
+    """Asks the driver what happened to ``node``; returns 'skipped' or raises FeedError."""
+    state: dict = {}
+    try:
+        c = _client(plan)
+        deadline = Deadline(8.0, "the node's final state")
+        while not deadline.expired():
+            state = c.request("node_state", executor_id=node.executor_id, timeout_s=5.0)
+            if state.get("state") in ("finished", "failed", "stopped") or state.get("exit_code") is not None:
+                break
+            time.sleep(0.3)
+        c.close()
+    except (OSError, ControlProtocolError, DeadlineExceededError):
+        pass
+    if state.get("state") in ("finished", "stopped") and not state.get("failure"):
+        log.warning("%s: main_fun on the node already returned; skipping the partition", where)
+        return "skipped"
+    cause = state.get("failure") or f"{type(exc).__name__}: {exc}"
+    msg = f"lost the data connection while feeding {where}: {cause}"
+    _report(plan, node, msg)
+    raise FeedError(msg) from None
+
+
+def _open(plan: FeedPlan, index: int) -> tuple[Optional[_Link], NodeInfo, str]:
+    from ._node_task import executor_identity, node_host
+
+    epoch, part = divmod(index, plan.parts_per_epoch)
+    key, _ = executor_identity()
+    host = node_host(plan.driver_host, plan.driver_port)
+    node, how = choose_node(plan.nodes, index, key, host)
+    if how == "remote":
+        log.warning("partition %d runs on an executor without a fed node; sending it to %s over the network", part, node.name)
+    where = f"partition {part} (epoch {epoch}) -> {node.name}"
+    try:
+        link = _Link(plan, node, part, epoch)
+    except (OSError, DeadlineExceededError, ControlProtocolError) as exc:
+        return None, node, _node_gone(plan, node, where, exc)
+    state = link.status.get("state")
+    if state == "ok":
+        return link, node, "ok"
+    link.close()
+    if state == "error":
+        msg = f"{where}: {link.status.get('message')}"
+        _report(plan, node, msg)
+        raise FeedError(msg)
+    return None, node, str(state)
+
+
+def _drain_answer(link: _Link) -> tuple[str, dict]:
+    """Reads the node's answer after the partition was sent (train mode)."""
+    ftype, payload = link.recv()
+    info = json.loads(bytes(payload)) if payload else {}
+    if ftype is FrameType.ACK:
+        return "ok", info
+    if ftype is FrameType.TERMINATED:
+        return "terminated", info
+    if ftype is FrameType.ERROR:
+        return str(info.get("state", "failed")), info
+    raise ConnectionError(f"unexpected {ftype.name} frame from the node")
+
+
+def _stream(link: _Link, frames: Iterator[Any]) -> str:
+    """Sends the frames then the end marker; returns early if the node spoke first."""
+    for frame in frames:
+        if link.peer_spoke():
+            return "interrupted"
+        link.send(FrameType.DATA, frame)
+    link.send(FrameType.END)
+    return "sent"
+
+
+def _generic_frames(rows: Iterator[Any]) -> Iterator[bytes]:
+    chunk: list = []
+    for row in rows:
+        chunk.append(row)
+        if len(chunk) >= GENERIC_CHUNK_ROWS:
+            yield pickle.dumps(chunk, protocol=pickle.HIGHEST_PROTOCOL)
+            chunk = []
+    if chunk:
+        yield pickle.dumps(chunk, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _feed_partition(plan: FeedPlan, index: int, frames: Iterator[Any]) -> tuple[int, str]:
+    link, node, state = _open(plan, index)
+    if link is None:
+        return index, state
+    try:
+        try:
+            _stream(link, frames)
+            state, info = _drain_answer(link)
+        except (ConnectionError, OSError) as exc:
+            return index, _node_gone(plan, node, link.where, exc)
+        if state in ("ok", "terminated"):
+            return index, state
+        if state == "finished":
+            log.warning("%s: main_fun returned before the partition was consumed", link.where)
+            return index, "skipped"
+        msg = f"{link.where}: the node failed: {info.get('message', '')}"
+        _report(plan, node, msg)
+        raise FeedError(msg)
+    except FeedTimeoutError as exc:
+        _report(plan, node, str(exc))
+        raise
+    finally:
+        link.close()
+
+
+def make_feed_fn(plan: FeedPlan):
+    """The ``mapPartitionsWithIndex`` function of a train feed job (driver builds, task runs).
+
+    Yields one ``(partition index, outcome)`` per partition, outcome in 'ok', 'terminated'
+    (node called terminate), 'finished'/'skipped' (node's main_fun had returned).
+
+    Raises (in the task):
+        FeedError, FeedTimeoutError: The node failed, died or stopped reading; both name
+            the node and partition, and are also reported to the driver.
+    """
+
+    def _feed(index: int, rows: Iterator[Any]) -> Iterator[tuple[int, str]]:
+        frames = rows if plan.kind is not None else _generic_frames(rows)
+        yield _feed_partition(plan, index, frames)
+
+    return _feed
+
+
+def make_arrow_feed_fn(plan: FeedPlan):
+    """The ``mapInArrow`` function of a DataFrame train feed (driver builds, task runs).
+
+    Each Arrow record batch is sent as one IPC stream chunk; the function yields one record
+    batch ``{partition: int64, outcome: string}``.
+    """
+
+    def _feed(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+        from pyspark import TaskContext
+
+        index = TaskContext.get().partitionId()
+
+        def frames() -> Iterator[Any]:
+            for b in batches:
+                if b.num_rows == 0:
+                    continue
+                sink = pa.BufferOutputStream()
+                with pa.ipc.new_stream(sink, b.schema) as w:
+                    w.write_batch(b)
+                yield sink.getvalue()
+
+        _, outcome = _feed_partition(plan, index, frames())
+        yield pa.RecordBatch.from_pydict({"partition": pa.array([index], pa.int64()), "outcome": pa.array([outcome])})
+
+    return _feed
+
+
+def make_infer_fn(plan: FeedPlan):
+    """The partition function of an inference job (driver builds, task runs).
+
+    Sends the partition from a sender thread while reading results, so neither side can
+    block the other. Yields the node's result frames unchanged: each is a pickled list of
+    results, one per input row, in input order.
+
+    Raises (in the task):
+        FeedError, FeedTimeoutError: As for training; also when the node ends without
+            answering every row (names how many rows were left).
+    """
+
+    def _infer(index: int, rows: Iterator[Any]) -> Iterator[bytes]:
+        link, node, state = _open(plan, index)
+        if link is None:
+            if state == "terminated":
+                return
+            msg = f"partition {index} -> {node.name}: the node is not running inference (state {state})"
+            _report(plan, node, msg)
+            raise FeedError(msg)
+        frames = rows if plan.kind is not None else _generic_frames(rows)
+        send_error: list[BaseException] = []
+
+        def _send() -> None:
+            try:
+                for frame in frames:
+                    link.send(FrameType.DATA, frame)
+                link.send(FrameType.END)
+            except BaseException as exc:  # noqa: BLE001 - surfaced by the reader below
+                send_error.append(exc)
+
+        sender = threading.Thread(target=_send, name="tfos-infer-send", daemon=True)
+        sender.start()
+        try:
+            while True:
+                try:
+                    ftype, payload = link.recv()
+                except (ConnectionError, OSError) as exc:
+                    _node_gone(plan, node, link.where, exc)
+                    msg = f"{link.where}: main_fun returned before answering every row of the partition"
+                    _report(plan, node, msg)
+                    raise FeedError(msg) from None
+                if ftype is FrameType.RESULTS:
+                    yield bytes(payload)
+                elif ftype is FrameType.RESULTS_END:
+                    break
+                elif ftype is FrameType.TERMINATED:
+                    break
+                else:
+                    info = json.loads(bytes(payload)) if payload else {}
+                    msg = f"{link.where}: {info.get('message') or 'the node ended before answering every row'}"
+                    _report(plan, node, msg)
+                    raise FeedError(msg)
+            sender.join(plan.feed_timeout_s)
+            if send_error and not isinstance(send_error[0], (ConnectionError, OSError)):
+                raise send_error[0]
+        except FeedTimeoutError as exc:
+            _report(plan, node, str(exc))
+            raise
+        finally:
+            link.close()
+
+    return _infer

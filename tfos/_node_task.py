@@ -1,0 +1,236 @@
+"""The Spark "start node" task and node-process spawning (runs in Spark tasks and on the driver).
+
+A start task does not run TensorFlow itself. It works out where it is (host, executor
+identity, GPUs), then spawns the node's *supervisor* process, which spawns the *TF
+process* that runs ``main_fun``::
+
+    Spark Python worker (start task) -> supervisor (tfos._supervisor) -> TF process (tfos._tf_process)
+
+Why two processes:
+
+* TensorFlow servers and collective contexts cannot be torn down in-process, so a TF
+  process that exits is the only way to free ports and state between clusters (C08).
+* PySpark kills idle Python workers after a minute; in InputMode.SPARK the start task
+  returns (feed tasks need the slot), so the supervisor must outlive its Python worker. It
+  watches the executor JVM instead, reaps the TF process, and reports its exit code or
+  signal to the driver within a second (C03).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import socket
+import struct
+import subprocess
+import sys
+import threading
+from typing import IO, Iterable, Iterator
+
+from ._launch import ClusterConfig, NodeLaunch
+from .cluster_template import InputMode
+from .gpu_info import cuda_visible_devices
+
+__all__ = ["executor_identity", "node_host", "spawn_supervisor", "make_start_task", "write_launch", "read_launch"]
+
+log = logging.getLogger(__name__)
+
+_LEN = struct.Struct(">Q")
+# Supervisors spawned by this Python worker, kept so they are reaped (no zombies).
+_children: list[subprocess.Popen] = []
+_children_lock = threading.Lock()
+
+
+def executor_identity() -> tuple[str, int]:
+    """Identity of the Spark executor this Python process belongs to (Spark task side).
+
+    Returns:
+        ``(key, jvm_pid)`` where key is ``"<hostname>/<pid of the nearest java ancestor>"``.
+        Every Python worker of one executor gets the same key; under ``local[N]`` every
+        worker shares the driver JVM, hence one key. ``jvm_pid`` is 0 when no java
+        ancestor is found (then the key uses this process's parent).
+    """
+    import psutil
+
+    host = socket.gethostname()
+    try:
+        for parent in psutil.Process().parents():
+            try:
+                if parent.name().startswith("java"):
+                    return f"{host}/{parent.pid}", parent.pid
+            except psutil.Error:
+                continue
+    except psutil.Error:
+        pass
+    return f"{host}/{os.getppid()}", 0
+
+
+def node_host(driver_host: str, driver_port: int) -> str:
+    """The address other nodes should use to reach this host (Spark task side).
+
+    ``TFOS_NODE_HOST`` wins; else the local address of the route to the driver (no packet
+    is sent); else ``SPARK_LOCAL_IP``; else the hostname.
+    """
+    explicit = os.environ.get("TFOS_NODE_HOST")
+    if explicit:
+        return explicit
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((driver_host, driver_port))
+            addr = s.getsockname()[0]
+            if addr and addr != "0.0.0.0":
+                return addr
+    except OSError:
+        pass
+    return os.environ.get("SPARK_LOCAL_IP") or socket.gethostname()
+
+
+def write_launch(stream: IO[bytes], launch: NodeLaunch) -> None:
+    """Writes a launch record to a local pipe (length-prefixed pickle; never a socket)."""
+    data = pickle.dumps(launch, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(_LEN.pack(len(data)) + data)
+    stream.flush()
+
+
+def read_launch(stream: IO[bytes]) -> NodeLaunch:
+    """Reads the launch record written by :func:`write_launch` (node process side).
+
+    The bytes come from the parent process's pipe, which got them from the Spark closure:
+    a trusted local channel, not the network.
+
+    Raises:
+        EOFError: When the parent closed the pipe before writing a full record.
+    """
+    head = stream.read(_LEN.size)
+    if len(head) != _LEN.size:
+        raise EOFError("no launch record on stdin")
+    (n,) = _LEN.unpack(head)
+    data = stream.read(n)
+    if len(data) != n:
+        raise EOFError("truncated launch record on stdin")
+    launch = pickle.loads(data)  # local pipe from the parent, see docstring
+    if not isinstance(launch, NodeLaunch):
+        raise EOFError("stdin did not carry a NodeLaunch")
+    return launch
+
+
+def _child_env(launch: NodeLaunch) -> dict[str, str]:
+    env = dict(os.environ)
+    paths = [p for p in launch.python_path if p]
+    if paths:
+        env["PYTHONPATH"] = os.pathsep.join(paths)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def spawn_supervisor(launch: NodeLaunch) -> subprocess.Popen:
+    """Starts the node's supervisor process and hands it the launch record.
+
+    Runs in a Spark task (or on the driver for ``driver_ps_nodes``). The supervisor's
+    stdout/stderr are inherited, so its output lands in the executor log.
+
+    Returns:
+        The supervisor's Popen; its stdin stays open (InputMode.TENSORFLOW supervisors
+        stop when it closes, i.e. when this process dies).
+
+    Raises:
+        OSError: When the process cannot be started.
+    """
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tfos._supervisor"],
+        stdin=subprocess.PIPE,
+        env=_child_env(launch),
+        cwd=launch.working_dir if os.path.isdir(launch.working_dir) else None,
+        close_fds=True,
+    )
+    assert proc.stdin is not None
+    write_launch(proc.stdin, launch)
+    with _children_lock:
+        _children.append(proc)
+    threading.Thread(target=_reap, args=(proc,), name=f"tfos-reap-{proc.pid}", daemon=True).start()
+    return proc
+
+
+def _reap(proc: subprocess.Popen) -> None:
+    proc.wait()
+    with _children_lock:
+        if proc in _children:
+            _children.remove(proc)
+
+
+def make_start_task(config: ClusterConfig, executor_ids: Iterable[int], fn_payload: bytes):
+    """Builds the start-job partition function (driver side; the result runs in Spark tasks).
+
+    Args:
+        config: The cluster configuration (captured by value).
+        executor_ids: The executor id of each start-job partition, in partition order
+            (ps ids are absent when ``driver_ps_nodes``).
+        fn_payload: cloudpickled ``(main_fun, tf_args)``.
+
+    Returns:
+        A function ``(partition_index, iterator) -> iterator`` for ``mapPartitionsWithIndex``
+        that yields one ``(executor_id, outcome)`` tuple.
+    """
+    ids = tuple(executor_ids)
+
+    def _start_node(index: int, _rows: Iterator) -> Iterator[tuple[int, str]]:
+        from pyspark import TaskContext
+
+        eid = ids[index]
+        role = config.roles[eid]
+        key, jvm_pid = executor_identity()
+        host = node_host(config.driver_host, config.driver_port)
+        ctx = TaskContext.get()
+        resources = {}
+        if ctx is not None:
+            try:
+                resources = {k: list(v.addresses) for k, v in ctx.resources().items()}
+            except Exception:  # noqa: BLE001 - resources() is best effort on old Sparks
+                resources = {}
+        foreground = config.input_mode == InputMode.TENSORFLOW
+        launch = NodeLaunch(
+            config=config,
+            role=role,
+            host=host,
+            executor_key=key,
+            watch_pid=jvm_pid,
+            watch_stdin=foreground,
+            working_dir=os.getcwd(),
+            python_path=tuple(sys.path),
+            fn_payload=fn_payload,
+            cuda_visible_devices=cuda_visible_devices(resources),
+        )
+        proc = spawn_supervisor(launch)
+        if not foreground:
+            yield (eid, "started")
+            return
+        # InputMode.TENSORFLOW: the task stays busy for the node's whole life; the
+        # supervisor bounds it (it exits when the driver stops the node or goes away).
+        code = proc.wait()
+        yield (eid, f"exited {code}")
+
+    return _start_node
+
+
+def launch_local_node(config: ClusterConfig, executor_id: int, fn_payload: bytes, working_dir: str) -> subprocess.Popen:
+    """Starts a node on the driver host (``driver_ps_nodes=True``); runs on the driver.
+
+    The supervisor watches the driver process and the stdin pipe, so it stops when the
+    driver goes away.
+    """
+    role = config.roles[executor_id]
+    launch = NodeLaunch(
+        config=config,
+        role=role,
+        host=node_host(config.driver_host, config.driver_port),
+        executor_key=f"{socket.gethostname()}/driver-{os.getpid()}",
+        watch_pid=os.getpid(),
+        watch_stdin=True,
+        working_dir=working_dir,
+        python_path=tuple(sys.path),
+        fn_payload=fn_payload,
+        cuda_visible_devices=None,
+    )
+    return spawn_supervisor(launch)
+

@@ -1,0 +1,183 @@
+"""Spark configuration checks before anything is launched (driver only).
+
+:func:`plan_layout` and :func:`check_static` are pure (unit-tested without Spark);
+:func:`check_spark` reads the live SparkContext and waits, with a deadline, for the
+executors the cluster needs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import re
+import time
+from typing import Any, Mapping, Optional
+
+from ._deadline import Deadline
+from .cluster_template import InputMode
+from .errors import ConfigurationError
+
+__all__ = ["SparkLayout", "plan_layout", "check_static", "check_spark", "live_executors"]
+
+log = logging.getLogger(__name__)
+
+_LOCAL = re.compile(r"^local(?:\[(\*|\d+)(?:\s*,\s*\d+)?\])?$")
+_LOCAL_CLUSTER = re.compile(r"^local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*(\d+)\s*\]$")
+
+
+@dataclasses.dataclass(frozen=True)
+class SparkLayout:
+    """What the master URL and configuration say about task slots (pure).
+
+    Attributes:
+        master: The master URL.
+        local: True for ``local``/``local[N]`` (one JVM; nodes are still separate processes).
+        executors: Number of executors when known up front, else None.
+        slots_per_executor: Concurrent tasks per executor when known, else None.
+        total_slots: Concurrent tasks in the application when known, else None.
+    """
+
+    master: str
+    local: bool
+    executors: Optional[int]
+    slots_per_executor: Optional[int]
+    total_slots: Optional[int]
+
+
+def _int_conf(conf: Mapping[str, str], key: str, default: Optional[int] = None) -> Optional[int]:
+    val = conf.get(key)
+    if val in (None, ""):
+        return default
+    try:
+        return int(str(val).strip())
+    except ValueError:
+        raise ConfigurationError(f"Spark setting {key}={val!r} is not an integer") from None
+
+
+def plan_layout(master: str, conf: Mapping[str, str]) -> SparkLayout:
+    """Derives the slot layout from the master URL and the Spark configuration (pure).
+
+    Raises:
+        ConfigurationError: For a non-integer core setting.
+    """
+    task_cpus = _int_conf(conf, "spark.task.cpus", 1) or 1
+    m = _LOCAL.match(master)
+    if m:
+        n = m.group(1)
+        slots = 1 if n is None else (os.cpu_count() or 1) if n == "*" else int(n)
+        return SparkLayout(master, True, 1, slots // task_cpus, slots // task_cpus)
+    m = _LOCAL_CLUSTER.match(master)
+    if m:
+        n, cores = int(m.group(1)), int(m.group(2))
+        per = cores // task_cpus
+        return SparkLayout(master, False, n, per, n * per)
+    instances = _int_conf(conf, "spark.executor.instances")
+    cores = _int_conf(conf, "spark.executor.cores")
+    per = None if cores is None else cores // task_cpus
+    total = None if instances is None or per is None else instances * per
+    return SparkLayout(master, False, instances, per, total)
+
+
+def check_static(layout: SparkLayout, conf: Mapping[str, str], num_nodes: int, input_mode: InputMode) -> None:
+    """Refuses configurations that cannot run ``num_nodes`` nodes (pure).
+
+    Args:
+        layout: From :func:`plan_layout`.
+        conf: The Spark configuration.
+        num_nodes: Nodes that need a Spark task slot (ps nodes excluded with driver_ps_nodes).
+        input_mode: The cluster's input mode.
+
+    Raises:
+        ConfigurationError: Dynamic allocation on; InputMode.SPARK with
+            ``spark.python.worker.reuse=false`` (C13); more than one task slot per executor
+            (C05); too few executors or slots (C01, C14). Each message says what to change.
+    """
+    if str(conf.get("spark.dynamicAllocation.enabled", "false")).lower() == "true":
+        raise ConfigurationError(
+            "spark.dynamicAllocation.enabled=true: tfos needs a fixed set of executors (one per node, and "
+            "Spark's barrier scheduling). Set spark.dynamicAllocation.enabled=false and "
+            f"spark.executor.instances={num_nodes}"
+        )
+    if input_mode == InputMode.SPARK and str(conf.get("spark.python.worker.reuse", "true")).lower() == "false":
+        raise ConfigurationError(
+            "InputMode.SPARK needs spark.python.worker.reuse=true (the default): with reuse off, PySpark "
+            "starts a fresh Python worker per task and feeding loses track of the nodes. Remove "
+            "spark.python.worker.reuse=false from the Spark configuration"
+        )
+    if layout.local:
+        if layout.total_slots is not None and layout.total_slots < num_nodes:
+            raise ConfigurationError(
+                f"master {layout.master} has {layout.total_slots} task slot(s) but the cluster needs "
+                f"{num_nodes} (one per node): use local[{num_nodes}] or more"
+            )
+        return
+    if layout.slots_per_executor is not None and layout.slots_per_executor > 1:
+        raise ConfigurationError(
+            f"each executor has {layout.slots_per_executor} task slots, so two tfos nodes could share one "
+            "executor and its CPUs/GPUs. tfos needs exactly one task slot per executor: set "
+            "spark.task.cpus equal to spark.executor.cores (e.g. spark.executor.cores=1 and spark.task.cpus=1, "
+            "or spark.task.cpus=<cores per executor>)"
+        )
+    if layout.executors is not None and layout.executors < num_nodes:
+        raise ConfigurationError(
+            f"the cluster needs {num_nodes} executors (one per node) but the Spark application has "
+            f"{layout.executors} ({layout.master}). Reduce num_executors/cluster_size to {layout.executors}, "
+            f"or start Spark with {num_nodes} executors (spark.executor.instances={num_nodes})"
+        )
+
+
+def live_executors(sc: Any) -> int:
+    """Executors currently registered with the driver (driver side; 0 under local mode)."""
+    status = sc._jsc.sc().getExecutorMemoryStatus()
+    return max(0, int(status.size()) - 1)
+
+
+def _max_slots(sc: Any) -> Optional[int]:
+    try:
+        jsc = sc._jsc.sc()
+        return int(jsc.maxNumConcurrentTasks(jsc.resourceProfileManager().defaultResourceProfile()))
+    except Exception:  # noqa: BLE001 - private Spark API; the check is best effort
+        return None
+
+
+def check_spark(sc: Any, num_nodes: int, input_mode: InputMode, wait_s: float = 60.0) -> SparkLayout:
+    """Checks the live SparkContext and waits for enough executors (driver side).
+
+    Args:
+        sc: The SparkContext.
+        num_nodes: Nodes that need a Spark task slot.
+        input_mode: The cluster's input mode.
+        wait_s: Longest wait for executors to register (they start asynchronously).
+
+    Returns:
+        The layout used.
+
+    Raises:
+        ConfigurationError: See :func:`check_static`; also when, after ``wait_s`` seconds,
+            fewer executors than nodes registered, or some executor has several slots.
+    """
+    conf = dict(sc.getConf().getAll())
+    layout = plan_layout(sc.master, conf)
+    check_static(layout, conf, num_nodes, input_mode)
+    if layout.local:
+        return layout
+    deadline = Deadline(wait_s, f"{num_nodes} Spark executors to register")
+    have = live_executors(sc)
+    while have < num_nodes and not deadline.expired():
+        time.sleep(deadline.slice(0.5))
+        have = live_executors(sc)
+    if have < num_nodes:
+        raise ConfigurationError(
+            f"the cluster needs {num_nodes} executors (one per node) but only {have} registered with the "
+            f"Spark driver within {wait_s:g} s ({sc.master}). Reduce num_executors/cluster_size to {have}, or "
+            f"give the application {num_nodes} executors (spark.executor.instances={num_nodes}, enough worker cores)"
+        )
+    slots = _max_slots(sc)
+    if slots is not None and slots > have:
+        raise ConfigurationError(
+            f"the Spark application has {slots} task slots on {have} executors, so two tfos nodes could share "
+            "an executor. tfos needs exactly one task slot per executor: set spark.task.cpus equal to "
+            "spark.executor.cores"
+        )
+    return layout

@@ -1,0 +1,180 @@
+"""The node supervisor process: ``python -m tfos._supervisor`` (runs on an executor host).
+
+One supervisor per node. It is light (no TensorFlow) and:
+
+* starts the node's TF process and hands it the launch record over a pipe;
+* sends the driver a heartbeat every ``heartbeat_interval_s`` and obeys its directives;
+* watches the executor JVM (or the driver, for driver-hosted ps nodes) and, in
+  InputMode.TENSORFLOW, its parent Spark task; when one goes away it ends the TF process;
+* reaps the TF process and reports its exit code or signal to the driver at once;
+* after a stop directive, gives the TF process a grace period, then SIGTERM, then SIGKILL.
+
+It never outlives its node: every loop iteration is bounded, and losing the driver for
+longer than the heartbeat timeout ends the node.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Optional
+
+from ._cluster_state import describe_exit
+from ._control_client import ControlClient
+from ._launch import NodeLaunch
+from ._node_task import _child_env, read_launch, write_launch
+from .errors import ControlProtocolError, DeadlineExceededError, NodeFailure
+
+log = logging.getLogger("tfos.supervisor")
+
+#: Seconds the TF process gets to exit by itself after a stop directive.
+STOP_GRACE_S = 10.0
+#: Seconds between SIGTERM and SIGKILL.
+KILL_GRACE_S = 5.0
+
+
+class _Watch:
+    """Liveness of one process by pid and start time (psutil)."""
+
+    def __init__(self, pid: int):
+        import psutil
+
+        self.pid = pid
+        self._proc: Optional[psutil.Process] = None
+        if pid:
+            try:
+                self._proc = psutil.Process(pid)
+            except psutil.Error:
+                self._proc = None
+
+    def alive(self) -> bool:
+        import psutil
+
+        if not self.pid:
+            return True
+        if self._proc is None:
+            return False
+        try:
+            return self._proc.is_running() and self._proc.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+
+def _stop_tf(tf: subprocess.Popen) -> int:
+    if tf.poll() is None:
+        tf.terminate()
+        try:
+            tf.wait(KILL_GRACE_S)
+        except subprocess.TimeoutExpired:
+            tf.kill()
+    return tf.wait(KILL_GRACE_S)
+
+
+def _report(client: ControlClient, launch: NodeLaunch, kind: str, etype: str, message: str) -> None:
+    r = launch.role
+    failure = NodeFailure(r.executor_id, r.job_name, r.task_index, launch.host, kind, etype, message)
+    try:
+        client.request("status", executor_id=r.executor_id, state="failed", failure=failure.to_dict(), timeout_s=10.0)
+    except (OSError, ControlProtocolError, DeadlineExceededError) as exc:
+        log.warning("could not report %s to the driver: %s", kind, exc)
+
+
+def supervise(launch: NodeLaunch) -> int:
+    """Runs one node to completion (supervisor process).
+
+    Returns:
+        The TF process's exit status (negative: killed by that signal).
+    """
+    cfg = launch.config
+    eid = launch.role.executor_id
+    client = ControlClient(cfg.driver_host, cfg.driver_port, cfg.key, cfg.cluster_id, connect_timeout_s=cfg.heartbeat_timeout_s)
+    jvm = _Watch(launch.watch_pid)
+    parent_gone = threading.Event()
+    if launch.watch_stdin:
+        def _watch_stdin() -> None:
+            try:
+                while sys.stdin.buffer.read(65536):
+                    pass
+            except (OSError, ValueError):
+                pass
+            parent_gone.set()
+
+        threading.Thread(target=_watch_stdin, name="tfos-parent-watch", daemon=True).start()
+
+    tf = subprocess.Popen(
+        [sys.executable, "-m", "tfos._tf_process"],
+        stdin=subprocess.PIPE,
+        env=_child_env(launch),
+        cwd=launch.working_dir if os.path.isdir(launch.working_dir) else None,
+        close_fds=True,
+    )
+    assert tf.stdin is not None
+    write_launch(tf.stdin, launch)
+    log.info("tfos node %s: TF process pid %d started", launch.node_name, tf.pid)
+
+    last_ok = time.monotonic()
+    stop_since: Optional[float] = None
+    terminated = False
+    code: Optional[int] = None
+    while code is None:
+        try:
+            code = tf.wait(cfg.heartbeat_interval_s)
+            break
+        except subprocess.TimeoutExpired:
+            pass
+        now = time.monotonic()
+        if not jvm.alive():
+            _report(client, launch, "lost", "ExecutorLost", f"the Spark executor JVM (pid {launch.watch_pid}) on {launch.host} exited, taking the node down")
+            code = _stop_tf(tf)
+            break
+        if parent_gone.is_set():
+            if stop_since is None:
+                _report(client, launch, "lost", "SparkTaskKilled", "the Spark task hosting the node ended (task killed or Python worker died)")
+            code = _stop_tf(tf)
+            break
+        try:
+            d = client.request("heartbeat", executor_id=eid, pid=os.getpid(), host=launch.host, timeout_s=5.0)
+            last_ok = now
+            if (d.get("stop") or d.get("abort")) and stop_since is None:
+                stop_since = now
+        except (OSError, ControlProtocolError, DeadlineExceededError) as exc:
+            if now - last_ok > cfg.heartbeat_timeout_s:
+                log.error("tfos node %s: driver unreachable for %.0f s (%s); stopping the node", launch.node_name, now - last_ok, exc)
+                code = _stop_tf(tf)
+                break
+        if stop_since is not None and not terminated and now - stop_since > STOP_GRACE_S:
+            log.warning("tfos node %s: TF process still running %.0f s after stop; terminating it", launch.node_name, STOP_GRACE_S)
+            code = _stop_tf(tf)
+            terminated = True
+    log.info("tfos node %s: TF process %s", launch.node_name, describe_exit(code))
+    try:
+        client.request("status", executor_id=eid, state="exited", code=int(code), timeout_s=10.0)
+    except (OSError, ControlProtocolError, DeadlineExceededError) as exc:
+        log.warning("could not report the exit of %s: %s", launch.node_name, exc)
+    client.close()
+    return code
+
+
+def main() -> int:
+    """Entry point of ``python -m tfos._supervisor``; returns the process exit code."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    tfos_log = logging.getLogger("tfos")
+    tfos_log.addHandler(handler)
+    tfos_log.setLevel(logging.INFO)
+    launch = read_launch(sys.stdin.buffer)
+    if launch.watch_pid:
+        # The PySpark daemon SIGHUPs its process group when the executor goes away; the
+        # supervisor notices that itself (JVM watch) and reports it before ending the node.
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    code = supervise(launch)
+    return 0 if code == 0 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())  # process entry point, not library code

@@ -1,0 +1,362 @@
+"""The TF process: ``python -m tfos._tf_process`` runs one node's ``main_fun`` (executor host).
+
+Steps, in order:
+
+1. read the launch record from the supervisor's pipe, and exit if that pipe closes
+   (the supervisor died);
+2. hold a free TF port (bound, not listening, ``SO_REUSEPORT`` so gRPC can take it over);
+3. in InputMode.SPARK on chief/master/worker nodes, start the data server (:mod:`tfos._feed_hub`);
+4. register with the driver, then wait for the full cluster;
+5. set ``TF_CONFIG`` (always) and ``CUDA_VISIBLE_DEVICES`` (when Spark assigned GPUs);
+6. start TensorBoard on the lead node when asked;
+7. run ``main_fun(args, ctx)`` and report 'finished' or 'failed' with the traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from typing import Optional
+
+from ._control_client import ControlClient
+from ._deadline import Deadline
+from ._feed_hub import FeedHub
+from ._launch import NodeLaunch
+from ._node_task import read_launch
+from .cluster_template import InputMode, NodeInfo, build_cluster_spec, tf_config_json
+from .errors import ControlProtocolError, DeadlineExceededError, NodeFailure, ReservationTimeoutError
+from .node_context import TFNodeContext
+
+log = logging.getLogger("tfos.tf_process")
+
+_MAX_TRACEBACK_CHARS = 60000
+_REQ_ERRORS = (OSError, ControlProtocolError, DeadlineExceededError)
+
+
+def reserve_port() -> socket.socket:
+    """Binds (without listening) a free TCP port with SO_REUSEADDR/SO_REUSEPORT set.
+
+    The socket keeps other programs off the port until ``ctx.release_port()``; gRPC, which
+    also sets SO_REUSEPORT, can bind the same port while it is held.
+    """
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if hasattr(socket, "SO_REUSEPORT"):
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    s.bind(("", 0))
+    return s
+
+
+def _set_pdeathsig() -> None:  # runs in the TensorBoard child before exec
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+class _LogForwarder:
+    """Tees this process's stdout/stderr to the executor log and the driver's log."""
+
+    def __init__(self, client: ControlClient, executor_id: int):
+        self._client = client
+        self._eid = executor_id
+        self._lines: "queue.Queue[str]" = queue.Queue(maxsize=5000)
+        self._dropped = 0
+        self._readers = []
+        self._saved = []
+        for fd in (1, 2):
+            saved = os.dup(fd)
+            r, w = os.pipe()
+            os.dup2(w, fd)
+            os.close(w)
+            self._saved.append((fd, saved))
+            t = threading.Thread(target=self._read, args=(r, saved), name=f"tfos-log-{fd}", daemon=True)
+            t.start()
+            self._readers.append(t)
+        self._stop = threading.Event()
+        self._sender = threading.Thread(target=self._send_loop, name="tfos-log-send", daemon=True)
+        self._sender.start()
+
+    def _read(self, r: int, out: int) -> None:
+        pending = b""
+        while True:
+            try:
+                data = os.read(r, 65536)
+            except OSError:
+                break
+            if not data:
+                break
+            try:
+                os.write(out, data)
+            except OSError:
+                pass
+            pending += data
+            *lines, pending = pending.split(b"\n")
+            for ln in lines:
+                self._offer(ln)
+        if pending:
+            self._offer(pending)
+        os.close(r)
+
+    def _offer(self, raw: bytes) -> None:
+        text = raw.decode("utf-8", "replace").rstrip("\r")
+        if "\r" in text:
+            text = text.rsplit("\r", 1)[-1]
+        if not text.strip():
+            return
+        try:
+            self._lines.put_nowait(text[:2000])
+        except queue.Full:
+            self._dropped += 1
+
+    def _flush(self) -> None:
+        batch = []
+        while len(batch) < 500:
+            try:
+                batch.append(self._lines.get_nowait())
+            except queue.Empty:
+                break
+        if self._dropped:
+            batch.append(f"[{self._dropped} output lines dropped]")
+            self._dropped = 0
+        if batch:
+            try:
+                self._client.request("log", executor_id=self._eid, lines=batch, timeout_s=10.0)
+            except _REQ_ERRORS:
+                pass
+
+    def _send_loop(self) -> None:
+        while not self._stop.wait(0.5):
+            self._flush()
+
+    def close(self) -> None:
+        """Restores the original descriptors and sends what is left (bounded, ~3 s)."""
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        for fd, saved in self._saved:
+            os.dup2(saved, fd)
+        for t in self._readers:
+            t.join(2.0)
+        self._stop.set()
+        self._sender.join(2.0)
+        self._flush()
+
+
+def _start_tensorboard(launch: NodeLaunch, ctx: TFNodeContext, client: ControlClient) -> Optional[subprocess.Popen]:
+    cfg = launch.config
+    logdir = cfg.log_dir or ctx.absolute_path(f"tensorboard_{launch.role.executor_id}")
+    if logdir.startswith("file://"):
+        logdir = logdir[len("file://"):]
+    with socket.socket() as s:
+        s.bind((launch.host, 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "tensorboard.main", "--logdir", logdir, "--port", str(port), "--host", launch.host]
+    try:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=_set_pdeathsig)
+    except OSError as exc:
+        log.error("could not start TensorBoard: %s", exc)
+        return None
+    url = f"http://{launch.host}:{port}/"
+
+    def _wait_ready() -> None:
+        deadline = Deadline(90.0, "TensorBoard to listen")
+        while not deadline.expired() and proc.poll() is None:
+            try:
+                with socket.create_connection((launch.host, port), timeout=1.0):
+                    break
+            except OSError:
+                time.sleep(0.5)
+        if proc.poll() is not None or deadline.expired():
+            log.error("TensorBoard did not start (%s)", "exited" if proc.poll() is not None else "timeout")
+            return
+        try:
+            client.request("tensorboard", executor_id=launch.role.executor_id, url=url, timeout_s=10.0)
+        except _REQ_ERRORS as exc:
+            log.warning("could not report the TensorBoard URL: %s", exc)
+
+    threading.Thread(target=_wait_ready, name="tfos-tensorboard", daemon=True).start()
+    return proc
+
+
+def _failure(launch: NodeLaunch, exc: BaseException) -> NodeFailure:
+    r = launch.role
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    if len(tb) > _MAX_TRACEBACK_CHARS:
+        tb = tb[: _MAX_TRACEBACK_CHARS // 2] + "\n...\n" + tb[-_MAX_TRACEBACK_CHARS // 2 :]
+    msg = str(exc)
+    if len(msg) > 4000:
+        msg = msg[:4000] + "... [truncated]"
+    return NodeFailure(r.executor_id, r.job_name, r.task_index, launch.host, "exception", type(exc).__name__, msg, tb)
+
+
+def run_node(launch: NodeLaunch) -> int:
+    """Runs one node in this process; returns the exit code (TF process)."""
+    import cloudpickle
+
+    cfg = launch.config
+    role = launch.role
+    eid = role.executor_id
+    client = ControlClient(cfg.driver_host, cfg.driver_port, cfg.key, cfg.cluster_id)
+    events = ControlClient(cfg.driver_host, cfg.driver_port, cfg.key, cfg.cluster_id)
+    forwarder = _LogForwarder(ControlClient(cfg.driver_host, cfg.driver_port, cfg.key, cfg.cluster_id), eid) if cfg.forwards_logs_of(role) else None
+    hub: Optional[FeedHub] = None
+    stop_event = threading.Event()
+    main_done = threading.Event()
+    code = 0
+    tb_proc: Optional[subprocess.Popen] = None
+    try:
+        port_sock = reserve_port()
+        if cfg.input_mode == InputMode.SPARK and role.feedable:
+            hub = FeedHub(launch.host, cfg.key, cfg.queues, cfg.queue_chunks, launch.node_name)
+            hub.data_timeout_s = cfg.data_timeout_s  # type: ignore[attr-defined]
+        me = NodeInfo(eid, role.job_name, role.task_index, launch.host, port_sock.getsockname()[1], hub.port if hub else 0, os.getpid(), launch.executor_key)
+        resp = client.request("register", node=me.to_dict(), timeout_s=30.0)
+        if not resp.get("ok"):
+            log.warning("tfos node %s not admitted: %s", launch.node_name, resp.get("abort"))
+            return 0
+        deadline = Deadline(
+            cfg.reservation_timeout_s, "every node of the cluster to register",
+            "too few free task slots, an executor busy with another job, or a node that failed to start",
+        )
+        nodes = None
+        while nodes is None:
+            r = client.request("await_cluster", executor_id=eid, poll_s=5.0, timeout_s=30.0)
+            if r.get("abort"):
+                log.warning("tfos node %s: cluster aborted while waiting: %s", launch.node_name, r["abort"])
+                return 0
+            if r.get("ready"):
+                nodes = [NodeInfo.from_dict(n) for n in r["nodes"]]
+            elif deadline.expired():
+                raise deadline.error(ReservationTimeoutError, f"missing executor ids {r.get('missing')}")
+        spec = build_cluster_spec(nodes)
+        os.environ["TF_CONFIG"] = tf_config_json(spec, role.job_name, role.task_index)
+        if launch.cuda_visible_devices is not None:
+            os.environ["CUDA_VISIBLE_DEVICES"] = launch.cuda_visible_devices
+        ctx = TFNodeContext(
+            executor_id=eid, job_name=role.job_name, task_index=role.task_index, cluster_spec=spec,
+            defaultFS=cfg.default_fs, working_dir=launch.working_dir, mgr=hub, tmp_socket=port_sock,
+            host=launch.host, port=me.port, stop_event=stop_event,
+        )
+
+        def _on_stop() -> None:
+            if hub is not None:
+                hub.close_feed()
+            if not main_done.is_set() and role.is_background:
+                # ps/evaluator main_funs block forever (server.join()): end the process.
+                try:
+                    client.request("status", executor_id=eid, state="stopped", timeout_s=5.0)
+                except _REQ_ERRORS:
+                    pass
+                if forwarder:
+                    forwarder.close()
+                if tb_proc is not None:
+                    tb_proc.terminate()
+                os._exit(0)
+
+        threading.Thread(target=_event_loop, args=(events, eid, hub, stop_event, _on_stop), name="tfos-events", daemon=True).start()
+        if cfg.hosts_tensorboard(role):
+            tb_proc = _start_tensorboard(launch, ctx, client)
+        client.request("status", executor_id=eid, state="running", timeout_s=10.0)
+        if cfg.release_port:
+            ctx.release_port()
+        main_fun, tf_args = cloudpickle.loads(launch.fn_payload)  # from the local pipe, not the network
+        log.info("tfos node %s: starting main_fun", launch.node_name)
+        try:
+            main_fun(tf_args, ctx)
+        except SystemExit as exc:
+            if exc.code not in (None, 0):
+                raise
+        main_done.set()
+        if hub is not None:
+            hub.close("finished", f"main_fun on {launch.node_name} returned")
+        client.request("status", executor_id=eid, state="finished", timeout_s=10.0)
+        if tb_proc is not None and tb_proc.poll() is None:
+            # Keep TensorBoard up until the driver shuts the cluster down.
+            stop_event.wait()
+    except BaseException as exc:  # noqa: BLE001 - every failure is reported, then the process ends
+        main_done.set()
+        code = 1
+        failure = _failure(launch, exc)
+        if hub is not None:
+            hub.close("failed", f"main_fun on {launch.node_name} failed: {failure.error_type}: {failure.message}")
+        log.error("tfos node %s failed:\n%s", launch.node_name, failure.traceback)
+        try:
+            client.request("status", executor_id=eid, state="failed", failure=failure.to_dict(), timeout_s=10.0)
+        except _REQ_ERRORS as rexc:
+            log.error("could not report the failure to the driver: %s", rexc)
+    finally:
+        if tb_proc is not None and tb_proc.poll() is None:
+            tb_proc.terminate()
+            try:
+                tb_proc.wait(5.0)
+            except subprocess.TimeoutExpired:
+                tb_proc.kill()
+        if forwarder:
+            forwarder.close()
+    return code
+
+
+def _event_loop(client: ControlClient, eid: int, hub: Optional[FeedHub], stop_event: threading.Event, on_stop) -> None:
+    known: dict = {}
+    while True:
+        try:
+            d = client.request(
+                "wait_event", executor_id=eid, known=known,
+                counters={"rows": hub.rows_taken if hub else 0}, poll_s=1.0, timeout_s=15.0,
+            )
+        except _REQ_ERRORS:
+            time.sleep(1.0)  # the supervisor decides when the driver is gone
+            continue
+        if d.get("feed_closed") and not known.get("feed_closed") and hub is not None:
+            hub.close_feed()
+        if (d.get("stop") or d.get("abort")) and not stop_event.is_set():
+            stop_event.set()
+            on_stop()
+        known = {k: d.get(k) for k in ("stop", "feed_closed", "abort", "failed")}
+
+
+def main() -> int:
+    """Entry point of ``python -m tfos._tf_process``; returns the exit code."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    tfos_log = logging.getLogger("tfos")
+    tfos_log.addHandler(handler)
+    tfos_log.setLevel(logging.INFO)
+    launch = read_launch(sys.stdin.buffer)
+
+    def _watch_parent() -> None:
+        try:
+            while sys.stdin.buffer.read(65536):
+                pass
+        except (OSError, ValueError):
+            pass
+        os._exit(70)  # the supervisor is gone: never outlive it
+
+    threading.Thread(target=_watch_parent, name="tfos-supervisor-watch", daemon=True).start()
+    if launch.watch_pid:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the supervisor decides (see tfos._supervisor)
+    code = run_node(launch)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    # TensorFlow and gRPC leave non-daemon threads behind; exit without joining them.
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,217 @@
+"""The tfos exception hierarchy (pure; used on the driver, in Spark tasks and in TF processes).
+
+Every error is picklable, so it survives the trip from a Spark task or a TF process
+back to the driver, and every node-related error names the node: executor id, role
+(job name), task index and host.
+
+Hierarchy::
+
+    TFOSError
+    ├── ConfigurationError        (also ValueError): bad arguments or Spark configuration
+    ├── ReservationTimeoutError   (also TimeoutError): not every node registered in time
+    ├── DeadlineExceededError     (also TimeoutError): any other bounded wait expired
+    ├── FeedTimeoutError          (also TimeoutError): a node accepted no data for feed_timeout
+    ├── ControlProtocolError      : a rejected control-plane frame (bad MAC, size, replay)
+    ├── MalformedRowError         (also ValueError): a fed row does not match the signature
+    ├── InferenceResultError      (also ValueError): main_fun returned too few/many results
+    ├── NodeFailedError           : one node failed (exception, lost, or killed)
+    └── ClusterFailedError        : the aggregate raised to the user on the driver
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterable, Sequence
+
+__all__ = [
+    "TFOSError",
+    "ConfigurationError",
+    "ReservationTimeoutError",
+    "DeadlineExceededError",
+    "FeedTimeoutError",
+    "ControlProtocolError",
+    "MalformedRowError",
+    "InferenceResultError",
+    "NodeFailedError",
+    "ClusterFailedError",
+    "NodeFailure",
+]
+
+
+class TFOSError(Exception):
+    """Base class of every error raised by tfos.
+
+    Subclasses keep their constructor arguments in ``self.args`` so that they pickle and
+    unpickle unchanged (Spark ships task errors to the driver by pickling them).
+    """
+
+
+class ConfigurationError(TFOSError, ValueError):
+    """Bad arguments to a tfos call, or a Spark configuration tfos cannot run on.
+
+    Raised on the driver before anything is launched; the message says which setting to
+    change.
+    """
+
+
+class ReservationTimeoutError(TFOSError, TimeoutError):
+    """Not every node registered with the driver before ``reservation_timeout`` seconds.
+
+    Raised on the driver by ``TFCluster.run``; the message lists the executor ids that did
+    register, the ones that did not, and the likely causes.
+    """
+
+
+class DeadlineExceededError(TFOSError, TimeoutError):
+    """A bounded wait expired; the message says what was awaited and the likely causes."""
+
+
+class FeedTimeoutError(TFOSError, TimeoutError):
+    """A node accepted no data (or returned no results) for ``feed_timeout`` seconds.
+
+    Raised in a Spark feed task and re-raised on the driver; names the partition and node.
+    """
+
+
+class ControlProtocolError(TFOSError):
+    """A control-plane frame was rejected: wrong key, tampered, oversize, replayed or stale.
+
+    The message never contains key material.
+    """
+
+
+class MalformedRowError(TFOSError, ValueError):
+    """A row fed in InputMode.SPARK does not fit the declared signature.
+
+    Raised in the TF process; the message names the partition, the row index within the
+    partition, the column and what was expected.
+    """
+
+
+class InferenceResultError(TFOSError, ValueError):
+    """``batch_results`` got a number of results different from the batch it answers,
+    or ``main_fun`` ended while rows were still waiting for results."""
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeFailure:
+    """What the driver knows about one failed node (pure, picklable, JSON-friendly).
+
+    Attributes:
+        executor_id: The node's executor id (0-based index in the cluster template).
+        job_name: The node's role: 'ps', 'chief', 'master', 'worker' or 'evaluator'.
+        task_index: The node's index within its job.
+        host: The host the node ran on, or '' when it never registered.
+        kind: 'exception' (main_fun raised), 'exited' (process ended with a non-zero code
+            or a signal), 'lost' (no heartbeat within the timeout), 'feed' (a feed task
+            failed on this node's data), or 'spark' (the Spark job itself failed).
+        error_type: The exception class name, e.g. 'ValueError'.
+        message: The exception message or a description of the loss.
+        traceback: The remote traceback text ('' when there is none).
+    """
+
+    executor_id: int
+    job_name: str
+    task_index: int
+    host: str
+    kind: str
+    error_type: str
+    message: str
+    traceback: str = ""
+
+    @property
+    def node_name(self) -> str:
+        """A short name like ``worker:1 (executor 2, host 10.0.0.5)``."""
+        host = self.host or "unknown host"
+        return f"{self.job_name}:{self.task_index} (executor {self.executor_id}, host {host})"
+
+    def to_dict(self) -> dict:
+        """The failure as a JSON-serialisable dict (for the control plane)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "NodeFailure":
+        """Builds a failure from :meth:`to_dict` output.
+
+        Raises:
+            ControlProtocolError: When a field is missing or has the wrong type.
+        """
+        try:
+            return cls(
+                executor_id=int(data["executor_id"]),
+                job_name=str(data["job_name"]),
+                task_index=int(data["task_index"]),
+                host=str(data.get("host", "")),
+                kind=str(data["kind"]),
+                error_type=str(data["error_type"]),
+                message=str(data["message"]),
+                traceback=str(data.get("traceback", "")),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ControlProtocolError(f"malformed node failure report: {exc!r}") from None
+
+
+class NodeFailedError(TFOSError):
+    """One node failed. Raised in the TF process or Spark task that saw it.
+
+    Args:
+        failure: The structured description of the failure.
+    """
+
+    def __init__(self, failure: NodeFailure):
+        super().__init__(failure)
+        self.failure = failure
+
+    def __str__(self) -> str:
+        f = self.failure
+        text = f"{f.node_name}: {f.error_type}: {f.message}"
+        if f.traceback:
+            text += "\n" + f.traceback.rstrip()
+        return text
+
+
+def _group_failures(failures: Sequence[NodeFailure]) -> list[list[NodeFailure]]:
+    groups: dict[tuple[str, str, str], list[NodeFailure]] = {}
+    for f in failures:
+        groups.setdefault((f.kind, f.error_type, f.message), []).append(f)
+    return list(groups.values())
+
+
+class ClusterFailedError(TFOSError):
+    """One or more nodes of a tfos cluster failed; raised on the driver.
+
+    Identical failures (same kind, type and message) from several nodes are grouped, so
+    a bug that crashes every worker is reported once, with the list of nodes. The first
+    remote traceback of each group is included.
+
+    Args:
+        cluster_id: The cluster's id (also its Spark job group name).
+        failures: Every node failure recorded, in the order the driver saw them.
+        context: What the driver was doing, e.g. 'train()' or 'shutdown()'.
+
+    Attributes:
+        failures: The :class:`NodeFailure` list, for programmatic inspection.
+    """
+
+    def __init__(self, cluster_id: str, failures: Iterable[NodeFailure], context: str = ""):
+        failures = list(failures)
+        super().__init__(cluster_id, failures, context)
+        self.cluster_id = cluster_id
+        self.failures = failures
+        self.context = context
+
+    def __str__(self) -> str:
+        groups = _group_failures(self.failures)
+        nodes = {(f.executor_id, f.job_name) for f in self.failures}
+        where = f" during {self.context}" if self.context else ""
+        lines = [
+            f"tfos cluster {self.cluster_id} failed{where}: {len(nodes)} node(s) reported "
+            f"{len(groups)} distinct error(s)"
+        ]
+        for group in groups:
+            first = group[0]
+            names = ", ".join(f.node_name for f in group)
+            lines.append(f"- [{first.kind}] {names}: {first.error_type}: {first.message}")
+            if first.traceback:
+                lines.extend("    " + ln for ln in first.traceback.rstrip().splitlines())
+        return "\n".join(lines)
