@@ -287,9 +287,8 @@ class TFCluster:
         else:
             rdd = df.rdd if df is not None else dataRDD
             parts = rdd.getNumPartitions()
-            src, kind = _raw_source(rdd)
+            data, kind = _raw_source(rdd, num_epochs)
             plan = self._plan("train", qname, kind, parts, feed_timeout)
-            data = src if num_epochs == 1 else self.sc.union([src] * num_epochs)
             fn = make_feed_fn(plan)
             action = lambda: data.mapPartitionsWithIndex(fn).collect()
         total = parts * num_epochs
@@ -468,20 +467,21 @@ def _chunk_kind(name: str):
     return ChunkKind(name)
 
 
-def _raw_source(rdd: Any) -> tuple[Any, Any]:
-    """The RDD to feed and its chunk kind: raw PySpark frames when possible."""
+def _raw_source(rdd: Any, epochs: int = 1) -> tuple[Any, Any]:
+    """The RDD to feed (``epochs`` passes, unioned) and its chunk kind (driver).
+
+    RDDs stored as PySpark pickled batches are fed as raw frames (the feed task never
+    unpickles them); any other RDD is fed row by row, re-pickled in chunks (kind None).
+    """
     from ._data_plane import ChunkKind
-    from ._spark_rawio import raw_frames
+    from ._spark_rawio import FrameKind, raw_frames, union_raw_frames
 
     raw = raw_frames(rdd)
-    if raw is None:
-        return rdd, None
-    return raw.rdd, ChunkKind(_kind_value(raw.kind))
-
-
-def _kind_value(kind: Any) -> str:
-    value = getattr(kind, "value", kind)
-    return str(value).lower()
+    if raw is None or raw.kind != FrameKind.PICKLED_BATCH:
+        return (rdd if epochs == 1 else rdd.context.union([rdd] * epochs)), None
+    if epochs > 1:
+        raw = union_raw_frames([raw] * epochs)
+    return raw.rdd, ChunkKind.PICKLED_BATCH
 
 
 def run(
@@ -606,8 +606,9 @@ def run(
         while not state.all_registered():
             if state.failed:
                 raise cluster._fail("run()")
-            if start.done.is_set():
-                # The start job ended (or died) before every node registered.
+            if start.error is not None or (start.done.is_set() and input_mode == InputMode.TENSORFLOW):
+                # The start job died, or (TENSORFLOW mode) every node already exited,
+                # before every node registered.
                 _sleep_for_attribution(state)
                 if state.failed:
                     raise cluster._fail("run()")

@@ -136,12 +136,12 @@ def decode_chunk(kind: ChunkKind, payload: Union[bytes, bytearray]) -> list:
         ValueError: For a payload that does not decode as announced.
     """
     if kind is ChunkKind.PICKLED_BATCH:
-        rows = pickle.loads(payload)  # authenticated peer, see docstring
+        rows = pickle.loads(payload, encoding="bytes")  # authenticated peer; PySpark's own format
         if not isinstance(rows, list):
             rows = list(rows)
         return rows
     if kind is ChunkKind.PICKLED_ROW:
-        return [pickle.loads(payload)]
+        return [pickle.loads(payload, encoding="bytes")]
     if kind is ChunkKind.UTF8:
         return [bytes(payload).decode("utf-8")]
     if kind is ChunkKind.ARROW:

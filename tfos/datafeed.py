@@ -107,11 +107,11 @@ class DataFeed:
                 if deadline.expired():
                     raise deadline.error()
 
-    def _finish_partition(self, conn: FeedConnection) -> None:
+    def _finish_partition(self, conn: FeedConnection, answered_later: bool = False) -> None:
         conn.ended = True
         if conn.mode == "train":
             self._hub.finish_connection(conn, FrameType.ACK, {"rows": conn.rows_taken})
-        elif conn.pending == 0:
+        elif conn.pending == 0 and not answered_later:
             self._hub.finish_connection(conn, FrameType.RESULTS_END, {"rows": conn.rows_taken})
 
     def next_batch(self, batch_size: int) -> Union[list, dict]:
@@ -141,7 +141,9 @@ class DataFeed:
                     self.done_feeding = True
                     break
                 if isinstance(item, PartitionEnd):
-                    self._finish_partition(item.conn)
+                    # In inference, rows of this partition still in ``out`` are answered by
+                    # batch_results(), which then ends the partition.
+                    self._finish_partition(item.conn, answered_later=bool(out) and not self.train_mode)
                     if not self.train_mode and out:
                         break
                     continue
