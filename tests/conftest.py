@@ -1,0 +1,109 @@
+"""Shared test fixtures: one SparkContext at a time, leftover-process checks."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import pytest
+
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+os.environ.setdefault("TFOS_PROGRESS", "0")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Marks every process this test session starts (executors inherit the driver's environment),
+# so leftover checks ignore processes of other programs on the machine.
+os.environ.setdefault("TFOS_TEST_SESSION", f"{os.getpid()}-{time.time_ns()}")
+
+DEFAULT_MASTER = "local-cluster[2,1,1024]"
+
+
+class SparkManager:
+    """Keeps at most one SparkContext alive; a test asking for another config replaces it."""
+
+    def __init__(self) -> None:
+        self.key = None
+        self.sc = None
+
+    def get(self, master: str = DEFAULT_MASTER, **conf: str):
+        from pyspark import SparkConf, SparkContext
+
+        key = (master, tuple(sorted(conf.items())))
+        if self.sc is not None and self.key == key:
+            return self.sc
+        self.stop()
+        sconf = (
+            SparkConf()
+            .setMaster(master)
+            .setAppName("tfos-tests")
+            .set("spark.ui.enabled", "false")
+            .set("spark.ui.showConsoleProgress", "false")
+            .set("spark.driver.host", "127.0.0.1")
+            .set("spark.executor.memory", "768m")
+        )
+        for k, v in conf.items():
+            sconf.set(k.replace("__", "."), str(v))
+        self.sc = SparkContext(conf=sconf)
+        self.sc.setLogLevel("ERROR")
+        self.key = key
+        return self.sc
+
+    def stop(self) -> None:
+        if self.sc is not None:
+            self.sc.stop()
+            self.sc = None
+            self.key = None
+
+
+_manager = SparkManager()
+
+
+@pytest.fixture(scope="session")
+def spark_manager():
+    """The session's SparkManager (stops the last context at the end)."""
+    yield _manager
+    _manager.stop()
+
+
+@pytest.fixture
+def sc(spark_manager):
+    """The shared local-cluster[2,1,1024] SparkContext (separate executor JVMs)."""
+    return spark_manager.get()
+
+
+def tfos_processes():
+    """tfos node processes (supervisors, TF processes, TensorBoards) of this machine."""
+    import psutil
+
+    session = os.environ["TFOS_TEST_SESSION"]
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        cmd = " ".join(p.info.get("cmdline") or [])
+        if "tfos._supervisor" in cmd or "tfos._tf_process" in cmd or "tensorboard.main" in cmd:
+            try:
+                if p.environ().get("TFOS_TEST_SESSION") != session:
+                    continue
+            except psutil.Error:
+                continue
+            found.append((p.info["pid"], cmd))
+    return found
+
+
+def assert_no_tfos_processes(timeout_s: float = 20.0) -> None:
+    """Fails if tfos node processes are still alive after ``timeout_s`` seconds."""
+    deadline = time.monotonic() + timeout_s
+    left = tfos_processes()
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = tfos_processes()
+    assert not left, f"tfos processes left behind: {left}"
+
+
+@pytest.fixture
+def no_leftovers():
+    """Asserts that a test leaves no tfos node process behind."""
+    assert_no_tfos_processes()
+    yield
+    assert_no_tfos_processes()
