@@ -4,7 +4,7 @@ Steps, in order:
 
 1. read the launch record from the supervisor's pipe, and exit if that pipe closes
    (the supervisor died);
-2. hold a free TF port (bound, not listening, ``SO_REUSEPORT`` so gRPC can take it over);
+2. hold a free TF port (bound, not listening, ``SO_REUSEADDR``, so gRPC can bind it meanwhile);
 3. in InputMode.SPARK on chief/master/worker nodes, start the data server (:mod:`tfos._feed_hub`);
 4. register with the driver, then wait for the full cluster;
 5. set ``TF_CONFIG`` (always) and ``CUDA_VISIBLE_DEVICES`` (when Spark assigned GPUs);
@@ -42,10 +42,12 @@ _REQ_ERRORS = (OSError, ControlProtocolError, DeadlineExceededError)
 
 
 def reserve_port() -> socket.socket:
-    """Binds (without listening) a free TCP port with SO_REUSEADDR/SO_REUSEPORT set.
+    """Binds (without listening) a free TCP port with SO_REUSEADDR (and SO_REUSEPORT) set.
 
-    The socket keeps other programs off the port until ``ctx.release_port()``; gRPC, which
-    also sets SO_REUSEPORT, can bind the same port while it is held.
+    The socket keeps other programs off the port until ``ctx.release_port()``. TensorFlow's
+    gRPC server (which sets SO_REUSEADDR) can bind the same port while it is held, because
+    the held socket is not listening; ``tf_server.start_cluster_server`` relies on that to
+    hand the port over without a gap.
     """
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

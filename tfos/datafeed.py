@@ -251,8 +251,10 @@ class DataFeed:
         data (uneven partitions, C12). Distribute the dataset with
         ``strategy.experimental_distribute_dataset`` and iterate it to exhaustion (or use
         tf_keras ``model.fit`` without ``steps_per_epoch``): TensorFlow synchronises the end
-        of input across workers, so no worker waits forever for another. See
-        ``docs/datafeed.md``.
+        of input across workers — a worker that runs out is fed empty batches until every
+        worker is done — so no worker waits forever for another and every row is used.
+        The dataset has auto-sharding turned off (each worker already gets only its own
+        partitions). See ``docs/datafeed.md``.
 
         Args:
             batch_size: Rows per batch.
@@ -289,7 +291,11 @@ class DataFeed:
                     yield cols
 
         sig = specs[0] if single else specs
-        return tf.data.Dataset.from_generator(gen, output_signature=sig)
+        ds = tf.data.Dataset.from_generator(gen, output_signature=sig)
+        # Each worker has its own feed: auto-sharding would silently drop part of it.
+        options = tf.data.Options()
+        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+        return ds.with_options(options)
 
 
 def _row_error(origins: Sequence[tuple[int, int, int, int]], index: int, message: str) -> MalformedRowError:

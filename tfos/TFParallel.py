@@ -1,0 +1,69 @@
+"""TFoS-compatible ``TFParallel.run``: N independent TensorFlow instances, one per executor (driver).
+
+Use it for embarrassingly parallel work such as batch inference with a single-node model on
+every executor, where the instances do not form a TensorFlow cluster::
+
+    def map_fun(args, ctx):        # ctx.executor_id / ctx.task_index = 0..N-1, job 'worker'
+        model = tf.keras.models.load_model(args.model)
+        ... read this instance's share of the files: TFNode.shard_files(ctx, pattern) ...
+
+    TFParallel.run(sc, map_fun, args, num_executors=4)
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+from . import _cluster
+from .cluster_template import InputMode
+
+__all__ = ["run"]
+
+
+class _Independent:
+    """Wraps ``map_fun`` so each instance runs alone: no TF_CONFIG, its port released."""
+
+    def __init__(self, map_fun: Callable[[Any, Any], Any]):
+        self.map_fun = map_fun
+
+    def __call__(self, args: Any, ctx: Any) -> Any:
+        os.environ.pop("TF_CONFIG", None)
+        ctx.release_port()
+        return self.map_fun(args, ctx)
+
+
+def run(
+    sc: Any,
+    map_fun: Callable[[Any, Any], Any],
+    tf_args: Any,
+    num_executors: int,
+    use_barrier: bool = True,
+    timeout: float = 259200,
+    **kwargs: Any,
+) -> None:
+    """Runs ``map_fun(tf_args, ctx)`` on ``num_executors`` executors at once and waits (driver).
+
+    Each instance runs in its own TF process with the same supervision as a cluster node:
+    a failing or dying instance makes this call raise within seconds, naming it.
+    ``TF_CONFIG`` is not set, since the instances are independent; ``ctx.cluster_spec`` and
+    ``ctx.num_workers`` still describe all instances, so ``TFNode.shard_files(ctx, ...)``
+    splits input files between them.
+
+    Args:
+        sc: The SparkContext.
+        map_fun: ``map_fun(args, ctx)``; ``ctx.executor_id`` and ``ctx.task_index`` are
+            ``0..num_executors-1`` and ``ctx.job_name`` is 'worker'.
+        tf_args: Passed to ``map_fun`` unchanged.
+        num_executors: Number of instances (one per executor, all scheduled together).
+        use_barrier: Kept for TFoS compatibility; instances are always gang-scheduled.
+        timeout: Longest wait for every instance to finish, in seconds.
+        **kwargs: Passed on to :func:`tfos.TFCluster.run` (e.g. ``reservation_timeout``).
+
+    Raises:
+        ConfigurationError: Bad Spark configuration (see ``TFCluster.run``).
+        ClusterFailedError: Any instance failed or died.
+    """
+    del use_barrier
+    cluster = _cluster.run(sc, _Independent(map_fun), tf_args, num_executors, 0, input_mode=InputMode.TENSORFLOW, **kwargs)
+    cluster.shutdown(timeout=timeout)
