@@ -1,0 +1,467 @@
+"""Spark ML pipeline API: ``TFEstimator`` and ``TFModel`` (TFoS-compatible; driver + Spark tasks).
+
+``TFEstimator.fit(df)`` starts a tfos cluster in InputMode.SPARK, feeds the DataFrame's
+``input_mapping`` columns (in sorted column order) to ``train_fn(args, ctx)`` for ``epochs``
+epochs, shuts the cluster down and returns a :class:`TFModel`. ``TFModel.transform(df)``
+runs the exported SavedModel on every partition (no cluster needed) and returns a
+DataFrame with the ``output_mapping`` columns::
+
+    est = TFEstimator(train_fn, args).setInputMapping({"image": "image", "label": "label"}) \\
+        .setClusterSize(2).setEpochs(2).setExportDir("/tmp/export").setFeedTimeout(900)
+    model = est.fit(df)
+    preds = model.setInputMapping({"image": "x"}).setOutputMapping({"y": "prediction"}).transform(df)
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import logging
+import threading
+from typing import Any, Callable, Iterator, Optional
+
+from pyspark.ml import Estimator, Model
+from pyspark.ml.param.shared import Param, Params, TypeConverters
+
+from . import TFCluster
+from .cluster_template import InputMode
+from .errors import ConfigurationError
+
+__all__ = ["TFEstimator", "TFModel", "Namespace", "TFParams", "TFTypeConverters"]
+
+log = logging.getLogger(__name__)
+
+
+class TFTypeConverters:
+    """Extra Param type converters."""
+
+    @staticmethod
+    def toDict(value: Any) -> dict:
+        """Accepts a dict only.
+
+        Raises:
+            TypeError: For anything else.
+        """
+        if isinstance(value, dict):
+            return value
+        raise TypeError(f"Could not convert {value!r} to a dict")
+
+
+def _param(name: str, doc: str, conv: Callable = TypeConverters.identity) -> Param:
+    return Param(Params._dummy(), name, doc, typeConverter=conv)
+
+
+class HasBatchSize(Params):
+    """Param ``batch_size``: rows per batch."""
+
+    batch_size = _param("batch_size", "Number of records per batch", TypeConverters.toInt)
+
+    def setBatchSize(self, value: int):
+        return self._set(batch_size=value)
+
+    def getBatchSize(self) -> int:
+        return self.getOrDefault(self.batch_size)
+
+
+class HasClusterSize(Params):
+    """Param ``cluster_size``: number of nodes."""
+
+    cluster_size = _param("cluster_size", "Number of nodes in the cluster", TypeConverters.toInt)
+
+    def setClusterSize(self, value: int):
+        return self._set(cluster_size=value)
+
+    def getClusterSize(self) -> int:
+        return self.getOrDefault(self.cluster_size)
+
+
+class HasEpochs(Params):
+    """Param ``epochs``: passes over the data (>= 1)."""
+
+    epochs = _param("epochs", "Number of epochs to train", TypeConverters.toInt)
+
+    def setEpochs(self, value: int):
+        return self._set(epochs=value)
+
+    def getEpochs(self) -> int:
+        return self.getOrDefault(self.epochs)
+
+
+class HasFeedTimeout(Params):
+    """Param ``feed_timeout``: seconds a node may accept no data before the feed fails (C17)."""
+
+    feed_timeout = _param("feed_timeout", "Seconds a node may accept no data before the feed fails", TypeConverters.toFloat)
+
+    def setFeedTimeout(self, value: float):
+        return self._set(feed_timeout=value)
+
+    def getFeedTimeout(self) -> float:
+        return self.getOrDefault(self.feed_timeout)
+
+
+class HasGraceSecs(Params):
+    """Param ``grace_secs``: passed to ``shutdown(grace_secs=...)``."""
+
+    grace_secs = _param("grace_secs", "Seconds to wait after the workers finish before stopping ps nodes", TypeConverters.toInt)
+
+    def setGraceSecs(self, value: int):
+        return self._set(grace_secs=value)
+
+    def getGraceSecs(self) -> int:
+        return self.getOrDefault(self.grace_secs)
+
+
+class HasInputMapping(Params):
+    """Param ``input_mapping``: ``{DataFrame column: tensor/signature input name}``."""
+
+    input_mapping = _param("input_mapping", "Mapping of input DataFrame column to input tensor", TFTypeConverters.toDict)
+
+    def setInputMapping(self, value: dict):
+        return self._set(input_mapping=value)
+
+    def getInputMapping(self) -> dict:
+        return self.getOrDefault(self.input_mapping)
+
+
+class HasInputMode(Params):
+    """Param ``input_mode``: :class:`InputMode` (SPARK for TFEstimator)."""
+
+    input_mode = _param("input_mode", "Input data feeding mode (0=TENSORFLOW, 1=SPARK)", TypeConverters.toInt)
+
+    def setInputMode(self, value: int):
+        return self._set(input_mode=value)
+
+    def getInputMode(self) -> int:
+        return self.getOrDefault(self.input_mode)
+
+
+class HasMasterNode(Params):
+    """Param ``master_node``: None, 'chief' or 'master'."""
+
+    master_node = _param("master_node", "Job name of the master/chief node", TypeConverters.identity)
+
+    def setMasterNode(self, value: Optional[str]):
+        return self._set(master_node=value)
+
+    def getMasterNode(self) -> Optional[str]:
+        return self.getOrDefault(self.master_node)
+
+
+class HasDriverPSNodes(Params):
+    """Param ``driver_ps_nodes``: run ps nodes on the driver host."""
+
+    driver_ps_nodes = _param("driver_ps_nodes", "Run parameter servers on the driver", TypeConverters.toBoolean)
+
+    def setDriverPSNodes(self, value: bool):
+        return self._set(driver_ps_nodes=value)
+
+    def getDriverPSNodes(self) -> bool:
+        return self.getOrDefault(self.driver_ps_nodes)
+
+
+class HasModelDir(Params):
+    """Param ``model_dir``: checkpoint directory."""
+
+    model_dir = _param("model_dir", "Path to save/load model checkpoints", TypeConverters.identity)
+
+    def setModelDir(self, value: str):
+        return self._set(model_dir=value)
+
+    def getModelDir(self) -> Optional[str]:
+        return self.getOrDefault(self.model_dir)
+
+
+class HasExportDir(Params):
+    """Param ``export_dir``: SavedModel directory."""
+
+    export_dir = _param("export_dir", "Directory of the exported SavedModel", TypeConverters.identity)
+
+    def setExportDir(self, value: str):
+        return self._set(export_dir=value)
+
+    def getExportDir(self) -> Optional[str]:
+        return self.getOrDefault(self.export_dir)
+
+
+class HasNumPS(Params):
+    """Param ``num_ps``: number of parameter servers."""
+
+    num_ps = _param("num_ps", "Number of PS nodes in cluster", TypeConverters.toInt)
+
+    def setNumPS(self, value: int):
+        return self._set(num_ps=value)
+
+    def getNumPS(self) -> int:
+        return self.getOrDefault(self.num_ps)
+
+
+class HasOutputMapping(Params):
+    """Param ``output_mapping``: ``{signature output name: DataFrame column}``."""
+
+    output_mapping = _param("output_mapping", "Mapping of output tensor to output DataFrame column", TFTypeConverters.toDict)
+
+    def setOutputMapping(self, value: dict):
+        return self._set(output_mapping=value)
+
+    def getOutputMapping(self) -> dict:
+        return self.getOrDefault(self.output_mapping)
+
+
+class HasProtocol(Params):
+    """Param ``protocol``: 'grpc' (kept for TFoS compatibility)."""
+
+    protocol = _param("protocol", "Network protocol for TensorFlow (grpc|rdma)", TypeConverters.toString)
+
+    def setProtocol(self, value: str):
+        return self._set(protocol=value)
+
+    def getProtocol(self) -> str:
+        return self.getOrDefault(self.protocol)
+
+
+class HasReaders(Params):
+    """Param ``readers``: reader threads (for the user's own input pipeline)."""
+
+    readers = _param("readers", "Number of reader/enqueue threads", TypeConverters.toInt)
+
+    def setReaders(self, value: int):
+        return self._set(readers=value)
+
+    def getReaders(self) -> int:
+        return self.getOrDefault(self.readers)
+
+
+class HasSignatureDefKey(Params):
+    """Param ``signature_def_key``: SavedModel signature used by TFModel."""
+
+    signature_def_key = _param("signature_def_key", "Identifier for a specific saved signature", TypeConverters.identity)
+
+    def setSignatureDefKey(self, value: str):
+        return self._set(signature_def_key=value)
+
+    def getSignatureDefKey(self) -> str:
+        return self.getOrDefault(self.signature_def_key)
+
+
+class HasSteps(Params):
+    """Param ``steps``: maximum training steps (for ``train_fn``)."""
+
+    steps = _param("steps", "Maximum number of steps to train", TypeConverters.toInt)
+
+    def setSteps(self, value: int):
+        return self._set(steps=value)
+
+    def getSteps(self) -> int:
+        return self.getOrDefault(self.steps)
+
+
+class HasTagSet(Params):
+    """Param ``tag_set``: comma-separated SavedModel tags."""
+
+    tag_set = _param("tag_set", "Comma-delimited list of tags identifying a saved model", TypeConverters.toString)
+
+    def setTagSet(self, value: str):
+        return self._set(tag_set=value)
+
+    def getTagSet(self) -> str:
+        return self.getOrDefault(self.tag_set)
+
+
+class HasTensorboard(Params):
+    """Param ``tensorboard``: start TensorBoard on the chief."""
+
+    tensorboard = _param("tensorboard", "Launch tensorboard process", TypeConverters.toBoolean)
+
+    def setTensorboard(self, value: bool):
+        return self._set(tensorboard=value)
+
+    def getTensorboard(self) -> bool:
+        return self.getOrDefault(self.tensorboard)
+
+
+class HasTFRecordDir(Params):
+    """Param ``tfrecord_dir``: kept for TFoS compatibility (InputMode.TENSORFLOW staging)."""
+
+    tfrecord_dir = _param("tfrecord_dir", "Path to temporarily export a DataFrame as TFRecords", TypeConverters.identity)
+
+    def setTFRecordDir(self, value: str):
+        return self._set(tfrecord_dir=value)
+
+    def getTFRecordDir(self) -> Optional[str]:
+        return self.getOrDefault(self.tfrecord_dir)
+
+
+class Namespace(argparse.Namespace):
+    """An argparse-like namespace built from a dict, a Namespace or an argv list.
+
+    Attributes:
+        argv: The argv list when built from one (passed to ``train_fn`` as is), else None.
+    """
+
+    def __init__(self, d: Any = None):
+        super().__init__()
+        self.argv = None
+        if isinstance(d, list):
+            self.argv = d
+        elif isinstance(d, dict):
+            self.__dict__.update(d)
+        elif isinstance(d, argparse.Namespace):
+            self.__dict__.update(vars(d))
+        elif d is not None:
+            raise TypeError(f"tf_args must be a dict, an argparse.Namespace or an argv list, got {type(d).__name__}")
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.__dict__
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.__dict__)
+
+
+class TFParams(Params):
+    """Mixes the Spark ML params into the user's ``tf_args`` (driver)."""
+
+    args: Namespace
+
+    def merge_args_params(self) -> Namespace:
+        """A copy of ``self.args`` with every param's value set as an attribute."""
+        local_args = copy.copy(self.args)
+        for p in self.params:
+            if self.isDefined(p):
+                setattr(local_args, p.name, self.getOrDefault(p))
+        return local_args
+
+
+class TFEstimator(
+    Estimator, TFParams, HasInputMapping, HasClusterSize, HasNumPS, HasInputMode, HasMasterNode, HasProtocol,
+    HasGraceSecs, HasTensorboard, HasModelDir, HasExportDir, HasTFRecordDir, HasBatchSize, HasEpochs, HasReaders,
+    HasSteps, HasDriverPSNodes, HasFeedTimeout,
+):
+    """Spark ML Estimator that trains with tfos in InputMode.SPARK (driver).
+
+    Args:
+        train_fn: ``train_fn(args, ctx)``, run on every node; reads with ``TFNode.DataFeed``
+            (rows hold the ``input_mapping`` columns in sorted column-name order).
+        tf_args: dict, argparse Namespace or argv list; params are merged into it.
+        export_fn: Kept for TFoS compatibility (unused; export from ``train_fn``).
+
+    Raises (from ``fit``):
+        ConfigurationError, ClusterFailedError: As ``TFCluster.run`` / ``train``.
+    """
+
+    def __init__(self, train_fn: Callable, tf_args: Any, export_fn: Optional[Callable] = None):
+        super().__init__()
+        self.train_fn = train_fn
+        self.export_fn = export_fn
+        self.args = Namespace(tf_args)
+        self._setDefault(
+            input_mapping={}, cluster_size=1, num_ps=0, driver_ps_nodes=False, input_mode=int(InputMode.SPARK),
+            master_node="chief", protocol="grpc", tensorboard=False, model_dir=None, export_dir=None,
+            tfrecord_dir=None, batch_size=100, epochs=1, readers=1, steps=1000, grace_secs=30, feed_timeout=600.0,
+        )
+
+    def _fit(self, dataset: Any) -> "TFModel":
+        from pyspark import SparkContext
+
+        sc = SparkContext.getOrCreate()
+        local_args = self.merge_args_params()
+        tf_args = self.args.argv if self.args.argv else local_args
+        if InputMode(local_args.input_mode) != InputMode.SPARK:
+            raise ConfigurationError("TFEstimator feeds the DataFrame to the nodes: input_mode must be InputMode.SPARK")
+        input_cols = sorted(self.getInputMapping())
+        cluster = TFCluster.run(
+            sc, self.train_fn, tf_args, local_args.cluster_size, local_args.num_ps, local_args.tensorboard,
+            InputMode.SPARK, driver_ps_nodes=local_args.driver_ps_nodes, master_node=local_args.master_node,
+        )
+        with cluster:
+            data = dataset.select(input_cols) if input_cols else dataset
+            cluster.train(data.rdd, local_args.epochs, feed_timeout=local_args.feed_timeout)
+            cluster.shutdown(grace_secs=local_args.grace_secs)
+        return self._copyValues(TFModel(self.args))
+
+
+class TFModel(Model, TFParams, HasInputMapping, HasOutputMapping, HasBatchSize, HasModelDir, HasExportDir, HasSignatureDefKey, HasTagSet):
+    """Spark ML Model that runs an exported SavedModel on every partition (driver + Spark tasks).
+
+    ``transform(df)`` feeds the ``input_mapping`` columns (sorted by column name) in batches of
+    ``batch_size`` to the signature ``signature_def_key`` of the SavedModel at ``export_dir``
+    and returns a DataFrame of the ``output_mapping`` columns, one row per input row. The
+    model is loaded once per Python worker and cached.
+
+    Raises (from ``transform``, in tasks):
+        ValueError: Missing export_dir, or a mapping that names an unknown signature input/output.
+    """
+
+    def __init__(self, tf_args: Any = None):
+        super().__init__()
+        self.args = Namespace(tf_args or {})
+        self._setDefault(input_mapping={}, output_mapping={}, batch_size=100, model_dir=None, export_dir=None, signature_def_key="serving_default", tag_set="serve")
+
+    def _transform(self, dataset: Any) -> Any:
+        from pyspark.sql import SparkSession
+
+        spark = SparkSession.builder.getOrCreate()
+        input_cols = sorted(self.getInputMapping())
+        output_cols = [col for _, col in sorted(self.getOutputMapping().items())]
+        local_args = self.merge_args_params()
+        if not local_args.export_dir:
+            raise ValueError("TFModel needs export_dir (the SavedModel to run)")
+        settings = {
+            "export_dir": local_args.export_dir,
+            "tag_set": local_args.tag_set,
+            "signature_def_key": local_args.signature_def_key,
+            "batch_size": int(local_args.batch_size),
+            "inputs": [self.getInputMapping()[c] for c in input_cols],
+            "outputs": [name for name, _ in sorted(self.getOutputMapping().items())],
+        }
+        rdd_out = dataset.select(input_cols).rdd.mapPartitions(lambda it: _run_model(it, settings))
+        return spark.createDataFrame(rdd_out, output_cols)
+
+
+_model_cache: dict = {}
+_model_lock = threading.Lock()
+
+
+def _load_signature(export_dir: str, tag_set: str, key: str) -> Any:
+    import tensorflow as tf
+
+    cache_key = (export_dir, tag_set, key)
+    with _model_lock:
+        if cache_key not in _model_cache:
+            tags = [t for t in tag_set.split(",") if t] if tag_set else None
+            loaded = tf.saved_model.load(export_dir, tags=tags)
+            if key not in loaded.signatures:
+                raise ValueError(f"SavedModel {export_dir} has no signature {key!r}; it has {list(loaded.signatures)}")
+            _model_cache[cache_key] = (loaded, loaded.signatures[key])
+        return _model_cache[cache_key][1]
+
+
+def _run_model(rows: Iterator[Any], s: dict) -> Iterator[tuple]:
+    """Runs the SavedModel over one partition in batches (Spark task)."""
+    import numpy as np
+    import tensorflow as tf
+
+    fn = _load_signature(s["export_dir"], s["tag_set"], s["signature_def_key"])
+    specs = fn.structured_input_signature[1]
+    for name in s["inputs"]:
+        if name not in specs:
+            raise ValueError(f"input_mapping names signature input {name!r}, but the signature has {sorted(specs)}")
+    batch: list = []
+
+    def run(batch: list) -> Iterator[tuple]:
+        feeds = {}
+        for i, name in enumerate(s["inputs"]):
+            feeds[name] = tf.constant(np.asarray([r[i] for r in batch]), dtype=specs[name].dtype)
+        out = fn(**feeds)
+        for name in s["outputs"]:
+            if name not in out:
+                raise ValueError(f"output_mapping names signature output {name!r}, but the signature has {sorted(out)}")
+        cols = [out[name].numpy().tolist() for name in s["outputs"]]
+        yield from zip(*cols)
+
+    for row in rows:
+        batch.append(row)
+        if len(batch) >= s["batch_size"]:
+            yield from run(batch)
+            batch = []
+    if batch:
+        yield from run(batch)
