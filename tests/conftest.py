@@ -107,3 +107,13 @@ def no_leftovers():
     assert_no_tfos_processes()
     yield
     assert_no_tfos_processes()
+
+
+@pytest.fixture(autouse=True)
+def _ship_test_module_by_value(request):
+    """Lets main_funs defined in a test module reach the node processes (which cannot
+    import test modules): cloudpickle then ships the module's functions by value."""
+    import cloudpickle
+
+    cloudpickle.register_pickle_by_value(request.module)
+    yield

@@ -8,6 +8,8 @@ Node life cycle as seen by the driver::
 
     pending --register--> registered --status running--> running --+--> finished
                                                                    +--> failed
+                                      running --status serving--> serving (counts as done
+                                      for shutdown(); stopped with the ps) --> finished
     (any non-terminal) --no heartbeat for heartbeat_timeout_s--> failed (lost)
     supervisor 'exited' report: the node's processes are gone (code/signal recorded)
 """
@@ -115,8 +117,9 @@ class ClusterState:
             return ClusterFailedError(self.cluster_id, list(self.failures), context)
 
     def is_done(self, executor_id: int) -> bool:
-        """True when the node's main_fun ended (or its processes are gone)."""
-        return self.proc_state[executor_id] in TERMINAL or executor_id in self.exit_codes
+        """True when the node's main_fun ended (or its processes are gone), or the node
+        only serves until stopped (state 'serving', e.g. a ParameterServerStrategy worker)."""
+        return self.proc_state[executor_id] in TERMINAL + ("serving",) or executor_id in self.exit_codes
 
     # ---------------------------------------------------------------- mutation
     def record_failure(self, failure: NodeFailure) -> None:
@@ -313,7 +316,7 @@ class ClusterState:
                 self.record_failure(
                     self.make_failure(eid, "exited", "ProcessDied", f"the TF process died ({describe_exit(code)}) before main_fun returned")
                 )
-        elif state in ("running", "finished", "stopped"):
+        elif state in ("running", "serving", "finished", "stopped"):
             with self._cond:
                 if self.proc_state[eid] != "failed":
                     self.proc_state[eid] = state

@@ -62,6 +62,7 @@ class ControlClient:
         )
         last_err: Optional[BaseException] = None
         while not deadline.expired():
+            sock: Optional[socket.socket] = None
             try:
                 sock = socket.create_connection(self._addr, timeout=deadline.slice(10.0))
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -69,10 +70,14 @@ class ControlClient:
                 if hello.get("type") != "hello" or not isinstance(hello.get("sn"), str):
                     raise ControlProtocolError("unexpected first frame from the control server")
                 self._sock, self._snonce, self._seq = sock, hello["sn"], 0
+                sock = None  # owned by the client now
                 return
             except (OSError, DeadlineExceededError) as exc:
                 last_err = exc
                 time.sleep(deadline.slice(0.2))
+            finally:
+                if sock is not None:  # a failed attempt (wrong key, bad hello...) must not leak it
+                    sock.close()
         raise ConnectionError(f"{deadline.error().args[0]} (last error: {last_err!r})")
 
     def close(self) -> None:

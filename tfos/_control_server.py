@@ -79,6 +79,9 @@ class _Handler(socketserver.BaseRequestHandler):
             while not srv.closing:
                 try:
                     body = _wire.read_frame(sock, srv.key, Deadline(idle, "a control frame"), FRAME_TIMEOUT_S)
+                except _wire.TruncatedFrameError as exc:
+                    srv.reject(peer, str(exc))
+                    return
                 except ConnectionError:
                     return
                 except DeadlineExceededError as exc:

@@ -251,6 +251,7 @@ def run_node(launch: NodeLaunch) -> int:
             executor_id=eid, job_name=role.job_name, task_index=role.task_index, cluster_spec=spec,
             defaultFS=cfg.default_fs, working_dir=launch.working_dir, mgr=hub, tmp_socket=port_sock,
             host=launch.host, port=me.port, stop_event=stop_event,
+            on_serving=lambda: client.request("status", executor_id=eid, state="serving", timeout_s=10.0),
         )
 
         def _on_stop() -> None:

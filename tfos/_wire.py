@@ -39,6 +39,7 @@ __all__ = [
     "decode_frame",
     "read_frame",
     "recv_exact",
+    "TruncatedFrameError",
     "serve_challenge",
     "answer_challenge",
 ]
@@ -147,6 +148,18 @@ def recv_exact(sock: socket.socket, n: int, deadline: Deadline) -> bytes:
     return bytes(buf)
 
 
+class TruncatedFrameError(ConnectionError):
+    """The peer closed the connection in the middle of a control frame (not at a frame
+    boundary): a broken or hostile peer, rejected by the control server."""
+
+
+def _recv_rest(sock: socket.socket, n: int, deadline: Deadline) -> bytes:
+    try:
+        return recv_exact(sock, n, deadline)
+    except ConnectionError as exc:
+        raise TruncatedFrameError(f"truncated frame: {exc}") from None
+
+
 def read_frame(
     sock: socket.socket,
     key: bytes,
@@ -168,13 +181,14 @@ def read_frame(
         The authenticated JSON body.
 
     Raises:
-        ConnectionError: The peer closed the connection.
+        ConnectionError: The peer closed the connection (:class:`TruncatedFrameError`
+            when it did so in the middle of a frame).
         DeadlineExceededError: The frame did not start, or did not finish, in time.
         ControlProtocolError: Bad magic, oversize length, MAC mismatch or bad JSON.
     """
     first = recv_exact(sock, 1, first_byte_deadline)
     frame_deadline = Deadline(frame_timeout_s, "the rest of a control frame")
-    header = first + recv_exact(sock, _HEADER.size - 1, frame_deadline)
+    header = first + _recv_rest(sock, _HEADER.size - 1, frame_deadline)
     magic, length = _HEADER.unpack(header)
     if magic != MAGIC:
         raise ControlProtocolError("bad frame magic: not a tfos control frame")
@@ -182,8 +196,8 @@ def read_frame(
         raise ControlProtocolError(
             f"frame length prefix {length} exceeds the cap of {max_bytes} bytes"
         )
-    mac = recv_exact(sock, _MAC_BYTES, frame_deadline)
-    payload = recv_exact(sock, length, frame_deadline)
+    mac = _recv_rest(sock, _MAC_BYTES, frame_deadline)
+    payload = _recv_rest(sock, length, frame_deadline)
     return decode_frame(key, header, mac, payload)
 
 

@@ -142,9 +142,11 @@ class DataFeed:
                     break
                 if isinstance(item, PartitionEnd):
                     # In inference, rows of this partition still in ``out`` are answered by
-                    # batch_results(), which then ends the partition.
-                    self._finish_partition(item.conn, answered_later=bool(out) and not self.train_mode)
-                    if not self.train_mode and out:
+                    # batch_results(), which then ends the partition. The end of another
+                    # partition (chunks of concurrent feed tasks interleave) is handled now.
+                    in_batch = not self.train_mode and item.conn is batch_conn
+                    self._finish_partition(item.conn, answered_later=in_batch)
+                    if in_batch:
                         break
                     continue
                 if not isinstance(item, Chunk):
@@ -331,11 +333,19 @@ def rows_to_columns(
     import numpy as np
 
     ncol = len(columns)
+    try:
+        bad_len = any(len(row) != ncol for row in rows)
+    except TypeError:  # a None or scalar row
+        bad_len = True
+    if bad_len and ncol:
+        _raise_first_bad(rows, ncol, 0, columns[0][0], columns[0][1], origins)
     out = []
     for c, (dtype, shape) in enumerate(columns):
         try:
             vals = [row[c] for row in rows]
             arr = np.asarray(vals, dtype=dtype)
+            if not rows and shape is not None:
+                arr = arr.reshape((0,) + tuple(shape))  # an empty batch still has the row shape
             if shape is not None and arr.shape[1:] != tuple(shape):
                 raise ValueError("shape")
             out.append(arr)

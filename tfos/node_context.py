@@ -6,7 +6,7 @@ import getpass
 import logging
 import socket
 import threading
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from .cluster_template import count_workers
 
@@ -67,6 +67,10 @@ class TFNodeContext:
         tmp_socket: The socket holding this node's TF port until :meth:`release_port`.
         host: This node's address.
         port: This node's TF server port.
+        stop_event: Set when the driver asks this node to stop (``cluster.shutdown()``).
+        on_serving: Called (no arguments) by :func:`tfos.tf_server.run_server_and_wait` once
+            the node's server is up: tells the driver that this node only serves from now
+            on, so ``shutdown()`` does not wait for its ``main_fun`` (set by the TF process).
     """
 
     def __init__(
@@ -82,6 +86,7 @@ class TFNodeContext:
         host: str = "",
         port: int = 0,
         stop_event: Optional[threading.Event] = None,
+        on_serving: Optional[Callable[[], None]] = None,
     ):
         self.executor_id = executor_id
         self.job_name = job_name
@@ -96,6 +101,7 @@ class TFNodeContext:
         self.port = port
         #: Set when the driver asks this node to stop (``cluster.shutdown()``).
         self.stop_event = stop_event or threading.Event()
+        self.on_serving = on_serving
 
     def __repr__(self) -> str:
         return f"TFNodeContext({self.job_name}:{self.task_index}, executor {self.executor_id}, {self.num_workers} workers)"
@@ -143,6 +149,10 @@ class TFNodeContext:
     def run_server_and_wait(self, timeout_s: Optional[float] = None) -> None:
         """Starts a standard TF server for this node and blocks until the driver stops the
         cluster (TF2 ParameterServerStrategy ps/worker nodes).
+
+        Once the server is up the driver is told that this node only serves, so
+        ``cluster.shutdown()`` waits for the chief alone, then stops this node (a PSS
+        'worker' node would otherwise be waited for like a training worker: a deadlock).
 
         See :func:`tfos.tf_server.run_server_and_wait`.
         """

@@ -432,6 +432,10 @@ def run_server_and_wait(
     or ``timeout_s`` elapses. It never calls ``server.join()``, which would
     not return.
 
+    When the context has an ``on_serving`` callback (tfos nodes do), it is called once
+    the server is up: the driver then treats the node like a ps, i.e. ``shutdown()``
+    does not wait for its ``main_fun`` and stops it with the others.
+
     Runs in the TF process. A TF server cannot be shut down in-process: after
     this function returns the server keeps serving and holding its port until
     the TF process exits, so return from ``main_fun`` (letting the process
@@ -468,6 +472,10 @@ def run_server_and_wait(
         raise ValueError(f"tfos: poll_interval_s must be > 0, got {poll_interval_s}.")
     cluster = tf.train.ClusterSpec(node_cluster(ctx))
     _create_server(ctx, cluster, "grpc", None, max_attempts, retry_backoff_s)
+    on_serving = getattr(ctx, "on_serving", None)
+    if callable(on_serving):
+        # Tells the driver this node only serves now: shutdown() must not wait for it.
+        on_serving()
     if stop_event is None:
         stop_event = getattr(ctx, "stop_event", None)
     event = stop_event if stop_event is not None else threading.Event()

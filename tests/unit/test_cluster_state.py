@@ -1,0 +1,375 @@
+"""Unit tests of tfos._cluster_state.ClusterState (pure driver-side state machine)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import pytest
+
+import tfos._cluster_state as cs_mod
+from tfos._cluster_state import ClusterState, describe_exit
+from tfos._deadline import Deadline
+from tfos.cluster_template import NodeInfo, build_template, roles_from_template
+from tfos.errors import ClusterFailedError, ControlProtocolError, DeadlineExceededError, NodeFailure
+
+CID = "tfos-test-1"
+
+
+class FakeClock:
+    def __init__(self, t: float = 1000.0):
+        self.t = t
+
+    def monotonic(self) -> float:
+        return self.t
+
+
+def _state(on_failure=None, n=3, num_ps=1, timeout=15.0) -> ClusterState:
+    # ps:0 (executor 0), worker:0 (executor 1), worker:1 (executor 2)
+    return ClusterState(CID, roles_from_template(build_template(n, num_ps=num_ps)), timeout, on_failure)
+
+
+def _node(eid: int, pid: int = 100, host: str = "10.0.0.1", ekey: str = "") -> NodeInfo:
+    job, idx = ("ps", 0) if eid == 0 else ("worker", eid - 1)
+    return NodeInfo(eid, job, idx, host, 2000 + eid, data_port=0 if eid == 0 else 3000 + eid, pid=pid + eid,
+                    executor_key=ekey or f"{host}/{500 + eid}")
+
+
+def _req(cs: ClusterState, mtype: str, /, **fields) -> dict:
+    return cs.handle(dict(fields, type=mtype, cluster=CID), "127.0.0.1:1")
+
+
+def _register(state: ClusterState, node: NodeInfo) -> dict:
+    return _req(state, "register", node=node.to_dict())
+
+
+def _register_all(state: ClusterState) -> None:
+    for eid in range(len(state.roles)):
+        assert _register(state, _node(eid))["ok"] is True
+
+
+# ----------------------------------------------------------------- registration
+def test_registration_and_await_cluster():
+    st = _state()
+    assert st.missing() == [0, 1, 2]
+    assert _register(st, _node(0)) == {"ok": True, "shared_executor": []}
+    assert st.proc_state[0] == "registered"
+    r = _req(st, "await_cluster", poll_s=0.05)
+    assert r == {"ready": False, "missing": [1, 2]}
+    _register(st, _node(2))
+    _register(st, _node(1))
+    assert st.all_registered()
+    r = _req(st, "await_cluster", poll_s=0.05)
+    assert r["ready"] is True
+    assert [NodeInfo.from_dict(d).executor_id for d in r["nodes"]] == [0, 1, 2]
+    assert st.cluster_spec() == {"ps": ["10.0.0.1:2000"], "worker": ["10.0.0.1:2001", "10.0.0.1:2002"]}
+    assert st.node_name(2) == "worker:1 (executor 2, host 10.0.0.1)"
+
+
+def test_await_cluster_wakes_on_registration():
+    st = _state()
+    _register(st, _node(0))
+    _register(st, _node(1))
+    out = {}
+
+    def waiter():
+        out["r"] = _req(st, "await_cluster", poll_s=30)
+
+    t = threading.Thread(target=waiter)
+    start = time.monotonic()
+    t.start()
+    time.sleep(0.2)
+    _register(st, _node(2))
+    t.join(20)
+    assert not t.is_alive()
+    assert out["r"]["ready"] is True
+    assert time.monotonic() - start < 5.5  # poll is capped at 5 s and a registration wakes it earlier
+
+
+def test_duplicate_executor_id_from_other_pid_refused():
+    st = _state()
+    first = _node(1, pid=100)
+    assert _register(st, first)["ok"] is True
+    again = _register(st, first)  # a retry from the same process is idempotent
+    assert again["ok"] is True
+    dup = _register(st, _node(1, pid=900, host="10.0.0.9"))
+    assert dup["ok"] is False
+    assert "executor id 1 is already taken by pid 101 on 10.0.0.1" in dup["abort"]
+    assert st.nodes[1].pid == 101
+
+
+def test_register_with_wrong_role_refused():
+    st = _state()
+    bad = NodeInfo(1, "ps", 0, "h", 2001)
+    with pytest.raises(ControlProtocolError, match=r"executor 1 registered as ps:0, template says worker:0"):
+        _register(st, bad)
+
+
+def test_register_shared_executor_reported():
+    st = _state()
+    _register(st, _node(1, ekey="h/1"))
+    r = _register(st, _node(2, ekey="h/1"))
+    assert r == {"ok": True, "shared_executor": [1]}
+
+
+def test_register_after_abort_refused():
+    st = _state()
+    st.abort("run() failed: bad config")
+    r = _register(st, _node(0))
+    assert r == {"ok": False, "abort": "run() failed: bad config"}
+    assert _req(st, "await_cluster", poll_s=0.05) == {"ready": False, "abort": "run() failed: bad config"}
+
+
+# -------------------------------------------------------------------- liveness
+def test_heartbeats_and_lost_node(monkeypatch):
+    clock = FakeClock(1000.0)
+    monkeypatch.setattr(cs_mod, "time", clock)
+    st = _state(timeout=15.0)
+    _register_all(st)
+    for eid in range(3):
+        d = _req(st, "heartbeat", executor_id=eid)
+        assert d == {"stop": False, "feed_closed": False, "abort": "", "failed": False}
+    clock.t = 1010.0
+    _req(st, "heartbeat", executor_id=0)
+    _req(st, "heartbeat", executor_id=2)
+    st.check_liveness(now=1012.0)
+    assert st.failures == []
+    st.check_liveness(now=1020.0)
+    assert len(st.failures) == 1
+    f = st.failures[0]
+    assert (f.executor_id, f.job_name, f.task_index, f.kind, f.error_type) == (1, "worker", 0, "lost", "NodeLost")
+    assert f.message.startswith("no heartbeat for 20.0 s (timeout 15 s)")
+    assert f.host == "10.0.0.1"
+    assert st.proc_state[1] == "failed"
+    # a lost node is reported once, however often liveness is checked
+    st.check_liveness(now=2000.0)
+    assert [x.executor_id for x in st.failures] == [1, 0, 2]
+    assert [x.kind for x in st.failures] == ["lost"] * 3
+    st.check_liveness(now=3000.0)
+    assert len(st.failures) == 3
+
+
+def test_liveness_ignores_finished_nodes_after_stop(monkeypatch):
+    clock = FakeClock(0.0)
+    monkeypatch.setattr(cs_mod, "time", clock)
+    st = _state()
+    _register_all(st)
+    for eid in range(3):
+        _req(st, "heartbeat", executor_id=eid)
+    _req(st, "status", executor_id=1, state="finished")
+    _req(st, "status", executor_id=2, state="exited", code=0)
+    st.request_stop()
+    st.check_liveness(now=100.0)
+    # executor 1 finished and the cluster is stopping; executor 2's processes exited: neither is lost
+    assert [f.executor_id for f in st.failures] == [0]
+
+
+def test_heartbeat_records_host():
+    st = _state()
+    _req(st, "heartbeat", executor_id=2, host="10.1.1.1")
+    assert st.node_name(2) == "worker:1 (executor 2, host 10.1.1.1)"
+    assert 2 in st.last_heartbeat
+
+
+# ---------------------------------------------------------------- exits/failures
+@pytest.mark.parametrize("code, text", [(-9, "killed by SIGKILL"), (-15, "killed by SIGTERM"), (3, "exit code 3"), (-200, "killed by signal 200")])
+def test_describe_exit(code, text):
+    assert describe_exit(code) == text
+
+
+def test_exited_minus_9_is_a_failure():
+    st = _state()
+    _register_all(st)
+    _req(st, "status", executor_id=2, state="running")
+    assert _req(st, "status", executor_id=2, state="exited", code=-9) == {"ok": True}
+    assert len(st.failures) == 1
+    f = st.failures[0]
+    assert (f.executor_id, f.kind, f.error_type) == (2, "exited", "ProcessDied")
+    assert "killed by SIGKILL" in f.message
+    assert "before main_fun returned" in f.message
+    assert st.exit_codes[2] == -9
+    assert st.is_done(2)
+    text = str(st.error("train()"))
+    assert "worker:1 (executor 2, host 10.0.0.1): ProcessDied: the TF process died (killed by SIGKILL)" in text
+
+
+@pytest.mark.parametrize("prior", ["finished", "stopped"])
+def test_nonzero_exit_after_normal_end_is_not_a_failure(prior):
+    st = _state()
+    _register_all(st)
+    _req(st, "status", executor_id=1, state=prior)
+    _req(st, "status", executor_id=1, state="exited", code=1)
+    assert st.failures == []
+
+
+def test_exit_while_stopping_is_not_a_failure():
+    st = _state()
+    _register_all(st)
+    st.request_stop()
+    _req(st, "status", executor_id=0, state="exited", code=-15)
+    assert st.failures == []
+    assert st.exit_codes[0] == -15
+
+
+def test_exception_then_exit_is_one_failure_and_callback_fires_once():
+    seen = []
+    st = _state(on_failure=seen.append)
+    _register_all(st)
+    _req(st, "status", executor_id=1, state="running")
+    exc = st.make_failure(1, "exception", "ValueError", "bad lr", "Traceback...\nValueError: bad lr")
+    _req(st, "status", executor_id=1, state="failed", failure=exc.to_dict())
+    _req(st, "status", executor_id=1, state="exited", code=1)
+    st.record_failure(st.make_failure(1, "lost", "NodeLost", "no heartbeat"))
+    _req(st, "feed_error", failure=st.make_failure(1, "feed", "FeedError", "partition 0 broke").to_dict())
+    assert st.failures == [exc]
+    # a second node's failure is kept, but the callback only fired for the first one
+    _req(st, "status", executor_id=2, state="exited", code=-9)
+    assert [f.executor_id for f in st.failures] == [1, 2]
+    assert seen == [exc]
+    # status 'running' after failure does not resurrect the node
+    _req(st, "status", executor_id=1, state="running")
+    assert st.proc_state[1] == "failed"
+    r = _req(st, "node_state", executor_id=1)
+    assert r == {"state": "failed", "exit_code": 1, "failure": "ValueError: bad lr", "cluster_failed": True}
+
+
+def test_register_after_failure_refused():
+    st = _state()
+    st.record_failure(st.make_failure(1, "exception", "RuntimeError", "boom"))
+    r = _register(st, _node(0))
+    assert r == {"ok": False, "abort": "the cluster has already failed"}
+    assert _req(st, "await_cluster", poll_s=0.05) == {"ready": False, "abort": "another node failed"}
+
+
+def test_error_aggregates():
+    st = _state()
+    _register_all(st)
+    for eid in (1, 2):
+        st.record_failure(st.make_failure(eid, "exception", "ValueError", "bad lr", "tb line"))
+    err = st.error("train()")
+    assert isinstance(err, ClusterFailedError)
+    assert len(err.failures) == 2
+    lines = str(err).splitlines()
+    assert lines[0] == f"tfos cluster {CID} failed during train(): 2 node(s) reported 1 distinct error(s)"
+    assert lines[1] == (
+        "- [exception] worker:0 (executor 1, host 10.0.0.1), worker:1 (executor 2, host 10.0.0.1): ValueError: bad lr"
+    )
+
+
+# ------------------------------------------------------------------- directives
+def test_directives():
+    st = _state()
+    _register_all(st)
+    assert _req(st, "heartbeat", executor_id=1) == {"stop": False, "feed_closed": False, "abort": "", "failed": False}
+    st.close_feed()
+    assert _req(st, "heartbeat", executor_id=1) == {"stop": False, "feed_closed": True, "abort": "", "failed": False}
+    st.request_stop(feed_closed=False)
+    assert _req(st, "heartbeat", executor_id=1) == {"stop": True, "feed_closed": True, "abort": "", "failed": False}
+    st.abort("user interrupt")
+    assert _req(st, "heartbeat", executor_id=1)["abort"] == "user interrupt"
+
+    st2 = _state()
+    st2.request_stop()
+    assert _req(st2, "heartbeat", executor_id=0) == {"stop": True, "feed_closed": True, "abort": "", "failed": False}
+    st3 = _state()
+    st3.request_stop(feed_closed=False)
+    assert _req(st3, "heartbeat", executor_id=0)["feed_closed"] is False
+    st3.record_failure(st3.make_failure(0, "exception", "E", "m"))
+    assert _req(st3, "heartbeat", executor_id=0)["failed"] is True
+
+
+def test_wait_event_returns_on_change_and_records_counters():
+    st = _state()
+    _register_all(st)
+    known = {"stop": False, "feed_closed": False, "abort": "", "failed": False}
+    t0 = time.monotonic()
+    r = _req(st, "wait_event", executor_id=1, known=known, poll_s=0.1, counters={"rows": 40})
+    assert r == known
+    assert time.monotonic() - t0 >= 0.09
+    assert st.rows_consumed() == 40
+    _req(st, "wait_event", executor_id=2, known={}, poll_s=0.1, counters={"rows": 2})
+    assert st.rows_consumed() == 42
+
+    out = {}
+
+    def waiter():
+        out["r"] = _req(st, "wait_event", executor_id=1, known=known, poll_s=30)
+
+    th = threading.Thread(target=waiter)
+    t0 = time.monotonic()
+    th.start()
+    time.sleep(0.2)
+    st.close_feed()
+    th.join(20)
+    assert not th.is_alive()
+    assert out["r"]["feed_closed"] is True
+    assert time.monotonic() - t0 < 5.5
+
+
+def test_wait_helper():
+    st = _state()
+    assert st.wait(lambda: True, Deadline(1)) is True
+    with pytest.raises(DeadlineExceededError, match="timed out after 0.2 s waiting for nodes"):
+        st.wait(lambda: False, Deadline(0.2, "nodes"), poll_s=0.05)
+    threading.Timer(0.2, lambda: st.record_failure(st.make_failure(0, "exception", "E", "m"))).start()
+    assert st.wait(lambda: False, Deadline(20), poll_s=5) is False
+
+
+# ------------------------------------------------------------------- handle()
+def test_handle_rejects_foreign_cluster():
+    st = _state()
+    with pytest.raises(ControlProtocolError, match="frame is for another cluster"):
+        st.handle({"type": "heartbeat", "cluster": "other", "executor_id": 0}, "p")
+    with pytest.raises(ControlProtocolError, match="frame is for another cluster"):
+        st.handle({"type": "heartbeat", "executor_id": 0}, "p")
+
+
+@pytest.mark.parametrize("mtype", ["nope", "directives", "", None, "_directives"])
+def test_handle_rejects_unknown_types(mtype):
+    st = _state()
+    with pytest.raises(ControlProtocolError, match="unknown message type"):
+        st.handle({"type": mtype, "cluster": CID}, "p")
+
+
+def test_handle_rejects_bad_fields():
+    st = _state()
+    with pytest.raises(ControlProtocolError, match=r"malformed 'heartbeat' message"):
+        _req(st, "heartbeat")
+    with pytest.raises(ControlProtocolError, match=r"malformed 'heartbeat' message"):
+        _req(st, "heartbeat", executor_id="x")
+    with pytest.raises(ControlProtocolError, match=r"unknown executor id 7"):
+        _req(st, "heartbeat", executor_id=7)
+    with pytest.raises(ControlProtocolError, match=r"unknown executor id -1"):
+        _req(st, "status", executor_id=-1, state="running")
+    with pytest.raises(ControlProtocolError, match=r"unknown node state 'dancing'"):
+        _req(st, "status", executor_id=1, state="dancing")
+    with pytest.raises(ControlProtocolError, match="malformed node record"):
+        _req(st, "register", node={"executor_id": 0})
+    with pytest.raises(ControlProtocolError, match="malformed node failure report"):
+        _req(st, "feed_error", failure={"executor_id": 0})
+    assert st.failures == []
+
+
+def test_log_lines_forwarded_with_node_name(caplog):
+    st = _state()
+    _register_all(st)
+    with caplog.at_level(logging.INFO, logger="tfos.node"):
+        _req(st, "log", executor_id=1, lines=["epoch 1 loss 0.5", "x" * 5000])
+    recs = [r.getMessage() for r in caplog.records if r.name == "tfos.node"]
+    assert recs[0] == "[worker:0 (executor 1, host 10.0.0.1)] epoch 1 loss 0.5"
+    assert len(recs[1]) == len("[worker:0 (executor 1, host 10.0.0.1)] ") + 2000
+
+
+def test_tensorboard_url():
+    st = _state()
+    assert _req(st, "tensorboard", url="http://h:6006") == {"ok": True}
+    assert st.tensorboard_url == "http://h:6006"
+
+
+def test_failure_roundtrip_through_status():
+    st = _state()
+    f = NodeFailure(2, "worker", 1, "h", "exception", "KeyError", "'x'", "tb")
+    _req(st, "status", executor_id=2, state="failed", failure=f.to_dict())
+    assert st.failures == [f]
+    assert st.failed

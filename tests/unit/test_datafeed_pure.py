@@ -1,0 +1,285 @@
+"""Unit tests of tfos.datafeed: rows_to_columns (C19) and DataFeed over a real FeedHub
+whose feed connections are socketpairs (no Spark, no TensorFlow)."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import socket
+
+import numpy as np
+import pytest
+
+from tfos._data_plane import FrameType, recv_frame
+from tfos._deadline import Deadline
+from tfos._feed_hub import END_OF_FEED, Chunk, FeedConnection, FeedHub, PartitionEnd
+from tfos.datafeed import DataFeed, rows_to_columns
+from tfos.errors import DeadlineExceededError, InferenceResultError, MalformedRowError, TFOSError
+
+KEY = b"k" * 32
+COLS = [(np.float32, (784,)), (np.int64, ())]
+
+
+def _good_rows(n: int, start: int = 0) -> list:
+    return [([float(i)] * 784, i) for i in range(start, start + n)]
+
+
+# ------------------------------------------------------------------ rows_to_columns
+def test_rows_to_columns_good_batch():
+    x, y = rows_to_columns(_good_rows(5), COLS)
+    assert x.dtype == np.float32 and x.shape == (5, 784)
+    assert y.dtype == np.int64 and y.shape == (5,)
+    assert y.tolist() == [0, 1, 2, 3, 4]
+    assert float(x[3].sum()) == 3.0 * 784
+
+
+def test_rows_to_columns_any_shape_and_scalars():
+    (a, b) = rows_to_columns([(np.arange(3), "x"), (np.arange(3) + 1, "y")], [(np.int32, None), (np.str_, ())])
+    assert a.shape == (2, 3) and a.dtype == np.int32
+    assert b.tolist() == ["x", "y"]
+
+
+def test_rows_to_columns_empty_batch():
+    x, y = rows_to_columns([], COLS)
+    assert x.shape == (0, 784) and x.dtype == np.float32
+    assert y.shape == (0,) and y.dtype == np.int64
+
+
+# origins: rows 0..4 of the batch come from partition 2 starting at its row 10,
+# rows 5.. come from partition 3 (epoch 1) starting at its row 40.
+ORIGINS = [(0, 2, 0, 10), (5, 3, 1, 40)]
+
+
+def test_c19_short_row_names_partition_and_row():
+    rows = _good_rows(9)
+    rows[7] = ([0.5] * 783, 7)
+    with pytest.raises(MalformedRowError) as ei:
+        rows_to_columns(rows, COLS, ORIGINS)
+    msg = str(ei.value)
+    assert "partition 3" in msg
+    assert "(epoch 1)" in msg
+    assert "row 42" in msg
+    assert "column 0: expected shape (784,), got (783,)" in msg
+    assert isinstance(ei.value, ValueError)
+
+
+def test_c19_all_rows_short_names_first_row():
+    rows = [([0.5] * 783, i) for i in range(6)]
+    with pytest.raises(MalformedRowError, match=r"partition 2 \(epoch 0\), row 10: column 0: expected shape \(784,\), got \(783,\)"):
+        rows_to_columns(rows, COLS, ORIGINS)
+
+
+def test_c19_none_row():
+    rows = _good_rows(9)
+    rows[3] = None
+    with pytest.raises(MalformedRowError) as ei:
+        rows_to_columns(rows, COLS, ORIGINS)
+    msg = str(ei.value)
+    assert "partition 2" in msg and "row 13" in msg
+    assert "the row is None" in msg
+
+
+@pytest.mark.parametrize(
+    "bad, text",
+    [
+        (([1.0] * 784,), "expected 2 values per row, got 1"),
+        (([1.0] * 784, 1, 2), "expected 2 values per row, got 3"),
+        (5, "expected a row of 2 values, got int"),
+        ((["a"] * 784, 1), "column 0: cannot convert to float32"),
+        (([1.0] * 784, "seven"), "column 1: cannot convert to int64"),
+    ],
+)
+def test_malformed_rows(bad, text):
+    rows = _good_rows(6)
+    rows[5] = bad
+    with pytest.raises(MalformedRowError) as ei:
+        rows_to_columns(rows, COLS, ORIGINS)
+    assert "partition 3 (epoch 1), row 40: " in str(ei.value)
+    assert text in str(ei.value)
+
+
+def test_malformed_without_origins():
+    with pytest.raises(MalformedRowError, match=r"partition -1 \(epoch 0\), row 1: the row is None"):
+        rows_to_columns([(np.zeros(784), 1), None], COLS)
+
+
+# ------------------------------------------------------------------- DataFeed
+@pytest.fixture
+def hub():
+    h = FeedHub("127.0.0.1", KEY, ("input", "output"), 64, "worker:0 (executor 1, host 127.0.0.1)")
+    yield h
+    h.close()
+
+
+class Feeder:
+    """One fake feed task: a FeedConnection whose peer end we read."""
+
+    def __init__(self, hub: FeedHub, partition: int, mode: str = "train", epoch: int = 0):
+        self.hub = hub
+        a, self.peer = socket.socketpair()
+        self.conn = FeedConnection(a, {"partition": partition, "epoch": epoch, "mode": mode, "kind": "pickled_batch", "qname": "input"}, 10.0)
+        with hub._lock:
+            hub._conns.add(self.conn)
+
+    def chunk(self, rows: list) -> None:
+        self.hub.queues["input"].put_nowait(Chunk(self.conn, bytearray(pickle.dumps(rows))))
+
+    def end(self) -> None:
+        self.hub.queues["input"].put_nowait(PartitionEnd(self.conn))
+
+    def frame(self) -> tuple[FrameType, object]:
+        ftype, payload = recv_frame(self.peer, Deadline(10, "a frame from the node"))
+        if ftype in (FrameType.RESULTS,):
+            return ftype, pickle.loads(payload)
+        return ftype, json.loads(bytes(payload)) if payload else None
+
+    def no_frame_yet(self) -> bool:
+        self.peer.settimeout(0.2)
+        try:
+            return len(self.peer.recv(1, socket.MSG_PEEK)) == 0 and False
+        except socket.timeout:
+            return True
+        finally:
+            self.peer.settimeout(None)
+
+    def closed(self) -> bool:
+        self.peer.settimeout(10)
+        return self.peer.recv(1) == b""
+
+
+def test_datafeed_needs_a_hub_and_queue(hub):
+    with pytest.raises(TFOSError, match="this node has no data feed"):
+        DataFeed(None)
+    with pytest.raises(TFOSError, match=r"no queue 'nope' on this node; queues are \['input', 'output'\]"):
+        DataFeed(hub, qname_in="nope")
+    with pytest.raises(ValueError, match="batch_size must be >= 1, got 0"):
+        DataFeed(hub).next_batch(0)
+
+
+def test_train_batches_span_partitions_and_ack(hub):
+    a, b = Feeder(hub, 3), Feeder(hub, 5)
+    a.chunk([0, 1, 2])
+    a.chunk([3, 4])
+    a.end()
+    b.chunk([10, 11, 12])
+    b.end()
+    hub.queues["input"].put_nowait(END_OF_FEED)
+    feed = DataFeed(hub, train_mode=True, timeout_s=10)
+    assert feed.next_batch(4) == [0, 1, 2, 3]
+    assert feed.last_origins == [(0, 3, 0, 0), (3, 3, 0, 3)]
+    assert feed.next_batch(4) == [4, 10, 11, 12]
+    assert feed.last_origins == [(0, 3, 0, 4), (1, 5, 0, 0)]
+    assert a.frame() == (FrameType.ACK, {"rows": 5})
+    assert a.closed()
+    assert not feed.should_stop()
+    assert feed.next_batch(4) == []
+    assert feed.should_stop()
+    assert b.frame() == (FrameType.ACK, {"rows": 3})
+    assert hub.rows_taken == 8
+
+
+def test_input_mapping_sorted_columns(hub):
+    a = Feeder(hub, 0)
+    a.chunk([(1, "a"), (2, "b")])
+    a.end()
+    hub.queues["input"].put_nowait(END_OF_FEED)
+    feed = DataFeed(hub, input_mapping={"label": "y_in", "image": "x_in"}, timeout_s=10)
+    # columns in sorted column-name order: 'image' (row[0]) then 'label' (row[1])
+    assert feed.next_batch(10) == {"x_in": [1, 2], "y_in": ["a", "b"]}
+
+
+def test_batches_convert_and_name_bad_rows(hub):
+    a = Feeder(hub, 6)
+    a.chunk(_good_rows(3))
+    a.chunk([([1.0] * 783, 9)])
+    a.end()
+    hub.queues["input"].put_nowait(END_OF_FEED)
+    feed = DataFeed(hub, timeout_s=10)
+    it = feed.batches(3, COLS)
+    x, y = next(it)
+    assert x.shape == (3, 784) and y.tolist() == [0, 1, 2]
+    with pytest.raises(MalformedRowError, match=r"partition 6 \(epoch 0\), row 3: column 0: expected shape"):
+        next(it)
+
+
+def test_next_batch_times_out(hub):
+    feed = DataFeed(hub, timeout_s=0.3)
+    with pytest.raises(DeadlineExceededError, match=r"timed out after 0.3 s waiting for data on queue 'input'"):
+        feed.next_batch(1)
+
+
+def test_terminate(hub):
+    a = Feeder(hub, 0)
+    a.chunk([1, 2, 3])
+    feed = DataFeed(hub, timeout_s=10)
+    assert feed.next_batch(1) == [1]
+    feed.terminate()
+    assert feed.should_stop()
+    assert "input" in hub.terminated
+    assert a.frame() == (FrameType.TERMINATED, {"rows": 1})
+    assert hub.queues["input"].empty()
+    assert feed.next_batch(5) == []
+
+
+def test_inference_batches_stay_within_a_partition(hub):
+    a, b = Feeder(hub, 7, "inference"), Feeder(hub, 8, "inference")
+    a.chunk(["a0", "a1", "a2"])
+    a.end()
+    b.chunk(["b0", "b1"])
+    b.end()
+    hub.queues["input"].put_nowait(END_OF_FEED)
+    feed = DataFeed(hub, train_mode=False, timeout_s=10)
+    assert feed.next_batch(2) == ["a0", "a1"]
+    feed.batch_results(np.array([10, 11]))
+    assert a.frame() == (FrameType.RESULTS, [10, 11])
+    assert feed.next_batch(5) == ["a2"]  # ends at the partition boundary
+    assert a.no_frame_yet()  # the partition is not over until its last batch is answered
+    feed.batch_results(["r2"])
+    assert a.frame() == (FrameType.RESULTS, ["r2"])
+    assert a.frame() == (FrameType.RESULTS_END, {"rows": 3})
+    assert feed.next_batch(5) == ["b0", "b1"]
+    feed.batch_results([1, 2])
+    assert b.frame() == (FrameType.RESULTS, [1, 2])
+    assert b.frame() == (FrameType.RESULTS_END, {"rows": 2})
+    assert feed.next_batch(5) == []
+    assert feed.should_stop()
+
+
+def test_inference_interleaved_partitions_all_get_results_end(hub):
+    # Two feed tasks feed the same node at once, so their chunks interleave on the queue.
+    a, b = Feeder(hub, 0, "inference"), Feeder(hub, 1, "inference")
+    a.chunk(["a0", "a1"])
+    b.chunk(["b0", "b1"])
+    a.end()
+    b.end()
+    hub.queues["input"].put_nowait(END_OF_FEED)
+    feed = DataFeed(hub, train_mode=False, timeout_s=10)
+    assert feed.next_batch(10) == ["a0", "a1"]
+    feed.batch_results(["A0", "A1"])
+    assert a.frame() == (FrameType.RESULTS, ["A0", "A1"])
+    assert feed.next_batch(10) == ["b0", "b1"]
+    # partition 0's end came while partition 1's rows were in the batch: partition 0 is fully
+    # answered, so its feed task must get RESULTS_END now (not wait for feed_timeout)
+    assert a.frame() == (FrameType.RESULTS_END, {"rows": 2})
+    feed.batch_results(["B0", "B1"])
+    assert b.frame() == (FrameType.RESULTS, ["B0", "B1"])
+    assert b.frame() == (FrameType.RESULTS_END, {"rows": 2})
+    assert feed.next_batch(10) == []
+    assert feed.should_stop()
+
+
+def test_inference_wrong_result_count(hub):
+    a = Feeder(hub, 4, "inference")
+    a.chunk(["x", "y", "z"])
+    a.end()
+    feed = DataFeed(hub, train_mode=False, timeout_s=10)
+    with pytest.raises(InferenceResultError, match="no inference batch is waiting"):
+        feed.batch_results([1])
+    assert feed.next_batch(3) == ["x", "y", "z"]
+    with pytest.raises(InferenceResultError) as ei:
+        feed.batch_results([1, 2])
+    msg = str(ei.value)
+    assert "batch_results() got 2 results for a batch of 3 rows (partition 4, rows 0-2)" in msg
+    ftype, info = a.frame()
+    assert ftype is FrameType.ERROR
+    assert info["state"] == "failed" and info["message"] == msg

@@ -1,0 +1,129 @@
+"""Unit tests of tfos.errors: hierarchy, pickling, failure grouping (pure)."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from tfos import errors
+from tfos._feed_tasks import FeedError
+from tfos.errors import (
+    ClusterFailedError,
+    ConfigurationError,
+    ControlProtocolError,
+    DeadlineExceededError,
+    FeedTimeoutError,
+    InferenceResultError,
+    MalformedRowError,
+    NodeFailedError,
+    NodeFailure,
+    ReservationTimeoutError,
+    TFOSError,
+)
+
+TB = 'Traceback (most recent call last):\n  File "main.py", line 3, in main_fun\n    raise ValueError("bad lr")\nValueError: bad lr\n'
+
+
+def _failure(eid: int, job: str = "worker", idx: int = 0, host: str = "10.0.0.7", kind: str = "exception",
+             etype: str = "ValueError", msg: str = "bad lr", tb: str = TB) -> NodeFailure:
+    return NodeFailure(eid, job, idx, host, kind, etype, msg, tb)
+
+
+SIMPLE = [
+    TFOSError,
+    ConfigurationError,
+    ReservationTimeoutError,
+    DeadlineExceededError,
+    FeedTimeoutError,
+    ControlProtocolError,
+    MalformedRowError,
+    InferenceResultError,
+    FeedError,
+]
+
+
+@pytest.mark.parametrize("cls", SIMPLE, ids=lambda c: c.__name__)
+def test_simple_errors_pickle_with_message(cls):
+    err = cls("partition 3 of worker:1 (executor 1, host h): something broke")
+    back = pickle.loads(pickle.dumps(err))
+    assert type(back) is cls
+    assert str(back) == "partition 3 of worker:1 (executor 1, host h): something broke"
+    assert isinstance(back, TFOSError)
+
+
+def test_every_exported_error_is_covered():
+    exported = {getattr(errors, n) for n in errors.__all__ if isinstance(getattr(errors, n), type) and issubclass(getattr(errors, n), BaseException)}
+    assert exported == set(SIMPLE[:-1]) | {NodeFailedError, ClusterFailedError}
+
+
+def test_hierarchy_builtin_bases():
+    assert issubclass(ConfigurationError, ValueError)
+    assert issubclass(MalformedRowError, ValueError)
+    assert issubclass(InferenceResultError, ValueError)
+    for cls in (ReservationTimeoutError, DeadlineExceededError, FeedTimeoutError):
+        assert issubclass(cls, TimeoutError)
+    assert not issubclass(ControlProtocolError, ValueError)
+
+
+def test_node_failure_name_and_dict_roundtrip():
+    f = _failure(2, idx=1)
+    assert f.node_name == "worker:1 (executor 2, host 10.0.0.7)"
+    assert NodeFailure.from_dict(f.to_dict()) == f
+    assert _failure(0, host="").node_name == "worker:0 (executor 0, host unknown host)"
+    with pytest.raises(ControlProtocolError, match="malformed node failure report"):
+        NodeFailure.from_dict({"executor_id": 1, "job_name": "worker"})
+    with pytest.raises(ControlProtocolError, match="malformed node failure report"):
+        NodeFailure.from_dict(dict(f.to_dict(), executor_id="one"))
+
+
+def test_node_failed_error_pickles_and_names_node():
+    err = NodeFailedError(_failure(1, idx=0, msg="loss is NaN", etype="FloatingPointError"))
+    back = pickle.loads(pickle.dumps(err))
+    assert back.failure == err.failure
+    text = str(back)
+    assert text.startswith("worker:0 (executor 1, host 10.0.0.7): FloatingPointError: loss is NaN\n")
+    assert 'raise ValueError("bad lr")' in text
+
+
+def test_cluster_failed_error_groups_identical_failures():
+    f1 = _failure(1, idx=0, host="hostA")
+    f2 = _failure(2, idx=1, host="hostB", tb=TB.replace("line 3", "line 4"))
+    f3 = _failure(0, job="ps", idx=0, host="hostA", kind="exited", etype="ProcessDied",
+                  msg="the TF process died (killed by SIGKILL) before main_fun returned", tb="")
+    err = ClusterFailedError("tfos-abc", [f1, f2, f3], "train()")
+    text = str(err)
+    lines = text.splitlines()
+    assert lines[0] == "tfos cluster tfos-abc failed during train(): 3 node(s) reported 2 distinct error(s)"
+    assert lines[1] == (
+        "- [exception] worker:0 (executor 1, host hostA), worker:1 (executor 2, host hostB): ValueError: bad lr"
+    )
+    # the first traceback of the group is included, indented; the second one is not
+    assert "    Traceback (most recent call last):" in lines
+    assert '      File "main.py", line 3, in main_fun' in lines
+    assert "line 4" not in text
+    assert lines[-1] == (
+        "- [exited] ps:0 (executor 0, host hostA): ProcessDied: the TF process died (killed by SIGKILL) "
+        "before main_fun returned"
+    )
+    assert sum(1 for ln in lines if ln.startswith("- [")) == 2
+
+
+def test_cluster_failed_error_pickles_with_failures_and_text():
+    err = ClusterFailedError("tfos-xyz", [_failure(1), _failure(2, idx=1)], "shutdown()")
+    back = pickle.loads(pickle.dumps(err))
+    assert type(back) is ClusterFailedError
+    assert back.cluster_id == "tfos-xyz"
+    assert back.context == "shutdown()"
+    assert back.failures == err.failures
+    assert str(back) == str(err)
+    assert "during shutdown()" in str(back)
+    assert "ValueError: bad lr" in str(back)
+
+
+def test_cluster_failed_error_without_context():
+    err = ClusterFailedError("c9", [_failure(3, kind="lost", etype="NodeLost", msg="no heartbeat", tb="")])
+    assert str(err) == (
+        "tfos cluster c9 failed: 1 node(s) reported 1 distinct error(s)\n"
+        "- [lost] worker:0 (executor 3, host 10.0.0.7): NodeLost: no heartbeat"
+    )

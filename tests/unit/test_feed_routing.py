@@ -1,0 +1,69 @@
+"""Unit tests of tfos._feed_tasks.choose_node and FeedPlan (pure: no Spark)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from tfos._feed_tasks import FeedPlan, choose_node
+from tfos.cluster_template import NodeInfo
+from tfos.errors import TFOSError
+
+KEY = b"\xaa" * 32
+
+
+def _n(eid: int, host: str, ekey: str, job: str = "worker", idx: int = 0) -> NodeInfo:
+    return NodeInfo(eid, job, idx, host, 2000 + eid, data_port=3000 + eid, pid=eid, executor_key=ekey)
+
+
+# local-cluster / standalone: one node per executor, two hosts
+CLUSTER = (
+    _n(1, "hostA", "hostA/101", "chief", 0),
+    _n(2, "hostA", "hostA/102", "worker", 0),
+    _n(3, "hostB", "hostB/103", "worker", 1),
+)
+
+
+def test_same_executor_first():
+    for index in range(6):
+        assert choose_node(CLUSTER, index, "hostA/102", "hostA") == (CLUSTER[1], "executor")
+        assert choose_node(CLUSTER, index, "hostB/103", "hostB") == (CLUSTER[2], "executor")
+
+
+def test_local_mode_spreads_partitions_over_nodes_by_index():
+    # under local[N] every node lives in the one executor JVM
+    nodes = tuple(_n(i, "127.0.0.1", "127.0.0.1/5555", idx=i) for i in range(3))
+    chosen = [choose_node(nodes, i, "127.0.0.1/5555", "127.0.0.1") for i in range(9)]
+    assert all(how == "executor" for _, how in chosen)
+    assert [n.executor_id for n, _ in chosen] == [0, 1, 2, 0, 1, 2, 0, 1, 2]
+
+
+def test_same_host_when_executor_hosts_no_node():
+    # C06/C07: the task runs on an executor with no feedable node (a ps or a spare executor)
+    picks = [choose_node(CLUSTER, i, "hostA/999", "hostA") for i in range(4)]
+    assert [how for _, how in picks] == ["host"] * 4
+    assert [n.executor_id for n, _ in picks] == [1, 2, 1, 2]
+
+
+def test_remote_when_host_has_no_node():
+    picks = [choose_node(CLUSTER, i, "hostC/1", "hostC") for i in range(6)]
+    assert {how for _, how in picks} == {"remote"}
+    assert Counter(n.executor_id for n, _ in picks) == {1: 2, 2: 2, 3: 2}
+
+
+def test_no_nodes():
+    with pytest.raises(TFOSError, match="no node to feed"):
+        choose_node((), 0, "h/1", "h")
+
+
+def test_feed_plan_validation_and_repr():
+    plan = FeedPlan("c1", KEY, "127.0.0.1", 5000, CLUSTER)
+    assert " key=" not in repr(plan) and "(key=" not in repr(plan)
+    assert KEY.hex() not in repr(plan) and repr(KEY) not in repr(plan)
+    with pytest.raises(TFOSError, match="no chief/master/worker node to feed"):
+        FeedPlan("c1", KEY, nodes=())
+    with pytest.raises(ValueError, match="bad feed mode 'predict'"):
+        FeedPlan("c1", KEY, nodes=CLUSTER, mode="predict")
+    with pytest.raises(ValueError, match="feed_timeout must be > 0 seconds"):
+        FeedPlan("c1", KEY, nodes=CLUSTER, feed_timeout_s=0)

@@ -1,0 +1,142 @@
+"""Unit tests of tfos._spark_checks.plan_layout / check_static (pure: no Spark)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tfos._spark_checks import SparkLayout, check_static, plan_layout
+from tfos.cluster_template import InputMode
+from tfos.errors import ConfigurationError
+
+SPARK, TF = InputMode.SPARK, InputMode.TENSORFLOW
+
+
+def _check(master: str, num_nodes: int, mode: InputMode = SPARK, **conf: str) -> None:
+    conf = {k.replace("__", "."): v for k, v in conf.items()}
+    check_static(plan_layout(master, conf), conf, num_nodes, mode)
+
+
+# -------------------------------------------------------------------- plan_layout
+@pytest.mark.parametrize(
+    "master, conf, expected",
+    [
+        ("local", {}, SparkLayout("local", True, 1, 1, 1)),
+        ("local[4]", {}, SparkLayout("local[4]", True, 1, 4, 4)),
+        ("local[4, 2]", {}, SparkLayout("local[4, 2]", True, 1, 4, 4)),
+        ("local[4]", {"spark.task.cpus": "2"}, SparkLayout("local[4]", True, 1, 2, 2)),
+        ("local-cluster[2,1,1024]", {}, SparkLayout("local-cluster[2,1,1024]", False, 2, 1, 2)),
+        ("local-cluster[3, 4, 512]", {"spark.task.cpus": "4"}, SparkLayout("local-cluster[3, 4, 512]", False, 3, 1, 3)),
+        ("yarn", {"spark.executor.instances": "4", "spark.executor.cores": "2"}, SparkLayout("yarn", False, 4, 2, 8)),
+        ("spark://m:7077", {}, SparkLayout("spark://m:7077", False, None, None, None)),
+        ("k8s://x", {"spark.executor.instances": "3"}, SparkLayout("k8s://x", False, 3, None, None)),
+    ],
+)
+def test_plan_layout(master, conf, expected):
+    assert plan_layout(master, conf) == expected
+
+
+def test_plan_layout_local_star_uses_cpu_count():
+    n = os.cpu_count() or 1
+    assert plan_layout("local[*]", {}) == SparkLayout("local[*]", True, 1, n, n)
+
+
+def test_plan_layout_non_integer_setting():
+    with pytest.raises(ConfigurationError, match=r"Spark setting spark.executor.cores='two' is not an integer"):
+        plan_layout("yarn", {"spark.executor.cores": "two"})
+
+
+# -------------------------------------------------------------------- check_static
+def test_c01_too_few_executors():
+    with pytest.raises(ConfigurationError) as ei:
+        _check("local-cluster[2,1,1024]", 3)
+    msg = str(ei.value)
+    assert "needs 3 executors" in msg
+    assert "has 2" in msg
+    assert "local-cluster[2,1,1024]" in msg
+    assert "spark.executor.instances=3" in msg
+
+
+def test_c01_yarn_instances():
+    with pytest.raises(ConfigurationError, match=r"needs 4 executors .* has 2 \(yarn\)"):
+        _check("yarn", 4, TF, spark__executor__instances="2", spark__executor__cores="1")
+
+
+def test_c05_two_slots_per_executor():
+    with pytest.raises(ConfigurationError) as ei:
+        _check("local-cluster[2,2,1024]", 2)
+    msg = str(ei.value)
+    assert "each executor has 2 task slots" in msg
+    assert "spark.task.cpus" in msg
+    assert "spark.executor.cores" in msg
+
+
+def test_c05_fixed_by_task_cpus():
+    _check("local-cluster[2,2,1024]", 2, spark__task__cpus="2")
+
+
+def test_c05_yarn_cores():
+    with pytest.raises(ConfigurationError, match="spark.task.cpus"):
+        _check("yarn", 2, TF, spark__executor__instances="2", spark__executor__cores="4")
+
+
+def test_c13_spark_mode_without_worker_reuse():
+    with pytest.raises(ConfigurationError) as ei:
+        _check("local-cluster[2,1,1024]", 2, SPARK, spark__python__worker__reuse="false")
+    msg = str(ei.value)
+    assert "InputMode.SPARK needs spark.python.worker.reuse=true" in msg
+    assert "Remove spark.python.worker.reuse=false" in msg
+
+
+def test_c13_case_insensitive():
+    with pytest.raises(ConfigurationError, match="spark.python.worker.reuse"):
+        _check("local[2]", 2, SPARK, spark__python__worker__reuse="False")
+
+
+def test_tensorflow_mode_with_reuse_false_passes():
+    _check("local-cluster[2,1,1024]", 2, TF, spark__python__worker__reuse="false")
+
+
+def test_c14_local_one_slot_two_nodes():
+    with pytest.raises(ConfigurationError) as ei:
+        _check("local[1]", 2, TF)
+    msg = str(ei.value)
+    assert "local[2]" in msg
+    assert "has 1 task slot(s) but the cluster needs 2" in msg
+
+
+def test_c14_plain_local():
+    with pytest.raises(ConfigurationError, match=r"use local\[3\] or more"):
+        _check("local", 3)
+
+
+def test_dynamic_allocation_refused():
+    with pytest.raises(ConfigurationError) as ei:
+        _check("yarn", 3, TF, spark__dynamicAllocation__enabled="true")
+    msg = str(ei.value)
+    assert "spark.dynamicAllocation.enabled=false" in msg
+    assert "spark.executor.instances=3" in msg
+
+
+def test_dynamic_allocation_false_passes():
+    _check("local-cluster[2,1,1024]", 2, spark__dynamicAllocation__enabled="false")
+
+
+@pytest.mark.parametrize(
+    "master, nodes, mode",
+    [
+        ("local[2]", 2, SPARK),
+        ("local[4]", 3, SPARK),
+        ("local-cluster[2,1,1024]", 2, SPARK),
+        ("local-cluster[3,1,1024]", 2, TF),
+        ("spark://m:7077", 8, SPARK),  # unknown layout: checked live, not statically
+    ],
+)
+def test_ok_configurations(master, nodes, mode):
+    _check(master, nodes, mode)
+
+
+def test_local_mode_allows_several_slots_per_executor():
+    # under local[N] every node is a separate process of one JVM: several slots are expected
+    _check("local[4]", 4, SPARK)
