@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import sys
 from typing import Any
 
 import numpy as np
@@ -11,9 +9,6 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-_REPO_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-if _REPO_ROOT not in sys.path:
-    sys.path.insert(0, _REPO_ROOT)
 
 from pyspark.sql import Row  # noqa: E402
 from pyspark.sql.types import (  # noqa: E402
