@@ -97,8 +97,11 @@ def supervise(launch: NodeLaunch) -> int:
     parent_gone = threading.Event()
     if launch.watch_stdin:
         def _watch_stdin() -> None:
+            # os.read on the descriptor, not sys.stdin.buffer.read: a daemon thread blocked
+            # inside the BufferedReader holds its lock, and the interpreter then aborts at
+            # exit ("could not acquire lock for <stdin> at interpreter shutdown", SIGABRT).
             try:
-                while sys.stdin.buffer.read(65536):
+                while os.read(sys.stdin.fileno(), 65536):
                     pass
             except (OSError, ValueError):
                 pass

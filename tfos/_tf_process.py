@@ -285,7 +285,10 @@ def run_node(launch: NodeLaunch) -> int:
         main_done.set()
         if hub is not None:
             hub.close("finished", f"main_fun on {launch.node_name} returned")
-        client.request("status", executor_id=eid, state="finished", timeout_s=10.0)
+        # The queues main_fun terminated: feed tasks that find the data server gone then
+        # skip their partitions as 'terminated', not as 'main_fun returned early' (C11).
+        terminated = sorted(hub.terminated) if hub is not None else []
+        client.request("status", executor_id=eid, state="finished", terminated=terminated, timeout_s=10.0)
         if tb_proc is not None and tb_proc.poll() is None:
             # Keep TensorBoard up until the driver shuts the cluster down.
             stop_event.wait()
@@ -342,7 +345,7 @@ def main() -> int:
 
     def _watch_parent() -> None:
         try:
-            while sys.stdin.buffer.read(65536):
+            while os.read(sys.stdin.fileno(), 65536):
                 pass
         except (OSError, ValueError):
             pass
