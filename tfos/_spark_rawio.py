@@ -21,10 +21,11 @@ Where each piece runs:
   functions. They are meant for the **TF process**, and work in Spark tasks
   and on the driver as well.
 
-PySpark internals relied upon (checked against pyspark 4.3; the same attributes
-exist in 3.5): ``RDD._jrdd``, ``RDD._jrdd_deserializer``,
-``PipelinedRDD._bypass_serializer``, the serializer classes in
-:mod:`pyspark.serializers` and their ``serializer``, ``batchSize``,
+PySpark internals relied upon (checked against the pyspark 4.3 source; all but
+``allowed_names``, which is read with a default, are long-standing):
+``RDD._jrdd``, ``RDD._jrdd_deserializer``, ``PipelinedRDD._bypass_serializer``
+(PySpark's own ``partitionBy`` and ``saveAsTextFile`` use it), the serializer
+classes in :mod:`pyspark.serializers` and their ``serializer``,
 ``use_unicode`` and ``allowed_names`` attributes, and the Python worker's
 habit of writing the output of ``func`` with the PipelinedRDD's output
 serializer (a :class:`~pyspark.serializers.NoOpSerializer` writes each
@@ -219,12 +220,14 @@ def raw_frames(rdd: RDD) -> RawFrames | None:
     Without raw frames, Spark would run the function in the same worker as the
     next ``mapPartitions``.
 
-    Supported: ``sc.parallelize`` (tuples, numpy arrays, anything picklable),
-    ``map``/``mapPartitions``/``filter``/``flatMap`` results, ``rdd.union`` and
+    Support is decided by the deserializer (see :func:`frame_kind`), not by
+    how the RDD was made. Tested: ``sc.parallelize`` (tuples, numpy arrays),
+    ``sc.range``, ``map``/``filter``/``flatMap`` results, ``rdd.union`` and
     ``sc.union`` (same or different source formats), ``coalesce``,
-    ``partitionBy``, ``groupByKey``, ``df.rdd``, ``sc.textFile`` (with and
-    without ``use_unicode``), ``sc.pickleFile``, cached or checkpointed
-    versions of these, and the RDDs this function returns.
+    ``partitionBy``, ``df.rdd``, ``sc.textFile`` (with and without
+    ``use_unicode``), cached RDDs, and the RDDs this function returns. By the
+    same rule, ``groupByKey``, ``sc.pickleFile`` and checkpointed RDDs are
+    covered too.
 
     Args:
         rdd: Any PySpark RDD.
@@ -245,9 +248,9 @@ def raw_frames(rdd: RDD) -> RawFrames | None:
         logger.debug("raw_frames: no raw access for deserializer %r", deserializer)
         return None
     if not _is_java_rdd(rdd, jrdd):
-        logger.debug("raw_frames: JVM RDD is not a JavaRDD: %s", jrdd.getClass().getName())
+        logger.debug("raw_frames: JVM RDD is not a JavaRDD; no raw access")
         return None
-    logger.debug("raw_frames: RDD %s read with %r -> %s", rdd.id(), deserializer, kind)
+    logger.debug("raw_frames: deserializer %r -> frames of kind %s", deserializer, kind)
     return RawFrames(RDD(jrdd, rdd.context, NoOpSerializer()), kind)
 
 
@@ -327,7 +330,9 @@ def decode_frame(kind: FrameKind | str, frame: bytes | bytearray | memoryview | 
             return rows
         if isinstance(rows, (list, tuple)):
             return list(rows)
-        raise TypeError(f"a PICKLED_BATCH frame must hold a list of rows, not {type(rows).__name__}")
+        raise TypeError(
+            f"a PICKLED_BATCH frame must hold a list of rows, not {type(rows).__name__}"
+        )
     if frame is None:
         return [None]
     if kind is FrameKind.PICKLED_ROW:
@@ -437,7 +442,7 @@ class _OutputFrameTask:
         validate: Whether every frame is unpickled and checked.
     """
 
-    def __init__(self, func: Callable[[int, Iterator[Any]], Iterable[Any]], validate: bool) -> None:
+    def __init__(self, func: Callable[[int, Iterable[Any]], Iterable[Any]], validate: bool) -> None:
         """Stores the user function.
 
         Args:
@@ -447,7 +452,9 @@ class _OutputFrameTask:
         self.func = func
         self.validate = validate
 
-    def __call__(self, partition: int, iterator: Iterator[Any]) -> Iterator[bytes | bytearray | memoryview]:
+    def __call__(
+        self, partition: int, iterator: Iterable[Any]
+    ) -> Iterator[bytes | bytearray | memoryview]:
         """Runs the user function over one partition and checks its frames.
 
         Runs in a Spark task.
@@ -477,7 +484,7 @@ class _OutputFrameTask:
 
 def raw_output_rdd(
     rdd: RDD,
-    func: Callable[[int, Iterator[Any]], Iterable[bytes | bytearray | memoryview]],
+    func: Callable[[int, Iterable[Any]], Iterable[bytes | bytearray | memoryview]],
     *,
     validate: bool = False,
 ) -> RDD:
