@@ -111,9 +111,13 @@ def no_leftovers():
 
 @pytest.fixture(autouse=True)
 def _ship_test_module_by_value(request):
-    """Lets main_funs defined in a test module reach the node processes (which cannot
-    import test modules): cloudpickle then ships the module's functions by value."""
+    """Lets main_funs and RDD closures defined in a test module reach the node processes
+    and executors (which cannot import test modules): both cloudpickle (tfos ships
+    main_fun with it) and PySpark's vendored copy (RDD closures) then ship the module's
+    functions by value."""
     import cloudpickle
+    from pyspark import cloudpickle as spark_cloudpickle
 
     cloudpickle.register_pickle_by_value(request.module)
+    spark_cloudpickle.register_pickle_by_value(request.module)
     yield

@@ -80,6 +80,8 @@ class ClusterState:
         self.counters: dict[int, dict[str, int]] = {}
         self.tensorboard_url: Optional[str] = None
         self.hosts: dict[int, str] = {}
+        #: Queues each node's main_fun had terminated (DataFeed.terminate()) when it returned.
+        self.terminated_queues: dict[int, list[str]] = {}
 
     # ----------------------------------------------------------------- queries
     def role(self, executor_id: int) -> NodeRole:
@@ -318,6 +320,8 @@ class ClusterState:
                 )
         elif state in ("running", "serving", "finished", "stopped"):
             with self._cond:
+                if state == "finished":  # set together with the state: node_state reads both
+                    self.terminated_queues[eid] = [str(q) for q in body.get("terminated", [])]
                 if self.proc_state[eid] != "failed":
                     self.proc_state[eid] = state
                 self._cond.notify_all()
@@ -336,12 +340,16 @@ class ClusterState:
         self.role(eid)
         with self._cond:
             fails = [f for f in self.failures if f.executor_id == eid]
-            return {
+            reply = {
                 "state": self.proc_state[eid],
                 "exit_code": self.exit_codes.get(eid),
                 "failure": f"{fails[0].error_type}: {fails[0].message}" if fails else "",
                 "cluster_failed": bool(self.failures),
             }
+            if self.terminated_queues.get(eid):
+                # Queues main_fun terminated before returning (feed tasks skip them quietly).
+                reply["terminated"] = list(self.terminated_queues[eid])
+            return reply
 
     def _on_log(self, body: dict, peer: str) -> dict:
         eid = int(body["executor_id"])

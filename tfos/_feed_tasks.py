@@ -157,8 +157,8 @@ def _client(plan: FeedPlan) -> ControlClient:
     return ControlClient(plan.driver_host, plan.driver_port, plan.key, plan.cluster_id, connect_timeout_s=10.0)
 
 
-def _report(plan: FeedPlan, node: NodeInfo, message: str) -> None:
-    failure = NodeFailure(node.executor_id, node.job_name, node.task_index, node.host, "feed", "FeedError", message)
+def _report(plan: FeedPlan, node: NodeInfo, message: str, error_type: str = "FeedError") -> None:
+    failure = NodeFailure(node.executor_id, node.job_name, node.task_index, node.host, "feed", error_type, message)
     try:
         c = _client(plan)
         c.request("feed_error", failure=failure.to_dict(), timeout_s=10.0)
@@ -168,7 +168,15 @@ def _report(plan: FeedPlan, node: NodeInfo, message: str) -> None:
 
 
 def _node_gone(plan: FeedPlan, node: NodeInfo, where: str, exc: BaseException) -> str:
-    """Asks the driver what happened to ``node``; returns 'skipped' or raises FeedError."""
+    """Asks the driver what happened to ``node`` (Spark task).
+
+    Returns:
+        'terminated' when main_fun called ``DataFeed.terminate()`` on this queue and then
+        returned, 'skipped' when it returned without terminating.
+
+    Raises:
+        FeedError: The node failed or vanished.
+    """
     state: dict = {}
     try:
         c = _client(plan)
@@ -182,6 +190,9 @@ def _node_gone(plan: FeedPlan, node: NodeInfo, where: str, exc: BaseException) -
     except (OSError, ControlProtocolError, DeadlineExceededError):
         pass
     if state.get("state") in ("finished", "stopped") and not state.get("failure"):
+        if plan.qname in state.get("terminated", ()):
+            log.info("%s: main_fun called DataFeed.terminate() and returned; skipping the partition", where)
+            return "terminated"
         log.warning("%s: main_fun on the node already returned; skipping the partition", where)
         return "skipped"
     cause = state.get("failure") or f"{type(exc).__name__}: {exc}"
@@ -257,6 +268,8 @@ def _feed_partition(plan: FeedPlan, index: int, frames: Iterator[Any]) -> tuple[
         try:
             _stream(link, frames)
             state, info = _drain_answer(link)
+        except FeedTimeoutError:
+            raise  # a TimeoutError, hence an OSError: not a lost connection
         except (ConnectionError, OSError) as exc:
             return index, _node_gone(plan, node, link.where, exc)
         if state in ("ok", "terminated"):
@@ -268,7 +281,7 @@ def _feed_partition(plan: FeedPlan, index: int, frames: Iterator[Any]) -> tuple[
         _report(plan, node, msg)
         raise FeedError(msg)
     except FeedTimeoutError as exc:
-        _report(plan, node, str(exc))
+        _report(plan, node, str(exc), "FeedTimeoutError")
         raise
     finally:
         link.close()
@@ -357,6 +370,8 @@ def make_infer_fn(plan: FeedPlan):
             while True:
                 try:
                     ftype, payload = link.recv()
+                except FeedTimeoutError:
+                    raise  # a TimeoutError, hence an OSError: not a lost connection
                 except (ConnectionError, OSError) as exc:
                     _node_gone(plan, node, link.where, exc)
                     msg = f"{link.where}: main_fun returned before answering every row of the partition"
@@ -377,7 +392,7 @@ def make_infer_fn(plan: FeedPlan):
             if send_error and not isinstance(send_error[0], (ConnectionError, OSError)):
                 raise send_error[0]
         except FeedTimeoutError as exc:
-            _report(plan, node, str(exc))
+            _report(plan, node, str(exc), "FeedTimeoutError")
             raise
         finally:
             link.close()

@@ -141,6 +141,19 @@ def _max_slots(sc: Any) -> Optional[int]:
         return None
 
 
+def _scheduler_executors(sc: Any) -> Optional[int]:
+    """Executors known to the task scheduler (driver side; None if Spark hides it).
+
+    Executors register with the scheduler (which counts their task slots) a little before
+    their block manager registers (which :func:`live_executors` counts), so slots must be
+    compared with this count, not with :func:`live_executors`.
+    """
+    try:
+        return int(sc._jsc.sc().getExecutorIds().size())
+    except Exception:  # noqa: BLE001 - private Spark API; the check is best effort
+        return None
+
+
 def check_spark(sc: Any, num_nodes: int, input_mode: InputMode, wait_s: float = 60.0) -> SparkLayout:
     """Checks the live SparkContext and waits for enough executors (driver side).
 
@@ -173,10 +186,13 @@ def check_spark(sc: Any, num_nodes: int, input_mode: InputMode, wait_s: float = 
             f"Spark driver within {wait_s:g} s ({sc.master}). Reduce num_executors/cluster_size to {have}, or "
             f"give the application {num_nodes} executors (spark.executor.instances={num_nodes}, enough worker cores)"
         )
+    # Slots first, then executors: an executor registering in between can only raise the
+    # executor count, never make a healthy layout look like several slots per executor.
     slots = _max_slots(sc)
-    if slots is not None and slots > have:
+    execs = _scheduler_executors(sc)
+    if slots is not None and execs is not None and slots > execs:
         raise ConfigurationError(
-            f"the Spark application has {slots} task slots on {have} executors, so two tfos nodes could share "
+            f"the Spark application has {slots} task slots on {execs} executors, so two tfos nodes could share "
             "an executor. tfos needs exactly one task slot per executor: set spark.task.cpus equal to "
             "spark.executor.cores"
         )

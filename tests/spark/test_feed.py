@@ -1,0 +1,240 @@
+"""Spark tests of InputMode.SPARK feeding: train() of RDDs and DataFrames, inference(),
+and a Keras model trained from the feed under MultiWorkerMirroredStrategy.
+
+Every test runs a real tfos cluster on the shared ``local-cluster[2,1,1024]`` context
+(two executor JVMs, one node per executor). The main_funs write what they saw to
+``tmp_path`` (one JSON file per node) and the tests assert exact counts and sums.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("pyspark")
+
+from tfos import TFCluster  # noqa: E402
+
+pytestmark = pytest.mark.spark
+
+INPUT = TFCluster.InputMode.SPARK
+
+
+def _node_reports(out_dir: Path) -> dict[str, dict]:
+    """``{file stem: report}`` of every node report written to ``out_dir``."""
+    return {p.stem: json.loads(p.read_text()) for p in sorted(out_dir.glob("*.json"))}
+
+
+# --------------------------------------------------------------------------- main_funs
+# Module-level functions ship by value (conftest registers this module with cloudpickle).
+
+
+def count_fun(args, ctx):
+    """Reads the feed until the end of feed; writes the row count and value sum."""
+    import json as _json
+
+    from tfos import TFNode
+
+    feed = TFNode.DataFeed(ctx.mgr, train_mode=True)
+    n = total = 0
+    kinds = set()
+    while not feed.should_stop():
+        batch = feed.next_batch(64)
+        n += len(batch)
+        for x in batch:
+            kinds.add(type(x).__name__)
+            total += x
+    with open(f"{args['out']}/{ctx.job_name}{ctx.task_index}.json", "w") as f:
+        _json.dump({"rows": n, "sum": total, "kinds": sorted(kinds)}, f)
+
+
+def mnist_fun(args, ctx):
+    """Checks every MNIST-shaped row (float32[784] image, int label) and checksums them.
+
+    Rows with labels < 1000 came from the RDD, the others from the DataFrame: both are
+    counted separately.
+    """
+    import json as _json
+
+    import numpy as _np
+
+    from tfos import TFNode
+
+    feed = TFNode.DataFeed(ctx.mgr, train_mode=True)
+    stats = {src: {"rows": 0, "img_sum": 0.0, "label_sum": 0} for src in ("rdd", "df")}
+    bad: list[str] = []
+    while not feed.should_stop():
+        for row in feed.next_batch(100):
+            img, label = row
+            if not (isinstance(img, _np.ndarray) and img.dtype == _np.float32 and img.shape == (784,)):
+                bad.append(f"image {type(img).__name__} {getattr(img, 'dtype', '')} {getattr(img, 'shape', '')}")
+            if not isinstance(label, int):
+                bad.append(f"label {type(label).__name__}")
+            s = stats["rdd" if label < 1000 else "df"]
+            s["rows"] += 1
+            s["img_sum"] += float(_np.asarray(img, dtype=_np.float64).sum())
+            s["label_sum"] += int(label)
+    with open(f"{args['out']}/{ctx.job_name}{ctx.task_index}.json", "w") as f:
+        _json.dump({"stats": stats, "bad": bad[:10]}, f)
+
+
+def square_fun(args, ctx):
+    """Inference: answers every batch with x * x."""
+    from tfos import TFNode
+
+    feed = TFNode.DataFeed(ctx.mgr, train_mode=False)
+    while not feed.should_stop():
+        batch = feed.next_batch(args["batch_size"])
+        if batch:
+            feed.batch_results([x * x for x in batch])
+
+
+def keras_regression_fun(args, ctx):
+    """Linear regression with tf_keras under MultiWorkerMirroredStrategy, fed by as_dataset.
+
+    Writes the initial and final weights, the rows taken from the feed and the loss history.
+    """
+    import json as _json
+    import os as _os
+
+    _os.environ["TF_USE_LEGACY_KERAS"] = "1"  # before TensorFlow is imported
+    _os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    import tensorflow as tf
+    import tf_keras as keras
+
+    from tfos import TFNode
+
+    k = args["k"]
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    with strategy.scope():
+        model = keras.Sequential([keras.layers.Dense(1, input_shape=(k,))])
+        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    initial = [w.tolist() for w in model.get_weights()]
+    feed = TFNode.DataFeed(ctx.mgr, train_mode=True)
+    ds = feed.as_dataset(
+        args["batch_size"],
+        output_signature=(tf.TensorSpec((None, k), tf.float32), tf.TensorSpec((None,), tf.float32)),
+    )
+    opts = tf.data.Options()
+    # Each node is fed its own share of the data already: no tf.data sharding on top.
+    opts.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    hist = model.fit(ds.with_options(opts), epochs=1, verbose=0)
+    with open(f"{args['out']}/{ctx.job_name}{ctx.task_index}.json", "w") as f:
+        _json.dump({
+            "initial": initial, "final": [w.tolist() for w in model.get_weights()],
+            "rows": ctx.mgr.rows_taken, "loss": hist.history["loss"],
+        }, f)
+
+
+def _regression_row(i: int, k: int = 4) -> tuple:
+    """Row ``i`` of the regression data: ``(float32[k] x, y = x . [1..k] - 0.5)``."""
+    x = np.random.default_rng(i).normal(size=k).astype(np.float32)
+    return x, float(x @ np.arange(1, k + 1, dtype=np.float32) - 0.5)
+
+
+def _image(i: int) -> np.ndarray:
+    """The deterministic float32[784] image of row ``i`` (also called in Spark closures)."""
+    return ((np.arange(784, dtype=np.int64) + i) % 10).astype(np.float32) / np.float32(8.0)
+
+
+# ------------------------------------------------------------------------------- tests
+
+
+def test_train_counts_rows_over_epochs(sc, tmp_path):
+    """1,000 ints in 10 partitions, 3 epochs, 2 nodes: exactly 3,000 rows arrive, sum 3x."""
+    rows, epochs = 1000, 3
+    rdd = sc.parallelize(range(rows), 10)
+    t0 = time.monotonic()
+    cluster = TFCluster.run(sc, count_fun, {"out": str(tmp_path)}, 2, 0, input_mode=INPUT)
+    cluster.train(rdd, num_epochs=epochs)
+    cluster.shutdown(timeout=120)
+    reports = _node_reports(tmp_path)
+    assert set(reports) == {"worker0", "worker1"}, reports
+    assert sum(r["rows"] for r in reports.values()) == rows * epochs
+    assert sum(r["sum"] for r in reports.values()) == epochs * sum(range(rows))
+    assert all(r["kinds"] in ([], ["int"]) for r in reports.values()), reports
+    assert time.monotonic() - t0 < 180
+
+
+def test_train_mnist_rows_from_rdd_and_dataframe(sc, tmp_path):
+    """MNIST-shaped rows keep shape and dtype, from an RDD (pickled batches) and from a
+    DataFrame (Arrow record batches through mapInArrow); counts and checksums are exact."""
+    from pyspark.sql import SparkSession
+
+    n_rdd, n_df, df_epochs = 400, 300, 2
+    rdd = sc.parallelize(range(n_rdd), 4).map(lambda i: (_image(i), i % 10))
+    spark = SparkSession.builder.getOrCreate()
+    df = spark.createDataFrame(
+        sc.parallelize(range(n_df), 3).map(lambda i: (_image(i).tolist(), 1000 + i)),
+        "image array<float>, label long",
+    )
+    assert df.rdd.getNumPartitions() == 3
+    cluster = TFCluster.run(sc, mnist_fun, {"out": str(tmp_path)}, 2, 0, input_mode=INPUT)
+    cluster.train(rdd, num_epochs=1)
+    cluster.train(df, num_epochs=df_epochs)
+    cluster.shutdown(timeout=120)
+
+    reports = _node_reports(tmp_path)
+    assert set(reports) == {"worker0", "worker1"}
+    assert all(r["bad"] == [] for r in reports.values()), reports
+    got = {src: {k: sum(r["stats"][src][k] for r in reports.values()) for k in ("rows", "img_sum", "label_sum")} for src in ("rdd", "df")}
+    img_sum = lambda ids: float(sum(_image(i).astype(np.float64).sum() for i in ids))  # noqa: E731
+    assert got["rdd"]["rows"] == n_rdd
+    assert got["rdd"]["label_sum"] == sum(i % 10 for i in range(n_rdd))
+    assert got["rdd"]["img_sum"] == pytest.approx(img_sum(range(n_rdd)), rel=1e-9)
+    assert got["df"]["rows"] == n_df * df_epochs
+    assert got["df"]["label_sum"] == df_epochs * sum(1000 + i for i in range(n_df))
+    assert got["df"]["img_sum"] == pytest.approx(df_epochs * img_sum(range(n_df)), rel=1e-9)
+
+
+def test_inference_one_result_per_row_in_order(sc):
+    """x -> x*x over 1,000 rows in 10 partitions: one result per row, in input order."""
+    rows = 1000
+    rdd = sc.parallelize(range(rows), 10)
+    with TFCluster.run(sc, square_fun, {"batch_size": 64}, 2, 0, input_mode=INPUT) as cluster:
+        out = cluster.inference(rdd)
+        results = out.collect()
+    assert len(results) == rows
+    assert sum(results) == sum(x * x for x in range(rows))
+    assert results == [x * x for x in range(rows)]
+
+
+@pytest.mark.tf
+def test_keras_mwms_trains_from_as_dataset(sc, tmp_path):
+    """tf_keras linear regression under MultiWorkerMirroredStrategy on 2 workers, fed through
+    ``DataFeed.as_dataset``: every row is trained on, the replicas stay identical, and the
+    loss goes down.
+
+    Two partitions of equal size, one per executor (each runs one task at a time), so both
+    workers get the same number of batches: uneven feeds under a lock-step strategy are C12
+    (tests/spark/test_feed_cases.py).
+    """
+    k, per_part = 4, 400
+    rdd = sc.parallelize(range(2), 2).flatMap(lambda p: [_regression_row(i, k) for i in range(p * per_part, (p + 1) * per_part)])
+    args = {"out": str(tmp_path), "k": k, "batch_size": 20}
+    cluster = TFCluster.run(sc, keras_regression_fun, args, 2, 0, input_mode=INPUT)
+    cluster.train(rdd, num_epochs=1, feed_timeout=120)
+    cluster.shutdown(timeout=120)
+
+    reports = _node_reports(tmp_path)
+    assert set(reports) == {"worker0", "worker1"}
+    assert [r["rows"] for r in reports.values()] == [per_part, per_part]
+    w0, w1 = reports["worker0"], reports["worker1"]
+    assert w0["initial"] == w1["initial"] and w0["loss"] == w1["loss"]
+    np.testing.assert_allclose(np.concatenate([np.ravel(w) for w in w0["final"]]), np.concatenate([np.ravel(w) for w in w1["final"]]), rtol=1e-6)
+
+    probe = [_regression_row(i, k) for i in range(10_000, 10_200)]
+    x = np.stack([r[0] for r in probe]).astype(np.float64)
+    y = np.array([r[1] for r in probe])
+
+    def mse(weights):
+        kernel, bias = (np.asarray(w, np.float64) for w in weights)
+        return float(np.mean((x @ kernel[:, 0] + bias[0] - y) ** 2))
+
+    before, after = mse(w0["initial"]), mse(w0["final"])
+    assert after < 0.2 * before, (before, after)
+    assert np.isfinite(w0["loss"][0])

@@ -1,0 +1,58 @@
+"""InputMode.SPARK feeding on non-default Spark configurations.
+
+Each test here asks ``spark_manager`` for its own SparkContext (replacing the shared one),
+which is why this file sorts after the files that use the shared ``sc``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+pytest.importorskip("pyspark")
+
+from tfos import TFCluster  # noqa: E402
+
+pytestmark = pytest.mark.spark
+
+
+def count_rows(args, ctx):
+    """Counts rows until the end of the feed; writes count and sum."""
+    import json as _json
+
+    from tfos import TFNode
+
+    feed = TFNode.DataFeed(ctx.mgr)
+    n = total = 0
+    while not feed.should_stop():
+        batch = feed.next_batch(100)
+        n += len(batch)
+        total += sum(batch)
+    with open(f"{args['out']}/{ctx.job_name}{ctx.task_index}.json", "w") as f:
+        _json.dump({"rows": n, "sum": total}, f)
+
+
+def test_c06_more_executors_than_nodes(spark_manager, tmp_path, caplog, no_leftovers):
+    """C06: 3 executors, a cluster of 2 nodes: the feed tasks that run on the spare
+    executor (no node there) send their partitions to a node on the same host; every
+    row arrives, with no AttributeError/KeyError."""
+    sc = spark_manager.get("local-cluster[3,1,1024]")
+    rows, parts = 1200, 6
+    rdd = sc.parallelize(range(rows), parts)
+    # Wait (bounded) for all three executors, so the spare one really takes feed tasks.
+    deadline = time.monotonic() + 60
+    while sc._jsc.sc().getExecutorMemoryStatus().size() < 4 and time.monotonic() < deadline:  # 3 + driver
+        time.sleep(0.5)
+    assert sc._jsc.sc().getExecutorMemoryStatus().size() == 4
+    cluster = TFCluster.run(sc, count_rows, {"out": str(tmp_path)}, 2, 0, input_mode=TFCluster.InputMode.SPARK)
+    t0 = time.monotonic()
+    cluster.train(rdd, num_epochs=2)
+    assert time.monotonic() - t0 < 60
+    cluster.shutdown(timeout=60)
+    reports = {p.stem: json.loads(p.read_text()) for p in tmp_path.glob("*.json")}
+    assert set(reports) == {"worker0", "worker1"}
+    assert sum(r["rows"] for r in reports.values()) == 2 * rows
+    assert sum(r["sum"] for r in reports.values()) == 2 * sum(range(rows))
+    assert not [r for r in caplog.records if r.levelno >= 40], [r.getMessage() for r in caplog.records if r.levelno >= 40]
