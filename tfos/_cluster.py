@@ -214,12 +214,15 @@ class TFCluster:
         assert self._state is not None
         return tuple(n for n in self._state.nodes_snapshot() if n.role.feedable)
 
-    def _plan(self, mode: str, qname: str, kind: Any, parts: int, feed_timeout: float) -> FeedPlan:
+    def _plan(self, mode: str, qname: str, kind: Any, parts: int, feed_timeout: float, report_sent: bool = False) -> FeedPlan:
         assert self._config is not None
         cfg = self._config
         if qname not in self.queues:
             raise ConfigurationError(f"qname {qname!r} is not one of the cluster's queues {self.queues}; pass queues=[...] to TFCluster.run()")
-        return FeedPlan(cfg.cluster_id, cfg.key, cfg.driver_host, cfg.driver_port, self._feed_nodes(), qname, mode, kind, parts, float(feed_timeout))
+        return FeedPlan(
+            cfg.cluster_id, cfg.key, cfg.driver_host, cfg.driver_port, self._feed_nodes(), qname, mode, kind, parts,
+            float(feed_timeout), feed_id=uuid.uuid4().hex, report_sent=report_sent,
+        )
 
     def _progress(self, job_group_prefix: str, total: int, parts: int, epochs: int, desc: str) -> Callable[[], None]:
         if not self.progress or os.environ.get("TFOS_PROGRESS", "1") == "0":
@@ -253,7 +256,7 @@ class TFCluster:
         return update
 
     # ---------------------------------------------------------------- feeding
-    def train(self, dataRDD: Any, num_epochs: int = 1, feed_timeout: float = 600, qname: str = "input") -> None:
+    def train(self, dataRDD: Any, num_epochs: int = 1, feed_timeout: float = 600, qname: str = "input", end_of_feed: bool = False) -> None:
         """Feeds an RDD or DataFrame to the nodes' ``DataFeed`` for ``num_epochs`` epochs (driver).
 
         Blocks until every partition of every epoch was consumed by the TF processes, or the
@@ -266,9 +269,16 @@ class TFCluster:
             num_epochs: Passes over the data, >= 1. (TFoS treated 0 as 10: tfos refuses it.)
             feed_timeout: Seconds a node may accept no data before the feed fails.
             qname: The node queue to feed.
+            end_of_feed: Also end the feed (as ``shutdown()`` does) as soon as every
+                partition has been handed to a node, instead of at ``shutdown()``. Needed
+                when workers train in lock-step (MultiWorkerMirroredStrategy) on uneven
+                data: the worker that runs out then sees the end of its dataset while the
+                others still train, and TensorFlow ends them in step (C12). No further
+                ``train()`` call is possible afterwards.
 
         Raises:
-            ConfigurationError: Not InputMode.SPARK, ``num_epochs`` < 1, unknown ``qname``.
+            ConfigurationError: Not InputMode.SPARK, ``num_epochs`` < 1, unknown ``qname``,
+                or a train() after a feed that ended.
             ClusterFailedError: A node failed, died or stopped reading (within seconds of
                 the failure; names the node, with its remote traceback).
         """
@@ -277,10 +287,13 @@ class TFCluster:
         if isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or num_epochs < 1:
             raise ConfigurationError(f"num_epochs must be an integer >= 1 (one epoch = one pass over every partition), got {num_epochs!r}")
         self._check_open("train()")
+        assert self._state is not None
+        if self._state.feed_closed:
+            raise ConfigurationError("train(): the feed already ended (an earlier train(..., end_of_feed=True)); start a new cluster to feed more data")
         df = _as_dataframe(dataRDD)
         if df is not None and _arrow_ok():
             parts = df.rdd.getNumPartitions()
-            plan = self._plan("train", qname, _chunk_kind("arrow"), parts, feed_timeout)
+            plan = self._plan("train", qname, _chunk_kind("arrow"), parts, feed_timeout, end_of_feed)
             data = functools.reduce(lambda a, b: a.union(b), [df] * num_epochs)
             fn = make_arrow_feed_fn(plan)
             action: Callable[[], Any] = lambda: [tuple(r) for r in data.mapInArrow(fn, "partition long, outcome string").collect()]
@@ -288,10 +301,12 @@ class TFCluster:
             rdd = df.rdd if df is not None else dataRDD
             parts = rdd.getNumPartitions()
             data, kind = _raw_source(rdd, num_epochs)
-            plan = self._plan("train", qname, kind, parts, feed_timeout)
+            plan = self._plan("train", qname, kind, parts, feed_timeout, end_of_feed)
             fn = make_feed_fn(plan)
             action = lambda: data.mapPartitionsWithIndex(fn).collect()
         total = parts * num_epochs
+        if end_of_feed:
+            self._state.close_feed_when_sent(plan.feed_id, total)
         desc = f"tfos train: {parts} partitions x {num_epochs} epoch(s) -> {len(plan.nodes)} node(s)"
         log.info("%s", desc)
         job = self._run_job("train", desc, action)

@@ -80,6 +80,8 @@ class ClusterState:
         self.counters: dict[int, dict[str, int]] = {}
         self.tensorboard_url: Optional[str] = None
         self.hosts: dict[int, str] = {}
+        #: feed id -> (partitions expected, partitions handed over) for end_of_feed feeds.
+        self._sent: dict[str, tuple[int, set]] = {}
         #: Queues each node's main_fun had terminated (DataFeed.terminate()) when it returned.
         self.terminated_queues: dict[int, list[str]] = {}
 
@@ -160,6 +162,23 @@ class ClusterState:
         with self._cond:
             self.feed_closed = True
             self._cond.notify_all()
+
+    def close_feed_when_sent(self, feed_id: str, total: int) -> None:
+        """Closes the feed once ``total`` partitions of feed ``feed_id`` were handed over."""
+        with self._cond:
+            self._sent[feed_id] = (total, set())
+
+    def _on_partition_sent(self, body: dict, peer: str) -> dict:
+        feed_id, index = str(body["feed_id"]), int(body["index"])
+        with self._cond:
+            entry = self._sent.get(feed_id)
+            if entry is not None:
+                entry[1].add(index)
+                if len(entry[1]) >= entry[0] and not self.feed_closed:
+                    log.info("feed %s: all %d partitions handed over; closing the feed of every node", feed_id, entry[0])
+                    self.feed_closed = True
+                    self._cond.notify_all()
+        return {"ok": True}
 
     def abort(self, reason: str) -> None:
         """Tells every node and late registrant to give up (e.g. run() failed)."""

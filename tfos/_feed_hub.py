@@ -143,6 +143,11 @@ class FeedHub:
         self._conns: set[FeedConnection] = set()
         self._lock = threading.Lock()
         self._closing = False
+        self._reading = 0  # connections still receiving a partition
+        self._feed_closing = False
+        self._end_queued = False
+        #: Longest wait for the next chunk in DataFeed (and for queue room for END_OF_FEED).
+        self.data_timeout_s = 3600.0
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.bind((host, 0))
         self._listener.listen(64)
@@ -182,11 +187,20 @@ class FeedHub:
                     status = {"state": "ok"}
                     conn = FeedConnection(sock, header, float(header.get("feed_timeout", 600.0)))
                     self._conns.add(conn)
-            send_json(sock, FrameType.STATUS, status)
+                    self._reading += 1
             if conn is None or q is None:
+                send_json(sock, FrameType.STATUS, status)
                 sock.close()
                 return
-            self._read_partition(conn, q)
+            try:
+                send_json(sock, FrameType.STATUS, status)
+                self._read_partition(conn, q)
+            finally:
+                with self._lock:
+                    self._reading -= 1
+                    last = self._feed_closing and self._reading == 0
+                if last:
+                    self._enqueue_end_of_feed()
         except (ControlProtocolError, DeadlineExceededError, ConnectionError, OSError, ValueError, KeyError) as exc:
             if conn is None:
                 log.warning("rejected a data connection from %s:%s: %s", peer[0], peer[1], exc)
@@ -252,23 +266,37 @@ class FeedHub:
                 return
 
     def close_feed(self) -> None:
-        """Appends END_OF_FEED to every queue (the driver closed the feed).
+        """The driver closed the feed: END_OF_FEED goes on every queue after all data.
 
-        Bounded: a queue that stays full for 10 s (a consumer that stopped reading) gets the
-        marker after its oldest item is dropped.
+        The marker is queued once every partition still being received has been queued
+        (so no row is ever cut off by the end of the feed), from a thread of its own that
+        waits for room in full queues; it never drops data. Idempotent.
         """
-        for name, q in self.queues.items():
-            deadline = Deadline(10.0, f"room for the end-of-feed marker on queue {name!r}")
-            while True:
-                try:
-                    q.put(END_OF_FEED, timeout=deadline.slice(0.5))
-                    break
-                except queue.Full:
-                    if deadline.expired():
-                        try:
-                            q.get_nowait()
-                        except queue.Empty:
-                            pass
+        with self._lock:
+            if self._feed_closing:
+                return
+            self._feed_closing = True
+            ready = self._reading == 0
+        if ready:
+            self._enqueue_end_of_feed()
+
+    def _enqueue_end_of_feed(self) -> None:
+        with self._lock:
+            if self._end_queued:
+                return
+            self._end_queued = True
+
+        def _put_markers() -> None:
+            for name, q in self.queues.items():
+                deadline = Deadline(self.data_timeout_s, f"room for the end-of-feed marker on queue {name!r}")
+                while not (self._closing or name in self.terminated or deadline.expired()):
+                    try:
+                        q.put(END_OF_FEED, timeout=0.5)
+                        break
+                    except queue.Full:
+                        continue
+
+        threading.Thread(target=_put_markers, name="tfos-end-of-feed", daemon=True).start()
 
     def close(self, state: str = "finished", reason: str = "") -> None:
         """Closes the data server (TF process exit): tells open feed tasks why.

@@ -61,6 +61,10 @@ class FeedPlan:
         kind: The chunk encoding of the input (None: rows re-pickled in the task).
         parts_per_epoch: Partitions in one epoch of the input.
         feed_timeout_s: Longest time a node may accept no data (or return no results).
+        feed_id: Id of this feed job (its Spark job group).
+        report_sent: Tell the driver when each partition has been handed over (sent or
+            skipped), so it can end the feed of every node as soon as all are
+            (``train(..., end_of_feed=True)``).
     """
 
     cluster_id: str
@@ -73,6 +77,8 @@ class FeedPlan:
     kind: Optional[ChunkKind] = None
     parts_per_epoch: int = 1
     feed_timeout_s: float = 600.0
+    feed_id: str = ""
+    report_sent: bool = False
 
     def __post_init__(self) -> None:
         if not self.nodes:
@@ -260,13 +266,27 @@ def _generic_frames(rows: Iterator[Any]) -> Iterator[bytes]:
         yield pickle.dumps(chunk, protocol=pickle.HIGHEST_PROTOCOL)
 
 
+def _notify_sent(plan: FeedPlan, index: int) -> None:
+    """Tells the driver partition ``index`` was handed over (before waiting for its ACK)."""
+    if not plan.report_sent:
+        return
+    try:
+        c = _client(plan)
+        c.request("partition_sent", feed_id=plan.feed_id, index=index, timeout_s=10.0)
+        c.close()
+    except (OSError, ControlProtocolError, DeadlineExceededError) as exc:
+        log.warning("could not tell the driver that partition %d was sent: %s", index, exc)
+
+
 def _feed_partition(plan: FeedPlan, index: int, frames: Iterator[Any]) -> tuple[int, str]:
     link, node, state = _open(plan, index)
     if link is None:
+        _notify_sent(plan, index)
         return index, state
     try:
         try:
             _stream(link, frames)
+            _notify_sent(plan, index)
             state, info = _drain_answer(link)
         except FeedTimeoutError:
             raise  # a TimeoutError, hence an OSError: not a lost connection

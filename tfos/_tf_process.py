@@ -223,7 +223,7 @@ def run_node(launch: NodeLaunch) -> int:
         port_sock = reserve_port()
         if cfg.input_mode == InputMode.SPARK and role.feedable:
             hub = FeedHub(launch.host, cfg.key, cfg.queues, cfg.queue_chunks, launch.node_name)
-            hub.data_timeout_s = cfg.data_timeout_s  # type: ignore[attr-defined]
+            hub.data_timeout_s = cfg.data_timeout_s
         me = NodeInfo(eid, role.job_name, role.task_index, launch.host, port_sock.getsockname()[1], hub.port if hub else 0, os.getpid(), launch.executor_key)
         resp = client.request("register", node=me.to_dict(), timeout_s=30.0)
         if not resp.get("ok"):
