@@ -368,8 +368,9 @@ class TFCluster:
         Args:
             ssc: Ignored (TFoS's Spark Streaming context; streaming is not supported).
             grace_secs: Extra seconds to wait after the workers finished before stopping
-                ps/evaluator nodes (TFoS compatibility). Failures are caught whatever its
-                value, because every node reports its own failure.
+                ps/evaluator nodes (TFoS compatibility; ignored when there are none).
+                Failures are caught whatever its value, because every node reports its
+                own failure.
             timeout: Longest wait, in seconds, for the workers' ``main_fun`` to return.
 
         Raises:
@@ -387,7 +388,7 @@ class TFCluster:
             deadline = Deadline(timeout, "main_fun to return on every chief/master/worker node", "a main_fun that never ends (e.g. waiting for data after terminate())")
             if not st.wait(lambda: all(st.is_done(e) for e in workers), deadline):
                 raise self._fail("shutdown()")
-            if grace_secs:
+            if grace_secs and any(r.is_background for r in st.roles):
                 try:
                     st.wait(lambda: False, Deadline(float(grace_secs), "grace period"))
                 except DeadlineExceededError:

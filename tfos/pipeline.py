@@ -46,6 +46,22 @@ class TFTypeConverters:
             return value
         raise TypeError(f"Could not convert {value!r} to a dict")
 
+    @staticmethod
+    def toInputMode(value: Any) -> int:
+        """Accepts an :class:`InputMode` or its int value (0 or 1); returns the int.
+
+        (Spark's ``TypeConverters.toInt`` refuses ``InputMode.SPARK``, an IntEnum.)
+
+        Raises:
+            TypeError: For anything else.
+        """
+        if isinstance(value, int) and not isinstance(value, bool):
+            try:
+                return int(InputMode(int(value)))
+            except ValueError:
+                pass
+        raise TypeError(f"Could not convert {value!r} to an InputMode (0=TENSORFLOW, 1=SPARK)")
+
 
 def _param(name: str, doc: str, conv: Callable = TypeConverters.identity) -> Param:
     return Param(Params._dummy(), name, doc, typeConverter=conv)
@@ -126,9 +142,9 @@ class HasInputMapping(Params):
 class HasInputMode(Params):
     """Param ``input_mode``: :class:`InputMode` (SPARK for TFEstimator)."""
 
-    input_mode = _param("input_mode", "Input data feeding mode (0=TENSORFLOW, 1=SPARK)", TypeConverters.toInt)
+    input_mode = _param("input_mode", "Input data feeding mode (0=TENSORFLOW, 1=SPARK)", TFTypeConverters.toInputMode)
 
-    def setInputMode(self, value: int):
+    def setInputMode(self, value: Any):
         return self._set(input_mode=value)
 
     def getInputMode(self) -> int:
@@ -295,12 +311,17 @@ class Namespace(argparse.Namespace):
     """An argparse-like namespace built from a dict, a Namespace or an argv list.
 
     Attributes:
-        argv: The argv list when built from one (passed to ``train_fn`` as is), else None.
+        argv: The argv list when built from one (passed to ``train_fn`` as is), else None
+            (a class attribute then, so it is not among the namespace's keys, as in TFoS).
+
+    Raises:
+        TypeError: For any other ``d`` (None gives an empty namespace).
     """
+
+    argv: Optional[list] = None
 
     def __init__(self, d: Any = None):
         super().__init__()
-        self.argv = None
         if isinstance(d, list):
             self.argv = d
         elif isinstance(d, dict):
@@ -314,7 +335,8 @@ class Namespace(argparse.Namespace):
         return key in self.__dict__
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self.__dict__)
+        """The argv items when built from an argv list, else the attribute names (TFoS)."""
+        return iter(self.argv if self.argv else list(self.__dict__))
 
 
 class TFParams(Params):
@@ -362,11 +384,11 @@ class TFEstimator(
     def _fit(self, dataset: Any) -> "TFModel":
         from pyspark import SparkContext
 
-        sc = SparkContext.getOrCreate()
         local_args = self.merge_args_params()
         tf_args = self.args.argv if self.args.argv else local_args
         if InputMode(local_args.input_mode) != InputMode.SPARK:
             raise ConfigurationError("TFEstimator feeds the DataFrame to the nodes: input_mode must be InputMode.SPARK")
+        sc = SparkContext.getOrCreate()
         input_cols = sorted(self.getInputMapping())
         cluster = TFCluster.run(
             sc, self.train_fn, tf_args, local_args.cluster_size, local_args.num_ps, local_args.tensorboard,
@@ -387,8 +409,14 @@ class TFModel(Model, TFParams, HasInputMapping, HasOutputMapping, HasBatchSize, 
     and returns a DataFrame of the ``output_mapping`` columns, one row per input row. The
     model is loaded once per Python worker and cached.
 
-    Raises (from ``transform``, in tasks):
-        ValueError: Missing export_dir, or a mapping that names an unknown signature input/output.
+    The output schema is read from the signature (floats -> double, ints -> long, bools ->
+    boolean, strings -> binary, one array level per row dimension), so an empty input gives
+    an empty DataFrame with that schema.
+
+    Raises (from ``transform``):
+        ValueError: Missing export_dir, input_mapping or output_mapping (driver); a mapping
+            that names an unknown signature input/output (raised in a Spark task, so it
+            reaches the driver inside Spark's Python error).
     """
 
     def __init__(self, tf_args: Any = None):
@@ -399,12 +427,14 @@ class TFModel(Model, TFParams, HasInputMapping, HasOutputMapping, HasBatchSize, 
     def _transform(self, dataset: Any) -> Any:
         from pyspark.sql import SparkSession
 
-        spark = SparkSession.builder.getOrCreate()
         input_cols = sorted(self.getInputMapping())
         output_cols = [col for _, col in sorted(self.getOutputMapping().items())]
         local_args = self.merge_args_params()
         if not local_args.export_dir:
             raise ValueError("TFModel needs export_dir (the SavedModel to run)")
+        if not input_cols or not output_cols:
+            raise ValueError("TFModel needs input_mapping {column: signature input} and output_mapping {signature output: column}")
+        spark = SparkSession.builder.getOrCreate()
         settings = {
             "export_dir": local_args.export_dir,
             "tag_set": local_args.tag_set,
@@ -413,8 +443,13 @@ class TFModel(Model, TFParams, HasInputMapping, HasOutputMapping, HasBatchSize, 
             "inputs": [self.getInputMapping()[c] for c in input_cols],
             "outputs": [name for name, _ in sorted(self.getOutputMapping().items())],
         }
+        # The output schema comes from the signature (one small Spark task, which also checks
+        # the mappings); inferring it from the first rows would fail on an empty DataFrame and
+        # run the model on the first partition(s) an extra time.
+        kinds = spark.sparkContext.parallelize([settings], 1).map(_signature_outputs).collect()[0]
+        schema = _output_schema(output_cols, kinds)
         rdd_out = dataset.select(input_cols).rdd.mapPartitions(lambda it: _run_model(it, settings))
-        return spark.createDataFrame(rdd_out, output_cols)
+        return spark.createDataFrame(rdd_out, schema if schema is not None else output_cols)
 
 
 _model_cache: dict = {}
@@ -435,16 +470,79 @@ def _load_signature(export_dir: str, tag_set: str, key: str) -> Any:
         return _model_cache[cache_key][1]
 
 
+def _check_names(fn: Any, s: dict) -> None:
+    """Raises ValueError when the mappings name a signature input/output that does not exist."""
+    inputs = fn.structured_input_signature[1]
+    for name in s["inputs"]:
+        if name not in inputs:
+            raise ValueError(f"input_mapping names signature input {name!r}, but the signature has {sorted(inputs)}")
+    outputs = fn.structured_outputs
+    if isinstance(outputs, dict):
+        for name in s["outputs"]:
+            if name not in outputs:
+                raise ValueError(f"output_mapping names signature output {name!r}, but the signature has {sorted(outputs)}")
+
+
+def _signature_outputs(s: dict) -> list:
+    """``[(kind, rank), ...]`` of the mapped signature outputs (Spark task).
+
+    ``kind`` is 'float', 'int', 'bool' or 'bytes' (None when unknown) and ``rank`` the
+    rank of one row's value (the output's rank minus the batch dimension; None when
+    unknown).
+
+    Raises:
+        ValueError: A mapping names a signature input/output that does not exist.
+    """
+    fn = _load_signature(s["export_dir"], s["tag_set"], s["signature_def_key"])
+    _check_names(fn, s)
+    outputs = fn.structured_outputs
+    kinds = []
+    for name in s["outputs"]:
+        spec = outputs.get(name) if isinstance(outputs, dict) else None
+        dtype = getattr(spec, "dtype", None)
+        ndims = spec.shape.ndims if spec is not None else None
+        kind = None
+        if dtype is not None:
+            if dtype.is_bool:
+                kind = "bool"
+            elif dtype.is_floating:
+                kind = "float"
+            elif dtype.is_integer and dtype.name != "uint64":
+                kind = "int"
+            elif dtype.name == "string":
+                kind = "bytes"
+        kinds.append((kind, ndims - 1 if ndims else None))
+    return kinds
+
+
+def _output_schema(cols: list, kinds: list) -> Any:
+    """The StructType of TFModel's output (driver), or None when a type is unknown.
+
+    Values come from ``numpy.tolist()``: floats -> DoubleType, ints -> LongType, bools ->
+    BooleanType, strings -> BinaryType, nested in one ArrayType per row dimension.
+    """
+    from pyspark.sql.types import ArrayType, BinaryType, BooleanType, DoubleType, LongType, StructField, StructType
+
+    base = {"float": DoubleType, "int": LongType, "bool": BooleanType, "bytes": BinaryType}
+    fields = []
+    for col, (kind, rank) in zip(cols, kinds):
+        if kind is None or rank is None or rank < 0:
+            return None
+        dtype = base[kind]()
+        for _ in range(rank):
+            dtype = ArrayType(dtype, True)
+        fields.append(StructField(col, dtype, True))
+    return StructType(fields)
+
+
 def _run_model(rows: Iterator[Any], s: dict) -> Iterator[tuple]:
     """Runs the SavedModel over one partition in batches (Spark task)."""
     import numpy as np
     import tensorflow as tf
 
     fn = _load_signature(s["export_dir"], s["tag_set"], s["signature_def_key"])
+    _check_names(fn, s)
     specs = fn.structured_input_signature[1]
-    for name in s["inputs"]:
-        if name not in specs:
-            raise ValueError(f"input_mapping names signature input {name!r}, but the signature has {sorted(specs)}")
     batch: list = []
 
     def run(batch: list) -> Iterator[tuple]:

@@ -1,0 +1,280 @@
+"""Spark ML pipeline API (``TFEstimator``/``TFModel``) and ``TFParallel.run`` on a real Spark
+(shared ``local-cluster[2,1,1024]``).
+
+Node functions write what they saw as JSON into a pytest ``tmp_path`` (the executors run on
+this machine) and the tests assert those values.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tfos import TFParallel
+from tfos.errors import ClusterFailedError
+from tfos.pipeline import TFEstimator, TFModel
+
+pytestmark = [pytest.mark.spark, pytest.mark.tf, pytest.mark.timeout(300)]
+
+#: True weights and bias of the synthetic regression ``label = features @ W + B``.
+W = [1.0, -2.0, 0.5, 3.0]
+B = -0.5
+
+
+# --------------------------------------------------------------------------
+# Functions shipped by value to the node processes
+# --------------------------------------------------------------------------
+
+
+def _write_json(path: str, obj) -> None:
+    """Writes ``obj`` as JSON atomically (TF process)."""
+    import json as _json
+    import os as _os
+
+    tmp = f"{path}.tmp{_os.getpid()}"
+    with open(tmp, "w") as f:
+        _json.dump(obj, f)
+    _os.replace(tmp, path)
+
+
+def regression_train_fn(args, ctx):
+    """Reads every fed row, then trains ``Dense(1)`` under MultiWorkerMirroredStrategy and
+    exports a SavedModel with signature ``serving_default: features -> prediction``.
+
+    All rows are read *before* training: the two workers run in lock-step (collectives),
+    and a worker whose feed ended first would otherwise block the other one's feed (see
+    test_feed_cases C12). Both then run the same fixed number of steps.
+    """
+    import os as _os
+
+    _os.environ["TF_USE_LEGACY_KERAS"] = "1"
+    import numpy as _np
+    import tensorflow as tf
+    import tf_keras as keras
+
+    from tfos import TFNode, compat
+
+    feed = TFNode.DataFeed(ctx.mgr, input_mapping=args.input_mapping)
+    xs, ys, first_keys = [], [], None
+    while not feed.should_stop():
+        batch = feed.next_batch(args.batch_size)
+        if first_keys is None and batch["features"]:
+            first_keys = sorted(batch)
+        xs.extend(batch["features"])
+        ys.extend(batch["label"])
+    rows = len(xs)
+    if rows:
+        x = _np.asarray(xs, _np.float32).reshape(rows, 4)
+        y = _np.asarray(ys, _np.float32)
+        w = _np.ones(rows, _np.float32)
+    else:  # no partition reached this node: zero-weight padding keeps the collectives in step
+        x, y, w = _np.zeros((1, 4), _np.float32), _np.zeros(1, _np.float32), _np.zeros(1, _np.float32)
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    with strategy.scope():
+        model = keras.Sequential([keras.layers.Dense(1, input_shape=(4,))])
+        model.compile(optimizer=keras.optimizers.SGD(args.lr), loss="mse")
+    opts = tf.data.Options()
+    opts.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    ds = tf.data.Dataset.from_tensor_slices((x, y, w)).repeat().shuffle(256, seed=ctx.task_index).batch(args.batch_size)
+    hist = model.fit(ds.with_options(opts), epochs=3, steps_per_epoch=args.train_steps // 3, verbose=0)
+    kernel, bias = model.get_weights()
+
+    class Serving(tf.Module):
+        def __init__(self, net):
+            super().__init__()
+            self.net = net
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 4], tf.float32, name="features")])
+        def serve(self, features):
+            return {"prediction": tf.squeeze(self.net(features), axis=-1)}
+
+    compat.export_saved_model(Serving(model), args.export_dir, is_chief=ctx.job_name == "chief")
+    _write_json(
+        _os.path.join(args.out, f"{ctx.job_name}_{ctx.task_index}.json"),
+        {
+            "rows": rows, "keys": first_keys, "loss": hist.history["loss"][-1],
+            "weights": [float(v) for v in kernel.ravel()] + [float(bias[0])],
+            "epochs": args.epochs, "cluster_size": args.cluster_size, "feed_timeout": args.feed_timeout,
+        },
+    )
+
+
+def stop_consuming_train_fn(args, ctx):
+    """Never reads the feed: sleeps until the driver stops the node."""
+    ctx.stop_event.wait(300)
+
+
+def parallel_map_fun(args, ctx):
+    """TFParallel instance: records its identity, environment and file shard."""
+    import os as _os
+
+    from tfos import TFNode
+
+    if ctx.task_index in args.get("fail", ()):
+        raise RuntimeError(f"boom from instance {ctx.task_index}")
+    _write_json(
+        _os.path.join(args["out"], f"instance_{ctx.task_index}.json"),
+        {
+            "executor_id": ctx.executor_id, "task_index": ctx.task_index, "job_name": ctx.job_name,
+            "pid": _os.getpid(), "tf_config": "TF_CONFIG" in _os.environ,
+            "shard": TFNode.shard_files(ctx, args["pattern"]),
+        },
+    )
+
+
+# --------------------------------------------------------------------------
+# Helpers (driver)
+# --------------------------------------------------------------------------
+
+
+def _regression_schema_data(rows: int):
+    """Rows and schema ``features: array<float>[4], label: float`` with ``label = features @ W + B``."""
+    from pyspark.sql.types import ArrayType, FloatType, StructField, StructType
+
+    x = np.random.default_rng(7).normal(size=(rows, 4)).astype(np.float32)
+    y = x @ np.asarray(W, np.float32) + np.float32(B)
+    schema = StructType([StructField("features", ArrayType(FloatType(), False)), StructField("label", FloatType())])
+    return [([float(v) for v in x[i]], float(y[i])) for i in range(rows)], schema
+
+
+def _read(out_dir: Path, prefix: str) -> dict:
+    return {p.stem: json.loads(p.read_text()) for p in sorted(out_dir.glob(f"{prefix}*.json"))}
+
+
+# --------------------------------------------------------------------------
+# Tests
+# --------------------------------------------------------------------------
+
+
+def test_estimator_fit_then_model_transform(sc, tmp_path, no_leftovers):
+    """TFEstimator trains a linear regression on 2 nodes (3 epochs fed from a DataFrame),
+    the chief exports a SavedModel, and TFModel.transform predicts every row accurately."""
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession(sc)
+    rows, parts, epochs = 256, 4, 3
+    df = spark.createDataFrame(*_regression_schema_data(rows)).repartition(parts).cache()
+    export_dir = str(tmp_path / "export")
+    out = tmp_path / "out"
+    out.mkdir()
+    est = (
+        TFEstimator(regression_train_fn, {"lr": 0.1, "train_steps": 60, "out": str(out)})
+        .setInputMapping({"features": "features", "label": "label"})
+        .setClusterSize(2)
+        .setEpochs(epochs)
+        .setBatchSize(32)
+        .setExportDir(export_dir)
+        .setGraceSecs(0)
+    )
+    t0 = time.monotonic()
+    model = est.fit(df)
+    fit_s = time.monotonic() - t0
+    assert isinstance(model, TFModel)
+    assert model.getExportDir() == export_dir
+    assert model.getBatchSize() == 32
+    reports = _read(out, "")
+    assert sorted(reports) == ["chief_0", "worker_0"], reports
+    # Every row of every epoch reached exactly one node, as {tensor: [values]} batches.
+    assert sum(r["rows"] for r in reports.values()) == rows * epochs, reports
+    for r in reports.values():
+        assert r["keys"] in (None, ["features", "label"]), r
+        assert (r["epochs"], r["cluster_size"], r["feed_timeout"]) == (epochs, 2, 600.0), r
+        assert r["loss"] < 0.01, r
+        np.testing.assert_allclose(r["weights"], W + [B], atol=0.05)
+    # MultiWorkerMirroredStrategy kept the two replicas identical.
+    assert reports["chief_0"]["weights"] == reports["worker_0"]["weights"]
+    assert (Path(export_dir) / "saved_model.pb").exists()
+    assert fit_s < 240, fit_s
+
+    preds = model.setInputMapping({"features": "features"}).setOutputMapping({"prediction": "pred"}).transform(df)
+    assert preds.schema.simpleString() == "struct<pred:double>"  # from the signature's output spec
+    got = np.asarray([r.pred for r in preds.collect()], np.float64)
+    expected = np.asarray([r.label for r in df.select("label").collect()], np.float64)
+    assert got.shape == (rows,)
+    mse = float(np.mean((got - expected) ** 2))
+    assert mse < 0.01, mse
+    # An empty input gives an empty DataFrame of the same schema (no rows to infer it from).
+    empty = model.transform(df.limit(0))
+    assert empty.schema == preds.schema and empty.count() == 0
+
+
+def test_c17_estimator_feed_timeout_names_node_and_partition(sc, tmp_path, no_leftovers):
+    """C17: a train_fn that stops consuming, with setFeedTimeout(3): fit() fails within a
+    minute with the FeedTimeoutError text (node, partition, "accepted no data") inside the
+    ClusterFailedError, and every node process is gone."""
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession(sc)
+    # 2 partitions of 40 x 1 MiB rows: far more than the node's queue plus the socket
+    # buffers hold, so the feed task blocks sending.
+    df = spark.range(0, 80, 1, 2).selectExpr("repeat('x', 1048576) AS blob", "CAST(id AS FLOAT) AS label")
+    est = TFEstimator(stop_consuming_train_fn, {"out": str(tmp_path)}).setInputMapping({"blob": "blob", "label": "label"}).setFeedTimeout(3)
+    assert est.getFeedTimeout() == 3.0
+    t0 = time.monotonic()
+    with pytest.raises(ClusterFailedError) as info:
+        est.fit(df)
+    elapsed = time.monotonic() - t0
+    assert elapsed < 60, elapsed
+    text = str(info.value)
+    assert "during train()" in text, text
+    assert re.search(
+        r"chief:0 \(executor 0, host [^)]+\) accepted no data for 3 s while feeding partition [01] \(epoch 0\) "
+        r"-> chief:0 \(executor 0, host [^)]+\): main_fun is not reading queue 'input'",
+        text,
+    ), text
+    assert info.value.failures[0].kind == "feed", info.value.failures
+
+
+def test_tfparallel_runs_independent_instances(sc, tmp_path, no_leftovers):
+    """TFParallel.run: 2 instances in different processes, executors 0 and 1, without
+    TF_CONFIG, and shard_files splits the input files disjointly and completely."""
+    data = tmp_path / "data"
+    data.mkdir()
+    files = sorted(str(data / f"part-{i:05d}.txt") for i in range(5))
+    for f in files:
+        Path(f).write_text("x\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    t0 = time.monotonic()
+    assert TFParallel.run(sc, parallel_map_fun, {"out": str(out), "pattern": str(data / "*.txt")}, 2) is None
+    elapsed = time.monotonic() - t0
+    recs = _read(out, "instance_")
+    assert sorted(recs) == ["instance_0", "instance_1"], recs
+    a, b = recs["instance_0"], recs["instance_1"]
+    assert (a["executor_id"], a["task_index"], a["job_name"]) == (0, 0, "worker")
+    assert (b["executor_id"], b["task_index"], b["job_name"]) == (1, 1, "worker")
+    assert a["pid"] != b["pid"] and os.getpid() not in (a["pid"], b["pid"])
+    assert a["tf_config"] is False and b["tf_config"] is False
+    assert a["shard"] == files[0::2] and b["shard"] == files[1::2]
+    assert not set(a["shard"]) & set(b["shard"])
+    assert sorted(a["shard"] + b["shard"]) == files
+    assert elapsed < 120, elapsed
+
+
+def test_tfparallel_failing_instance_raises(sc, tmp_path, no_leftovers):
+    """A failing TFParallel instance makes run() raise ClusterFailedError naming it, with
+    its remote traceback (the other instance is stopped, as a failed barrier stage would be)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(2):
+        (data / f"f{i}.txt").write_text("x\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    t0 = time.monotonic()
+    with pytest.raises(ClusterFailedError) as info:
+        TFParallel.run(sc, parallel_map_fun, {"out": str(out), "pattern": str(data / "*.txt"), "fail": [1]}, 2)
+    elapsed = time.monotonic() - t0
+    text = str(info.value)
+    assert "worker:1 (executor 1" in text, text
+    assert "RuntimeError: boom from instance 1" in text, text
+    assert "Traceback" in text and "parallel_map_fun" in text, text
+    assert [(f.executor_id, f.kind, f.error_type) for f in info.value.failures] == [(1, "exception", "RuntimeError")], info.value.failures
+    assert "instance_1" not in _read(out, "instance_")
+    assert elapsed < 120, elapsed
