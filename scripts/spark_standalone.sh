@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# Start or stop a one-machine Spark standalone cluster (a master and one worker) for
+# trying the examples with spark-submit. pip's PySpark has no sbin/ start scripts, so this
+# runs the master and worker classes with bin/spark-class in the background and keeps
+# their PIDs in a pid file; "stop" ends exactly those PIDs.
+#
+#   scripts/spark_standalone.sh start     # master spark://127.0.0.1:7077, UI http://127.0.0.1:8080
+#   scripts/spark_standalone.sh status
+#   scripts/spark_standalone.sh stop
+#
+# Settings (environment):
+#   PYTHON              Python whose PySpark to use (default: the repo's .venv, else python3)
+#   SPARK_WORKER_CORES  cores the worker offers = max. executors with 1 core each (default 4)
+#   SPARK_WORKER_MEMORY memory the worker offers (default 4g)
+#   SPARK_MASTER_PORT   (default 7077)      SPARK_MASTER_WEBUI_PORT (default 8080)
+#   SPARK_STANDALONE_DIR  pid file, logs and worker dir (default /tmp/tfos-spark-standalone)
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+if [[ -z "${PYTHON:-}" ]]; then
+  if [[ -x "$ROOT/.venv/bin/python" ]]; then PYTHON="$ROOT/.venv/bin/python"; else PYTHON=python3; fi
+fi
+STATE_DIR="${SPARK_STANDALONE_DIR:-/tmp/tfos-spark-standalone}"
+PID_FILE="$STATE_DIR/pids"
+HOST=127.0.0.1
+MASTER_PORT="${SPARK_MASTER_PORT:-7077}"
+WEBUI_PORT="${SPARK_MASTER_WEBUI_PORT:-8080}"
+CORES="${SPARK_WORKER_CORES:-4}"
+MEMORY="${SPARK_WORKER_MEMORY:-4g}"
+MASTER_URL="spark://$HOST:$MASTER_PORT"
+
+spark_home() {
+  "$PYTHON" -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))'
+}
+
+alive() {  # alive PID -> true while that process runs
+  kill -0 "$1" 2>/dev/null
+}
+
+wait_for_port() {  # wait_for_port PORT SECONDS
+  local port=$1 secs=$2 i
+  for ((i = 0; i < secs * 2; i++)); do
+    if "$PYTHON" - "$port" <<'EOF' 2>/dev/null; then return 0; fi
+import socket, sys
+socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=1).close()
+EOF
+    sleep 0.5
+  done
+  return 1
+}
+
+start() {
+  if [[ -f "$PID_FILE" ]]; then
+    local pid
+    for pid in $(cat "$PID_FILE"); do
+      if alive "$pid"; then
+        echo "already running (pids $(tr '\n' ' ' < "$PID_FILE")); master $MASTER_URL" >&2
+        return 0
+      fi
+    done
+    rm -f "$PID_FILE"
+  fi
+  mkdir -p "$STATE_DIR/work"
+  export SPARK_HOME; SPARK_HOME="$(spark_home)"
+  export SPARK_LOCAL_IP="$HOST" PYSPARK_PYTHON="${PYSPARK_PYTHON:-$PYTHON}"
+  echo "SPARK_HOME=$SPARK_HOME"
+  nohup "$SPARK_HOME/bin/spark-class" org.apache.spark.deploy.master.Master \
+    --host "$HOST" --port "$MASTER_PORT" --webui-port "$WEBUI_PORT" \
+    > "$STATE_DIR/master.log" 2>&1 < /dev/null &
+  echo $! > "$PID_FILE"
+  if ! wait_for_port "$MASTER_PORT" 60; then
+    echo "the master did not listen on port $MASTER_PORT within 60 s; see $STATE_DIR/master.log" >&2
+    stop
+    return 1
+  fi
+  nohup "$SPARK_HOME/bin/spark-class" org.apache.spark.deploy.worker.Worker "$MASTER_URL" \
+    --host "$HOST" --cores "$CORES" --memory "$MEMORY" --work-dir "$STATE_DIR/work" \
+    > "$STATE_DIR/worker.log" 2>&1 < /dev/null &
+  echo $! >> "$PID_FILE"
+  local i
+  for ((i = 0; i < 120; i++)); do
+    if grep -q "Successfully registered with master" "$STATE_DIR/worker.log" 2>/dev/null; then
+      echo "master $MASTER_URL (UI http://$HOST:$WEBUI_PORT), worker with $CORES cores and $MEMORY"
+      echo "pids $(tr '\n' ' ' < "$PID_FILE")(in $PID_FILE); logs in $STATE_DIR"
+      return 0
+    fi
+    sleep 0.5
+  done
+  echo "the worker did not register within 60 s; see $STATE_DIR/worker.log" >&2
+  stop
+  return 1
+}
+
+stop() {
+  if [[ ! -f "$PID_FILE" ]]; then
+    echo "not running (no $PID_FILE)"
+    return 0
+  fi
+  local pids pid i
+  pids=$(tac "$PID_FILE")  # worker first, then master
+  for pid in $pids; do
+    if alive "$pid"; then kill "$pid"; fi
+  done
+  for pid in $pids; do
+    for ((i = 0; i < 40 && $(alive "$pid" && echo 1 || echo 0); i++)); do sleep 0.5; done
+    if alive "$pid"; then
+      echo "pid $pid did not stop in 20 s; killing it" >&2
+      kill -9 "$pid" 2>/dev/null || true
+    fi
+  done
+  rm -f "$PID_FILE"
+  echo "stopped (pids $(echo $pids | tr '\n' ' '))"
+}
+
+status() {
+  if [[ ! -f "$PID_FILE" ]]; then echo "not running"; return 1; fi
+  local pid state=0
+  for pid in $(cat "$PID_FILE"); do
+    if alive "$pid"; then echo "pid $pid running"; else echo "pid $pid gone"; state=1; fi
+  done
+  echo "master $MASTER_URL"
+  return $state
+}
+
+case "${1:-}" in
+  start) start ;;
+  stop) stop ;;
+  status) status ;;
+  *) echo "usage: $0 start|stop|status" >&2; exit 2 ;;
+esac

@@ -1,0 +1,140 @@
+"""The 'serving' node state: ParameterServerStrategy ps/worker nodes that only serve.
+
+A TF2 ParameterServerStrategy 'worker' node is fed nothing and runs no training loop: its
+``main_fun`` calls ``ctx.run_server_and_wait()`` until the driver stops the cluster. Such a
+node tells the driver it is 'serving', and ``shutdown()`` then waits only for the chief
+(it would otherwise wait for the worker forever, while the worker waits for the stop).
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import pytest
+
+from tfos._cluster_state import ClusterState
+from tfos.cluster_template import NodeInfo, build_template, roles_from_template
+from tfos.errors import ControlProtocolError
+from tfos.node_context import TFNodeContext
+
+CID = "tfos-test-serving"
+
+
+def _state() -> ClusterState:
+    # ps:0 (executor 0), chief:0 (executor 1), worker:0 (executor 2)
+    return ClusterState(CID, roles_from_template(build_template(3, num_ps=1, master_node="chief")), 15.0)
+
+
+def _req(st: ClusterState, mtype: str, **fields) -> dict:
+    return st.handle(dict(fields, type=mtype, cluster=CID), "127.0.0.1:1")
+
+
+def _register_all(st: ClusterState) -> None:
+    for role in st.roles:
+        node = NodeInfo(role.executor_id, role.job_name, role.task_index, "10.0.0.1", 2000 + role.executor_id,
+                        pid=100 + role.executor_id)
+        assert _req(st, "register", node=node.to_dict())["ok"] is True
+        assert _req(st, "status", executor_id=role.executor_id, state="running") == {"ok": True}
+
+
+def test_serving_worker_counts_as_done_for_shutdown_but_chief_is_waited_for():
+    st = _state()
+    _register_all(st)
+    feedable = [r.executor_id for r in st.roles if r.feedable]
+    assert feedable == [1, 2]  # chief and the PSS worker: what shutdown() waits for
+    assert _req(st, "status", executor_id=2, state="serving") == {"ok": True}
+    assert st.proc_state[2] == "serving"
+    assert st.is_done(2) is True
+    assert st.is_done(1) is False  # the chief's main_fun still runs
+    assert not all(st.is_done(e) for e in feedable)
+    _req(st, "status", executor_id=1, state="finished")
+    assert all(st.is_done(e) for e in feedable)
+    assert not st.failed
+
+
+def test_serving_node_finishes_after_stop_without_failure():
+    st = _state()
+    _register_all(st)
+    _req(st, "status", executor_id=2, state="serving")
+    _req(st, "status", executor_id=1, state="finished")
+    st.request_stop()
+    # The stop ends run_server_and_wait(): main_fun returns, the process exits 0.
+    _req(st, "status", executor_id=2, state="finished")
+    _req(st, "status", executor_id=2, state="exited", code=0)
+    assert st.proc_state[2] == "finished" and st.exit_codes[2] == 0
+    assert not st.failed
+
+
+def test_serving_node_dying_before_stop_is_a_failure():
+    st = _state()
+    _register_all(st)
+    _req(st, "status", executor_id=2, state="serving")
+    _req(st, "status", executor_id=2, state="exited", code=-9)
+    assert st.failed
+    failure = st.failures[0]
+    assert (failure.job_name, failure.task_index, failure.kind) == ("worker", 0, "exited")
+    assert "killed by SIGKILL" in failure.message
+
+
+def test_serving_does_not_override_a_failure():
+    st = _state()
+    _register_all(st)
+    st.record_failure(st.make_failure(2, "exception", "ValueError", "boom"))
+    _req(st, "status", executor_id=2, state="serving")
+    assert st.proc_state[2] == "failed"
+
+
+def test_unknown_state_is_still_rejected():
+    st = _state()
+    _register_all(st)
+    with pytest.raises(ControlProtocolError, match="unknown node state 'servin'"):
+        _req(st, "status", executor_id=2, state="servin")
+
+
+def test_node_context_carries_the_on_serving_callback():
+    calls = []
+    ctx = TFNodeContext(job_name="worker", cluster_spec={"ps": ["h:1"], "chief": ["h:2"], "worker": ["h:3"]},
+                        on_serving=lambda: calls.append(1))
+    ctx.on_serving()
+    assert calls == [1]
+    assert TFNodeContext().on_serving is None
+
+
+# ---------------------------------------------------------------------------- with TF
+
+
+@dataclass
+class _Ctx:
+    job_name: str
+    task_index: int
+    cluster_spec: dict
+    executor_id: int = 0
+    num_workers: int = 1
+    on_serving: Optional[Callable[[], None]] = None
+    stop_event: threading.Event = field(default_factory=threading.Event)
+
+
+def test_run_server_and_wait_reports_serving_once_the_server_listens():
+    pytest.importorskip("tensorflow")
+    from tfos.tf_server import run_server_and_wait
+
+    with socket.socket() as s:
+        s.bind(("", 0))
+        port = s.getsockname()[1]
+    seen = []
+
+    def on_serving() -> None:
+        with socket.socket() as probe:
+            probe.settimeout(2.0)
+            seen.append(probe.connect_ex(("127.0.0.1", port)) == 0)  # already listening?
+
+    ctx = _Ctx("worker", 0, {"worker": [f"localhost:{port}"]}, on_serving=on_serving)
+    threading.Timer(0.3, ctx.stop_event.set).start()
+    start = time.monotonic()
+    assert run_server_and_wait(ctx, timeout_s=30, poll_interval_s=0.05) is True
+    assert time.monotonic() - start < 20
+    assert seen == [True]
