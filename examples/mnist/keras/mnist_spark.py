@@ -1,0 +1,291 @@
+"""MNIST with Keras on tfos, InputMode.SPARK: the driver feeds Spark data to the nodes.
+
+The driver reads the training images with Spark — the CSV files as an RDD of
+``(float32[784] image, label)`` rows (default), or the TFRecords as a DataFrame via
+``tfos.dfutil.loadTFRecords`` (``--format tfr``) — starts a tfos cluster of
+``--cluster_size`` nodes (one chief, the rest workers) and calls
+``cluster.train(data, epochs, end_of_feed=True)``. Each node runs :func:`main_fun`: it
+joins a ``MultiWorkerMirroredStrategy`` and trains the same MLP as ``mnist_tf.py`` with
+tf_keras ``model.fit`` on the rows Spark feeds it, one ``fit`` call per epoch, then saves
+it (same outputs as ``mnist_tf.py``).
+
+Epochs. ``cluster.train(data, n)`` feeds every partition ``n`` times, and every fed row
+carries its epoch number (``DataFeed.last_origins``). A node ends its epoch ``e`` when
+the first row of epoch ``e + 1`` arrives (:class:`EpochFeed`), so each ``fit`` call sees
+exactly one pass over the node's share of the data and Keras prints that epoch's loss
+and accuracy. The last epoch ends at the end of the feed: ``end_of_feed=True`` ends
+every node's feed as soon as all partitions were handed over (tfos's answer to uneven
+data in lock-step training, C12). Without it, a node that has received all its data
+could only learn that no more is coming from ``cluster.shutdown()``, which the driver
+cannot call while the other node, waiting for this one in the
+MultiWorkerMirroredStrategy collectives, still has rows to consume.
+
+Run it with plain Python (it starts its own ``local-cluster[2,1,1024]``) or with
+``spark-submit`` (see ``examples/mnist/README.md``)::
+
+    python examples/mnist/mnist_data_setup.py --output data/mnist
+    python examples/mnist/keras/mnist_spark.py --images data/mnist/csv/train --epochs 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import sys
+import time
+from typing import Any, Iterator, Optional, Sequence
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import mnist_common as common  # noqa: E402
+
+logger = common.logger
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    """Parses the command line (driver)."""
+    p = common.common_parser("MNIST with tf_keras and MultiWorkerMirroredStrategy, fed by Spark (InputMode.SPARK).")
+    p.add_argument("--format", choices=("csv", "tfr"), default="csv",
+                   help="csv: an RDD parsed from the CSV files; tfr: a DataFrame from the TFRecords (dfutil)")
+    p.add_argument("--images", default=None, help="directory of training part files (default: data/mnist/FORMAT/train)")
+    p.add_argument("--learning_rate", type=float, default=1e-3, help="Adam learning rate")
+    p.add_argument("--shuffle_buffer", type=int, default=10000,
+                   help="rows each node reshuffles per epoch (0: train in the fed order)")
+    args = p.parse_args(argv)
+    if args.images is None:
+        args.images = f"data/mnist/{args.format}/train"
+    return args
+
+
+# ---------------------------------------------------------------------------
+# TF process
+# ---------------------------------------------------------------------------
+
+
+class EpochFeed:
+    """Splits a node's ``DataFeed`` into epochs (TF process).
+
+    Every fed row carries its epoch (``DataFeed.last_origins``). :meth:`batches` yields
+    the rows of one epoch and stops at the first row of a later epoch, which it keeps for
+    the next call. Rows of an earlier epoch that arrive late (possible when several
+    feed tasks feed one node at once) are trained with the current epoch.
+
+    Args:
+        feed: The node's ``DataFeed`` (train mode).
+        batch_size: Rows per batch.
+    """
+
+    #: ``(numpy dtype, row shape)`` of the two columns: image and label.
+    COLUMNS = (("float32", (784,)), ("int64", ()))
+
+    def __init__(self, feed: Any, batch_size: int):
+        self._feed = feed
+        self._batch_size = batch_size
+        self._runs: collections.deque = collections.deque()  # (epoch, rows) not yet used
+        #: Rows handed out per epoch on this node.
+        self.rows: collections.Counter = collections.Counter()
+
+    def _next_run(self) -> Optional[tuple[int, list]]:
+        """The next run of rows from one epoch, or None at the end of the feed."""
+        if self._runs:
+            return self._runs.popleft()
+        while not self._feed.should_stop():
+            rows = self._feed.next_batch(self._batch_size)
+            if not rows:
+                continue
+            origins = self._feed.last_origins  # (start in batch, partition, epoch, row)
+            ends = [origin[0] for origin in origins[1:]] + [len(rows)]
+            for (start, _partition, epoch, _row), end in zip(origins, ends):
+                self._runs.append((epoch, rows[start:end]))
+            return self._runs.popleft()
+        return None
+
+    def batches(self, epoch: int) -> Iterator[tuple[Any, Any]]:
+        """Yields ``(images float32[n, 784], labels int64[n])`` batches of ``epoch``."""
+        from tfos.datafeed import rows_to_columns
+
+        pending: list = []
+        while True:
+            run = self._next_run()
+            if run is None:
+                break
+            run_epoch, rows = run
+            if run_epoch > epoch:
+                self._runs.appendleft(run)  # the first rows of the next epoch
+                break
+            self.rows[epoch] += len(rows)
+            pending.extend(rows)
+            while len(pending) >= self._batch_size:
+                yield rows_to_columns(pending[: self._batch_size], self.COLUMNS)
+                del pending[: self._batch_size]
+        if pending:
+            yield rows_to_columns(pending, self.COLUMNS)
+
+    def drain(self) -> int:
+        """Reads the rest of the feed without using it, until the driver ends the feed.
+
+        Returns:
+            The number of rows read (normally 0: the last epoch ends at the end of the feed).
+        """
+        rows = sum(len(run_rows) for _, run_rows in self._runs)
+        self._runs.clear()
+        while not self._feed.should_stop():
+            rows += len(self._feed.next_batch(4096))
+        return rows
+
+    def dataset(self, tf: Any, epoch: int, shuffle_buffer: int = 0) -> Any:
+        """A ``tf.data.Dataset`` of :meth:`batches` of ``epoch``, auto-sharding OFF.
+
+        Args:
+            tf: The tensorflow module.
+            epoch: The epoch to read.
+            shuffle_buffer: Rows in a shuffle buffer (0: keep the fed order). Spark feeds
+                the partitions in the same order every epoch; reshuffling the rows on
+                the node lets every epoch see them in another order.
+        """
+        from tfos.compat import disable_auto_shard
+
+        signature = (
+            tf.TensorSpec((None, common.NUM_PIXELS), tf.float32),
+            tf.TensorSpec((None,), tf.int64),
+        )
+        ds = tf.data.Dataset.from_generator(lambda: self.batches(epoch), output_signature=signature)
+        if shuffle_buffer:
+            ds = ds.unbatch().shuffle(shuffle_buffer).batch(self._batch_size)
+        # Each node is fed only its own partitions: tf.data must not shard them again.
+        return ds.with_options(disable_auto_shard(tf.data.Options())).prefetch(2)
+
+
+def main_fun(args: argparse.Namespace, ctx: Any) -> None:
+    """Trains on the fed rows and saves the model (TF process, every node)."""
+    tf, keras = common.import_tf_keras()
+
+    chief = common.is_chief(ctx)
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    num_workers = strategy.num_replicas_in_sync
+    # MWMS splits every batch of the dataset over all replicas: batch globally so that
+    # each worker processes --batch_size rows per step.
+    global_batch = args.batch_size * num_workers
+    feed = ctx.get_data_feed(train_mode=True)
+    epochs = EpochFeed(feed, global_batch)
+
+    with strategy.scope():
+        model = common.build_model(keras, args.learning_rate)
+    callbacks = common.keras_callbacks(keras, ctx, args) + [common.epoch_logger(keras, args.epochs)]
+    history: dict[str, list] = collections.defaultdict(list)
+    began = time.monotonic()
+    for epoch in range(args.epochs):
+        # One fit call per epoch: the dataset ends at this node's end of the epoch, and
+        # MWMS keeps stepping (with empty batches) until every node's dataset ended.
+        # The epoch logger prints the epoch's line (Keras' verbose=2 would number the
+        # epochs of each fit call, "Epoch 2/2" for the second of three).
+        result = model.fit(epochs.dataset(tf, epoch, args.shuffle_buffer), initial_epoch=epoch, epochs=epoch + 1,
+                           verbose=0, callbacks=callbacks)
+        for key, values in result.history.items():
+            history[key].extend(float(v) for v in values)
+    train_seconds = time.monotonic() - began
+    # Read anything left up to the end of the feed (normally nothing: the last epoch ended
+    # there), so that every feed task ends normally.
+    marker_rows = epochs.drain()
+    print(f"{ctx.job_name}:{ctx.task_index} trained on {sum(epochs.rows.values())} rows "
+          f"({', '.join(str(epochs.rows[e]) for e in range(args.epochs))} per epoch); "
+          f"{marker_rows} rows left unread at the end of the feed", flush=True)
+
+    model_dir = common.node_path(ctx, args.model_dir)
+    common.write_json(tf, os.path.join(model_dir, common.STATS_DIR, f"{ctx.job_name}-{ctx.task_index}.json"), {
+        "job": ctx.job_name, "task": ctx.task_index,
+        "rows_per_epoch": [epochs.rows[e] for e in range(args.epochs)],
+    })
+    common.save_model(ctx, model, args)
+    if chief:
+        common.write_json(tf, os.path.join(model_dir, common.SUMMARY_FILE), {
+            "mode": "spark",
+            "history": dict(history),
+            "test": None,
+            "train_seconds": train_seconds,
+            "workers": num_workers,
+            "batch_size_per_worker": args.batch_size,
+        })
+
+
+# ---------------------------------------------------------------------------
+# Driver
+# ---------------------------------------------------------------------------
+
+
+def run(sc: Any, args: argparse.Namespace) -> Optional[dict]:
+    """Reads the data, trains on the cluster and prints the report (driver).
+
+    Returns:
+        The chief's run summary plus ``rows_per_epoch`` (all nodes) and ``images``.
+    """
+    from pyspark import StorageLevel
+
+    from tfos import TFCluster
+
+    common.ship_by_value(common)
+    args = common.resolve_paths(args, sc, ("images", "model_dir", "export_dir"))
+    common.remove_outputs([
+        args.export_dir,
+        os.path.join(args.model_dir, common.KERAS_FILE),
+        os.path.join(args.model_dir, common.CHECKPOINT_DIR),
+        os.path.join(args.model_dir, common.TENSORBOARD_DIR),
+        os.path.join(args.model_dir, common.SUMMARY_FILE),
+        os.path.join(args.model_dir, common.STATS_DIR),
+    ])
+    data = common.load_images(sc, args.images, args.format)
+    rdd = data if args.format == "csv" else data.rdd
+    if rdd.getNumPartitions() < args.cluster_size:
+        # Every node must get a partition of every epoch (see the module docstring).
+        data = data.repartition(args.cluster_size)
+    # Parsed once (here, by count()), then read from the cache by every epoch.
+    data = data.persist(StorageLevel.MEMORY_AND_DISK)
+    images = data.count()
+    partitions = (data if args.format == "csv" else data.rdd).getNumPartitions()
+    logger.info("%d training images in %d partitions (%s)", images, partitions, args.images)
+
+    began = time.monotonic()
+    with TFCluster.run(
+        sc, main_fun, args, args.cluster_size, num_ps=0, tensorboard=args.tensorboard,
+        input_mode=TFCluster.InputMode.SPARK, master_node="chief",
+        log_dir=os.path.join(args.model_dir, common.TENSORBOARD_DIR), progress=args.progress,
+    ) as cluster:
+        if args.tensorboard:
+            common.check_tensorboard(cluster.tensorboard_url())
+        # end_of_feed: every node's feed ends right after its last row, which ends the last
+        # epoch on every node while the others may still train (uneven data, C12).
+        logger.info("feeding %d epochs", args.epochs)
+        cluster.train(data, args.epochs, end_of_feed=True)
+        cluster.shutdown()
+    seconds = time.monotonic() - began
+    data.unpersist()
+
+    summary = common.print_training_report(args, seconds)
+    stats = common.read_node_stats(args.model_dir) if common.is_local(args.model_dir) else {}
+    if stats:
+        per_epoch = [sum(s["rows_per_epoch"][e] for s in stats.values()) for e in range(args.epochs)]
+        print(f"rows trained per epoch (all nodes): {per_epoch}, {images} images; per node: "
+              + ", ".join(f"{name} {s['rows_per_epoch']}" for name, s in stats.items()))
+        if summary is not None:
+            summary["rows_per_epoch"] = per_epoch
+    if summary is not None:
+        summary["images"] = images
+    return summary
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Script entry point (driver)."""
+    args = parse_args(argv)
+    common.setup_logging()
+    sc, created = common.spark_context(args, "mnist_keras_spark")
+    try:
+        run(sc, args)
+    finally:
+        if created:
+            sc.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

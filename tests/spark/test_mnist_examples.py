@@ -1,0 +1,159 @@
+"""Test-sized runs of the Keras MNIST examples (examples/mnist/keras), end to end.
+
+Each script runs as a subprocess with its own ``--master local-cluster[2,1,1024]`` (only
+one SparkContext may live in a process, and the pytest process may hold one), on 3,000
+training and 1,000 test images written once per module by ``mnist_data_setup.py``.
+The checks: the printed accuracy, the exports exist and load in this process (SavedModel
+with ``tf.saved_model.load``, ``model.keras`` with ``tf_keras``) and predict like the
+printed accuracy says, every epoch trained on every row, one prediction per test row,
+the TensorBoard URL answered, and no tfos process is left behind.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import subprocess
+import sys
+import time
+import warnings
+
+import numpy as np
+import pytest
+
+pytestmark = [pytest.mark.spark, pytest.mark.tf, pytest.mark.slow]
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+EXAMPLES = os.path.join(ROOT, "examples", "mnist")
+NUM_TRAIN = 3000
+NUM_TEST = 1000
+MASTER = "local-cluster[2,1,1024]"
+#: Upper bound for one script run on a loaded 2-core machine (typically 30-120 s).
+RUN_TIMEOUT_S = 420
+MIN_ACCURACY = 0.8
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    # The subprocess starts its own SparkContext: it must not attach to this process's gateway.
+    for name in ("PYSPARK_GATEWAY_PORT", "PYSPARK_GATEWAY_SECRET"):
+        env.pop(name, None)
+    env.update(PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1",
+               TFOS_PROGRESS="0", TF_CPP_MIN_LOG_LEVEL="2")
+    return env
+
+
+def _run(script: str, *args: str, cwd: str) -> tuple[str, float]:
+    """Runs an example script; returns its output (stdout + stderr) and duration."""
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, os.path.join(EXAMPLES, script), *args],
+        cwd=cwd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=RUN_TIMEOUT_S,
+    )
+    seconds = time.monotonic() - t0
+    assert proc.returncode == 0, f"{script} exited with {proc.returncode}:\n{proc.stdout[-6000:]}"
+    return proc.stdout, seconds
+
+
+def _number(pattern: str, text: str) -> float:
+    found = re.findall(pattern, text, re.MULTILINE)
+    assert found, f"no match for {pattern!r} in:\n{text[-4000:]}"
+    return float(found[-1])
+
+
+def _read_csv_dir(directory: str) -> tuple[np.ndarray, np.ndarray]:
+    rows = np.concatenate([
+        np.loadtxt(f, delimiter=",", dtype=np.float32, ndmin=2) for f in sorted(glob.glob(os.path.join(directory, "part-*")))
+    ])
+    return rows[:, 1:], rows[:, 0].astype(np.int64)
+
+
+def _check_exports(model_dir: str, export_dir: str, test_csv: str) -> float:
+    """Loads both exports in this process; returns the SavedModel's test accuracy."""
+    assert os.path.isfile(os.path.join(export_dir, "saved_model.pb")), os.listdir(model_dir)
+    keras_file = os.path.join(model_dir, "model.keras")
+    assert os.path.isfile(keras_file), os.listdir(model_dir)
+    x, y = _read_csv_dir(test_csv)
+    assert len(y) == NUM_TEST
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import tensorflow as tf
+        import tf_keras
+
+        serve = tf.saved_model.load(export_dir).signatures["serving_default"]
+        probabilities = serve(image=tf.constant(x))["probabilities"].numpy()
+        keras_probabilities = tf_keras.models.load_model(keras_file).predict(x, verbose=0)
+    assert probabilities.shape == (NUM_TEST, 10)
+    np.testing.assert_allclose(keras_probabilities, probabilities, atol=1e-4)
+    return float(np.mean(probabilities.argmax(-1) == y))
+
+
+@pytest.fixture(scope="module")
+def mnist_data(tmp_path_factory) -> str:
+    """3,000 training and 1,000 test images as CSV and TFRecords (written once)."""
+    out = str(tmp_path_factory.mktemp("mnist") / "data")
+    _run("mnist_data_setup.py", "--output", out, "--num_train", str(NUM_TRAIN), "--num_test", str(NUM_TEST),
+         "--master", "local[2]", cwd=ROOT)
+    for split in ("train", "test"):
+        for fmt in ("csv", "tfr"):
+            assert os.path.isfile(os.path.join(out, fmt, split, "_SUCCESS"))
+    return out
+
+
+def test_mnist_tf_trains_from_tfrecords_and_exports(mnist_data, tmp_path, no_leftovers):
+    """mnist_tf.py (InputMode.TENSORFLOW, sharded TFRecords, MWMS): test accuracy >= 0.8,
+    checkpoint, TensorBoard logs and URL, SavedModel and model.keras that load here."""
+    model_dir = str(tmp_path / "model")
+    export_dir = str(tmp_path / "export")
+    out, seconds = _run(
+        "keras/mnist_tf.py", "--master", MASTER, "--images", os.path.join(mnist_data, "tfr", "train"),
+        "--epochs", "1", "--batch_size", "32", "--model_dir", model_dir, "--export_dir", export_dir,
+        "--tensorboard", cwd=str(tmp_path),
+    )
+    print(f"mnist_tf.py: {seconds:.1f} s")
+    assert _number(r"^test accuracy: ([0-9.]+)", out) >= MIN_ACCURACY, out[-4000:]
+    # The chief's per-epoch line reached the driver (forwarded to the 'tfos.node' logger).
+    assert re.search(r"tfos\.node: \[chief:0 [^\]]*\] \d+/\d+ - .*loss: [0-9.]+ - accuracy: [0-9.]+", out), out[-4000:]
+    # Each worker read its own half of the 10 files.
+    assert re.search(r"chief:0 reads 5 training files: part-00000\.tfrecord, part-00002\.tfrecord", out), out[-4000:]
+    assert re.search(r"TensorBoard: http://127\.0\.0\.1:\d+/ \(HTTP 200, TensorBoard page\)", out), out[-4000:]
+    assert glob.glob(os.path.join(model_dir, "checkpoints", "epoch-01.index"))
+    assert glob.glob(os.path.join(model_dir, "tensorboard", "train", "events.out.tfevents.*"))
+    assert _check_exports(model_dir, export_dir, os.path.join(mnist_data, "csv", "test")) >= MIN_ACCURACY
+
+
+def test_mnist_spark_then_inference(mnist_data, tmp_path, no_leftovers):
+    """mnist_spark.py (InputMode.SPARK, MWMS, 2 epochs) trains on every row of every epoch;
+    mnist_inference.py labels every test image with the export: accuracy >= 0.8 and one
+    label,prediction line per test row, in input order."""
+    model_dir = str(tmp_path / "model")
+    export_dir = str(tmp_path / "export")
+    out, seconds = _run(
+        "keras/mnist_spark.py", "--master", MASTER, "--images", os.path.join(mnist_data, "csv", "train"),
+        "--epochs", "2", "--batch_size", "32", "--model_dir", model_dir, "--export_dir", export_dir, cwd=str(tmp_path),
+    )
+    print(f"mnist_spark.py: {seconds:.1f} s")
+    assert f"rows trained per epoch (all nodes): [{NUM_TRAIN}, {NUM_TRAIN}], {NUM_TRAIN} images" in out, out[-4000:]
+    assert re.search(r"tfos\.node: \[chief:0 [^\]]*\] Epoch 2/2 - \d+ steps - .*accuracy: [0-9.]+", out), out[-4000:]
+    assert _number(r"^final train accuracy: ([0-9.]+)", out) >= MIN_ACCURACY
+    assert glob.glob(os.path.join(model_dir, "checkpoints", "epoch-02.index"))
+    saved_model_accuracy = _check_exports(model_dir, export_dir, os.path.join(mnist_data, "csv", "test"))
+    assert saved_model_accuracy >= MIN_ACCURACY
+
+    predictions = str(tmp_path / "predictions")
+    out, seconds = _run(
+        "keras/mnist_inference.py", "--master", MASTER, "--images", os.path.join(mnist_data, "csv", "test"),
+        "--model_dir", model_dir, "--export_dir", export_dir, "--output", predictions, cwd=str(tmp_path),
+    )
+    print(f"mnist_inference.py: {seconds:.1f} s")
+    accuracy = _number(r"^test accuracy: ([0-9.]+)", out)
+    assert accuracy == pytest.approx(saved_model_accuracy, abs=1e-3)
+    assert f"{NUM_TEST} predictions for {NUM_TEST} test images" in out
+    lines = [line for f in sorted(glob.glob(os.path.join(predictions, "part-*"))) for line in open(f).read().splitlines()]
+    assert os.path.isfile(os.path.join(predictions, "_SUCCESS"))
+    assert len(lines) == NUM_TEST
+    pairs = np.array([[int(v) for v in line.split(",")] for line in lines])
+    _, labels = _read_csv_dir(os.path.join(mnist_data, "csv", "test"))
+    np.testing.assert_array_equal(pairs[:, 0], labels)  # one line per row, in input order
+    assert float(np.mean(pairs[:, 0] == pairs[:, 1])) == pytest.approx(accuracy, abs=1e-4)
