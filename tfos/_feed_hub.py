@@ -209,8 +209,15 @@ class FeedHub:
                 except OSError:
                     pass
             elif not conn.closed:
-                log.warning("data connection for %r broke: %s", conn, exc)
+                if conn.qname in self.terminated:
+                    log.debug("feed task of %r closed after terminate(): %s", conn, exc)
+                else:
+                    log.warning("data connection for %r broke: %s", conn, exc)
                 conn.close()
+        finally:
+            if conn is not None and conn.closed:
+                with self._lock:
+                    self._conns.discard(conn)
 
     def _put(self, q: queue.Queue, conn: FeedConnection, item: object) -> bool:
         while True:
@@ -224,13 +231,21 @@ class FeedHub:
 
     def _read_partition(self, conn: FeedConnection, q: queue.Queue) -> None:
         # Each frame must arrive within feed_timeout of the previous one.
+        discard = False
         while True:
             ftype, payload = recv_frame(conn.sock, Deadline(conn.feed_timeout_s, f"data for {conn!r}"))
             if ftype is FrameType.DATA:
-                if not self._put(q, conn, Chunk(conn, payload)):
-                    return
+                if not discard and not self._put(q, conn, Chunk(conn, payload)):
+                    if self._closing or conn.closed:
+                        return
+                    # Terminated: keep reading (and dropping) until the task, told by the T
+                    # frame, stops sending; closing now could break its pipe mid-send.
+                    discard = True
             elif ftype is FrameType.END:
-                self._put(q, conn, PartitionEnd(conn))
+                if discard:
+                    conn.close()
+                else:
+                    self._put(q, conn, PartitionEnd(conn))
                 return
             else:
                 raise ConnectionError(f"unexpected {ftype.name} frame from a feed task")
@@ -253,8 +268,8 @@ class FeedHub:
             self.terminated.add(qname)
             conns = [c for c in self._conns if c.qname == qname]
         for c in conns:
+            # The reader thread drains what the task still sends and closes the connection.
             c.send_json(FrameType.TERMINATED, {"rows": c.rows_taken})
-            c.close()
         self._drain(qname)
 
     def _drain(self, qname: str) -> None:

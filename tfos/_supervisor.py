@@ -7,7 +7,8 @@ One supervisor per node. It is light (no TensorFlow) and:
 * watches the executor JVM (or the driver, for driver-hosted ps nodes) and, in
   InputMode.TENSORFLOW, its parent Spark task; when one goes away it ends the TF process;
 * reaps the TF process and reports its exit code or signal to the driver at once;
-* after a stop directive, gives the TF process a grace period, then SIGTERM, then SIGKILL.
+* after a stop directive, gives the TF process a grace period (1 s after an abort), then
+  SIGTERM, then SIGKILL.
 
 It never outlives its node: every loop iteration is bounded, and losing the driver for
 longer than the heartbeat timeout ends the node.
@@ -36,6 +37,10 @@ log = logging.getLogger("tfos.supervisor")
 STOP_GRACE_S = 10.0
 #: Seconds between SIGTERM and SIGKILL.
 KILL_GRACE_S = 5.0
+#: Seconds the TF process gets after an abort directive (another node failed, the cluster is
+#: torn down): main_fun may never look at the stop event (TENSORFLOW mode), and the driver
+#: raises only once every node is gone, so a long grace would delay the user's exception.
+ABORT_GRACE_S = 1.0
 
 
 class _Watch:
@@ -122,6 +127,7 @@ def supervise(launch: NodeLaunch) -> int:
 
     last_ok = time.monotonic()
     stop_since: Optional[float] = None
+    grace = STOP_GRACE_S
     terminated = False
     code: Optional[int] = None
     while code is None:
@@ -145,13 +151,15 @@ def supervise(launch: NodeLaunch) -> int:
             last_ok = now
             if (d.get("stop") or d.get("abort")) and stop_since is None:
                 stop_since = now
+            if d.get("abort") and grace > ABORT_GRACE_S:
+                grace = ABORT_GRACE_S
         except (OSError, ControlProtocolError, DeadlineExceededError) as exc:
             if now - last_ok > cfg.heartbeat_timeout_s:
                 log.error("tfos node %s: driver unreachable for %.0f s (%s); stopping the node", launch.node_name, now - last_ok, exc)
                 code = _stop_tf(tf)
                 break
-        if stop_since is not None and not terminated and now - stop_since > STOP_GRACE_S:
-            log.warning("tfos node %s: TF process still running %.0f s after stop; terminating it", launch.node_name, STOP_GRACE_S)
+        if stop_since is not None and not terminated and now - stop_since >= grace:
+            log.warning("tfos node %s: TF process still running %.0f s after %s; terminating it", launch.node_name, grace, "the cluster aborted" if grace == ABORT_GRACE_S else "stop")
             code = _stop_tf(tf)
             terminated = True
     log.info("tfos node %s: TF process %s", launch.node_name, describe_exit(code))
@@ -170,6 +178,7 @@ def main() -> int:
     tfos_log = logging.getLogger("tfos")
     tfos_log.addHandler(handler)
     tfos_log.setLevel(logging.INFO)
+    tfos_log.propagate = False  # libraries may configure the root logger: print once
     launch = read_launch(sys.stdin.buffer)
     if launch.watch_pid:
         # The PySpark daemon SIGHUPs its process group when the executor goes away; the

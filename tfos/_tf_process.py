@@ -247,11 +247,14 @@ def run_node(launch: NodeLaunch) -> int:
         os.environ["TF_CONFIG"] = tf_config_json(spec, role.job_name, role.task_index)
         if launch.cuda_visible_devices is not None:
             os.environ["CUDA_VISIBLE_DEVICES"] = launch.cuda_visible_devices
+        def _report_serving() -> None:
+            # run_server_and_wait(): this node only serves now (shutdown() must not wait for it).
+            client.request("status", executor_id=eid, state="serving", timeout_s=10.0)
+
         ctx = TFNodeContext(
             executor_id=eid, job_name=role.job_name, task_index=role.task_index, cluster_spec=spec,
             defaultFS=cfg.default_fs, working_dir=launch.working_dir, mgr=hub, tmp_socket=port_sock,
-            host=launch.host, port=me.port, stop_event=stop_event,
-            on_serving=lambda: client.request("status", executor_id=eid, state="serving", timeout_s=10.0),
+            host=launch.host, port=me.port, stop_event=stop_event, on_serving=_report_serving,
         )
 
         def _on_stop() -> None:
@@ -341,6 +344,7 @@ def main() -> int:
     tfos_log = logging.getLogger("tfos")
     tfos_log.addHandler(handler)
     tfos_log.setLevel(logging.INFO)
+    tfos_log.propagate = False  # libraries may configure the root logger: print once
     launch = read_launch(sys.stdin.buffer)
 
     def _watch_parent() -> None:
