@@ -39,6 +39,7 @@ __all__ = [
     "decode_frame",
     "read_frame",
     "recv_exact",
+    "recv_into",
     "TruncatedFrameError",
     "serve_challenge",
     "answer_challenge",
@@ -122,17 +123,14 @@ def decode_frame(key: bytes, header: bytes, mac: bytes, payload: bytes) -> dict:
     return body
 
 
-def recv_exact(sock: socket.socket, n: int, deadline: Deadline) -> bytes:
-    """Reads exactly ``n`` bytes from ``sock`` before ``deadline``.
+def recv_into(sock: socket.socket, view: memoryview, deadline: Deadline) -> None:
+    """Fills ``view`` from ``sock`` before ``deadline`` (used by both planes).
 
     Raises:
-        ConnectionError: When the peer closes the connection first (``EOFError`` semantics:
-            an empty read at a frame boundary is reported the same way).
+        ConnectionError: When the peer closes the connection first.
         DeadlineExceededError: When the deadline expires first (slow or stalled peer).
     """
-    buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
+    got, n = 0, len(view)
     while got < n:
         remaining = deadline.remaining()
         if remaining <= 0:
@@ -145,6 +143,18 @@ def recv_exact(sock: socket.socket, n: int, deadline: Deadline) -> bytes:
         if k == 0:
             raise ConnectionError(f"connection closed after {got} of {n} bytes")
         got += k
+
+
+def recv_exact(sock: socket.socket, n: int, deadline: Deadline) -> bytes:
+    """Reads exactly ``n`` bytes from ``sock`` before ``deadline``.
+
+    Raises:
+        ConnectionError: When the peer closes the connection first (``EOFError`` semantics:
+            an empty read at a frame boundary is reported the same way).
+        DeadlineExceededError: When the deadline expires first (slow or stalled peer).
+    """
+    buf = bytearray(n)
+    recv_into(sock, memoryview(buf), deadline)
     return bytes(buf)
 
 
