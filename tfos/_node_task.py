@@ -30,6 +30,7 @@ from typing import IO, Iterable, Iterator
 
 from ._launch import ClusterConfig, NodeLaunch
 from .cluster_template import InputMode
+from .errors import TFOSError
 from .gpu_info import cuda_visible_devices
 
 __all__ = ["executor_identity", "node_host", "spawn_supervisor", "make_start_task", "write_launch", "read_launch"]
@@ -37,6 +38,8 @@ __all__ = ["executor_identity", "node_host", "spawn_supervisor", "make_start_tas
 log = logging.getLogger(__name__)
 
 _LEN = struct.Struct(">Q")
+#: Seconds an InputMode.SPARK start task watches its supervisor for a start-up crash.
+_STARTUP_CHECK_S = 2.0
 # Supervisors spawned by this Python worker, kept so they are reaped (no zombies).
 _children: list[subprocess.Popen] = []
 _children_lock = threading.Lock()
@@ -203,7 +206,19 @@ def make_start_task(config: ClusterConfig, executor_ids: Iterable[int], fn_paylo
         )
         proc = spawn_supervisor(launch)
         if not foreground:
-            yield (eid, "started")
+            # A supervisor that cannot even start (broken install, bad environment) must
+            # fail the start job, not leave run() waiting for reservation_timeout.
+            try:
+                code = proc.wait(_STARTUP_CHECK_S)
+            except subprocess.TimeoutExpired:
+                yield (eid, "started")
+                return
+            if code != 0:
+                raise TFOSError(
+                    f"the supervisor of {role.job_name}:{role.task_index} (executor {eid}, host {host}) exited with "
+                    f"code {code} right after start-up; see this executor's stderr log"
+                )
+            yield (eid, "exited 0")
             return
         # InputMode.TENSORFLOW: the task stays busy for the node's whole life; the
         # supervisor bounds it (it exits when the driver stops the node or goes away).

@@ -184,7 +184,25 @@ def main() -> int:
         # The PySpark daemon SIGHUPs its process group when the executor goes away; the
         # supervisor notices that itself (JVM watch) and reports it before ending the node.
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    code = supervise(launch)
+    try:
+        code = supervise(launch)
+    except BaseException as exc:  # noqa: BLE001 - reported to the driver, then the process ends
+        import traceback
+
+        log.exception("tfos node %s: the supervisor failed", launch.node_name)
+        r = launch.role
+        failure = NodeFailure(
+            r.executor_id, r.job_name, r.task_index, launch.host, "exited", type(exc).__name__,
+            f"the node supervisor failed: {exc}", traceback.format_exc(),
+        )
+        cfg = launch.config
+        try:
+            client = ControlClient(cfg.driver_host, cfg.driver_port, cfg.key, cfg.cluster_id, connect_timeout_s=5.0)
+            client.request("status", executor_id=r.executor_id, state="failed", failure=failure.to_dict(), timeout_s=5.0)
+            client.close()
+        except (OSError, ControlProtocolError, DeadlineExceededError):
+            pass
+        return 1
     return 0 if code == 0 else 1
 
 
