@@ -160,9 +160,11 @@ class TFCluster:
     # ------------------------------------------------------------- internals
     def _fail(self, context: str) -> ClusterFailedError:
         assert self._state is not None
-        err = self._state.error(context)
+        # Teardown first: it waits (bounded) for every node to exit, so the failed node's
+        # own report (with its remote traceback) is in, even when a feed task's report of
+        # the broken connection reached the driver before it.
         self._teardown(failed=True)
-        return err
+        return self._state.error(context)
 
     def _check_open(self, what: str) -> None:
         if self._closed:
@@ -171,8 +173,12 @@ class TFCluster:
         if self._state.failed:
             raise self._fail(what)
 
-    def _on_first_failure(self, _failure: Any) -> None:
-        # Runs on a control-server thread: cancel only this cluster's job groups.
+    def _on_first_failure(self, failure: Any) -> None:
+        # Runs on a control-server thread. The cluster cannot recover: direct every node to
+        # stop now (before the cancellation below kills their Spark tasks, so those kills
+        # are recognised as consequences), then cancel only this cluster's job groups.
+        assert self._state is not None
+        self._state.abort(f"node {failure.node_name} failed")
         for job in list(self._jobs):
             if not job.done.is_set():
                 job.cancel()
@@ -327,7 +333,7 @@ class TFCluster:
         The nodes' ``main_fun`` reads batches with ``DataFeed(train_mode=False)`` (batches
         never span partitions) and answers each with ``batch_results``. The job runs
         eagerly under this cluster's job group, so failures surface here; the results are
-        persisted (MEMORY_AND_DISK) and returned as an RDD with exactly one result per
+        persisted (MEMORY_AND_DISK_DESER: in memory, spilling to disk) and returned as an RDD with exactly one result per
         input row, in input order within each partition.
 
         Args:
@@ -355,9 +361,14 @@ class TFCluster:
         from ._spark_rawio import raw_output_rdd
 
         out = raw_output_rdd(src, make_infer_fn(plan))
-        out.persist(StorageLevel.MEMORY_AND_DISK)
+        # The JVM holds each result frame as one byte array either way; "deserialized"
+        # storage keeps those arrays as they are, where MEMORY_AND_DISK would copy every
+        # frame again into serialized 1 MB buffers (measured: scripts/bench_feed.py).
+        out.persist(StorageLevel.MEMORY_AND_DISK_DESER)
         desc = f"tfos inference: {parts} partitions -> {len(plan.nodes)} node(s)"
-        job = self._run_job("inference", desc, lambda: out.count())
+        # Count the result frames in the JVM: this materializes (and persists) every
+        # partition without unpickling the results again in another Python worker.
+        job = self._run_job("inference", desc, lambda: out._jrdd.count())
         self._await_job(job, "inference()", self._progress("inference", parts, parts, 1, "tfos inference"))
         return out
 

@@ -137,6 +137,11 @@ class ClusterState:
                 f.executor_id == eid and f.kind in root_causes for f in self.failures
             ):
                 return
+            if self.abort_reason and (failure.kind == "feed" or failure.error_type == "SparkTaskKilled"):
+                # The cluster already failed and tfos is stopping it: broken feeds and killed
+                # start tasks are consequences of that teardown, not new errors.
+                log.info("tfos node %s after the abort: %s: %s", failure.node_name, failure.error_type, failure.message)
+                return
             self.failures.append(failure)
             if 0 <= eid < len(self.roles):
                 self.proc_state[eid] = "failed"
@@ -270,6 +275,9 @@ class ClusterState:
             clash = [n for n in self.nodes.values() if n.executor_key and n.executor_key == node.executor_key and n.executor_id != node.executor_id]
             self.nodes[node.executor_id] = node
             self.hosts[node.executor_id] = node.host
+            # A registered node is watched from now on, even if its supervisor dies before
+            # its first heartbeat (else check_liveness would never see it).
+            self.last_heartbeat.setdefault(node.executor_id, time.monotonic())
             if self.proc_state[node.executor_id] == "pending":
                 self.proc_state[node.executor_id] = "registered"
             self._cond.notify_all()
