@@ -21,7 +21,7 @@ import json
 import pickle
 import socket
 import struct
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 from ._deadline import Deadline
 
@@ -151,23 +151,91 @@ def decode_chunk(kind: ChunkKind, payload: Union[bytes, bytearray]) -> list:
 
 def arrow_rows(payload: Union[bytes, bytearray]) -> list:
     """Decodes an Arrow IPC stream chunk into a list of row tuples (TF process side)."""
-    import numpy as np
     import pyarrow as pa
 
     reader = pa.ipc.open_stream(pa.py_buffer(payload))
-    table = reader.read_all()
+    batches = list(reader)
+    if not batches:
+        return []
+    if len(batches) == 1:
+        # Zero copy: the columns are views of ``payload`` (combine_chunks() would copy them
+        # into Arrow's allocator, which keeps the freed memory mapped).
+        columns = list(batches[0].columns)
+    else:
+        columns = [col.combine_chunks() for col in pa.Table.from_batches(batches).itercolumns()]
     cols = []
-    for col in table.itercolumns():
-        arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-        if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type) or pa.types.is_fixed_size_list(arr.type):
-            offsets = None if pa.types.is_fixed_size_list(arr.type) else np.asarray(arr.offsets)
-            if arr.null_count == 0 and (offsets is None or len(set(np.diff(offsets).tolist())) <= 1):
-                flat = arr.flatten().to_numpy(zero_copy_only=False)
-                cols.append(list(flat.reshape(len(arr), -1)) if len(arr) else [])
-                continue
-            cols.append(arr.to_pylist())
-        elif pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type) or pa.types.is_boolean(arr.type):
-            cols.append(arr.to_pylist() if arr.null_count else arr.to_numpy(zero_copy_only=False).tolist())
+    for arr in columns:
+        t = arr.type
+        if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+            rows = _equal_length_rows(arr) if arr.null_count == 0 else None
+            cols.append(rows if rows is not None else arr.to_pylist())
+        elif pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
+            view = _numeric_view(arr, 0, len(arr))
+            cols.append(view.tolist() if view is not None else arr.to_pylist())
         else:
             cols.append(arr.to_pylist())
     return list(zip(*cols)) if cols else []
+
+
+def _numeric_view(arr: Any, start: int, stop: int) -> Any:
+    """A zero-copy, read-only numpy view of ``arr[start:stop]`` (pure; TF process).
+
+    Only for integer and floating-point Arrow arrays without nulls; reads the data buffer
+    directly (``Array.to_numpy()`` would import pandas, ~50 MB, on first use).
+
+    Returns:
+        The numpy array, or None when ``arr`` is of another type or has nulls.
+    """
+    import numpy as np
+    import pyarrow as pa
+
+    t = arr.type
+    if arr.null_count or not (pa.types.is_integer(t) or pa.types.is_floating(t)):
+        return None
+    kind = "f" if pa.types.is_floating(t) else ("i" if pa.types.is_signed_integer(t) else "u")
+    dtype = np.dtype(f"<{kind}{t.bit_width // 8}")
+    if stop <= start:
+        return np.empty(0, dtype)
+    return np.frombuffer(arr.buffers()[1], dtype=dtype, count=stop - start, offset=(arr.offset + start) * dtype.itemsize)
+
+
+def _equal_length_rows(arr: Any) -> Optional[list]:
+    """Rows of a list column as numpy arrays when every list has the same length (pure).
+
+    Args:
+        arr: An Arrow list, large list or fixed-size list array without nulls.
+
+    Returns:
+        One numpy array of shape ``(length,)`` per row (views of the chunk's buffer where
+        possible), or None when the lists differ in length.
+    """
+    import pyarrow as pa
+
+    n = len(arr)
+    if n == 0:
+        return []
+    if pa.types.is_fixed_size_list(arr.type):
+        width = arr.type.list_size
+        start = arr.offset * width
+    else:
+        offsets = _numeric_view(arr.offsets, 0, n + 1)
+        if offsets is None:  # pragma: no cover - offsets never have nulls
+            offsets = arr.offsets.to_numpy(zero_copy_only=False)
+        if not _equal_steps(offsets):
+            return None
+        start = int(offsets[0])
+        width = int(offsets[1] - offsets[0])
+    flat = _numeric_view(arr.values, start, start + n * width)
+    if flat is None:
+        flat = arr.flatten().to_numpy(zero_copy_only=False)
+    return list(flat.reshape(n, width))
+
+
+def _equal_steps(offsets: Any) -> bool:
+    """True when every list of an Arrow list column has the same length (pure)."""
+    import numpy as np
+
+    if len(offsets) < 3:
+        return True
+    steps = np.diff(offsets)
+    return bool((steps == steps[0]).all())

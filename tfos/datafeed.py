@@ -33,6 +33,35 @@ __all__ = ["DataFeed", "rows_to_columns"]
 
 log = logging.getLogger(__name__)
 
+#: Target size of one inference results frame, in bytes. Bigger answers are split into
+#: several frames (same rows, same order): the executor JVM persists every frame as one
+#: byte array, and arrays of half a G1 heap region (512 KB with a 1 GB heap) or more are
+#: "humongous" objects that make persisting the results slower (docs/performance.md).
+RESULT_FRAME_BYTES = 256 * 1024
+
+
+def result_frames(items: list, limit: Optional[int] = None) -> list[bytes]:
+    """Pickles inference results into frames of about ``limit`` bytes (pure; TF process).
+
+    The number of results per frame is estimated from the pickled size of the first
+    result, so every result is pickled once.
+
+    Args:
+        items: The results of one batch, in order.
+        limit: Target frame size in bytes (default :data:`RESULT_FRAME_BYTES`); a single
+            result larger than that gets a frame of its own.
+
+    Returns:
+        Pickled lists whose concatenation is ``items``.
+    """
+    limit = RESULT_FRAME_BYTES if limit is None else limit
+    proto = pickle.HIGHEST_PROTOCOL
+    if len(items) > 1:
+        per = max(1, limit // (len(pickle.dumps(items[0], protocol=proto)) + 1))
+        if per < len(items):
+            return [pickle.dumps(items[i : i + per], protocol=proto) for i in range(0, len(items), per)]
+    return [pickle.dumps(items, protocol=proto)]
+
 
 class DataFeed:
     """Reads rows fed by ``cluster.train()`` / ``cluster.inference()`` (TF process).
@@ -208,7 +237,8 @@ class DataFeed:
             self._hub.finish_connection(conn, FrameType.ERROR, {"state": "failed", "message": msg})
             raise InferenceResultError(msg)
         conn.pending -= 1
-        conn.send(FrameType.RESULTS, pickle.dumps(items, protocol=pickle.HIGHEST_PROTOCOL))
+        for frame in result_frames(items):
+            conn.send(FrameType.RESULTS, frame)
         if conn.ended and conn.pending == 0:
             self._hub.finish_connection(conn, FrameType.RESULTS_END, {"rows": conn.rows_taken})
 

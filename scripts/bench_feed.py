@@ -1,0 +1,520 @@
+#!/usr/bin/env python
+"""Feed throughput benchmark: tfos train()/inference() against plain Spark passes.
+
+Everything is measured in one run, on one ``local-cluster[2,1,1024]`` SparkContext, over the
+same MNIST-shaped data (rows ``(numpy float32[784], int label)``), cached in executor memory
+before anything is timed. Each repeat measures the plain-Spark ceiling and the tfos
+numbers side by side, so the ratios compare runs made under the same machine load.
+
+Measured (rows per second, best and median of ``--repeat`` runs):
+
+1. ceiling (RDD): ``rdd.mapPartitions`` that unpickles and counts every row in Python;
+2. tfos train (RDD): ``cluster.train(rdd, 1)`` into a main_fun draining
+   ``DataFeed.next_batch(batch)`` (2 nodes, InputMode.SPARK; train() wall time only);
+3. ceiling (DataFrame): ``df.mapInArrow`` that counts rows;
+4. tfos train (DataFrame): ``cluster.train(df, 1)`` (Arrow path), same main_fun;
+5. tfos inference (RDD): ``cluster.inference(rdd)`` with an identity main_fun;
+5b. the same with label results (one int per row), for comparison.
+
+It verifies every count (node row counts after shutdown, result RDD counts and label sums),
+samples the RSS of the TF processes (every 0.1 s) and compares the growth over the pre-feed
+baseline with ``(queue_chunks + 2) x chunk bytes``, and prints the load average. Figures and
+their explanation: docs/performance.md.
+
+Usage::
+
+    .venv/bin/python scripts/bench_feed.py --rows 200000 --partitions 8 --repeat 3
+
+``--profile DIR`` runs the nodes' main_fun under cProfile and writes
+``DIR/<cluster>-<node>.prof`` (read with ``python -m pstats``); ``--skip df,infer,small``
+leaves measurements out; ``--json FILE`` also writes the figures as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+os.environ.setdefault("TFOS_PROGRESS", "0")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+IMAGE = 784
+SEED = 1234
+GEN_BLOCK = 1000
+
+
+# ------------------------------------------------------------------------------- data
+def _partition_blocks(index: int, rows_per_part: int):
+    """Yields ``(images float32[k, 784], labels int64[k])`` blocks of partition ``index``.
+
+    Deterministic: the RDD and the DataFrame get exactly the same values.
+    """
+    import numpy as np
+
+    rng = np.random.default_rng(SEED + index)
+    left = rows_per_part
+    while left > 0:
+        k = min(GEN_BLOCK, left)
+        yield rng.random((k, IMAGE), dtype=np.float32), rng.integers(0, 10, k)
+        left -= k
+
+
+def make_rdd(sc, rows: int, parts: int):
+    """An RDD of ``(float32[784], int)`` tuples, generated on the executors (driver)."""
+    per = _split(rows, parts)
+
+    def gen(index, _it):
+        for imgs, labels in _partition_blocks(index, per[index]):
+            for j in range(len(labels)):
+                yield (imgs[j].copy(), int(labels[j]))
+
+    return sc.parallelize(range(parts), parts).mapPartitionsWithIndex(gen)
+
+
+def make_df(spark, rows: int, parts: int):
+    """A DataFrame ``image array<float>, label long`` with the same rows as :func:`make_rdd`."""
+    per = _split(rows, parts)
+
+    def gen(batches):
+        import numpy as np
+        import pyarrow as pa
+
+        for b in batches:
+            for index in b.column(0).to_pylist():
+                for imgs, labels in _partition_blocks(index, per[index]):
+                    k = len(labels)
+                    offsets = pa.array(np.arange(0, (k + 1) * IMAGE, IMAGE, dtype=np.int32))
+                    image = pa.ListArray.from_arrays(offsets, pa.array(imgs.reshape(-1)))
+                    yield pa.RecordBatch.from_arrays([image, pa.array(labels.astype(np.int64))], ["image", "label"])
+
+    base = spark.range(0, parts, 1, numPartitions=parts)
+    return base.mapInArrow(gen, "image array<float>, label long")
+
+
+def _split(rows: int, parts: int) -> list[int]:
+    return [rows // parts + (1 if i < rows % parts else 0) for i in range(parts)]
+
+
+# ---------------------------------------------------------------------------- main_funs
+def train_fun(args, ctx):
+    """Drains the feed as fast as possible; writes the node's row count at the end of feed."""
+    import cProfile
+    import json as _json
+
+    import numpy  # noqa: F401 - imported before the baseline RSS is taken
+    import pyarrow  # noqa: F401
+
+    from tfos import TFNode
+
+    name = f"{args['tag']}-{ctx.job_name}{ctx.task_index}"
+    feed = TFNode.DataFeed(ctx.mgr, train_mode=True)
+    prof = cProfile.Profile() if args.get("profile") else None
+    import tfos as _tfos
+
+    with open(os.path.join(args["out"], name + ".ready"), "w") as f:
+        f.write(os.path.dirname(_tfos.__file__))
+    if prof:
+        prof.enable()
+    n = 0
+    while not feed.should_stop():
+        n += len(feed.next_batch(args["batch"]))
+    if prof:
+        prof.disable()
+        prof.dump_stats(os.path.join(args["profile"], name + ".prof"))
+    with open(os.path.join(args["out"], name + ".json"), "w") as f:
+        _json.dump({"rows": n}, f)
+
+
+def infer_fun(args, ctx):
+    """Identity inference: answers every batch with its own rows (or, with
+    ``args['labels_only']``, with each row's label: a small result per row)."""
+    import cProfile
+    import json as _json
+
+    import numpy  # noqa: F401
+
+    from tfos import TFNode
+
+    name = f"{args['tag']}-{ctx.job_name}{ctx.task_index}"
+    feed = TFNode.DataFeed(ctx.mgr, train_mode=False)
+    prof = cProfile.Profile() if args.get("profile") else None
+    import tfos as _tfos
+
+    with open(os.path.join(args["out"], name + ".ready"), "w") as f:
+        f.write(os.path.dirname(_tfos.__file__))
+    if prof:
+        prof.enable()
+    n = 0
+    while not feed.should_stop():
+        batch = feed.next_batch(args["batch"])
+        if batch:
+            feed.batch_results(batch if not args.get("labels_only") else [row[1] for row in batch])
+            n += len(batch)
+    if prof:
+        prof.disable()
+        prof.dump_stats(os.path.join(args["profile"], name + ".prof"))
+    with open(os.path.join(args["out"], name + ".json"), "w") as f:
+        _json.dump({"rows": n}, f)
+
+
+# --------------------------------------------------------------------------- RSS sampler
+class RssSampler:
+    """Samples the RSS of a set of pids every ``interval`` seconds in a driver thread.
+
+    ``phase(label)`` starts attributing samples to ``label``; ``peak[label]`` is the largest
+    per-process RSS seen in it, ``before[label]`` the RSS right before it started.
+    """
+
+    def __init__(self, interval: float = 0.1):
+        import psutil
+
+        self._psutil = psutil
+        self.interval = interval
+        self.procs: dict[int, object] = {}
+        self.label: str | None = None
+        self._pids = None
+        self.peak: dict[str, int] = {}
+        self.before: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="rss-sampler", daemon=True)
+        self._thread.start()
+
+    def add(self, pids) -> None:
+        with self._lock:
+            for pid in pids:
+                self.procs[pid] = self._psutil.Process(pid)
+
+    def sample(self, pids=None) -> int:
+        """Largest RSS (bytes) over ``pids`` (all tracked processes by default)."""
+        best = 0
+        with self._lock:
+            procs = [p for pid, p in self.procs.items() if pids is None or pid in pids]
+        for p in procs:
+            try:
+                best = max(best, p.memory_info().rss)
+            except self._psutil.Error:
+                pass
+        return best
+
+    def phase(self, label: str | None, pids=None) -> None:
+        if label is not None:
+            now = self.sample(pids)
+            self.before[label] = max(self.before.get(label, 0), now)
+        with self._lock:
+            self.label = label
+            self._pids = pids
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            label, pids = self.label, self._pids
+            if label is None:
+                continue
+            rss = self.sample(pids)
+            self.peak[label] = max(self.peak.get(label, 0), rss)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(2.0)
+
+
+# ---------------------------------------------------------------------------- helpers
+def _count_rows(it):
+    n = 0
+    for _ in it:
+        n += 1
+    yield n
+
+
+def _count_arrow(batches):
+    import pyarrow as pa
+
+    n = 0
+    for b in batches:
+        n += b.num_rows
+    yield pa.RecordBatch.from_pydict({"n": pa.array([n], pa.int64())})
+
+
+def _wait_ready(out: str, tag: str, n: int, timeout: float = 120.0) -> None:
+    end = time.monotonic() + timeout
+    while len(glob.glob(os.path.join(out, f"{tag}-*.ready"))) < n:
+        if time.monotonic() > end:
+            raise RuntimeError(f"main_fun of cluster {tag!r} did not start within {timeout:g} s")
+        time.sleep(0.1)
+
+
+def _node_tfos(out: str, tag: str) -> set:
+    """The tfos package directories the nodes of cluster ``tag`` imported."""
+    return {open(p).read() for p in glob.glob(os.path.join(out, f"{tag}-*.ready"))}
+
+
+def _node_rows(out: str, tag: str) -> int:
+    return sum(json.load(open(p))["rows"] for p in glob.glob(os.path.join(out, f"{tag}-*.json")))
+
+
+class Results:
+    def __init__(self) -> None:
+        self.times: dict[str, list[float]] = {}
+        self.loads: list[float] = []
+
+    def add(self, key: str, seconds: float) -> None:
+        self.times.setdefault(key, []).append(seconds)
+        self.loads.append(os.getloadavg()[0])
+
+    def rate(self, key: str, rows: int, how: str) -> float:
+        ts = self.times[key]
+        t = min(ts) if how == "best" else statistics.median(ts)
+        return rows / t
+
+
+def timed(fn):
+    t0 = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t0, out
+
+
+# ------------------------------------------------------------------------------- main
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", type=int, default=200_000)
+    ap.add_argument("--partitions", type=int, default=8)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=1000, help="next_batch() size on the nodes")
+    ap.add_argument("--queue-chunks", type=int, default=4)
+    ap.add_argument("--master", default="local-cluster[2,1,1024]")
+    ap.add_argument("--executor-memory", default="1024m")
+    ap.add_argument("--skip", default="", help="comma list of: df,infer,small (for quick checks)")
+    ap.add_argument("--profile", default="", help="directory for cProfile dumps of the nodes' main_fun")
+    ap.add_argument("--json", default="", help="also write the figures to this JSON file")
+    a = ap.parse_args()
+    skip = set(filter(None, a.skip.split(",")))
+
+    from pyspark import SparkConf, SparkContext, StorageLevel
+    from pyspark.sql import SparkSession
+
+    from tfos import TFCluster
+    from tfos._spark_rawio import raw_frames
+
+    load_start = os.getloadavg()
+    conf = (
+        SparkConf().setMaster(a.master).setAppName("tfos-bench-feed")
+        .set("spark.ui.enabled", "false").set("spark.ui.showConsoleProgress", "false")
+        .set("spark.driver.host", "127.0.0.1").set("spark.executor.memory", a.executor_memory)
+    )
+    sc = SparkContext(conf=conf)
+    sc.setLogLevel("ERROR")
+    spark = SparkSession(sc)
+    out = tempfile.mkdtemp(prefix="tfos-bench-")
+    if a.profile:
+        os.makedirs(a.profile, exist_ok=True)
+    rows, parts = a.rows, a.partitions
+    res = Results()
+    rss = RssSampler(0.1)
+    clusters = []
+    report: dict = {"args": vars(a)}
+    try:
+        # ---------------------------------------------------------------- data (RDD)
+        print(f"generating {rows:,} rows in {parts} partitions ...", flush=True)
+        rdd = make_rdd(sc, rows, parts).persist(StorageLevel.MEMORY_AND_DISK)
+        assert rdd.count() == rows
+        raw = raw_frames(rdd)
+        sizes = raw.rdd.map(len).collect()
+        rdd_chunk = statistics.mean(sizes)
+        print(f"RDD cached: {len(sizes)} PySpark batches, {rows / len(sizes):.1f} rows and {rdd_chunk / 1024:.0f} KB "
+              f"each (max {max(sizes) / 1024:.0f} KB), raw kind {raw.kind}", flush=True)
+        # warm the Python workers
+        rdd.mapPartitions(_count_rows).collect()
+
+        common = dict(out=out, batch=a.batch, profile=a.profile)
+        train_c = TFCluster.run(sc, train_fun, dict(common, tag="train"), 2, 0, False, TFCluster.InputMode.SPARK,
+                                progress=False, queue_chunks=a.queue_chunks)
+        clusters.append(train_c)
+        _wait_ready(out, "train", 2)
+        import tfos as _tfos
+
+        print(f"tfos: driver {os.path.dirname(_tfos.__file__)}, nodes {sorted(_node_tfos(out, 'train'))}", flush=True)
+        train_pids = [n["pid"] for n in train_c.cluster_info]
+        infer_c = None
+        infer_pids: list[int] = []
+        if "infer" not in skip:
+            infer_c = TFCluster.run(sc, infer_fun, dict(common, tag="infer"), 2, 0, False, TFCluster.InputMode.SPARK,
+                                    progress=False, queue_chunks=a.queue_chunks)
+            clusters.append(infer_c)
+            _wait_ready(out, "infer", 2)
+            infer_pids = [n["pid"] for n in infer_c.cluster_info]
+        small_c = None
+        if "small" not in skip:
+            small_c = TFCluster.run(sc, infer_fun, dict(common, tag="small", labels_only=True), 2, 0, False,
+                                    TFCluster.InputMode.SPARK, progress=False, queue_chunks=a.queue_chunks)
+            clusters.append(small_c)
+            _wait_ready(out, "small", 2)
+        time.sleep(1.0)
+        rss.add(train_pids + infer_pids)
+        base_train = rss.sample(train_pids)
+        base_infer = rss.sample(infer_pids) if infer_pids else 0
+        fed_train = 0
+        label_sum = rdd.map(lambda x: x[1]).sum()
+
+        for r in range(a.repeat):
+            dt, counts = timed(lambda: rdd.mapPartitions(_count_rows).collect())
+            assert sum(counts) == rows, counts
+            res.add("ceil_rdd", dt)
+            rss.phase(f"train_rdd#{r}", train_pids)
+            dt, _ = timed(lambda: train_c.train(rdd, 1))
+            rss.phase(None)
+            res.add("train_rdd", dt)
+            fed_train += rows
+            if infer_c is not None:
+                rss.phase(f"infer#{r}", infer_pids)
+                dt, res_rdd = timed(lambda: infer_c.inference(rdd))
+                rss.phase(None)
+                res.add("infer", dt)
+                n = res_rdd.count()
+                assert n == rows, (n, rows)
+                if r == 0:  # identity: the labels come back unchanged
+                    got = res_rdd.map(lambda x: int(x[1])).sum()
+                    assert got == label_sum, (got, label_sum)
+                res_rdd.unpersist()
+            if small_c is not None:
+                dt, res_rdd = timed(lambda: small_c.inference(rdd))
+                res.add("infer_small", dt)
+                n = res_rdd.count()
+                assert n == rows, (n, rows)
+                if r == 0:
+                    assert res_rdd.sum() == label_sum
+                res_rdd.unpersist()
+            print(f"repeat {r + 1}/{a.repeat} (RDD): " + ", ".join(
+                f"{k} {rows / res.times[k][-1]:,.0f} rows/s" for k in ("ceil_rdd", "train_rdd", "infer", "infer_small") if k in res.times
+            ) + f"; load {os.getloadavg()[0]:.1f}", flush=True)
+
+        # --------------------------------------------------------------- DataFrame
+        df_chunk = 0.0
+        if "df" not in skip:
+            rdd.unpersist()  # both caches do not fit the executors' storage memory at once
+            df = make_df(spark, rows, parts).persist(StorageLevel.MEMORY_AND_DISK)
+            assert df.count() == rows
+            assert df.rdd.getNumPartitions() == parts
+            df.mapInArrow(_count_arrow, "n long").collect()
+            max_rec = int(spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch", "10000"))
+            spark_batch_rows = min(max_rec, max(_split(rows, parts)))
+            row_bytes = IMAGE * 4 + 8 + 4
+            try:  # tfos slices Spark's Arrow batches into chunks of about ARROW_CHUNK_BYTES
+                from tfos._feed_tasks import ARROW_CHUNK_BYTES
+                df_rows_per_chunk = max(1, min(spark_batch_rows, ARROW_CHUNK_BYTES // row_bytes))
+            except ImportError:
+                df_rows_per_chunk = spark_batch_rows
+            df_chunk = df_rows_per_chunk * row_bytes
+            print(f"DataFrame cached: Spark Arrow batches of up to {spark_batch_rows} rows, fed as chunks of "
+                  f"{df_rows_per_chunk} rows, ~{df_chunk / 2**20:.2f} MB each", flush=True)
+            for r in range(a.repeat):
+                dt, counts = timed(lambda: df.mapInArrow(_count_arrow, "n long").collect())
+                assert sum(c[0] for c in counts) == rows, counts
+                res.add("ceil_df", dt)
+                rss.phase(f"train_df#{r}", train_pids)
+                dt, _ = timed(lambda: train_c.train(df, 1))
+                rss.phase(None)
+                res.add("train_df", dt)
+                fed_train += rows
+                print(f"repeat {r + 1}/{a.repeat} (DataFrame): " + ", ".join(
+                    f"{k} {rows / res.times[k][-1]:,.0f} rows/s" for k in ("ceil_df", "train_df")
+                ) + f"; load {os.getloadavg()[0]:.1f}", flush=True)
+            df.unpersist()
+
+        # ------------------------------------------------------------------ verify
+        for c in clusters:
+            c.shutdown(timeout=300)
+        clusters.clear()
+        got = _node_rows(out, "train")
+        assert got == fed_train, f"train nodes counted {got:,} rows, fed {fed_train:,}"
+        for tag, c in (("infer", infer_c), ("small", small_c)):
+            if c is not None:
+                got_i = _node_rows(out, tag)
+                assert got_i == rows * a.repeat, f"{tag} inference nodes counted {got_i:,} rows, fed {rows * a.repeat:,}"
+        print(f"verified: the train nodes counted {got:,} rows = rows fed", flush=True)
+    finally:
+        rss.stop()
+        for c in clusters:
+            try:
+                c.shutdown(timeout=60)
+            except Exception as exc:  # noqa: BLE001 - report, then stop Spark
+                print(f"shutdown failed: {exc}", file=sys.stderr)
+        sc.stop()
+
+    # ------------------------------------------------------------------- table
+    load_end = os.getloadavg()
+    labels = [
+        ("1", "ceiling (RDD): mapPartitions count", "ceil_rdd"),
+        ("2", "tfos train (RDD)", "train_rdd"),
+        ("3", "ceiling (DataFrame): mapInArrow count", "ceil_df"),
+        ("4", "tfos train (DataFrame, Arrow)", "train_df"),
+        ("5", "tfos inference (RDD), identity", "infer"),
+        ("5b", "tfos inference (RDD), label results", "infer_small"),
+    ]
+    print()
+    print(f"tfos feed benchmark: {rows:,} rows x (float32[784], int) in {parts} partitions, {a.master}, "
+          f"2 nodes, batch {a.batch}, queue_chunks {a.queue_chunks}, repeat {a.repeat}")
+    print(f"{'#':<3} {'measurement':<40} {'best rows/s':>12} {'median rows/s':>14} {'median s':>9}")
+    figures: dict = {}
+    for num, text, key in labels:
+        if key not in res.times:
+            continue
+        best, med = res.rate(key, rows, "best"), res.rate(key, rows, "median")
+        figures[key] = {"best": best, "median": med, "seconds": res.times[key]}
+        print(f"{num:<3} {text:<40} {best:>12,.0f} {med:>14,.0f} {statistics.median(res.times[key]):>9.2f}")
+    print()
+    ratios = [("2/1", "train_rdd", "ceil_rdd", 0.5), ("4/3", "train_df", "ceil_df", 0.5), ("5/1", "infer", "ceil_rdd", 0.3),
+              ("5b/1", "infer_small", "ceil_rdd", None)]
+    print(f"{'ratio':<6} {'median':>7} {'best':>6} {'per-repeat':>22} {'target':>7}")
+    for name, num, den, target in ratios:
+        if num not in figures or den not in figures:
+            continue
+        med = figures[num]["median"] / figures[den]["median"]
+        best = figures[num]["best"] / figures[den]["best"]
+        pair = [t_d / t_n for t_n, t_d in zip(res.times[num], res.times[den])]
+        figures[name] = {"median": med, "best": best, "per_repeat": pair, "target": target}
+        ok = "(info)" if target is None else ("ok" if med >= target else "MISSED")
+        goal = "-" if target is None else ">= %.1f" % target
+        print(f"{name:<6} {med:>7.2f} {best:>6.2f} {' '.join(f'{x:.2f}' for x in pair):>22} {goal:>7} {ok}")
+    print()
+    mb = 2**20
+    print(f"TF-process RSS (max over the 2 nodes of each cluster, sampled every 0.1 s):")
+    print(f"{'phase':<10} {'baseline MB':>11} {'peak MB':>8} {'growth MB':>9} {'chunk KB':>9} {'bound MB':>9}  (bound = (queue_chunks + 2) x chunk)")
+    mem: dict = {}
+    batch_mb = a.batch * (IMAGE * 4 + 100) / mb
+    for phase, base, chunk in (("train_rdd", base_train, rdd_chunk), ("infer", base_infer, rdd_chunk), ("train_df", base_train, df_chunk)):
+        runs = [k for k in rss.peak if k.startswith(phase + "#")]
+        if not runs:
+            continue
+        peak = max(rss.peak[k] for k in runs)
+        per_run = [(rss.peak[k] - rss.before[k]) / mb for k in sorted(runs)]
+        bound = (a.queue_chunks + 2) * chunk
+        mem[phase] = {"baseline": base, "peak": peak, "growth": peak - base, "chunk": chunk, "bound": bound,
+                      "growth_per_run_mb": per_run}
+        print(f"{phase:<10} {base / mb:>11.1f} {peak / mb:>8.1f} {(peak - base) / mb:>9.1f} {chunk / 1024:>9.0f} {bound / mb:>9.1f}"
+              f"  growth - bound = {(peak - base - bound) / mb:+.1f} MB; growth over the RSS right before each run: "
+              + " ".join(f"{x:.1f}" for x in per_run) + " MB")
+    print(f"(the consumer's own next_batch({a.batch}) list of rows is another {batch_mb:.1f} MB, not in the bound)")
+    print()
+    loads = res.loads
+    print(f"load average (1 min): start {load_start[0]:.1f}, end {load_end[0]:.1f}, during measurements "
+          f"min {min(loads):.1f} / median {statistics.median(loads):.1f} / max {max(loads):.1f}; {os.cpu_count()} CPUs")
+    report.update(figures=figures, rss=mem, load={"start": load_start, "end": load_end, "samples": loads},
+                  rdd_chunk_bytes=rdd_chunk, df_chunk_bytes=df_chunk)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(report, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""Unit tests of the data-path chunking helpers (no Spark, no TensorFlow): Arrow chunk
+slicing in feed tasks, zero-copy Arrow decoding in the TF process, and the splitting of
+inference results into bounded frames (see docs/performance.md)."""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pa = pytest.importorskip("pyarrow")
+
+from tfos._data_plane import arrow_rows  # noqa: E402
+from tfos._feed_tasks import arrow_slices  # noqa: E402
+from tfos.datafeed import result_frames  # noqa: E402
+
+
+def _mnist_batch(n: int) -> "pa.RecordBatch":
+    imgs = np.arange(n * 784, dtype=np.float32).reshape(n, 784)
+    offsets = pa.array(np.arange(0, (n + 1) * 784, 784, dtype=np.int32))
+    image = pa.ListArray.from_arrays(offsets, pa.array(imgs.reshape(-1)))
+    return pa.RecordBatch.from_arrays([image, pa.array(np.arange(n, dtype=np.int64))], ["image", "label"])
+
+
+def _ipc(batch) -> bytearray:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as w:
+        w.write_batch(batch)
+    return bytearray(sink.getvalue().to_pybytes())
+
+
+# ---------------------------------------------------------------------- arrow_slices
+def test_arrow_slices_bound_the_chunk_size_and_keep_every_row():
+    batch = _mnist_batch(1000)  # ~3.1 MB
+    pieces = arrow_slices(batch, 1 << 20)
+    assert len(pieces) == 4
+    assert [p.num_rows for p in pieces] == [333, 333, 333, 1]
+    assert pa.Table.from_batches(pieces).column("label").to_pylist() == list(range(1000))
+    assert max(len(_ipc(p)) for p in pieces) < 1.1 * (1 << 20)
+
+
+def test_arrow_slices_small_and_empty_batches():
+    small = _mnist_batch(3)
+    assert arrow_slices(small, 1 << 20) == [small]
+    assert arrow_slices(_mnist_batch(0), 1 << 20) == []
+    assert [p.num_rows for p in arrow_slices(_mnist_batch(3), 10)] == [1, 1, 1]  # one row at least
+
+
+# ------------------------------------------------------------------------ arrow_rows
+def test_arrow_rows_of_a_slice_are_exact_numpy_rows():
+    piece = arrow_slices(_mnist_batch(700), 1 << 20)[1]  # rows 333..665
+    rows = arrow_rows(_ipc(piece))
+    assert len(rows) == 333
+    img, label = rows[0]
+    assert label == 333 and isinstance(label, int)
+    assert img.dtype == np.float32 and img.shape == (784,)
+    assert img[0] == 333 * 784 and img[-1] == 334 * 784 - 1
+    assert not img.flags.writeable  # a view of the received chunk, as before
+
+
+@pytest.mark.parametrize(
+    ("arr", "as_numpy", "want"),
+    [
+        (pa.array([[1.0, 2.0], [3.0]], pa.list_(pa.float64())), False, [[1.0, 2.0], [3.0]]),
+        (pa.array([[1.0], None], pa.list_(pa.float32())), False, [[1.0], None]),
+        (pa.array([["a"], ["b"]], pa.list_(pa.string())), True, [["a"], ["b"]]),
+        (pa.array([[1.0, 2.0], [3.0, 4.0]], pa.list_(pa.float32(), 2)), True, [[1.0, 2.0], [3.0, 4.0]]),
+        (pa.array([[5, 6], [7, 8]], pa.large_list(pa.int16())), True, [[5, 6], [7, 8]]),
+        (pa.array([[], []], pa.list_(pa.float32())), True, [[], []]),
+        (pa.array([1, None], pa.int8()), False, [1, None]),
+        (pa.array([True, False]), False, [True, False]),
+        (pa.array([2**64 - 1, 0], pa.uint64()), False, [2**64 - 1, 0]),
+        (pa.array([0.5, None], pa.float64()), False, [0.5, None]),
+        (pa.array(["x", None]), False, ["x", None]),
+    ],
+)
+def test_arrow_rows_other_column_types(arr, as_numpy, want):
+    got = [r[0] for r in arrow_rows(_ipc(pa.RecordBatch.from_arrays([arr], ["c"])))]
+    assert [isinstance(g, np.ndarray) for g in got if g is not None] == [as_numpy] * sum(g is not None for g in got)
+    assert [g.tolist() if isinstance(g, np.ndarray) else g for g in got] == want
+
+
+def test_arrow_rows_equal_lists_with_null_values_become_float_arrays():
+    arr = pa.array([[1, None], [3, 4]], pa.list_(pa.int32()))
+    got = [r[0] for r in arrow_rows(_ipc(pa.RecordBatch.from_arrays([arr], ["c"])))]
+    assert got[0].dtype == np.float64 and np.isnan(got[0][1]) and got[1].tolist() == [3.0, 4.0]
+
+
+def test_arrow_rows_does_not_import_pandas():
+    """``Array.to_numpy()`` imports pandas (~50 MB of RSS) on first use; arrow_rows avoids it."""
+    payload = _ipc(_mnist_batch(3))
+    code = (
+        "import sys\n"
+        "from tfos._data_plane import arrow_rows\n"
+        "rows = arrow_rows(bytearray(sys.stdin.buffer.read()))\n"
+        "assert rows[2][1] == 2 and rows[1][0][0] == 784.0\n"
+        "print('pandas' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], input=bytes(payload), capture_output=True, timeout=120, check=True)
+    assert out.stdout.decode().strip() == "False"
+
+
+# --------------------------------------------------------------------- result_frames
+def test_result_frames_split_big_answers_in_order():
+    items = [(np.full(784, i, np.float32), i) for i in range(1000)]
+    frames = result_frames(items, 256 * 1024)
+    assert len(frames) > 1
+    assert max(len(f) for f in frames) <= 300 * 1024
+    back = [x for f in frames for x in pickle.loads(f)]
+    assert [b[1] for b in back] == list(range(1000))
+    assert all(float(b[0][0]) == b[1] for b in back)
+
+
+def test_result_frames_small_answers_stay_one_frame():
+    assert [pickle.loads(f) for f in result_frames(list(range(500)))] == [list(range(500))]
+    assert [pickle.loads(f) for f in result_frames([])] == [[]]
+    big = [b"x" * 1_000_000]
+    assert [pickle.loads(f) for f in result_frames(big, 1024)] == [big]
