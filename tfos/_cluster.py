@@ -447,6 +447,8 @@ class TFCluster:
                     proc.wait(10.0)
                 except Exception:  # noqa: BLE001 - subprocess.TimeoutExpired
                     proc.kill()
+                if proc.stdin is not None:
+                    proc.stdin.close()
             self._liveness_stop.set()
             if self._server is not None:
                 self._server.close()
@@ -473,11 +475,19 @@ def _sleep_for_attribution(state: ClusterState) -> None:
 
 
 def _as_dataframe(data: Any) -> Any:
-    try:
-        from pyspark.sql import DataFrame
-    except ImportError:
+    """``data`` if it is a DataFrame, None if it is an RDD (driver).
+
+    Raises:
+        ConfigurationError: For anything else (e.g. a Python list).
+    """
+    from pyspark import RDD
+    from pyspark.sql import DataFrame
+
+    if isinstance(data, DataFrame):
+        return data
+    if isinstance(data, RDD):
         return None
-    return data if isinstance(data, DataFrame) else None
+    raise ConfigurationError(f"expected a Spark RDD or DataFrame to feed, got {type(data).__name__}; use sc.parallelize(...) for local data")
 
 
 def _arrow_ok() -> bool:
@@ -581,9 +591,11 @@ def run(
     template = build_template(num_executors, num_ps, master_node, eval_node)
     roles = roles_from_template(template)
     spark_ids = [r.executor_id for r in roles if not (driver_ps_nodes and r.job_name == "ps")]
+    if isinstance(queues, str) or not all(isinstance(q, str) and q for q in queues):
+        raise ConfigurationError(f"queues must be a list of queue names such as ['input', 'output'], got {queues!r}")
     queues = tuple(queues)
-    if input_mode == InputMode.SPARK and "input" not in queues:
-        log.debug("queues %s has no 'input' queue", queues)
+    if input_mode == InputMode.SPARK and not queues:
+        raise ConfigurationError("InputMode.SPARK needs at least one queue (the default is ['input', 'output', 'error'])")
     check_spark(sc, len(spark_ids), input_mode, wait_s=min(executor_wait_s, reservation_timeout))
 
     import cloudpickle
@@ -615,7 +627,10 @@ def run(
     cluster._config = config
     threading.Thread(target=cluster._liveness_loop, name=f"{cluster.cluster_id}-liveness", daemon=True).start()
     try:
-        payload = cloudpickle.dumps((map_fun, tf_args))
+        try:
+            payload = cloudpickle.dumps((map_fun, tf_args))
+        except Exception as exc:  # noqa: BLE001 - pickling errors come in many types
+            raise ConfigurationError(f"map_fun and tf_args must be picklable with cloudpickle to reach the nodes: {exc}") from exc
         for r in roles:
             if r.executor_id not in spark_ids:
                 cluster._local_nodes.append(launch_local_node(config, r.executor_id, payload, os.getcwd()))

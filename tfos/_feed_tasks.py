@@ -212,6 +212,24 @@ def _node_gone(plan: FeedPlan, node: NodeInfo, where: str, exc: BaseException) -
     raise FeedError(msg) from None
 
 
+def _refuse_retry(plan: FeedPlan, node: NodeInfo, part: int, epoch: int) -> None:
+    """Refuses a retried feed task: its failed attempt may already have fed some rows, and
+    feeding the partition again would silently train on them twice (Spark task side)."""
+    from pyspark import TaskContext
+
+    tc = TaskContext.get()
+    attempt = tc.attemptNumber() if tc is not None else 0
+    if attempt > 0:
+        msg = (
+            f"partition {part} (epoch {epoch}) -> {node.name}: Spark retried the feed task (attempt {attempt + 1}) "
+            "after an earlier attempt failed part-way; tfos does not feed a partition twice, because the rows "
+            "already consumed would be trained on again. Fix the cause of the first failure (see the executor "
+            "log), then run train() again"
+        )
+        _report(plan, node, msg)
+        raise FeedError(msg)
+
+
 def _open(plan: FeedPlan, index: int) -> tuple[Optional[_Link], NodeInfo, str]:
     from ._node_task import executor_identity, node_host
 
@@ -219,6 +237,7 @@ def _open(plan: FeedPlan, index: int) -> tuple[Optional[_Link], NodeInfo, str]:
     key, _ = executor_identity()
     host = node_host(plan.driver_host, plan.driver_port)
     node, how = choose_node(plan.nodes, index, key, host)
+    _refuse_retry(plan, node, part, epoch)
     if how == "remote":
         log.warning("partition %d runs on an executor without a fed node; sending it to %s over the network", part, node.name)
     where = f"partition {part} (epoch {epoch}) -> {node.name}"

@@ -99,6 +99,11 @@ def check_static(layout: SparkLayout, conf: Mapping[str, str], num_nodes: int, i
             "Spark's barrier scheduling). Set spark.dynamicAllocation.enabled=false and "
             f"spark.executor.instances={num_nodes}"
         )
+    if input_mode == InputMode.SPARK and str(conf.get("spark.speculation", "false")).lower() == "true":
+        raise ConfigurationError(
+            "spark.speculation=true: a speculative copy of a feed task would feed its partition to a node a "
+            "second time. Set spark.speculation=false for InputMode.SPARK"
+        )
     if input_mode == InputMode.SPARK and str(conf.get("spark.python.worker.reuse", "true")).lower() == "false":
         raise ConfigurationError(
             "InputMode.SPARK needs spark.python.worker.reuse=true (the default): with reuse off, PySpark "
@@ -180,6 +185,12 @@ def check_spark(sc: Any, num_nodes: int, input_mode: InputMode, wait_s: float = 
     while have < num_nodes and not deadline.expired():
         time.sleep(deadline.slice(0.5))
         have = live_executors(sc)
+    if have < num_nodes and (have == 0 or (layout.executors or 0) >= num_nodes):
+        raise ConfigurationError(
+            f"only {have} of the {num_nodes} executors the cluster needs registered with the Spark driver within "
+            f"{wait_s:g} s ({sc.master}): they are probably still starting. Wait for them, or raise "
+            "executor_wait_s / reservation_timeout in TFCluster.run()"
+        )
     if have < num_nodes:
         raise ConfigurationError(
             f"the cluster needs {num_nodes} executors (one per node) but only {have} registered with the "

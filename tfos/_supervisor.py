@@ -80,11 +80,21 @@ def _stop_tf(tf: subprocess.Popen) -> int:
     return tf.wait(KILL_GRACE_S)
 
 
+def _end_group(pgid: int) -> None:
+    """Kills what is left of the TF process's group (processes main_fun started)."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def _report(client: ControlClient, launch: NodeLaunch, kind: str, etype: str, message: str) -> None:
     r = launch.role
     failure = NodeFailure(r.executor_id, r.job_name, r.task_index, launch.host, kind, etype, message)
     try:
-        client.request("status", executor_id=r.executor_id, state="failed", failure=failure.to_dict(), timeout_s=10.0)
+        # One attempt only: when the executor or driver is going away, ending the node
+        # promptly matters more than the report.
+        client.request("status", executor_id=r.executor_id, state="failed", failure=failure.to_dict(), timeout_s=5.0, retry=False)
     except (OSError, ControlProtocolError, DeadlineExceededError) as exc:
         log.warning("could not report %s to the driver: %s", kind, exc)
 
@@ -114,12 +124,15 @@ def supervise(launch: NodeLaunch) -> int:
 
         threading.Thread(target=_watch_stdin, name="tfos-parent-watch", daemon=True).start()
 
+    # Its own process group, so that whatever main_fun starts (subprocesses, forks,
+    # TensorBoard) is ended with the node: see _end_group.
     tf = subprocess.Popen(
         [sys.executable, "-m", "tfos._tf_process"],
         stdin=subprocess.PIPE,
         env=_child_env(launch),
         cwd=launch.working_dir if os.path.isdir(launch.working_dir) else None,
         close_fds=True,
+        start_new_session=True,
     )
     assert tf.stdin is not None
     write_launch(tf.stdin, launch)
@@ -162,9 +175,10 @@ def supervise(launch: NodeLaunch) -> int:
             log.warning("tfos node %s: TF process still running %.0f s after %s; terminating it", launch.node_name, grace, "the cluster aborted" if grace == ABORT_GRACE_S else "stop")
             code = _stop_tf(tf)
             terminated = True
+    _end_group(tf.pid)
     log.info("tfos node %s: TF process %s", launch.node_name, describe_exit(code))
     try:
-        client.request("status", executor_id=eid, state="exited", code=int(code), timeout_s=10.0)
+        client.request("status", executor_id=eid, state="exited", code=int(code), timeout_s=5.0, retry=False)
     except (OSError, ControlProtocolError, DeadlineExceededError) as exc:
         log.warning("could not report the exit of %s: %s", launch.node_name, exc)
     client.close()

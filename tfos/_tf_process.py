@@ -121,13 +121,18 @@ class _LogForwarder:
         except queue.Full:
             self._dropped += 1
 
-    def _flush(self) -> None:
-        batch = []
-        while len(batch) < 500:
+    def _flush(self) -> bool:
+        """Sends up to ~256 KB of queued lines; True when the queue is now empty."""
+        batch: list[str] = []
+        size = 0
+        while size < 256 * 1024:
             try:
-                batch.append(self._lines.get_nowait())
+                line = self._lines.get_nowait()
             except queue.Empty:
                 break
+            batch.append(line)
+            size += 6 * len(line) + 4  # worst case of JSON escaping
+
         if self._dropped:
             batch.append(f"[{self._dropped} output lines dropped]")
             self._dropped = 0
@@ -136,6 +141,7 @@ class _LogForwarder:
                 self._client.request("log", executor_id=self._eid, lines=batch, timeout_s=10.0)
             except _REQ_ERRORS:
                 pass
+        return self._lines.empty()
 
     def _send_loop(self) -> None:
         while not self._stop.wait(0.5):
@@ -154,7 +160,9 @@ class _LogForwarder:
             t.join(2.0)
         self._stop.set()
         self._sender.join(2.0)
-        self._flush()
+        deadline = Deadline(5.0, "the last output lines to reach the driver")
+        while not self._flush() and not deadline.expired():
+            pass
 
 
 def _start_tensorboard(launch: NodeLaunch, ctx: TFNodeContext, client: ControlClient) -> Optional[subprocess.Popen]:

@@ -33,6 +33,9 @@ __all__ = ["DataFeed", "rows_to_columns"]
 
 log = logging.getLogger(__name__)
 
+#: Seconds next_batch() waits for data while an ended partition has unanswered batches.
+_READ_AHEAD_WAIT_S = 5.0
+
 #: Target size of one inference results frame, in bytes. Bigger answers are split into
 #: several frames (same rows, same order): the executor JVM persists every frame as one
 #: byte array, and arrays of half a G1 heap region (512 KB with a 1 GB heap) or more are
@@ -127,14 +130,25 @@ class DataFeed:
             "the driver has not called cluster.train()/inference() or cluster.shutdown(), or feed tasks "
             "cannot reach this node",
         )
+        waited = 0.0
         while True:
             try:
                 return self._q.get(timeout=deadline.slice(1.0))
             except queue.Empty:
+                waited += 1.0
                 if self.qname_in in self._hub.terminated:
                     return END_OF_FEED
                 if deadline.expired():
                     raise deadline.error()
+                stuck = [o for c, _, o in self._pending if c.ended]
+                if stuck and waited >= _READ_AHEAD_WAIT_S:
+                    # The partition's feed task waits for these results before it ends, so
+                    # the next partition may never come: answer before reading ahead.
+                    raise InferenceResultError(
+                        f"next_batch() is waiting for more data while a batch of partition {stuck[0][1]} is still "
+                        "unanswered; call batch_results() for every batch before reading past the end of its "
+                        "partition (inference must not read ahead)"
+                    )
 
     def _finish_partition(self, conn: FeedConnection, answered_later: bool = False) -> None:
         conn.ended = True

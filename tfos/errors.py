@@ -170,11 +170,15 @@ class NodeFailedError(TFOSError):
         return text
 
 
+_KIND_ORDER = {"exception": 0, "exited": 1, "lost": 2}
+
+
 def _group_failures(failures: Sequence[NodeFailure]) -> list[list[NodeFailure]]:
     groups: dict[tuple[str, str, str], list[NodeFailure]] = {}
     for f in failures:
         groups.setdefault((f.kind, f.error_type, f.message), []).append(f)
-    return list(groups.values())
+    # Root causes (exceptions with tracebacks, deaths) first, consequences (feed, spark) last.
+    return sorted(groups.values(), key=lambda g: _KIND_ORDER.get(g[0].kind, 3))
 
 
 class ClusterFailedError(TFOSError):
