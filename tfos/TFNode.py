@@ -52,7 +52,7 @@ def shard_files(ctx: TFNodeContext, pattern: Any, num_workers: Optional[int] = N
     return _shard(ctx, pattern, num_workers)
 
 
-def next_batch(mgr: Any, batch_size: int, qname: str = "input") -> list:
+def next_batch(mgr: Any, batch_size: int, qname: str = "input") -> Any:
     """TFoS's functional form of ``DataFeed(mgr, qname_in=qname).next_batch(batch_size)``.
 
     Prefer a long-lived :class:`DataFeed`: this helper keeps one per queue on ``mgr``.

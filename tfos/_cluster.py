@@ -618,7 +618,7 @@ def run(
     server = ControlServer(key, state.handle, host=driver_host)
     cluster._server = server
     config = ClusterConfig(
-        cluster_id=cluster.cluster_id, key=key, driver_host=server.host, driver_port=server.port,
+        cluster_id=cluster.cluster_id, key=key, driver_host=str(server.host), driver_port=server.port,
         input_mode=input_mode, roles=tuple(roles), default_fs=cluster.defaultFS,
         heartbeat_interval_s=min(1.0, heartbeat_timeout / 4), heartbeat_timeout_s=float(heartbeat_timeout),
         reservation_timeout_s=float(reservation_timeout), release_port=release_port, queues=queues,

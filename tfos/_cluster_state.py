@@ -20,7 +20,7 @@ import logging
 import signal
 import threading
 import time
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from ._deadline import Deadline
 from .cluster_template import NodeInfo, NodeRole, build_cluster_spec
@@ -367,7 +367,7 @@ class ClusterState:
         self.role(eid)
         with self._cond:
             fails = [f for f in self.failures if f.executor_id == eid]
-            reply = {
+            reply: dict[str, Any] = {
                 "state": self.proc_state[eid],
                 "exit_code": self.exit_codes.get(eid),
                 "failure": f"{fails[0].error_type}: {fails[0].message}" if fails else "",

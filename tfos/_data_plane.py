@@ -24,6 +24,7 @@ import struct
 from typing import Any, Optional, Union
 
 from ._deadline import Deadline
+from ._wire import recv_into
 
 __all__ = ["FrameType", "ChunkKind", "send_frame", "recv_frame", "send_json", "decode_chunk", "MAX_DATA_FRAME_BYTES"]
 
@@ -77,22 +78,6 @@ def send_json(sock: socket.socket, ftype: FrameType, obj: Any) -> None:
     send_frame(sock, ftype, json.dumps(obj, separators=(",", ":")).encode("utf-8"))
 
 
-def _recv_into(sock: socket.socket, view: memoryview, deadline: Deadline) -> None:
-    got, n = 0, len(view)
-    while got < n:
-        left = deadline.remaining()
-        if left <= 0:
-            raise deadline.error(extra=f"received {got} of {n} bytes")
-        sock.settimeout(min(left, 3600.0))
-        try:
-            k = sock.recv_into(view[got:], n - got)
-        except socket.timeout:
-            raise deadline.error(extra=f"received {got} of {n} bytes") from None
-        if k == 0:
-            raise ConnectionError(f"data connection closed after {got} of {n} bytes")
-        got += k
-
-
 def recv_frame(sock: socket.socket, deadline: Deadline) -> tuple[FrameType, bytearray]:
     """Receives one frame.
 
@@ -104,7 +89,7 @@ def recv_frame(sock: socket.socket, deadline: Deadline) -> tuple[FrameType, byte
         DeadlineExceededError: The frame did not arrive in time.
     """
     head = bytearray(_HEAD.size)
-    _recv_into(sock, memoryview(head), deadline)
+    recv_into(sock, memoryview(head), deadline)
     code, n = _HEAD.unpack(head)
     try:
         ftype = FrameType(bytes([code]))
@@ -114,7 +99,7 @@ def recv_frame(sock: socket.socket, deadline: Deadline) -> tuple[FrameType, byte
         raise ConnectionError(f"data frame of {n} bytes exceeds the cap")
     payload = bytearray(n)
     if n:
-        _recv_into(sock, memoryview(payload), deadline)
+        recv_into(sock, memoryview(payload), deadline)
     return ftype, payload
 
 

@@ -25,7 +25,7 @@ import select
 import socket
 import threading
 import time
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, Union
 
 from . import _wire
 from ._control_client import ControlClient
@@ -360,7 +360,10 @@ def make_arrow_feed_fn(plan: FeedPlan):
         import pyarrow as pa
         from pyspark import TaskContext
 
-        index = TaskContext.get().partitionId()
+        tc = TaskContext.get()
+        if tc is None:
+            raise TFOSError("the DataFrame feed function must run in a Spark task")
+        index = tc.partitionId()
 
         def frames() -> Iterator[Any]:
             for b in batches:
@@ -409,7 +412,7 @@ def make_infer_fn(plan: FeedPlan):
             answering every row (names how many rows were left).
     """
 
-    def _infer(index: int, rows: Iterator[Any]) -> Iterator[bytes]:
+    def _infer(index: int, rows: Iterator[Any]) -> Iterator[Union[bytes, bytearray]]:
         link, node, state = _open(plan, index)
         if link is None:
             if state == "terminated":

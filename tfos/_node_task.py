@@ -26,7 +26,7 @@ import struct
 import subprocess
 import sys
 import threading
-from typing import IO, Iterable, Iterator
+from typing import IO, Callable, Iterable, Iterator
 
 from ._launch import ClusterConfig, NodeLaunch
 from .cluster_template import InputMode
@@ -116,6 +116,36 @@ def read_launch(stream: IO[bytes]) -> NodeLaunch:
     if not isinstance(launch, NodeLaunch):
         raise EOFError("stdin did not carry a NodeLaunch")
     return launch
+
+
+def setup_process_logging() -> None:
+    """Logging for the node processes' entry points: the 'tfos' logger to stderr (which
+    lands in the executor log), printed once even if a library configures the root logger."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    tfos_log = logging.getLogger("tfos")
+    tfos_log.addHandler(handler)
+    tfos_log.setLevel(logging.INFO)
+    tfos_log.propagate = False
+
+
+def watch_stdin_eof(on_eof: Callable[[], None], name: str) -> None:
+    """Calls ``on_eof`` from a daemon thread when this process's stdin reaches EOF, i.e.
+    when the parent that holds the pipe's other end is gone (node processes).
+
+    Reads the descriptor with ``os.read``: a daemon thread blocked inside the buffered
+    ``sys.stdin`` would hold its lock and make the interpreter abort at exit.
+    """
+
+    def _watch() -> None:
+        try:
+            while os.read(sys.stdin.fileno(), 65536):
+                pass
+        except (OSError, ValueError):
+            pass
+        on_eof()
+
+    threading.Thread(target=_watch, name=name, daemon=True).start()
 
 
 def _child_env(launch: NodeLaunch) -> dict[str, str]:

@@ -61,7 +61,7 @@ def plan_layout(master: str, conf: Mapping[str, str]) -> SparkLayout:
     Raises:
         ConfigurationError: For a non-integer core setting.
     """
-    task_cpus = _int_conf(conf, "spark.task.cpus", 1) or 1
+    task_cpus: int = _int_conf(conf, "spark.task.cpus", 1) or 1
     m = _LOCAL.match(master)
     if m:
         n = m.group(1)
@@ -69,9 +69,8 @@ def plan_layout(master: str, conf: Mapping[str, str]) -> SparkLayout:
         return SparkLayout(master, True, 1, slots // task_cpus, slots // task_cpus)
     m = _LOCAL_CLUSTER.match(master)
     if m:
-        n, cores = int(m.group(1)), int(m.group(2))
-        per = cores // task_cpus
-        return SparkLayout(master, False, n, per, n * per)
+        n_exec, exec_cores = int(m.group(1)), int(m.group(2))
+        return SparkLayout(master, False, n_exec, exec_cores // task_cpus, n_exec * (exec_cores // task_cpus))
     instances = _int_conf(conf, "spark.executor.instances")
     cores = _int_conf(conf, "spark.executor.cores")
     per = None if cores is None else cores // task_cpus

@@ -28,7 +28,7 @@ from typing import Optional
 from ._cluster_state import describe_exit
 from ._control_client import ControlClient
 from ._launch import NodeLaunch
-from ._node_task import _child_env, read_launch, write_launch
+from ._node_task import _child_env, read_launch, setup_process_logging, watch_stdin_eof, write_launch
 from .errors import ControlProtocolError, DeadlineExceededError, NodeFailure
 
 log = logging.getLogger("tfos.supervisor")
@@ -111,18 +111,7 @@ def supervise(launch: NodeLaunch) -> int:
     jvm = _Watch(launch.watch_pid)
     parent_gone = threading.Event()
     if launch.watch_stdin:
-        def _watch_stdin() -> None:
-            # os.read on the descriptor, not sys.stdin.buffer.read: a daemon thread blocked
-            # inside the BufferedReader holds its lock, and the interpreter then aborts at
-            # exit ("could not acquire lock for <stdin> at interpreter shutdown", SIGABRT).
-            try:
-                while os.read(sys.stdin.fileno(), 65536):
-                    pass
-            except (OSError, ValueError):
-                pass
-            parent_gone.set()
-
-        threading.Thread(target=_watch_stdin, name="tfos-parent-watch", daemon=True).start()
+        watch_stdin_eof(parent_gone.set, "tfos-parent-watch")
 
     # Its own process group, so that whatever main_fun starts (subprocesses, forks,
     # TensorBoard) is ended with the node: see _end_group.
@@ -187,12 +176,7 @@ def supervise(launch: NodeLaunch) -> int:
 
 def main() -> int:
     """Entry point of ``python -m tfos._supervisor``; returns the process exit code."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    tfos_log = logging.getLogger("tfos")
-    tfos_log.addHandler(handler)
-    tfos_log.setLevel(logging.INFO)
-    tfos_log.propagate = False  # libraries may configure the root logger: print once
+    setup_process_logging()
     launch = read_launch(sys.stdin.buffer)
     if launch.watch_pid:
         # The PySpark daemon SIGHUPs its process group when the executor goes away; the

@@ -30,7 +30,7 @@ from ._control_client import ControlClient
 from ._deadline import Deadline
 from ._feed_hub import FeedHub
 from ._launch import NodeLaunch
-from ._node_task import read_launch
+from ._node_task import read_launch, setup_process_logging, watch_stdin_eof
 from .cluster_template import InputMode, NodeInfo, build_cluster_spec, tf_config_json
 from .errors import ControlProtocolError, DeadlineExceededError, NodeFailure, ReservationTimeoutError
 from .node_context import TFNodeContext
@@ -347,23 +347,11 @@ def _event_loop(client: ControlClient, eid: int, hub: Optional[FeedHub], stop_ev
 
 def main() -> int:
     """Entry point of ``python -m tfos._tf_process``; returns the exit code."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    tfos_log = logging.getLogger("tfos")
-    tfos_log.addHandler(handler)
-    tfos_log.setLevel(logging.INFO)
-    tfos_log.propagate = False  # libraries may configure the root logger: print once
+    setup_process_logging()
     launch = read_launch(sys.stdin.buffer)
 
-    def _watch_parent() -> None:
-        try:
-            while os.read(sys.stdin.fileno(), 65536):
-                pass
-        except (OSError, ValueError):
-            pass
-        os._exit(70)  # the supervisor is gone: never outlive it
-
-    threading.Thread(target=_watch_parent, name="tfos-supervisor-watch", daemon=True).start()
+    # The supervisor is gone: never outlive it.
+    watch_stdin_eof(lambda: os._exit(70), "tfos-supervisor-watch")
     if launch.watch_pid:
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the supervisor decides (see tfos._supervisor)
     code = run_node(launch)

@@ -284,6 +284,7 @@ class DataFeed:
             if columns is None:
                 yield batch
             else:
+                assert isinstance(batch, list)  # batches() is used without input_mapping
                 yield rows_to_columns(batch, columns, self.last_origins)
 
     def as_dataset(self, batch_size: int, output_signature: Any, drop_remainder: bool = False):

@@ -521,14 +521,14 @@ def _output_schema(cols: list, kinds: list) -> Any:
     Values come from ``numpy.tolist()``: floats -> DoubleType, ints -> LongType, bools ->
     BooleanType, strings -> BinaryType, nested in one ArrayType per row dimension.
     """
-    from pyspark.sql.types import ArrayType, BinaryType, BooleanType, DoubleType, LongType, StructField, StructType
+    from pyspark.sql.types import ArrayType, BinaryType, BooleanType, DataType, DoubleType, LongType, StructField, StructType
 
     base = {"float": DoubleType, "int": LongType, "bool": BooleanType, "bytes": BinaryType}
     fields = []
     for col, (kind, rank) in zip(cols, kinds):
         if kind is None or rank is None or rank < 0:
             return None
-        dtype = base[kind]()
+        dtype: DataType = base[kind]()
         for _ in range(rank):
             dtype = ArrayType(dtype, True)
         fields.append(StructField(col, dtype, True))
