@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import enum
 import json
-import pickle
 import socket
 import struct
 from typing import Any, Optional, Union
@@ -120,17 +119,13 @@ def decode_chunk(kind: ChunkKind, payload: Union[bytes, bytearray]) -> list:
     Raises:
         ValueError: For a payload that does not decode as announced.
     """
-    if kind is ChunkKind.PICKLED_BATCH:
-        rows = pickle.loads(payload, encoding="bytes")  # authenticated peer; PySpark's own format
-        if not isinstance(rows, list):
-            rows = list(rows)
-        return rows
-    if kind is ChunkKind.PICKLED_ROW:
-        return [pickle.loads(payload, encoding="bytes")]
-    if kind is ChunkKind.UTF8:
-        return [bytes(payload).decode("utf-8")]
     if kind is ChunkKind.ARROW:
         return arrow_rows(payload)
+    if kind in (ChunkKind.PICKLED_BATCH, ChunkKind.PICKLED_ROW, ChunkKind.UTF8):
+        # PySpark's own frame formats: one decoder for them, in _spark_rawio.
+        from ._spark_rawio import decode_frame
+
+        return decode_frame(kind.value, payload)
     raise ValueError(f"unknown chunk kind {kind!r}")
 
 
