@@ -1,13 +1,15 @@
 """Control-plane client (runs in Spark tasks, node supervisors and TF processes).
 
 Executors only dial out to the driver. A :class:`ControlClient` keeps one authenticated
-connection, sends request frames carrying the server's per-connection nonce and an
-increasing sequence number, and checks that each response answers its request.
+connection, sends request frames carrying the server's per-connection nonce, its own
+per-connection nonce and an increasing sequence number, and checks that each response
+carries both nonces and answers its request.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import threading
 import time
@@ -48,6 +50,7 @@ class ControlClient:
         self._lock = threading.Lock()
         self._sock: Optional[socket.socket] = None
         self._snonce = ""
+        self._cnonce = ""
         self._seq = 0
 
     def __repr__(self) -> str:
@@ -70,6 +73,7 @@ class ControlClient:
                 if hello.get("type") != "hello" or not isinstance(hello.get("sn"), str):
                     raise ControlProtocolError("unexpected first frame from the control server")
                 self._sock, self._snonce, self._seq = sock, hello["sn"], 0
+                self._cnonce = os.urandom(16).hex()
                 sock = None  # owned by the client now
                 return
             except (OSError, DeadlineExceededError) as exc:
@@ -113,15 +117,13 @@ class ControlClient:
                     if self._sock is None:
                         self._connect()
                     assert self._sock is not None
-                    self._seq += 1
-                    body = dict(fields, type=msg_type, cluster=self._cluster_id, sn=self._snonce, seq=self._seq)
-                    self._sock.sendall(_wire.encode_frame(self._key, body))
-                    resp = _wire.read_frame(
-                        self._sock, self._key, Deadline(timeout_s, f"the driver's answer to {msg_type!r}"), _FRAME_TIMEOUT_S
-                    )
-                    if resp.get("re") != self._seq or resp.get("sn") != self._snonce:
-                        raise ControlProtocolError("control response does not answer this request")
-                    return resp
+                    frame = self._frame(msg_type, fields)
+                    if self._seq == 1 and len(frame) > _wire.MAX_FIRST_FRAME_BYTES:
+                        # The server caps a connection's first frame: open with a small one.
+                        self._seq = 0
+                        self._exchange("hi", self._frame("hi", {}), timeout_s)
+                        frame = self._frame(msg_type, fields)
+                    return self._exchange(msg_type, frame, timeout_s)
                 except (OSError, DeadlineExceededError) as exc:
                     if self._sock is not None:
                         try:
@@ -134,3 +136,18 @@ class ControlClient:
                             raise ConnectionError(f"control request {msg_type!r} failed: {exc}") from exc
                         raise
             raise AssertionError("unreachable")
+
+    def _frame(self, msg_type: str, fields: dict) -> bytes:
+        self._seq += 1
+        body = dict(fields, type=msg_type, cluster=self._cluster_id, sn=self._snonce, cn=self._cnonce, seq=self._seq)
+        return _wire.encode_frame(self._key, body)
+
+    def _exchange(self, msg_type: str, frame: bytes, timeout_s: float) -> dict:
+        assert self._sock is not None
+        self._sock.sendall(frame)
+        resp = _wire.read_frame(
+            self._sock, self._key, Deadline(timeout_s, f"the driver's answer to {msg_type!r}"), _FRAME_TIMEOUT_S
+        )
+        if resp.get("re") != self._seq or resp.get("sn") != self._snonce or resp.get("cn") != self._cnonce:
+            raise ControlProtocolError("control response does not answer this request")
+        return resp

@@ -3,7 +3,15 @@
 One listener per cluster, bound to the driver host's address (never to every interface),
 serving authenticated request/response frames (see :mod:`tfos._wire`). Every connection
 starts with a MAC'd ``hello`` carrying a fresh server nonce; every client frame must carry
-that nonce and the next sequence number, so replayed frames are refused.
+that nonce, the client's own nonce (``cn``, fixed for the connection) and the next sequence
+number, so replayed frames are refused; every response carries both nonces and the
+sequence number it answers, so a client cannot be fed a response from another connection.
+
+Before a connection has sent one authenticated frame it costs at most one thread and
+:data:`tfos._wire.MAX_FIRST_FRAME_BYTES` of buffer: at most
+:data:`MAX_UNAUTHENTICATED` such connections are kept (a new one evicts the oldest), and at
+most :data:`MAX_CONNECTIONS` in all. An authenticated message that is malformed (missing or
+mistyped fields, NaN/Infinity) is a protocol error that closes that connection only.
 
 Hostile input (garbage, truncated frames, oversize length prefixes, wrong keys, replays,
 slow-loris peers) is rejected and logged without key material, and never affects the
@@ -17,7 +25,8 @@ import os
 import socket
 import socketserver
 import threading
-from typing import Callable, Optional
+import time
+from typing import Any, Callable, Optional
 
 from . import _wire
 from ._deadline import Deadline
@@ -35,6 +44,11 @@ IDLE_TIMEOUT_S = 300.0
 FRAME_TIMEOUT_S = 10.0
 #: Most connections served at once; more are closed on accept.
 MAX_CONNECTIONS = 512
+#: Most connections that have not yet sent an authenticated frame; a new one evicts the
+#: oldest, so a flood of idle strangers cannot lock out the cluster's own processes.
+MAX_UNAUTHENTICATED = 64
+#: Client nonces are this many hex characters (16 random bytes).
+_CNONCE_CHARS = 32
 
 
 def parse_port_spec(spec: Optional[str]) -> list[int]:
@@ -64,21 +78,18 @@ class _Handler(socketserver.BaseRequestHandler):
         srv = self.server
         sock: socket.socket = self.request
         peer = f"{self.client_address[0]}:{self.client_address[1]}"
-        with srv.count_lock:
-            srv.active += 1
-            srv.sockets.add(sock)
-            too_many = srv.active > MAX_CONNECTIONS
         try:
-            if too_many:
-                srv.reject(peer, "too many connections")
-                return
             snonce = os.urandom(16).hex()
             sock.sendall(_wire.encode_frame(srv.key, {"type": "hello", "sn": snonce}))
             seq = 0
+            cnonce: Optional[str] = None
             idle = FIRST_FRAME_TIMEOUT_S
             while not srv.closing:
                 try:
-                    body = _wire.read_frame(sock, srv.key, Deadline(idle, "a control frame"), FRAME_TIMEOUT_S)
+                    body = _wire.read_frame(
+                        sock, srv.key, Deadline(idle, "a control frame"), FRAME_TIMEOUT_S,
+                        _wire.MAX_FIRST_FRAME_BYTES if seq == 0 else _wire.MAX_CONTROL_FRAME_BYTES,
+                    )
                 except _wire.TruncatedFrameError as exc:
                     srv.reject(peer, str(exc))
                     return
@@ -94,21 +105,37 @@ class _Handler(socketserver.BaseRequestHandler):
                 if body.get("sn") != snonce or body.get("seq") != seq + 1:
                     srv.reject(peer, "replayed or out-of-order frame")
                     return
+                cn = body.get("cn")
+                if not isinstance(cn, str) or len(cn) != _CNONCE_CHARS or (cnonce is not None and cn != cnonce):
+                    srv.reject(peer, "frame without this connection's client nonce")
+                    return
+                if cnonce is None:
+                    cnonce = cn
+                    srv.authenticated(sock)
                 seq += 1
                 idle = IDLE_TIMEOUT_S
+                if body.get("type") == "hi":  # a client's small first frame (see MAX_FIRST_FRAME_BYTES)
+                    resp: dict = {"type": "hi"}
+                else:
+                    try:
+                        resp = srv.dispatch(body, peer)
+                        if not isinstance(resp, dict):
+                            raise TypeError(f"dispatch returned {type(resp).__name__}")
+                    except ControlProtocolError as exc:
+                        srv.reject(peer, str(exc))
+                        return
+                    except Exception as exc:  # noqa: BLE001 - a malformed message from a key holder
+                        srv.reject(peer, f"malformed {str(body.get('type'))[:40]!r} message: {type(exc).__name__}: {str(exc)[:200]}")
+                        return
+                resp = dict(resp, re=seq, sn=snonce, cn=cnonce)
                 try:
-                    resp = srv.dispatch(body, peer)
-                except ControlProtocolError as exc:
-                    srv.reject(peer, str(exc))
+                    frame = _wire.encode_frame(srv.key, resp)
+                except (TypeError, ValueError, ControlProtocolError) as exc:
+                    srv.reject(peer, f"cannot encode the response: {type(exc).__name__}: {str(exc)[:200]}")
                     return
-                resp = dict(resp, re=seq, sn=snonce)
-                sock.sendall(_wire.encode_frame(srv.key, resp))
+                sock.sendall(frame)
         except OSError:
             return
-        finally:
-            with srv.count_lock:
-                srv.active -= 1
-                srv.sockets.discard(sock)
 
 
 class _Server(socketserver.ThreadingTCPServer):
@@ -116,7 +143,7 @@ class _Server(socketserver.ThreadingTCPServer):
     allow_reuse_address = False
     request_queue_size = 128
 
-    def __init__(self, addr, key: bytes, dispatch: Callable[[dict, str], dict]):
+    def __init__(self, addr: Any, key: bytes, dispatch: Callable[[dict, str], dict]):
         self.key = key
         self.dispatch = dispatch
         self.count_lock = threading.Lock()
@@ -124,7 +151,63 @@ class _Server(socketserver.ThreadingTCPServer):
         self.closing = False
         self.rejected = 0
         self.sockets: set[socket.socket] = set()
+        self.pending: dict[socket.socket, float] = {}  # not yet authenticated -> accept time
         super().__init__(addr, _Handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """Admits a connection within the caps, then serves it on a thread of its own."""
+        evict: Optional[socket.socket] = None
+        with self.count_lock:
+            full = self.active >= MAX_CONNECTIONS
+            if not full:
+                if len(self.pending) >= MAX_UNAUTHENTICATED:
+                    evict = min(self.pending, key=self.pending.__getitem__)
+                    del self.pending[evict]
+                self.pending[request] = time.monotonic()
+                self.active += 1
+                self.sockets.add(request)
+        peer = f"{client_address[0]}:{client_address[1]}"
+        if full:
+            self.reject(peer, "too many connections")
+            self.shutdown_request(request)
+            return
+        if evict is not None:
+            self.reject(peer, "evicted the oldest unauthenticated connection")
+            try:
+                evict.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._forget(request)  # e.g. Thread.start failed; the caller closes the socket
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._forget(request)
+
+    def _forget(self, request: Any) -> None:
+        with self.count_lock:
+            if request in self.sockets:
+                self.sockets.discard(request)
+                self.active -= 1
+            self.pending.pop(request, None)
+
+    def authenticated(self, sock: socket.socket) -> None:
+        """The connection sent its first authenticated frame: no longer evictable."""
+        with self.count_lock:
+            self.pending.pop(sock, None)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """Any error serving one connection (even a failed ``Thread.start``) is logged and
+        only closes that connection; the accept loop goes on."""
+        import sys
+
+        exc = sys.exc_info()[1]
+        self.reject(f"{client_address[0]}:{client_address[1]}", f"internal error: {exc!r}")
 
     def reject(self, peer: str, why: str) -> None:
         with self.count_lock:

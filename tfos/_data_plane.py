@@ -1,9 +1,14 @@
 """Data-plane framing and chunk decoding (pure; used by Spark feed tasks and the TF process).
 
 A data connection goes from one Spark feed task to one node's TF process. After the
-challenge-response handshake (:func:`tfos._wire.serve_challenge`), every frame is::
+mutual handshake (:func:`tfos._wire.server_handshake`), every frame in both directions is::
 
-    type (1 byte) | payload length (uint64, big-endian) | payload
+    type (1 byte) | payload length (uint64, big-endian) | payload | tag (16 bytes)
+
+where the tag authenticates type, length, payload and the frame's sequence number under
+the connection's session key for that direction (:class:`tfos._wire.DataSession`). A
+receiver acts on a frame (decodes JSON, queues a chunk that will be unpickled, yields a
+result) only after its tag checked.
 
 Client -> server: ``H`` header (JSON), ``D`` data chunk, ``E`` end of partition.
 Server -> client: ``S`` status (JSON, right after the handshake), ``A`` partition consumed
@@ -23,13 +28,19 @@ import struct
 from typing import Any, Optional, Union
 
 from ._deadline import Deadline
-from ._wire import recv_into
+from ._wire import DataSession, loads_strict, recv_into
 
-__all__ = ["FrameType", "ChunkKind", "send_frame", "recv_frame", "send_json", "decode_chunk", "MAX_DATA_FRAME_BYTES"]
+__all__ = [
+    "FrameType", "ChunkKind", "send_frame", "recv_frame", "send_json", "recv_json", "decode_chunk",
+    "MAX_DATA_FRAME_BYTES", "MAX_CONTROL_DATA_FRAME_BYTES",
+]
 
 _HEAD = struct.Struct(">BQ")
+_TAG = DataSession.TAG_BYTES
 #: A single data frame may not exceed this many bytes (a Spark batch is far smaller).
-MAX_DATA_FRAME_BYTES = 1 << 31
+MAX_DATA_FRAME_BYTES = (1 << 31) - 1
+#: Cap on JSON frames (header, status, acks): read before anything is allocated.
+MAX_CONTROL_DATA_FRAME_BYTES = 1 << 16
 
 
 class FrameType(bytes, enum.Enum):
@@ -62,29 +73,46 @@ class ChunkKind(str, enum.Enum):
     ARROW = "arrow"
 
 
-def send_frame(sock: socket.socket, ftype: FrameType, payload: Union[bytes, bytearray, memoryview] = b"") -> None:
-    """Sends one frame (blocking; the socket's timeout bounds it)."""
+def send_frame(
+    sock: socket.socket, session: DataSession, ftype: FrameType, payload: Union[bytes, bytearray, memoryview] = b""
+) -> None:
+    """Sends one authenticated frame (blocking; the socket's timeout bounds it).
+
+    Frames of one direction must be sent one at a time, in order (the caller serialises).
+    """
     head = _HEAD.pack(ftype.value[0], len(payload))
+    tag = session.seal(ftype.value[0], payload)
     if len(payload) < 65536:
-        sock.sendall(head + bytes(payload))
+        sock.sendall(b"".join((head, payload, tag)))
     else:
         sock.sendall(head)
         sock.sendall(payload)
+        sock.sendall(tag)
 
 
-def send_json(sock: socket.socket, ftype: FrameType, obj: Any) -> None:
-    """Sends one frame whose payload is compact JSON."""
-    send_frame(sock, ftype, json.dumps(obj, separators=(",", ":")).encode("utf-8"))
+def send_json(sock: socket.socket, session: DataSession, ftype: FrameType, obj: Any) -> None:
+    """Sends one authenticated frame whose payload is compact JSON."""
+    send_frame(sock, session, ftype, json.dumps(obj, separators=(",", ":"), allow_nan=False).encode("utf-8"))
 
 
-def recv_frame(sock: socket.socket, deadline: Deadline) -> tuple[FrameType, bytearray]:
-    """Receives one frame.
+def recv_frame(
+    sock: socket.socket, session: DataSession, deadline: Deadline, max_bytes: int = MAX_DATA_FRAME_BYTES
+) -> tuple[FrameType, bytearray]:
+    """Receives one frame and checks its tag before returning it.
+
+    Args:
+        sock: The connected socket.
+        session: The connection's session (from the handshake).
+        deadline: When the whole frame must have arrived.
+        max_bytes: Cap on the announced length, checked before anything is allocated.
 
     Returns:
-        ``(frame type, payload)``.
+        ``(frame type, payload)``, authenticated.
 
     Raises:
-        ConnectionError: The peer closed the connection or sent an unknown frame type.
+        ConnectionError: The peer closed the connection, sent an unknown frame type or an
+            oversize length.
+        DataAuthError: The tag is wrong (see :meth:`DataSession.check`).
         DeadlineExceededError: The frame did not arrive in time.
     """
     head = bytearray(_HEAD.size)
@@ -94,12 +122,45 @@ def recv_frame(sock: socket.socket, deadline: Deadline) -> tuple[FrameType, byte
         ftype = FrameType(bytes([code]))
     except ValueError:
         raise ConnectionError(f"unknown data frame type {code!r}") from None
-    if n > MAX_DATA_FRAME_BYTES:
-        raise ConnectionError(f"data frame of {n} bytes exceeds the cap")
-    payload = bytearray(n)
-    if n:
-        recv_into(sock, memoryview(payload), deadline)
+    if n > max_bytes:
+        raise ConnectionError(f"{ftype.name} data frame of {n} bytes exceeds the cap of {max_bytes} bytes")
+    payload = bytearray(n + _TAG)
+    recv_into(sock, memoryview(payload), deadline)
+    tag = bytes(memoryview(payload)[n:])
+    del payload[n:]  # truncating a bytearray in place does not copy the payload
+    session.check(code, payload, tag)
     return ftype, payload
+
+
+def recv_json(sock: socket.socket, session: DataSession, deadline: Deadline) -> tuple[FrameType, dict]:
+    """Receives one authenticated JSON frame (at most :data:`MAX_CONTROL_DATA_FRAME_BYTES`).
+
+    Returns:
+        ``(frame type, decoded object)``; an empty payload decodes to ``{}``.
+
+    Raises:
+        ConnectionError: As :func:`recv_frame`, or the payload is not a JSON object.
+        DataAuthError, DeadlineExceededError: As :func:`recv_frame`.
+    """
+    ftype, payload = recv_frame(sock, session, deadline, MAX_CONTROL_DATA_FRAME_BYTES)
+    return ftype, parse_json(ftype, payload)
+
+
+def parse_json(ftype: FrameType, payload: Union[bytes, bytearray]) -> dict:
+    """Decodes the JSON payload of an authenticated frame (``{}`` when empty).
+
+    Raises:
+        ConnectionError: Not a JSON object, or a non-finite number (a protocol error).
+    """
+    if not payload:
+        return {}
+    try:
+        obj = loads_strict(payload)
+    except ValueError as exc:
+        raise ConnectionError(f"bad JSON in a {ftype.name} data frame: {exc}") from None
+    if not isinstance(obj, dict):
+        raise ConnectionError(f"the {ftype.name} data frame is not a JSON object")
+    return obj
 
 
 def decode_chunk(kind: ChunkKind, payload: Union[bytes, bytearray]) -> list:

@@ -1,7 +1,8 @@
 """The node's data server and bounded queues (runs in the TF process, InputMode.SPARK).
 
-Spark feed tasks connect here, authenticate with the cluster key, announce a partition
-and stream its chunks. A reader thread per connection puts chunks on the named queue,
+Spark feed tasks connect here, authenticate mutually with the cluster key
+(:func:`tfos._wire.server_handshake`), announce a partition and stream its chunks in
+authenticated frames (a chunk is queued, and later unpickled, only after its tag checked). A reader thread per connection puts chunks on the named queue,
 which is bounded in chunks, so a slow TensorFlow consumer pushes back through TCP to
 the feed task. :class:`~tfos.datafeed.DataFeed` takes chunks off the queue in the main
 thread, decodes them, and answers each partition (consumed / results) on its connection.
@@ -11,14 +12,17 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import queue
 import socket
 import threading
+import time
 from typing import Optional
 
 from . import _wire
-from ._data_plane import ChunkKind, FrameType, recv_frame, send_frame, send_json
+from ._data_plane import ChunkKind, FrameType, recv_frame, recv_json, send_frame, send_json
 from ._deadline import Deadline
+from ._wire import DataSession
 from .errors import ControlProtocolError, DeadlineExceededError
 
 __all__ = ["FeedHub", "FeedConnection", "Chunk", "PartitionEnd", "END_OF_FEED"]
@@ -26,6 +30,13 @@ __all__ = ["FeedHub", "FeedConnection", "Chunk", "PartitionEnd", "END_OF_FEED"]
 log = logging.getLogger(__name__)
 
 _HANDSHAKE_TIMEOUT_S = 10.0
+#: Most connections accepted and not yet authenticated. When a new connection would exceed
+#: it, the oldest unauthenticated one is closed: a flood of idle strangers costs at most this
+#: many threads, and a real feed task (which authenticates within one round trip) still gets
+#: through.
+MAX_HANDSHAKES = 32
+#: Most authenticated connections served at once (feed tasks run at most one per Spark core).
+MAX_CONNECTIONS = 256
 
 
 class _EndOfFeed:
@@ -50,14 +61,17 @@ class FeedConnection:
         ended: The end-of-partition marker was consumed.
     """
 
-    def __init__(self, sock: socket.socket, header: dict, feed_timeout_s: float):
+    def __init__(self, sock: socket.socket, session: DataSession, header: dict):
         self.sock = sock
+        self.session = session
         self.partition = int(header["partition"])
         self.epoch = int(header.get("epoch", 0))
         self.mode = str(header["mode"])
         self.kind = ChunkKind(header["kind"])
         self.qname = str(header["qname"])
-        self.feed_timeout_s = feed_timeout_s
+        self.feed_timeout_s = float(header.get("feed_timeout", 600.0))
+        if self.mode not in ("train", "inference") or not (0 < self.feed_timeout_s < math.inf):
+            raise ValueError(f"bad feed header: mode {self.mode!r}, feed_timeout {self.feed_timeout_s!r}")
         self.rows_taken = 0
         self.pending = 0
         self.ended = False
@@ -74,7 +88,7 @@ class FeedConnection:
                 return False
             try:
                 self.sock.settimeout(self.feed_timeout_s)
-                send_frame(self.sock, ftype, payload)
+                send_frame(self.sock, self.session, ftype, payload)
                 return True
             except OSError:
                 self._close_locked()
@@ -82,7 +96,7 @@ class FeedConnection:
 
     def send_json(self, ftype: FrameType, obj: dict) -> bool:
         """Sends a JSON frame; False when the connection is gone."""
-        return self.send(ftype, json.dumps(obj).encode("utf-8"))
+        return self.send(ftype, json.dumps(obj, allow_nan=False).encode("utf-8"))
 
     def close(self) -> None:
         """Closes the connection (idempotent)."""
@@ -146,6 +160,13 @@ class FeedHub:
         self._reading = 0  # connections still receiving a partition
         self._feed_closing = False
         self._end_queued = False
+        self._pending: dict[socket.socket, float] = {}  # unauthenticated connections -> accept time
+        self._authed = 0
+        #: (feed id, partition index) pairs whose data this node accepted: a retried or
+        #: resubmitted feed task for one of them is refused (no row is fed twice).
+        self.delivered: set[tuple[str, int]] = set()
+        #: Connections refused or closed before authentication, for figures and tests.
+        self.rejected = 0
         #: Longest wait for the next chunk in DataFeed (and for queue room for END_OF_FEED).
         self.data_timeout_s = 3600.0
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -157,24 +178,68 @@ class FeedHub:
 
     # -------------------------------------------------------------- accepting
     def _accept_loop(self) -> None:
+        """Accepts connections until :meth:`close`; survives any error of a single accept."""
+        errors = 0
         while not self._closing:
             try:
                 sock, peer = self._listener.accept()
+            except OSError as exc:
+                if self._closing:
+                    return
+                errors += 1  # e.g. EMFILE: back off, the port stays served
+                if errors <= 5 or errors % 100 == 0:
+                    log.warning("node %s: accepting a data connection failed: %s (%d so far)", self.node_name, exc, errors)
+                time.sleep(0.05)
+                continue
+            try:
+                self._admit(sock, peer)
+            except Exception as exc:  # noqa: BLE001 - the accept loop must never die
+                errors += 1
+                if errors <= 5 or errors % 100 == 0:
+                    log.warning("node %s: could not serve a data connection from %s: %r", self.node_name, peer[0], exc)
+                self._discard_pending(sock)
+                _close_quietly(sock)
+
+    def _admit(self, sock: socket.socket, peer: tuple) -> None:
+        evict: Optional[socket.socket] = None
+        with self._lock:
+            if self._closing:
+                raise ConnectionError("the data server is closing")
+            if len(self._pending) >= MAX_HANDSHAKES:
+                evict = min(self._pending, key=self._pending.__getitem__)
+                del self._pending[evict]
+                self.rejected += 1
+            self._pending[sock] = time.monotonic()
+        if evict is not None:
+            try:
+                evict.shutdown(socket.SHUT_RDWR)  # its thread sees EOF and exits
             except OSError:
-                return
-            threading.Thread(target=self._serve, args=(sock, peer), name="tfos-feed-conn", daemon=True).start()
+                pass
+        threading.Thread(target=self._serve, args=(sock, peer), name="tfos-feed-conn", daemon=True).start()
+
+    def _discard_pending(self, sock: socket.socket) -> bool:
+        with self._lock:
+            return self._pending.pop(sock, None) is not None
 
     def _serve(self, sock: socket.socket, peer: tuple) -> None:
         conn: Optional[FeedConnection] = None
+        authed = False
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             hs = Deadline(_HANDSHAKE_TIMEOUT_S, "the data-connection handshake")
-            _wire.serve_challenge(sock, self._key, hs)
-            ftype, payload = recv_frame(sock, hs)
+            session = _wire.server_handshake(sock, self._key, hs)
+            with self._lock:
+                if self._pending.pop(sock, None) is None:
+                    raise ConnectionError("evicted before the handshake completed")
+                if self._authed >= MAX_CONNECTIONS:
+                    raise ConnectionError(f"more than {MAX_CONNECTIONS} data connections")
+                self._authed += 1
+                authed = True
+            ftype, header = recv_json(sock, session, hs)
             if ftype is not FrameType.HEADER:
                 raise ConnectionError("first data frame is not a header")
-            header = json.loads(bytes(payload).decode("utf-8"))
             qname = str(header["qname"])
+            feed_key = (str(header.get("feed_id", "")), int(header.get("index", -1)))
             q = self.queues.get(qname)
             with self._lock:
                 if q is None:
@@ -183,17 +248,27 @@ class FeedHub:
                     status = {"state": "terminated"}
                 elif self.state != "ok" or self._closing:
                     status = {"state": self.state if self.state != "ok" else "finished"}
+                elif feed_key[0] and feed_key in self.delivered:
+                    status = {"state": "error", "message": (
+                        f"node {self.node_name} already received partition index {feed_key[1]} of this feed; "
+                        "Spark re-ran its feed task (a task retry or a stage resubmission), and tfos never feeds "
+                        "a partition twice because its rows would be trained on again. Fix the cause of the "
+                        "first failure (see the executor log), then run train() again"
+                    )}
                 else:
                     status = {"state": "ok"}
-                    conn = FeedConnection(sock, header, float(header.get("feed_timeout", 600.0)))
+                    conn = FeedConnection(sock, session, header)
+                    if feed_key[0]:
+                        self.delivered.add(feed_key)
                     self._conns.add(conn)
                     self._reading += 1
             if conn is None or q is None:
-                send_json(sock, FrameType.STATUS, status)
-                sock.close()
+                send_json(sock, session, FrameType.STATUS, status)
+                _close_quietly(sock)
                 return
             try:
-                send_json(sock, FrameType.STATUS, status)
+                if not conn.send_json(FrameType.STATUS, status):
+                    raise ConnectionError("the feed task went away")
                 self._read_partition(conn, q)
             finally:
                 with self._lock:
@@ -201,13 +276,15 @@ class FeedHub:
                     last = self._feed_closing and self._reading == 0
                 if last:
                     self._enqueue_end_of_feed()
-        except (ControlProtocolError, DeadlineExceededError, ConnectionError, OSError, ValueError, KeyError) as exc:
+        except Exception as exc:  # noqa: BLE001 - protocol errors, broken peers, bad headers
             if conn is None:
-                log.warning("rejected a data connection from %s:%s: %s", peer[0], peer[1], exc)
-                try:
-                    sock.close()
-                except OSError:
-                    pass
+                with self._lock:
+                    self.rejected += 1
+                    n = self.rejected
+                if n <= 20 or n % 100 == 0:
+                    log.warning("node %s rejected a data connection from %s:%s: %s (%d rejected so far)",
+                                self.node_name, peer[0], peer[1], exc, n)
+                _close_quietly(sock)
             elif not conn.closed:
                 if conn.qname in self.terminated:
                     log.debug("feed task of %r closed after terminate(): %s", conn, exc)
@@ -215,6 +292,10 @@ class FeedHub:
                     log.warning("data connection for %r broke: %s", conn, exc)
                 conn.close()
         finally:
+            self._discard_pending(sock)
+            if authed:
+                with self._lock:
+                    self._authed -= 1
             if conn is not None and conn.closed:
                 with self._lock:
                     self._conns.discard(conn)
@@ -233,7 +314,7 @@ class FeedHub:
         # Each frame must arrive within feed_timeout of the previous one.
         discard = False
         while True:
-            ftype, payload = recv_frame(conn.sock, Deadline(conn.feed_timeout_s, f"data for {conn!r}"))
+            ftype, payload = recv_frame(conn.sock, conn.session, Deadline(conn.feed_timeout_s, f"data for {conn!r}"))
             if ftype is FrameType.DATA:
                 if not discard and not self._put(q, conn, Chunk(conn, payload)):
                     if self._closing or conn.closed:
@@ -329,6 +410,24 @@ class FeedHub:
             c.send_json(FrameType.ERROR, {"state": state, "message": reason, "rows": c.rows_taken, "pending": c.pending})
             c.close()
         try:
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept loop
+        except OSError:
+            pass
+        try:
             self._listener.close()
         except OSError:
             pass
+        with self._lock:
+            pending = list(self._pending)
+        for sock in pending:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+def _close_quietly(sock: socket.socket) -> None:
+    try:
+        sock.close()
+    except OSError:
+        pass

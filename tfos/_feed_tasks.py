@@ -12,13 +12,22 @@ What a task does when the node cannot take data:
 * the node's ``main_fun`` already returned -> the partition is skipped and counted; the
   driver logs a warning with the count (C02);
 * the node failed or died -> the task reports a feed failure to the driver (which cancels
-  this cluster's jobs) and raises an error naming the node and the partition (C03).
+  this cluster's jobs) and raises an error naming the node and the partition (C03);
+* the process on the node's data port does not prove it holds the cluster key (it took
+  over a released port, or relays) -> nothing but a nonce and a proof bound to that
+  process's nonce was sent to it; the task fails over to the next fed node, and when none
+  authenticates it reports and raises an error naming the node and why (C21);
+* the node already received this partition index of this feed (Spark re-ran the task
+  after a retry or a stage resubmission) -> the task raises instead of feeding twice.
+
+Every frame in both directions is authenticated (:mod:`tfos._data_plane`): a partition
+counts as consumed only on an authenticated ``A`` frame, and result frames are yielded
+(and later unpickled by Spark) only after their tag checked.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import pickle
 import select
@@ -29,8 +38,9 @@ from typing import Any, Iterator, Optional, Union
 
 from . import _wire
 from ._control_client import ControlClient
-from ._data_plane import ChunkKind, FrameType, recv_frame, send_frame, send_json
+from ._data_plane import ChunkKind, FrameType, parse_json, recv_frame, recv_json, send_frame, send_json
 from ._deadline import Deadline
+from ._wire import DataAuthError
 from .cluster_template import NodeInfo
 from .errors import ControlProtocolError, DeadlineExceededError, FeedTimeoutError, NodeFailure, TFOSError
 
@@ -46,6 +56,9 @@ GENERIC_CHUNK_ROWS = 1024
 #: hundreds of megabytes, and the node decodes while the task still sends.
 ARROW_CHUNK_BYTES = 1 << 20
 _CONNECT_TIMEOUT_S = 30.0
+#: Handshakes retried when the node closes the connection during one (it sheds the oldest
+#: unauthenticated connections while strangers flood its port).
+_HANDSHAKE_ATTEMPTS = 6
 
 
 class FeedError(TFOSError):
@@ -116,21 +129,42 @@ def choose_node(nodes: tuple[NodeInfo, ...], index: int, executor_key: str, host
 
 
 class _Link:
-    """One authenticated data connection from a task to a node."""
+    """One mutually authenticated data connection from a task to a node.
 
-    def __init__(self, plan: FeedPlan, node: NodeInfo, partition: int, epoch: int):
+    Raises (constructor):
+        DataAuthError: The peer did not prove it holds the cluster key.
+        OSError, ConnectionError, DeadlineExceededError: The node is unreachable or went away.
+    """
+
+    def __init__(self, plan: FeedPlan, node: NodeInfo, partition: int, epoch: int, index: int):
         self.plan, self.node, self.partition, self.epoch = plan, node, partition, epoch
         self.where = f"partition {partition} (epoch {epoch}) -> {node.name}"
-        self.sock = socket.create_connection((node.host, node.data_port), timeout=_CONNECT_TIMEOUT_S)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         hs = Deadline(_CONNECT_TIMEOUT_S, f"the data handshake with {node.name}")
-        _wire.answer_challenge(self.sock, plan.key, hs)
-        send_json(self.sock, FrameType.HEADER, {
-            "qname": plan.qname, "mode": plan.mode, "partition": partition, "epoch": epoch,
-            "kind": (plan.kind or ChunkKind.PICKLED_BATCH).value, "feed_timeout": plan.feed_timeout_s,
-        })
-        ftype, payload = recv_frame(self.sock, hs)
-        self.status = json.loads(bytes(payload)) if ftype is FrameType.STATUS else {"state": "error", "message": "bad status"}
+        for attempt in range(_HANDSHAKE_ATTEMPTS):
+            self.sock = socket.create_connection((node.host, node.data_port), timeout=_CONNECT_TIMEOUT_S)
+            try:
+                self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                self.session = _wire.client_handshake(self.sock, plan.key, hs)
+                break
+            except ConnectionError:
+                self.close()
+                if attempt + 1 >= _HANDSHAKE_ATTEMPTS or hs.expired():
+                    raise
+                time.sleep(hs.slice(0.05 * (attempt + 1)))
+            except BaseException:
+                self.close()
+                raise
+        try:
+            send_json(self.sock, self.session, FrameType.HEADER, {
+                "qname": plan.qname, "mode": plan.mode, "partition": partition, "epoch": epoch,
+                "kind": (plan.kind or ChunkKind.PICKLED_BATCH).value, "feed_timeout": plan.feed_timeout_s,
+                "feed_id": plan.feed_id, "index": index,
+            })
+            ftype, status = recv_json(self.sock, self.session, hs)
+        except BaseException:
+            self.close()
+            raise
+        self.status = status if ftype is FrameType.STATUS else {"state": "error", "message": f"bad {ftype.name} frame instead of a status"}
         self.sock.settimeout(plan.feed_timeout_s)
 
     def close(self) -> None:
@@ -146,7 +180,7 @@ class _Link:
 
     def send(self, ftype: FrameType, payload: Any = b"") -> None:
         try:
-            send_frame(self.sock, ftype, payload)
+            send_frame(self.sock, self.session, ftype, payload)
         except socket.timeout:
             raise FeedTimeoutError(
                 f"{self.node.name} accepted no data for {self.plan.feed_timeout_s:g} s while feeding "
@@ -156,7 +190,7 @@ class _Link:
 
     def recv(self) -> tuple[FrameType, bytearray]:
         try:
-            return recv_frame(self.sock, Deadline(self.plan.feed_timeout_s, f"an answer from {self.node.name} for {self.where}"))
+            return recv_frame(self.sock, self.session, Deadline(self.plan.feed_timeout_s, f"an answer from {self.node.name} for {self.where}"))
         except DeadlineExceededError:
             raise FeedTimeoutError(
                 f"{self.node.name} sent nothing for {self.plan.feed_timeout_s:g} s for {self.where}: main_fun "
@@ -212,6 +246,21 @@ def _node_gone(plan: FeedPlan, node: NodeInfo, where: str, exc: BaseException) -
     raise FeedError(msg) from None
 
 
+def _auth_lost(plan: FeedPlan, node: NodeInfo, where: str, exc: BaseException) -> None:
+    """A frame from the node failed authentication mid-stream: report and raise (Spark task).
+
+    Raises:
+        FeedError: Always; names the node and why. Rows of the partition are not counted.
+    """
+    msg = (
+        f"{where}: a frame on the connection to {node.name} ({node.host}:{node.data_port}) failed "
+        f"authentication ({exc}); something on the path injected or altered data. The partition is "
+        "not counted as consumed"
+    )
+    _report(plan, node, msg, "DataAuthError")
+    raise FeedError(msg) from None
+
+
 def _refuse_retry(plan: FeedPlan, node: NodeInfo, part: int, epoch: int) -> None:
     """Refuses a retried feed task: its failed attempt may already have fed some rows, and
     feeding the partition again would silently train on them twice (Spark task side)."""
@@ -240,26 +289,51 @@ def _open(plan: FeedPlan, index: int) -> tuple[Optional[_Link], NodeInfo, str]:
     _refuse_retry(plan, node, part, epoch)
     if how == "remote":
         log.warning("partition %d runs on an executor without a fed node; sending it to %s over the network", part, node.name)
-    where = f"partition {part} (epoch {epoch}) -> {node.name}"
-    try:
-        link = _Link(plan, node, part, epoch)
-    except (OSError, DeadlineExceededError, ControlProtocolError) as exc:
-        return None, node, _node_gone(plan, node, where, exc)
-    state = link.status.get("state")
-    if state == "ok":
-        return link, node, "ok"
-    link.close()
-    if state == "error":
-        msg = f"{where}: {link.status.get('message')}"
-        _report(plan, node, msg)
-        raise FeedError(msg)
-    return None, node, str(state)
+    # Failover order when a node does not authenticate: the chosen node, then the others.
+    candidates = [node] + [n for n in plan.nodes if n != node]
+    refused: list[str] = []
+    for cand in candidates:
+        where = f"partition {part} (epoch {epoch}) -> {cand.name}"
+        try:
+            link = _Link(plan, cand, part, epoch, index)
+        except DataAuthError as exc:
+            why = (
+                f"{cand.name}: the process listening on its data port {cand.host}:{cand.data_port} failed to "
+                f"authenticate ({exc}); it is not this cluster's node (the node released the port and another "
+                "process took it, or a relay sits in between). No data was sent to it"
+            )
+            log.warning("%s: %s", where, why)
+            refused.append(why)
+            continue
+        except (OSError, DeadlineExceededError, ControlProtocolError) as exc:
+            if refused:  # failing over: this node cannot take the partition either
+                log.warning("%s: cannot fail over to this node: %s", where, exc)
+                refused.append(f"{cand.name}: unreachable ({exc})")
+                continue
+            return None, cand, _node_gone(plan, cand, where, exc)
+        state = link.status.get("state")
+        if state == "ok":
+            if refused:
+                log.warning("%s: failed over after %d node(s) did not authenticate", where, len(refused))
+            return link, cand, "ok"
+        link.close()
+        if state == "error":
+            msg = f"{where}: {link.status.get('message')}"
+            _report(plan, cand, msg)
+            raise FeedError(msg)
+        if refused:
+            refused.append(f"{cand.name}: not taking data (state {state})")
+            continue
+        return None, cand, str(state)
+    msg = f"partition {part} (epoch {epoch}): no fed node authenticated or took the partition; " + "; ".join(refused)
+    _report(plan, node, msg, "DataAuthError")
+    raise FeedError(msg)
 
 
 def _drain_answer(link: _Link) -> tuple[str, dict]:
     """Reads the node's answer after the partition was sent (train mode)."""
     ftype, payload = link.recv()
-    info = json.loads(bytes(payload)) if payload else {}
+    info = parse_json(ftype, payload)
     if ftype is FrameType.ACK:
         return "ok", info
     if ftype is FrameType.TERMINATED:
@@ -314,6 +388,8 @@ def _feed_partition(plan: FeedPlan, index: int, frames: Iterator[Any]) -> tuple[
             state, info = _drain_answer(link)
         except FeedTimeoutError:
             raise  # a TimeoutError, hence an OSError: not a lost connection
+        except DataAuthError as exc:
+            _auth_lost(plan, node, link.where, exc)
         except (ConnectionError, OSError) as exc:
             return index, _node_gone(plan, node, link.where, exc)
         if state in ("ok", "terminated"):
@@ -439,6 +515,8 @@ def make_infer_fn(plan: FeedPlan):
                     ftype, payload = link.recv()
                 except FeedTimeoutError:
                     raise  # a TimeoutError, hence an OSError: not a lost connection
+                except DataAuthError as exc:
+                    _auth_lost(plan, node, link.where, exc)
                 except (ConnectionError, OSError) as exc:
                     _node_gone(plan, node, link.where, exc)
                     msg = f"{link.where}: main_fun returned before answering every row of the partition"
@@ -451,7 +529,7 @@ def make_infer_fn(plan: FeedPlan):
                 elif ftype is FrameType.TERMINATED:
                     break
                 else:
-                    info = json.loads(bytes(payload)) if payload else {}
+                    info = parse_json(ftype, payload)
                     msg = f"{link.where}: {info.get('message') or 'the node ended before answering every row'}"
                     _report(plan, node, msg)
                     raise FeedError(msg)

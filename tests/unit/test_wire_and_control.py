@@ -171,38 +171,40 @@ def _challenge(server_key: bytes, client_key: bytes):
 
     def client():
         try:
-            _wire.answer_challenge(b, client_key, Deadline(10))
+            _wire.client_handshake(b, client_key, Deadline(10))
+            result["client"] = "ok"
         except Exception as exc:  # noqa: BLE001
             result["client"] = exc
 
     t = threading.Thread(target=client)
     t.start()
     try:
-        _wire.serve_challenge(a, server_key, Deadline(10))
+        _wire.server_handshake(a, server_key, Deadline(10))
         result["server"] = "ok"
     except Exception as exc:  # noqa: BLE001
         result["server"] = exc
-    t.join(10)
     a.close()
+    t.join(10)
     b.close()
     return result
 
 
 def test_challenge_response_right_key():
-    assert _challenge(KEY, KEY) == {"server": "ok"}
+    assert _challenge(KEY, KEY) == {"server": "ok", "client": "ok"}
 
 
 def test_challenge_response_wrong_key():
     r = _challenge(KEY, OTHER_KEY)
     assert isinstance(r["server"], ControlProtocolError)
-    assert str(r["server"]) == "data connection authentication failed (wrong key)"
+    assert str(r["server"]) == "data connection authentication failed (wrong key, or a relayed handshake)"
+    assert isinstance(r["client"], ConnectionError)  # the server closed without proving anything
 
 
 def test_challenge_silent_peer_times_out():
     a, b = socket.socketpair()
     with a, b:
-        with pytest.raises(DeadlineExceededError, match="received 0 of 32 bytes"):
-            _wire.serve_challenge(a, KEY, Deadline(0.3, "the handshake"))
+        with pytest.raises(DeadlineExceededError, match="received 0 of 68 bytes"):
+            _wire.server_handshake(a, KEY, Deadline(0.3, "the handshake"))
 
 
 # ==================================================================== server
@@ -239,8 +241,11 @@ def _raw(srv: ControlServer) -> tuple[socket.socket, str]:
     return s, hello["sn"]
 
 
+CN = "c" * 32  # a client nonce (16 bytes, hex)
+
+
 def _frame(sn: str, seq: int, key: bytes = KEY, **fields) -> bytes:
-    body = {"type": "ping", "cluster": CID, "sn": sn, "seq": seq}
+    body = {"type": "ping", "cluster": CID, "sn": sn, "cn": CN, "seq": seq}
     body.update(fields)
     return _wire.encode_frame(key, body)
 
