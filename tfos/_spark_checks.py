@@ -18,7 +18,7 @@ from ._deadline import Deadline
 from .cluster_template import InputMode
 from .errors import ConfigurationError
 
-__all__ = ["SparkLayout", "plan_layout", "check_static", "check_spark", "live_executors"]
+__all__ = ["SparkLayout", "plan_layout", "check_static", "check_spark", "live_executors", "warn_key_transport"]
 
 log = logging.getLogger(__name__)
 
@@ -158,6 +158,33 @@ def _scheduler_executors(sc: Any) -> Optional[int]:
         return None
 
 
+def warn_key_transport(master: str, conf: Mapping[str, str]) -> bool:
+    """Logs one WARNING when the cluster key would cross the network in clear (driver, pure).
+
+    The per-cluster key reaches the executors inside Spark task closures. Spark sends those
+    in clear text unless ``spark.authenticate`` and ``spark.network.crypto.enabled`` are both
+    on, so on a multi-host master anyone who can read the network between the driver and the
+    executors can read the key. ``local`` and ``local-cluster`` masters stay on one host.
+
+    Returns:
+        True when the warning was logged.
+    """
+    if master.startswith("local"):
+        return False
+    auth = str(conf.get("spark.authenticate", "false")).strip().lower() == "true"
+    crypto = str(conf.get("spark.network.crypto.enabled", "false")).strip().lower() == "true"
+    if auth and crypto:
+        return False
+    log.warning(
+        "the tfos cluster key travels to the executors in Spark task closures, which Spark sends in clear "
+        "text unless spark.authenticate=true and spark.network.crypto.enabled=true (now spark.authenticate=%s, "
+        "spark.network.crypto.enabled=%s): whoever can read the network between the driver and the executors "
+        "can read the key and impersonate the driver or the nodes. Enable both settings on a shared network",
+        str(auth).lower(), str(crypto).lower(),
+    )
+    return True
+
+
 def check_spark(sc: Any, num_nodes: int, input_mode: InputMode, wait_s: float = 60.0) -> SparkLayout:
     """Checks the live SparkContext and waits for enough executors (driver side).
 
@@ -177,6 +204,7 @@ def check_spark(sc: Any, num_nodes: int, input_mode: InputMode, wait_s: float = 
     conf = dict(sc.getConf().getAll())
     layout = plan_layout(sc.master, conf)
     check_static(layout, conf, num_nodes, input_mode)
+    warn_key_transport(sc.master, conf)
     if layout.local:
         return layout
     deadline = Deadline(wait_s, f"{num_nodes} Spark executors to register")

@@ -41,8 +41,12 @@ _MAX_TRACEBACK_CHARS = 60000
 _REQ_ERRORS = (OSError, ControlProtocolError, DeadlineExceededError)
 
 
-def reserve_port() -> socket.socket:
+def reserve_port(host: str = "") -> socket.socket:
     """Binds (without listening) a free TCP port with SO_REUSEADDR (and SO_REUSEPORT) set.
+
+    The port is bound on ``host`` (the node's address) when that address is local, else on
+    every interface. TensorFlow's gRPC server itself later binds the wildcard address;
+    tfos cannot change that.
 
     The socket keeps other programs off the port until ``ctx.release_port()``. TensorFlow's
     gRPC server (which sets SO_REUSEADDR) can bind the same port while it is held, because
@@ -53,17 +57,11 @@ def reserve_port() -> socket.socket:
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     if hasattr(socket, "SO_REUSEPORT"):
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    s.bind(("", 0))
-    return s
-
-
-def _set_pdeathsig() -> None:  # runs in the TensorBoard child before exec
     try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+        s.bind((host, 0))
+    except OSError:  # not an address of this host (NAT, a name resolving elsewhere)
+        s.bind(("", 0))
+    return s
 
 
 class _LogForwarder:
@@ -175,7 +173,9 @@ def _start_tensorboard(launch: NodeLaunch, ctx: TFNodeContext, client: ControlCl
         port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "tensorboard.main", "--logdir", logdir, "--port", str(port), "--host", launch.host]
     try:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=_set_pdeathsig)
+        # No preexec_fn (unsafe in a threaded process): TensorBoard stays in the TF process's
+        # process group, which the supervisor kills when the node ends (_supervisor._end_group).
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True)
     except OSError as exc:
         log.error("could not start TensorBoard: %s", exc)
         return None
@@ -228,7 +228,7 @@ def run_node(launch: NodeLaunch) -> int:
     code = 0
     tb_proc: Optional[subprocess.Popen] = None
     try:
-        port_sock = reserve_port()
+        port_sock = reserve_port(launch.host)
         if cfg.input_mode == InputMode.SPARK and role.feedable:
             hub = FeedHub(launch.host, cfg.key, cfg.queues, cfg.queue_chunks, launch.node_name)
             hub.data_timeout_s = cfg.data_timeout_s
