@@ -1,0 +1,491 @@
+"""Security of both planes against the real FeedHub, wire and control code (C20, C21).
+
+No Spark, no TensorFlow: a real :class:`tfos._feed_hub.FeedHub` on loopback, real
+handshakes (:mod:`tfos._wire`), real framing (:mod:`tfos._data_plane`), a real
+:class:`tfos._control_server.ControlServer`; raw sockets play squatters, relays and floods.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import queue
+import socket
+import struct
+import threading
+import time
+
+import pytest
+
+import tfos._control_server as cs_mod
+import tfos._feed_hub as hub_mod
+from tfos import _wire
+from tfos._control_client import ControlClient
+from tfos._control_server import ControlServer
+from tfos._data_plane import FrameType, recv_frame, recv_json, send_frame, send_json
+from tfos._deadline import Deadline
+from tfos._feed_hub import Chunk, FeedHub, PartitionEnd
+from tfos._spark_checks import warn_key_transport
+from tfos.errors import ControlProtocolError
+
+KEY = _wire.new_key()
+OTHER_KEY = _wire.new_key()
+CID = "tfos-unit-sec"
+
+
+class _Boom:
+    """Unpickling this writes a marker file: proof that hostile bytes were unpickled."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def _evil_pickle(path: str) -> bytes:
+    return pickle.dumps([_Boom(path)])
+
+
+@pytest.fixture
+def hub():
+    h = FeedHub("127.0.0.1", KEY, ("input",), 8, "worker:0 (executor 0, test)")
+    yield h
+    h.close("finished", "test over")
+
+
+def _header(**over) -> dict:
+    h = {"qname": "input", "mode": "train", "partition": 0, "epoch": 0, "kind": "pickled_batch",
+         "feed_timeout": 30.0, "feed_id": "feed-1", "index": 0}
+    h.update(over)
+    return h
+
+
+def _client(hub: FeedHub, key: bytes = KEY):
+    s = socket.create_connection(("127.0.0.1", hub.port), timeout=20)
+    session = _wire.client_handshake(s, key, Deadline(20, "handshake"))
+    return s, session
+
+
+def _open_partition(hub: FeedHub, **over):
+    s, session = _client(hub)
+    send_json(s, session, FrameType.HEADER, _header(**over))
+    ftype, status = recv_json(s, session, Deadline(20))
+    assert ftype is FrameType.STATUS
+    return s, session, status
+
+
+def _take(hub: FeedHub, timeout: float = 20.0):
+    return hub.queues["input"].get(timeout=timeout)
+
+
+def _no_item(hub: FeedHub, wait: float = 0.5) -> None:
+    with pytest.raises(queue.Empty):
+        hub.queues["input"].get(timeout=wait)
+
+
+def _wait(pred, what: str, timeout: float = 20.0) -> None:
+    Deadline(timeout, what).wait_for(pred)
+
+
+# ============================================================ handshake, frames
+def test_authenticated_partition_end_to_end(hub):
+    s, session, status = _open_partition(hub)
+    assert status == {"state": "ok"}
+    rows = [(i, float(i)) for i in range(10)]
+    send_frame(s, session, FrameType.DATA, pickle.dumps(rows))
+    big = bytes(range(256)) * 4096  # 1 MiB: the large-payload path
+    send_frame(s, session, FrameType.DATA, big)
+    send_frame(s, session, FrameType.END)
+    c1, c2, end = _take(hub), _take(hub), _take(hub)
+    assert isinstance(c1, Chunk) and pickle.loads(c1.payload) == rows
+    assert isinstance(c2, Chunk) and bytes(c2.payload) == big
+    assert isinstance(end, PartitionEnd)
+    hub.finish_connection(end.conn, FrameType.ACK, {"rows": 10})
+    ftype, info = recv_json(s, session, Deadline(20))
+    assert (ftype, info) == (FrameType.ACK, {"rows": 10})
+    s.close()
+
+
+def test_wrong_key_client_rejected_and_nothing_queued(hub, tmp_path):
+    s = socket.create_connection(("127.0.0.1", hub.port), timeout=20)
+    with pytest.raises(ConnectionError):  # the node closes without proving itself
+        _wire.client_handshake(s, OTHER_KEY, Deadline(20))
+    s.close()
+    _wait(lambda: hub.rejected >= 1, "the rejection")
+    _no_item(hub)
+
+
+def test_squatter_without_key_gets_only_a_nonce_and_a_proof(tmp_path):
+    """A process without the key on a node's port: the feed task sends it 68 bytes, then stops."""
+    lst = socket.socket()
+    lst.bind(("127.0.0.1", 0))
+    lst.listen(1)
+    got = bytearray()
+
+    def squatter():
+        c, _ = lst.accept()
+        c.sendall(b"TFD2" + os.urandom(32))
+        c.settimeout(3)
+        try:
+            while True:
+                b = c.recv(65536)
+                if not b:
+                    break
+                got.extend(b)
+                if len(got) >= 68:
+                    c.sendall(os.urandom(32))  # a made-up "server proof"
+        except OSError:
+            pass
+        c.close()
+
+    t = threading.Thread(target=squatter)
+    t.start()
+    s = socket.create_connection(lst.getsockname(), timeout=20)
+    with pytest.raises(_wire.DataAuthError, match="failed to prove it holds the cluster key"):
+        _wire.client_handshake(s, KEY, Deadline(20))
+    s.close()
+    t.join(10)
+    lst.close()
+    assert len(got) == 68  # "TFD2" + client nonce + proof bound to the squatter's nonce; no data
+
+
+def test_relay_in_the_middle_gets_nothing_accepted(hub, tmp_path):
+    """A relay passes a real feed task's handshake to the real node, then injects a pickle."""
+    marker = tmp_path / "unpickled"
+    relay = socket.socket()
+    relay.bind(("127.0.0.1", 0))
+    relay.listen(1)
+    result: dict = {}
+
+    def feed_task():
+        s = socket.create_connection(relay.getsockname(), timeout=20)
+        try:
+            result["session"] = _wire.client_handshake(s, KEY, Deadline(20))
+        except Exception as exc:  # noqa: BLE001
+            result["error"] = exc
+        result["sock"] = s
+
+    t = threading.Thread(target=feed_task)
+    t.start()
+    victim, _ = relay.accept()
+    node = socket.create_connection(("127.0.0.1", hub.port), timeout=20)
+    victim.sendall(_wire.recv_exact(node, 36, Deadline(20)))  # node hello -> task
+    node.sendall(_wire.recv_exact(victim, 68, Deadline(20)))  # task proof -> node
+    victim.sendall(_wire.recv_exact(node, 32, Deadline(20)))  # node proof -> task
+    t.join(20)
+    assert "session" in result  # both ends authenticated each other; the relay knows no key
+    # The relay now speaks for itself: a header, then a pickled batch under forged tags.
+    forged_header = b'{"qname":"input","mode":"train","partition":0,"kind":"pickled_batch"}'
+    node.sendall(struct.pack(">BQ", ord("H"), len(forged_header)) + forged_header + os.urandom(16))
+    evil = _evil_pickle(str(marker))
+    node.sendall(struct.pack(">BQ", ord("D"), len(evil)) + evil + os.urandom(16))
+    _wait(lambda: hub.rejected >= 1, "the hub to reject the forged frame")
+    _no_item(hub)
+    assert not marker.exists()
+    # Replaying the captured client proof on a new connection fails too (fresh server nonce).
+    with pytest.raises(_wire.DataAuthError):
+        a, b = socket.socketpair()
+        b.sendall(b"TFD2" + os.urandom(32) + os.urandom(32))
+        _wire.server_handshake(a, KEY, Deadline(5))
+    node.close()
+    victim.close()
+    relay.close()
+    result["sock"].close()
+
+
+def test_tampered_reordered_and_reflected_frames_rejected():
+    """Tags bind payload, type, sequence number and direction."""
+    a, b = socket.socketpair()
+    out: dict = {}
+    t = threading.Thread(target=lambda: out.setdefault("c", _wire.client_handshake(b, KEY, Deadline(10))))
+    t.start()
+    server = _wire.server_handshake(a, KEY, Deadline(10))
+    t.join(10)
+    client = out["c"]
+    # tampered payload
+    tag = client.seal(ord("D"), b"rows")
+    with pytest.raises(_wire.DataAuthError):
+        server.check(ord("D"), b"rowz", tag)
+    # frame type changed (the failed check above consumed sequence number 1)
+    tag2 = client.seal(ord("D"), b"x")
+    with pytest.raises(_wire.DataAuthError):
+        server.check(ord("E"), b"x", tag2)
+    # replayed frame: the next expected sequence number differs
+    with pytest.raises(_wire.DataAuthError):
+        server.check(ord("D"), b"x", tag2)
+    # reflected: a frame the server sent, fed back to the server
+    tag3 = server.seal(ord("A"), b"{}")
+    with pytest.raises(_wire.DataAuthError):
+        server.check(ord("A"), b"{}", tag3)
+    a.close()
+    b.close()
+
+
+def test_data_header_size_capped_before_allocation(hub):
+    s, session = _client(hub)
+    # an authenticated peer announcing a 2 GiB header: refused on the length prefix
+    s.sendall(struct.pack(">BQ", ord("H"), (1 << 31) - 2))
+    _wait(lambda: hub.rejected >= 1, "the oversize header to be refused")
+    s.close()
+
+
+def test_malformed_and_non_finite_header_refused(hub):
+    for header in (_header(feed_timeout=float("nan")), _header(mode="steal"), {"qname": "input"}):
+        s, session = _client(hub)
+        payload = __import__("json").dumps(header).encode()  # NaN written as the JSON token NaN
+        send_frame(s, session, FrameType.HEADER, payload)
+        s.settimeout(20)
+        assert s.recv(1) == b""  # closed, no status
+        s.close()
+    _wait(lambda: hub.rejected >= 3, "3 rejections")
+    _no_item(hub)
+
+
+# ============================================================== retried work
+def test_partition_already_delivered_for_the_feed_is_refused(hub):
+    s, session, status = _open_partition(hub, index=7)
+    assert status == {"state": "ok"}
+    send_frame(s, session, FrameType.END)
+    end = _take(hub)
+    hub.finish_connection(end.conn, FrameType.ACK, {"rows": 0})
+    s.close()
+    # Spark re-runs the task (stage resubmission: attempt 0 again): same feed, same index.
+    s2, _, status2 = _open_partition(hub, index=7)
+    assert status2["state"] == "error"
+    assert "already received partition index 7 of this feed" in status2["message"]
+    assert "worker:0 (executor 0, test)" in status2["message"]
+    s2.close()
+    # another feed (a new train() call) may feed the same partition index
+    s3, session3, status3 = _open_partition(hub, index=7, feed_id="feed-2")
+    assert status3 == {"state": "ok"}
+    s3.close()
+
+
+# =================================================== accept loop, caps, floods
+def test_accept_loop_survives_failed_thread_start(hub, monkeypatch):
+    real_start = threading.Thread.start
+    failures = {"n": 0}
+
+    def flaky_start(self):
+        if self.name == "tfos-feed-conn" and failures["n"] < 3:
+            failures["n"] += 1
+            raise RuntimeError("can't start new thread")
+        return real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", flaky_start)
+    for _ in range(3):
+        s = socket.create_connection(("127.0.0.1", hub.port), timeout=20)
+        s.settimeout(20)
+        assert s.recv(1) == b""  # closed by the accept loop, which lives on
+        s.close()
+    assert failures["n"] == 3
+    s, session, status = _open_partition(hub)
+    assert status == {"state": "ok"}
+    s.close()
+
+
+def test_unauthenticated_flood_bounded_and_legit_client_gets_through(hub):
+    n = hub_mod.MAX_HANDSHAKES * 4
+    before = threading.active_count()
+    flood = [socket.create_connection(("127.0.0.1", hub.port), timeout=20) for _ in range(n)]
+    try:
+        time.sleep(0.5)
+        assert threading.active_count() - before <= hub_mod.MAX_HANDSHAKES + 2
+        _wait(lambda: hub.rejected >= n - hub_mod.MAX_HANDSHAKES, "evictions")
+        s, session, status = _open_partition(hub)  # evicts the oldest idle stranger
+        assert status == {"state": "ok"}
+        s.close()
+    finally:
+        for f in flood:
+            f.close()
+
+
+def test_authenticated_connection_cap(hub, monkeypatch):
+    monkeypatch.setattr(hub_mod, "MAX_CONNECTIONS", 2)
+    a = _open_partition(hub, index=1)
+    b = _open_partition(hub, index=2)
+    s, session = _client(hub)  # authenticates, then is refused for the cap
+    s.settimeout(20)
+    assert s.recv(1) == b""
+    s.close()
+    for sock, _, _ in (a, b):
+        sock.close()
+
+
+def test_hub_close_ends_accept_loop_and_pending(hub):
+    idle = socket.create_connection(("127.0.0.1", hub.port), timeout=20)
+    hub.close("finished", "done")
+    assert _closed(idle)  # the pending handshake is ended, not left to its timeout
+    hub._accept_thread.join(10)
+    assert not hub._accept_thread.is_alive()
+
+
+# ============================================================== control plane
+@pytest.fixture
+def server(monkeypatch, caplog):
+    monkeypatch.delenv("TFOS_SERVER_HOST", raising=False)
+    monkeypatch.delenv("TFOS_SERVER_PORT", raising=False)
+    caplog.set_level(logging.DEBUG, logger="tfos")
+    calls: list = []
+
+    def dispatch(body: dict, peer: str) -> dict:
+        calls.append(body)
+        if body.get("type") == "sleep":
+            # a key holder's malformed field: float() or min() of garbage, huge ints...
+            time.sleep(min(float(body["poll_s"]), 0.01))
+            return {"slept": True}
+        if body.get("type") == "attr":
+            return {"n": body["items"].count(1)}  # AttributeError on a non-list
+        return {"echo": body.get("x"), "ok": True}
+
+    srv = ControlServer(KEY, dispatch, "127.0.0.1")
+    srv.calls = calls
+    yield srv
+    srv.close()
+
+
+def _raw(srv: ControlServer):
+    s = socket.create_connection((srv.host, srv.port), timeout=20)
+    hello = _wire.read_frame(s, KEY, Deadline(20), 20)
+    return s, hello["sn"]
+
+
+def _closed(s: socket.socket) -> bool:
+    s.settimeout(20)
+    try:
+        while s.recv(65536):
+            pass
+        return True
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+    finally:
+        s.close()
+
+
+def test_first_control_frame_capped_before_mac(server):
+    s, _ = _raw(server)
+    s.sendall(_wire.MAGIC + struct.pack(">I", _wire.MAX_FIRST_FRAME_BYTES + 1))
+    assert _closed(s)
+    _wait(lambda: server.rejected >= 1, "the rejection")
+    assert server.calls == []
+
+
+def test_big_first_request_goes_through_with_hi(server):
+    c = ControlClient(server.host, server.port, KEY, CID, connect_timeout_s=20)
+    try:
+        big = "x" * (_wire.MAX_FIRST_FRAME_BYTES * 3)
+        assert c.request("ping", x=big)["echo"] == big
+        assert c.request("ping", x=1)["echo"] == 1
+    finally:
+        c.close()
+    assert [b["type"] for b in server.calls] == ["ping", "ping"]
+
+
+@pytest.mark.parametrize("fields", [
+    {"type": "sleep", "poll_s": "soon"},
+    {"type": "sleep"},
+    {"type": "sleep", "poll_s": 10 ** 400},
+    {"type": "attr", "items": 5},
+])
+def test_malformed_message_from_key_holder_is_a_protocol_error(server, fields):
+    s, sn = _raw(server)
+    s.sendall(_wire.encode_frame(KEY, dict(fields, cluster=CID, sn=sn, cn="c" * 32, seq=1)))
+    assert _closed(s)
+    _wait(lambda: server.rejected >= 1, "the rejection")
+    c = ControlClient(server.host, server.port, KEY, CID, connect_timeout_s=20)
+    assert c.request("ping", x=2)["echo"] == 2  # the server lives on
+    c.close()
+
+
+@pytest.mark.parametrize("token", [b"NaN", b"Infinity", b"-Infinity", b"1e999"])
+def test_non_finite_numbers_rejected(server, token):
+    s, sn = _raw(server)
+    body = b'{"type":"sleep","cluster":"%s","sn":"%s","cn":"%s","seq":1,"poll_s":%s}' % (
+        CID.encode(), sn.encode(), b"c" * 32, token)
+    length = struct.pack(">I", len(body))
+    import hashlib
+    import hmac
+    s.sendall(_wire.MAGIC + length + hmac.new(KEY, length + body, hashlib.sha256).digest() + body)
+    assert _closed(s)
+    _wait(lambda: server.rejected >= 1, "the rejection")
+    assert server.calls == []
+    with pytest.raises(ValueError):
+        _wire.loads_strict(b'{"a": NaN}')
+
+
+def test_response_bound_to_client_nonce(server):
+    """A response without this connection's client nonce is refused by the client."""
+    lst = socket.socket()
+    lst.bind(("127.0.0.1", 0))
+    lst.listen(1)
+
+    def impostor():
+        c, _ = lst.accept()
+        c.sendall(_wire.encode_frame(KEY, {"type": "hello", "sn": "s" * 32}))
+        req = _wire.read_frame(c, KEY, Deadline(20), 20)
+        # an old response replayed: right server nonce and sequence, another client's nonce
+        c.sendall(_wire.encode_frame(KEY, {"state": "ok", "re": req["seq"], "sn": "s" * 32, "cn": "f" * 32}))
+        time.sleep(0.5)
+        c.close()
+
+    t = threading.Thread(target=impostor)
+    t.start()
+    c = ControlClient("127.0.0.1", lst.getsockname()[1], KEY, CID, connect_timeout_s=5)
+    with pytest.raises(ControlProtocolError, match="does not answer this request"):
+        c.request("heartbeat", retry=False)
+    c.close()
+    t.join(10)
+    lst.close()
+
+
+def test_control_flood_bounded_and_legit_client_gets_through(server):
+    n = cs_mod.MAX_UNAUTHENTICATED * 3
+    before = threading.active_count()
+    flood = [socket.create_connection((server.host, server.port), timeout=20) for _ in range(n)]
+    try:
+        _wait(lambda: server.rejected >= n - cs_mod.MAX_UNAUTHENTICATED, "evictions")
+        assert threading.active_count() - before <= cs_mod.MAX_UNAUTHENTICATED + 2
+        c = ControlClient(server.host, server.port, KEY, CID, connect_timeout_s=20)
+        assert c.request("ping", x=9)["echo"] == 9
+        c.close()
+    finally:
+        for f in flood:
+            f.close()
+
+
+def test_control_accept_survives_failed_thread_start(server, monkeypatch):
+    real_start = threading.Thread.start
+    failures = {"n": 0}
+
+    def flaky_start(self):
+        if failures["n"] < 2 and "process_request_thread" in repr(getattr(self, "_target", "")):
+            failures["n"] += 1
+            raise RuntimeError("can't start new thread")
+        return real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", flaky_start)
+    for _ in range(2):
+        s = socket.create_connection((server.host, server.port), timeout=20)
+        assert _closed(s)
+    assert failures["n"] == 2
+    assert server.active_connections == 0
+    c = ControlClient(server.host, server.port, KEY, CID, connect_timeout_s=20)
+    assert c.request("ping", x=5)["echo"] == 5
+    c.close()
+
+
+# ============================================================ key transport
+def test_key_transport_warning(caplog):
+    caplog.set_level(logging.WARNING, logger="tfos")
+    assert warn_key_transport("spark://master:7077", {}) is True
+    msgs = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(msgs) == 1
+    assert "spark.authenticate" in msgs[0] and "spark.network.crypto.enabled" in msgs[0]
+    caplog.clear()
+    assert warn_key_transport("yarn", {"spark.authenticate": "true"}) is True
+    assert warn_key_transport("yarn", {"spark.authenticate": "true", "spark.network.crypto.enabled": "true"}) is False
+    assert warn_key_transport("local[4]", {}) is False
+    assert warn_key_transport("local-cluster[2,1,1024]", {}) is False
+    assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
