@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 import pickle
 import socket
+import threading
 
 import numpy as np
 import pytest
 
+from tfos import _wire
 from tfos._data_plane import FrameType, recv_frame
 from tfos._deadline import Deadline
 from tfos._feed_hub import END_OF_FEED, Chunk, FeedConnection, FeedHub, PartitionEnd
@@ -117,7 +119,14 @@ class Feeder:
     def __init__(self, hub: FeedHub, partition: int, mode: str = "train", epoch: int = 0):
         self.hub = hub
         a, self.peer = socket.socketpair()
-        self.conn = FeedConnection(a, {"partition": partition, "epoch": epoch, "mode": mode, "kind": "pickled_batch", "qname": "input"}, 10.0)
+        # the real mutual handshake over the pair: frames both ways are authenticated
+        out: dict = {}
+        t = threading.Thread(target=lambda: out.setdefault("s", _wire.client_handshake(self.peer, KEY, Deadline(10))))
+        t.start()
+        server = _wire.server_handshake(a, KEY, Deadline(10))
+        t.join(10)
+        self.session = out["s"]
+        self.conn = FeedConnection(a, server, {"partition": partition, "epoch": epoch, "mode": mode, "kind": "pickled_batch", "qname": "input", "feed_timeout": 10.0})
         with hub._lock:
             hub._conns.add(self.conn)
 
@@ -128,7 +137,7 @@ class Feeder:
         self.hub.queues["input"].put_nowait(PartitionEnd(self.conn))
 
     def frame(self) -> tuple[FrameType, object]:
-        ftype, payload = recv_frame(self.peer, Deadline(10, "a frame from the node"))
+        ftype, payload = recv_frame(self.peer, self.session, Deadline(10, "a frame from the node"))
         if ftype in (FrameType.RESULTS,):
             return ftype, pickle.loads(payload)
         return ftype, json.loads(bytes(payload)) if payload else None

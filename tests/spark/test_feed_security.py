@@ -1,0 +1,153 @@
+"""C21 on local-cluster: a process without the key squats a node's released data port.
+
+Node 0's ``main_fun`` reads 5 rows and returns, which closes its data listener. A separate
+process that never had the cluster key binds the freed port and answers every feed task
+that connects: it sends a made-up handshake, a made-up proof, then frames holding a pickle
+whose unpickling would write a marker file. The feed tasks must send it nothing but a nonce
+and a proof bound to its nonce, fail over to node 1 (a real node), and nothing it sent may
+be unpickled anywhere.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pyspark")
+
+from tfos import TFCluster  # noqa: E402
+from tfos.errors import TFOSError  # noqa: E402
+
+pytestmark = pytest.mark.spark
+
+SPARK = TFCluster.InputMode.SPARK
+
+_SQUATTER = textwrap.dedent(
+    r'''
+    import os, pickle, socket, struct, sys, threading, time
+    host, port, log_path, marker, stop_path = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+
+    class Boom:
+        def __reduce__(self):
+            return (open, (marker, "w"))
+
+    evil = pickle.dumps([Boom()])
+    lst = socket.socket()
+    lst.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    end = time.monotonic() + 240
+    while time.monotonic() < end and not os.path.exists(stop_path):
+        try:
+            lst.bind((host, port))
+            break
+        except OSError:
+            time.sleep(0.005)
+    else:
+        sys.exit(0)
+    lst.listen(64)
+    lst.settimeout(0.2)
+    with open(log_path, "a") as f:
+        f.write("bound\n")
+
+    def serve(c):
+        got = 0
+        try:
+            c.settimeout(5)
+            c.sendall(b"TFD2" + os.urandom(32))
+            while True:
+                b = c.recv(65536)
+                if not b:
+                    break
+                got += len(b)
+                if got >= 68:
+                    # a made-up proof, then a "status ok", an "ack" and "results" frames
+                    c.sendall(os.urandom(32))
+                    for t, p in ((b"S", b'{"state":"ok"}'), (b"A", b'{"rows":1000}'), (b"R", evil)):
+                        c.sendall(t + struct.pack(">Q", len(p)) + p + os.urandom(16))
+        except OSError:
+            pass
+        finally:
+            c.close()
+            with open(log_path, "a") as f:
+                f.write(f"conn {got}\n")
+
+    while not os.path.exists(stop_path) and time.monotonic() < end:
+        try:
+            c, _ = lst.accept()
+        except socket.timeout:
+            continue
+        threading.Thread(target=serve, args=(c,), daemon=True).start()
+    '''
+)
+
+
+def _touch(path: str, text: str) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def _early_return_or_count(args, ctx):
+    feed = ctx.get_data_feed(train_mode=True)
+    if ctx.executor_id == 0:
+        rows = feed.next_batch(5)
+        _touch(os.path.join(args["out"], "rows0"), str(len(rows)))
+        # give the squatter time to take the port before feed tasks of executor 0 arrive
+        return
+    seen: list = []
+    while not feed.should_stop():
+        seen.extend(feed.next_batch(100))
+        if len(seen) >= args["need"]:
+            break
+    _touch(os.path.join(args["out"], "rows1"), f"{len(seen)} {len(set(seen))}")
+
+
+def test_squatter_on_released_data_port_gets_nothing(sc, no_leftovers, tmp_path):
+    marker = tmp_path / "unpickled-by-someone"
+    log_path = tmp_path / "squatter.log"
+    stop = tmp_path / "stop"
+    script = tmp_path / "squatter.py"
+    script.write_text(_SQUATTER)
+    n, parts = 24000, 24
+    per_part = n // parts
+    cluster = TFCluster.run(sc, _early_return_or_count, {"out": str(tmp_path), "need": n}, 2, 0, input_mode=SPARK)
+    squatter = None
+    try:
+        [node0] = [i for i in cluster.cluster_info if i["executor_id"] == 0]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TFOS")}
+        squatter = subprocess.Popen(
+            [sys.executable, str(script), node0["host"], str(node0["data_port"]), str(log_path), str(marker), str(stop)],
+            env=env,
+        )
+        rdd = sc.parallelize(range(n), parts)
+        try:
+            cluster.train(rdd, num_epochs=1, feed_timeout=120)
+            raised = None
+        except TFOSError as exc:  # allowed: an error naming the node and why
+            raised = str(exc)
+        if raised is not None:
+            assert "worker:0" in raised and "authenticate" in raised, raised
+        cluster.shutdown(timeout=120)
+    finally:
+        _touch(str(stop), "")
+        if squatter is not None:
+            squatter.wait(30)
+    lines = log_path.read_text().splitlines() if log_path.exists() else []
+    conns = [int(x.split()[1]) for x in lines if x.startswith("conn ")]
+    assert "bound" in lines, "the squatter never got the released port; the test did not exercise C21"
+    assert conns, "no feed task reached the squatter; the test did not exercise C21"
+    # every feed task sent the squatter a nonce and a proof bound to its nonce (68 bytes), nothing else
+    assert set(conns) == {68}, conns
+    # nothing the squatter sent was unpickled anywhere (driver, executors, TF processes)
+    assert not marker.exists()
+    # the partitions the squatter was offered went to the real node 1, each row once
+    assert (tmp_path / "rows0").read_text() == "5"
+    got, distinct = (int(x) for x in (tmp_path / "rows1").read_text().split())
+    assert got == distinct, "a row was fed twice"
+    assert got >= len(conns) * per_part
