@@ -294,7 +294,7 @@ class DataSession:
         """The tag of the next outgoing frame (call in send order, one thread at a time)."""
         self._tx_seq += 1
         nonce = _NONCE.pack(self._tx_seq, ftype)
-        return self._tx.encrypt(nonce, b"", payload if len(payload) else None)
+        return self._tx.encrypt(nonce, b"", _byte_view(payload))
 
     def check(self, ftype: int, payload: Union[bytes, bytearray, memoryview], tag: Union[bytes, bytearray]) -> None:
         """Verifies the tag of the next incoming frame.
@@ -307,11 +307,25 @@ class DataSession:
         self._rx_seq += 1
         nonce = _NONCE.pack(self._rx_seq, ftype)
         try:
-            self._rx.decrypt(nonce, bytes(tag), payload if len(payload) else None)
+            self._rx.decrypt(nonce, bytes(tag), _byte_view(payload))
         except InvalidTag:
             raise DataAuthError(
                 f"data frame {self._rx_seq} failed authentication (tampered, injected, replayed or reordered)"
             ) from None
+
+
+def _byte_view(payload: Any) -> Any:
+    """``payload`` as something ``cryptography`` reads without a copy (None when empty).
+
+    Buffers exported with another format than unsigned bytes (a ``pyarrow.Buffer`` exports
+    signed chars, numpy arrays their dtype) are recast, which copies nothing.
+    """
+    if not len(payload):
+        return None
+    if isinstance(payload, (bytes, bytearray)):
+        return payload
+    view = memoryview(payload)
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
 
 
 _NONCE = struct.Struct(">QB3x")

@@ -489,3 +489,13 @@ def test_key_transport_warning(caplog):
     assert warn_key_transport("local[4]", {}) is False
     assert warn_key_transport("local-cluster[2,1,1024]", {}) is False
     assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
+
+
+def test_tags_over_foreign_buffers_without_copy():
+    """Arrow buffers (signed-char exports) and numpy arrays are tagged like their bytes."""
+    np = pytest.importorskip("numpy")
+    pa = pytest.importorskip("pyarrow")
+    tx, rx = _wire.DataSession(b"k" * 32, b"k" * 32), _wire.DataSession(b"k" * 32, b"k" * 32)
+    data = np.arange(1000, dtype=np.float32)
+    for payload in (pa.py_buffer(data.tobytes()), data, memoryview(data.tobytes())):
+        rx.check(ord("D"), data.tobytes(), tx.seal(ord("D"), payload))
