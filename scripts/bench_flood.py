@@ -74,21 +74,29 @@ _ATTACKER = textwrap.dedent(
         f.write(str(len(socks)))
     reopened = 0
     end = time.monotonic() + 600
+    poller = select.poll()  # select() cannot watch descriptors above 1024
+    by_fd = {}
+    for s in socks:
+        poller.register(s, select.POLLIN)
+        by_fd[s.fileno()] = s
     while not os.path.exists(stop) and time.monotonic() < end:
-        r, _, _ = select.select(socks[:1000], [], [], 0.05) if socks else ([], [], [])
-        for s in r:
+        for fd, _ in poller.poll(50):
+            s = by_fd.pop(fd)
             try:
                 data = s.recv(65536)
             except OSError:
                 data = b""
-            if not data:
-                socks.remove(s)
-                s.close()
-                t = open_one()
-                if t is not None:
-                    socks.append(t)
-                    reopened += 1
-        socks = socks[1000:] + socks[:1000]  # rotate: every connection gets looked at
+            if data:
+                by_fd[fd] = s
+                continue
+            poller.unregister(fd)
+            s.close()
+            t = open_one()
+            if t is not None:
+                poller.register(t, select.POLLIN)
+                by_fd[t.fileno()] = t
+                reopened += 1
+    socks = list(by_fd.values())
     with open(ready, "w") as f:
         f.write(f"{len(socks)} {reopened}")
     '''
