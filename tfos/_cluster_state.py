@@ -26,7 +26,7 @@ from ._deadline import Deadline
 from .cluster_template import NodeInfo, NodeRole, build_cluster_spec
 from .errors import ClusterFailedError, ControlProtocolError, NodeFailure, is_root_cause
 
-__all__ = ["ClusterState", "describe_exit"]
+__all__ = ["ClusterState", "describe_exit", "kill_hint", "format_bytes"]
 
 log = logging.getLogger(__name__)
 node_log = logging.getLogger("tfos.node")
@@ -35,29 +35,29 @@ _MAX_POLL_S = 5.0
 TERMINAL = ("finished", "failed", "stopped")
 
 
-def describe_exit(code: int, rss_bytes: int = 0) -> str:
-    """Human text for a process exit status (negative = killed by that signal).
-
-    Args:
-        code: The exit status; negative for a signal (``Popen.returncode`` convention).
-        rss_bytes: The process's last sampled resident memory (0: unknown); quoted for
-            SIGKILL, whose usual cause is a memory limit.
-    """
+def describe_exit(code: int) -> str:
+    """Human text for a process exit status (negative = killed by that signal)."""
     if code < 0:
         try:
             name = signal.Signals(-code).name
         except ValueError:
             name = f"signal {-code}"
-        text = f"killed by {name}"
-        if -code == signal.SIGKILL:
-            text += (
-                "; a SIGKILL nobody sent by hand usually means a memory limit: the kernel's OOM killer, or "
-                "YARN/Kubernetes ending the container over its memory limit"
-            )
-            if rss_bytes:
-                text += f"; last sampled RSS of the TF process and its children: {format_bytes(rss_bytes)}"
-        return text
+        return f"killed by {name}"
     return f"exit code {code}"
+
+
+def kill_hint(code: int, rss_bytes: int = 0) -> str:
+    """What usually causes exit status ``code``: for SIGKILL a memory limit, with the last
+    sampled RSS when known; '' for other statuses (pure)."""
+    if code != -signal.SIGKILL:
+        return ""
+    text = (
+        "; a SIGKILL that nobody sent by hand usually means a memory limit: the kernel's OOM killer, or "
+        "YARN/Kubernetes ending the container over its memory limit"
+    )
+    if rss_bytes:
+        text += f" (last sampled RSS of the TF process and its children: {format_bytes(rss_bytes)})"
+    return text
 
 
 def format_bytes(n: int) -> str:
@@ -471,7 +471,7 @@ class ClusterState:
                 self._cond.notify_all()
             if code != 0 and proc not in ("finished", "stopped", "failed") and not stopping:
                 self.record_failure(
-                    self.make_failure(eid, "exited", "ProcessDied", f"the TF process died ({describe_exit(code, rss)}) before main_fun returned")
+                    self.make_failure(eid, "exited", "ProcessDied", f"the TF process died ({describe_exit(code)}) before main_fun returned{kill_hint(code, rss)}")
                 )
         elif state in ("running", "serving", "finished", "stopped"):
             with self._cond:

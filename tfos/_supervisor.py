@@ -214,7 +214,7 @@ def supervise(launch: NodeLaunch) -> int:
             code = _stop_tf(tf)
             terminated = True
     _end_group(tf.pid)
-    log.info("tfos node %s: TF process %s", launch.node_name, describe_exit(code, rss))
+    log.info("tfos node %s: TF process %s", launch.node_name, describe_exit(code))
     if not driver_gone:
         try:
             client.request(
