@@ -28,7 +28,7 @@ from ._launch import ClusterConfig
 from ._node_task import launch_local_node, make_start_task
 from ._spark_checks import busy_slots_report, check_spark
 from .cluster_template import InputMode, build_template, format_template, roles_from_template
-from .errors import ClusterFailedError, ConfigurationError, DeadlineExceededError, ReservationTimeoutError, TFOSError
+from .errors import ClusterFailedError, ConfigurationError, DeadlineExceededError, ReservationTimeoutError, TFOSError, is_root_cause
 
 __all__ = ["TFCluster", "run"]
 
@@ -40,7 +40,7 @@ _STOP_TIMEOUT_S = 45.0
 #: failure (e.g. a feed task's report of a broken connection) before raising.
 _ATTRIBUTION_S = 3.0
 #: Seconds run() waits for the start stage before it says which slots are busy (C25).
-_BUSY_WARN_S = 10.0
+_BUSY_WARN_S = 8.0
 #: Seconds after the last train() job for every fed node to send its final row counter.
 _FINAL_COUNT_S = 3.0
 
@@ -183,10 +183,10 @@ class TFCluster:
         """
         assert self._state is not None
         st = self._state
-        st.abort("the cluster failed")
         self._cancel_jobs()
         if not st.wait_until(st.failed_nodes_reported, _ATTRIBUTION_S):
             log.info("tfos cluster %s: not every failed node reported its cause within %g s", self.cluster_id, _ATTRIBUTION_S)
+        st.abort("the cluster failed")
         err = st.error(context)
         self._teardown_async()
         return err
@@ -204,11 +204,16 @@ class TFCluster:
             raise self._fail(what)
 
     def _on_first_failure(self, failure: Any) -> None:
-        # Runs on a control-server thread. The cluster cannot recover: direct every node to
-        # stop now (before the cancellation below kills their Spark tasks, so those kills
-        # are recognised as consequences), then cancel only this cluster's job groups.
+        # Runs on a control-server thread. The cluster cannot recover. For a root cause,
+        # direct every node to abort now (before the cancellation below kills their Spark
+        # tasks, so those kills are recognised as consequences). A consequence first (a
+        # feed task saw a node fail or stop reading) leaves the nodes running for the
+        # attribution wait in _fail(), so that the node can still report what happened to
+        # it (e.g. main_fun raising 1.5 s into a feed_timeout of 1 s). Then cancel only
+        # this cluster's job groups.
         assert self._state is not None
-        self._state.abort(f"node {failure.node_name} failed")
+        if is_root_cause(failure):
+            self._state.abort(f"node {failure.node_name} failed")
         self._cancel_jobs()
 
     def _liveness_loop(self) -> None:
