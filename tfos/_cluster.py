@@ -38,7 +38,7 @@ log = logging.getLogger("tfos.cluster")
 _STOP_TIMEOUT_S = 45.0
 #: Seconds to let the failed nodes' own reports (their root causes) arrive after a first
 #: failure (e.g. a feed task's report of a broken connection) before raising.
-_ATTRIBUTION_S = 3.0
+_ATTRIBUTION_S = 5.0
 #: Seconds run() waits for the start stage before it says which slots are busy (C25).
 _BUSY_WARN_S = 8.0
 #: Seconds after the last train() job for every fed node to send its final row counter.
