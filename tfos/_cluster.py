@@ -7,13 +7,16 @@ cancels exactly this cluster's jobs and nothing else.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import logging
 import os
+import signal
 import sys
 import threading
 import time
 import uuid
+import weakref
 from typing import Any, Callable, Optional, Sequence
 
 from . import _wire
@@ -23,9 +26,9 @@ from ._deadline import Deadline
 from ._feed_tasks import FeedPlan, make_arrow_feed_fn, make_feed_fn, make_infer_fn
 from ._launch import ClusterConfig
 from ._node_task import launch_local_node, make_start_task
-from ._spark_checks import check_spark
+from ._spark_checks import busy_slots_report, check_spark
 from .cluster_template import InputMode, build_template, format_template, roles_from_template
-from .errors import ClusterFailedError, ConfigurationError, DeadlineExceededError, ReservationTimeoutError, TFOSError
+from .errors import ClusterFailedError, ConfigurationError, DeadlineExceededError, ReservationTimeoutError, TFOSError, is_root_cause
 
 __all__ = ["TFCluster", "run"]
 
@@ -33,8 +36,13 @@ log = logging.getLogger("tfos.cluster")
 
 #: Seconds to wait for nodes to exit after a stop directive.
 _STOP_TIMEOUT_S = 45.0
-#: Seconds to let a node failure report arrive after a Spark job failed, to name the cause.
+#: Seconds to let the failed nodes' own reports (their root causes) arrive after a first
+#: failure (e.g. a feed task's report of a broken connection) before raising.
 _ATTRIBUTION_S = 5.0
+#: Seconds run() waits for the start stage before it says which slots are busy (C25).
+_BUSY_WARN_S = 8.0
+#: Seconds after the last train() job for every fed node to send its final row counter.
+_FINAL_COUNT_S = 3.0
 
 
 def _default_fs(sc: Any) -> str:
@@ -48,7 +56,7 @@ def _default_fs(sc: Any) -> str:
 class _JobThread:
     """Runs one Spark action in a thread under a job group (driver)."""
 
-    def __init__(self, sc: Any, group: str, description: str, action: Callable[[], Any]):
+    def __init__(self, sc: Any, group: str, description: str, action: Callable[[], Any], on_done: Callable[[], None] = lambda: None):
         from pyspark import InheritableThread
 
         self.sc, self.group = sc, group
@@ -64,6 +72,7 @@ class _JobThread:
                 self.error = exc
             finally:
                 self.done.set()
+                on_done()  # wakes the driver thread waiting on the cluster state
 
         self.thread = InheritableThread(target=_run, name=f"tfos-job-{group}", daemon=True)
         self.thread.start()
@@ -122,6 +131,7 @@ class TFCluster:
         self._closed = False
         self._feed_seq = 0
         self._liveness_stop = threading.Event()
+        self._teardown_thread: Optional[threading.Thread] = None
 
     # ------------------------------------------------------------- properties
     @property
@@ -138,10 +148,12 @@ class TFCluster:
         return self._state.cluster_spec()
 
     def tensorboard_url(self, timeout_s: float = 60.0) -> Optional[str]:
-        """The TensorBoard URL (``http://host:port/``), or None when TensorBoard is off.
+        """The TensorBoard URL (``http://host:port/``), or None when TensorBoard is off or
+        failed to start (its stderr is then logged as a WARNING on the driver).
 
         Args:
-            timeout_s: Longest wait for TensorBoard to come up, in seconds.
+            timeout_s: Longest wait for TensorBoard to come up, in seconds. The wait ends
+                early when TensorBoard's process exited.
 
         Raises:
             ClusterFailedError: When a node failed while waiting.
@@ -151,20 +163,38 @@ class TFCluster:
             return None
         st = self._state
         try:
-            if not st.wait(lambda: st.tensorboard_url is not None, Deadline(timeout_s, "TensorBoard to start")):
-                raise st.error("tensorboard_url()")
+            if not st.wait(lambda: st.tensorboard_url is not None or bool(st.tensorboard_error), Deadline(timeout_s, "TensorBoard to start")):
+                raise self._fail("tensorboard_url()")
         except DeadlineExceededError:
             log.warning("TensorBoard did not report a URL within %g s", timeout_s)
+        if st.tensorboard_error:
+            log.warning("TensorBoard of cluster %s is not running (see the error above)", self.cluster_id)
+            return None
         return st.tensorboard_url
 
     # ------------------------------------------------------------- internals
     def _fail(self, context: str) -> ClusterFailedError:
+        """The error to raise for a failed cluster; starts the teardown (driver).
+
+        Report first, tear down second: every node is told to abort at once, the error is
+        built as soon as the failed nodes have reported their root causes (bounded by
+        ``_ATTRIBUTION_S``), and the rest of the teardown (waiting for the healthy nodes'
+        processes, bounded) goes on in a background thread that logs its outcome.
+        """
         assert self._state is not None
-        # Teardown first: it waits (bounded) for every node to exit, so the failed node's
-        # own report (with its remote traceback) is in, even when a feed task's report of
-        # the broken connection reached the driver before it.
-        self._teardown(failed=True)
-        return self._state.error(context)
+        st = self._state
+        self._cancel_jobs()
+        if not st.wait_until(st.failed_nodes_reported, _ATTRIBUTION_S):
+            log.info("tfos cluster %s: not every failed node reported its cause within %g s", self.cluster_id, _ATTRIBUTION_S)
+        st.abort("the cluster failed")
+        err = st.error(context)
+        self._teardown_async()
+        return err
+
+    def _cancel_jobs(self) -> None:
+        for job in list(self._jobs):
+            if not job.done.is_set():
+                job.cancel()
 
     def _check_open(self, what: str) -> None:
         if self._closed:
@@ -174,14 +204,17 @@ class TFCluster:
             raise self._fail(what)
 
     def _on_first_failure(self, failure: Any) -> None:
-        # Runs on a control-server thread. The cluster cannot recover: direct every node to
-        # stop now (before the cancellation below kills their Spark tasks, so those kills
-        # are recognised as consequences), then cancel only this cluster's job groups.
+        # Runs on a control-server thread. The cluster cannot recover. For a root cause,
+        # direct every node to abort now (before the cancellation below kills their Spark
+        # tasks, so those kills are recognised as consequences). A consequence first (a
+        # feed task saw a node fail or stop reading) leaves the nodes running for the
+        # attribution wait in _fail(), so that the node can still report what happened to
+        # it (e.g. main_fun raising 1.5 s into a feed_timeout of 1 s). Then cancel only
+        # this cluster's job groups.
         assert self._state is not None
-        self._state.abort(f"node {failure.node_name} failed")
-        for job in list(self._jobs):
-            if not job.done.is_set():
-                job.cancel()
+        if is_root_cause(failure):
+            self._state.abort(f"node {failure.node_name} failed")
+        self._cancel_jobs()
 
     def _liveness_loop(self) -> None:
         assert self._state is not None
@@ -190,31 +223,52 @@ class TFCluster:
 
     def _run_job(self, kind: str, description: str, action: Callable[[], Any]) -> _JobThread:
         self._feed_seq += 1
-        job = _JobThread(self.sc, f"{self.cluster_id}-{kind}-{self._feed_seq}", description, action)
+        assert self._state is not None
+        job = _JobThread(self.sc, f"{self.cluster_id}-{kind}-{self._feed_seq}", description, action, self._state.poke)
         self._jobs.append(job)
         return job
 
-    def _await_job(self, job: _JobThread, context: str, progress: Optional[Callable[[], None]] = None) -> Any:
-        """Waits for a feed/inference job, failing fast on any node failure (driver)."""
+    def _await_job(self, job: _JobThread, context: str, progress: Optional["_Progress"] = None) -> Any:
+        """Waits for a feed/inference job, failing fast on any node failure (driver).
+
+        The wait is a question to the cluster state (woken by every report and by the job's
+        end), with a tick of 0.5 s to move the progress line.
+        """
         assert self._state is not None
         st = self._state
-        while not job.done.wait(0.25):
-            if st.failed:
-                job.cancel()
-                job.done.wait(30.0)
-                raise self._fail(context)
+        ok = False
+        try:
+            while not job.done.is_set():
+                st.wait_until(lambda: job.done.is_set() or st.failed, 0.5 if progress else 5.0)
+                if st.failed:
+                    raise self._fail(context)
+                if progress:
+                    progress.update()
+            if job.error is not None:
+                # The node's own failure report carries the real cause: give it a moment.
+                if st.wait_until(lambda: st.failed, _ATTRIBUTION_S):
+                    raise self._fail(context)
+                text = _spark_error_text(job.error)
+                st.abort("a Spark job of the cluster failed")
+                self._teardown_async()
+                raise ClusterFailedError(self.cluster_id, [st.make_failure(st.roles[0].executor_id, "spark", type(job.error).__name__, text)], context) from job.error
+            ok = True
             if progress:
-                progress()
-        if progress:
-            progress()
-        if job.error is not None:
-            _sleep_for_attribution(st)
-            if st.failed:
-                raise self._fail(context)
-            text = _spark_error_text(job.error)
-            self._teardown(failed=True)
-            raise ClusterFailedError(self.cluster_id, [st.make_failure(st.roles[0].executor_id, "spark", type(job.error).__name__, text)], context) from job.error
-        return job.result
+                progress.finish(self._feed_ids())
+            return job.result
+        except BaseException as exc:
+            if not isinstance(exc, TFOSError) and not self._closed:
+                # Ctrl-C (or SIGTERM, see _install_sigterm) while a job runs: tear the
+                # cluster down before the interruption propagates.
+                log.warning("tfos cluster %s: %s during %s; tearing the cluster down", self.cluster_id, type(exc).__name__, context)
+                self._teardown(failed=True)
+            raise
+        finally:
+            if progress and not ok:
+                progress.abandon()
+
+    def _feed_ids(self) -> list[int]:
+        return [n.executor_id for n in self._feed_nodes()]
 
     def _feed_nodes(self) -> tuple:
         assert self._state is not None
@@ -230,36 +284,12 @@ class TFCluster:
             float(feed_timeout), feed_id=uuid.uuid4().hex, report_sent=report_sent,
         )
 
-    def _progress(self, job_group_prefix: str, total: int, parts: int, epochs: int, desc: str) -> Callable[[], None]:
+    def _progress(self, job_group_prefix: str, total: int, parts: int, epochs: int, desc: str) -> Optional["_Progress"]:
         if not self.progress or os.environ.get("TFOS_PROGRESS", "1") == "0":
-            return lambda: None
-        from tqdm import tqdm
-
+            return None
         assert self._state is not None
-        st = self._state
-        tracker = self.sc.statusTracker()
-        bar = tqdm(total=total, desc=desc, unit="part", file=sys.stderr, mininterval=0.5 if sys.stderr.isatty() else 10.0, leave=True)
-        t0, rows0 = time.monotonic(), st.rows_consumed()
         group = f"{self.cluster_id}-{job_group_prefix}-{self._feed_seq}"
-
-        def update() -> None:
-            done = 0
-            for jid in tracker.getJobIdsForGroup(group):
-                info = tracker.getJobInfo(jid)
-                for sid in info.stageIds if info else ():
-                    s = tracker.getStageInfo(sid)
-                    if s:
-                        done += s.numCompletedTasks
-            done = min(done, total)
-            rows = st.rows_consumed() - rows0
-            rate = rows / max(1e-6, time.monotonic() - t0)
-            epoch = min(epochs, done // max(1, parts) + 1)
-            bar.set_postfix_str(f"epoch {epoch}/{epochs}, {rows:,} rows, {rate:,.0f} rows/s", refresh=False)
-            bar.update(done - bar.n)
-            if done >= total:
-                bar.close()
-
-        return update
+        return _Progress(self.sc.statusTracker(), self._state, group, total, parts, epochs, desc)
 
     # ---------------------------------------------------------------- feeding
     def train(self, dataRDD: Any, num_epochs: int = 1, feed_timeout: float = 600, qname: str = "input", end_of_feed: bool = False) -> None:
@@ -389,6 +419,7 @@ class TFCluster:
             DeadlineExceededError: The workers did not finish within ``timeout``.
         """
         if self._closed:
+            self._join_teardown()
             return
         assert self._state is not None
         st = self._state
@@ -416,26 +447,45 @@ class TFCluster:
         log.info("tfos cluster %s shut down", self.cluster_id)
 
     def _teardown(self, failed: bool) -> None:
-        """Stops every node, waits (bounded) for their processes, closes the server (driver)."""
+        """Stops every node, waits (bounded) for their processes, closes the server (driver).
+
+        Synchronous; also joins a teardown already running in the background.
+        """
+        if self._closed:
+            self._join_teardown()
+            return
+        self._closed = True
+        self._teardown_now(failed)
+
+    def _teardown_async(self) -> None:
+        """Starts the teardown after a failure in a background thread (driver); its outcome
+        is logged, and :meth:`shutdown`, ``__exit__`` and interpreter exit join it."""
         if self._closed:
             return
         self._closed = True
+        t = threading.Thread(target=self._teardown_now, args=(True,), name=f"{self.cluster_id}-teardown", daemon=True)
+        self._teardown_thread = t
+        t.start()
+
+    def _join_teardown(self, timeout_s: float = _STOP_TIMEOUT_S + 15.0) -> None:
+        t = self._teardown_thread
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout_s)
+            if t.is_alive():
+                log.warning("tfos cluster %s: teardown still running after %g s", self.cluster_id, timeout_s)
+
+    def _teardown_now(self, failed: bool) -> None:
         st = self._state
         assert st is not None
+        t0 = time.monotonic()
         if failed:
             st.abort("the cluster failed")
         else:
             st.request_stop()
-        registered = set(st.nodes)
+        alive: list[int] = []
         try:
-            st_wait = Deadline(_STOP_TIMEOUT_S, "every node process to exit")
-            while not st_wait.expired():
-                with st._cond:
-                    alive = [e for e in registered if e not in st.exit_codes and not any(f.executor_id == e and f.kind == "lost" for f in st.failures)]
-                if not alive:
-                    break
-                time.sleep(0.1)
-            else:
+            alive = st.wait_until_exited(list(st.nodes), _STOP_TIMEOUT_S)
+            if alive:
                 log.warning("tfos cluster %s: nodes %s did not report their exit in %g s", self.cluster_id, alive, _STOP_TIMEOUT_S)
         finally:
             for job in self._jobs:
@@ -452,6 +502,10 @@ class TFCluster:
             self._liveness_stop.set()
             if self._server is not None:
                 self._server.close()
+            _forget(self)
+        level = logging.INFO if not alive else logging.WARNING
+        log.log(level, "tfos cluster %s torn down in %.1f s%s", self.cluster_id, time.monotonic() - t0,
+                f" ({len(alive)} node(s) did not report their exit)" if alive else ": every node process exited")
 
     def __enter__(self) -> "TFCluster":
         return self
@@ -464,14 +518,165 @@ class TFCluster:
                 self._teardown(failed=True)
             except Exception as texc:  # noqa: BLE001 - never mask the user's exception
                 log.warning("teardown after an error failed: %s", texc)
+        else:
+            self._join_teardown()
 
 
-def _sleep_for_attribution(state: ClusterState) -> None:
-    """After a Spark job failed, waits briefly for the node's own failure report, which
-    carries the real cause (bounded by _ATTRIBUTION_S)."""
-    deadline = Deadline(_ATTRIBUTION_S, "a node failure report")
-    while not state.failed and not deadline.expired():
-        time.sleep(0.1)
+class _Progress:
+    """The progress line of one feed/inference job on the driver's stderr (tqdm)."""
+
+    def __init__(self, tracker: Any, state: ClusterState, group: str, total: int, parts: int, epochs: int, desc: str):
+        from tqdm import tqdm
+
+        self._tracker, self._state, self._group = tracker, state, group
+        self._total, self._parts, self._epochs = total, parts, epochs
+        self._bar = tqdm(total=total, desc=desc, unit="part", file=sys.stderr, mininterval=0.5 if sys.stderr.isatty() else 10.0, leave=True)
+        self._t0, self._rows0 = time.monotonic(), state.rows_consumed()
+
+    def _done_parts(self) -> int:
+        done = 0
+        for jid in self._tracker.getJobIdsForGroup(self._group):
+            info = self._tracker.getJobInfo(jid)
+            for sid in info.stageIds if info else ():
+                s = self._tracker.getStageInfo(sid)
+                if s:
+                    done += s.numCompletedTasks
+        return min(done, self._total)
+
+    def _show(self, done: int) -> None:
+        rows = self._state.rows_consumed() - self._rows0
+        rate = rows / max(1e-6, time.monotonic() - self._t0)
+        epoch = min(self._epochs, done // max(1, self._parts) + 1)
+        self._bar.set_postfix_str(f"epoch {epoch}/{self._epochs}, {rows:,} rows, {rate:,.0f} rows/s", refresh=False)
+        self._bar.update(done - self._bar.n)
+
+    def update(self) -> None:
+        """Moves the line to the job's completed tasks and the nodes' row counters."""
+        if not self._bar.disable and self._bar.n < self._total:
+            self._show(self._done_parts())
+
+    def finish(self, feed_nodes: Sequence[int]) -> None:
+        """Closes the line at 100 % with the exact row count: waits (bounded) for one
+        counter report from every fed node sent after the job ended."""
+        if not self._state.wait_for_counters(feed_nodes, _FINAL_COUNT_S):
+            log.debug("not every node sent its final row counter within %g s", _FINAL_COUNT_S)
+        self._show(self._total)
+        self._bar.close()
+
+    def abandon(self) -> None:
+        """Removes the line without a final refresh (after an error: no stale line)."""
+        self._bar.leave = False
+        self._bar.close()
+
+
+_open_clusters: "weakref.WeakSet[TFCluster]" = weakref.WeakSet()
+_sigterm_lock = threading.Lock()
+_sigterm_installed = False
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    """SIGTERM handler installed by :func:`_install_sigterm` (driver main thread)."""
+    global _sigterm_installed
+    ids = [c.cluster_id for c in list(_open_clusters)]
+    if not ids:  # every cluster is gone: behave as if tfos had never been here
+        with _sigterm_lock:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            _sigterm_installed = False
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+    log.error("tfos: the driver received SIGTERM; tearing down cluster(s) %s as for Ctrl-C, then exiting", ", ".join(ids) or "(none)")
+    with _sigterm_lock:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the driver at once
+        _sigterm_installed = False
+    raise SystemExit(128 + signal.SIGTERM)
+
+
+def _install_sigterm(enabled: bool) -> None:
+    """Chains the cluster teardown to SIGTERM, only where nobody else handles it (driver).
+
+    Installed only when ``enabled``, in the main thread, and when SIGTERM still has its
+    default disposition (the user and their framework did not install a handler), and
+    removed again when the last cluster is torn down. The handler raises ``SystemExit``
+    in the main thread, which runs the same teardown as Ctrl-C (the ``except`` blocks of
+    the blocking call, the context manager, or the atexit hook below).
+    """
+    global _sigterm_installed
+    if not enabled or threading.current_thread() is not threading.main_thread():
+        return
+    with _sigterm_lock:
+        if _sigterm_installed or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+            return
+        signal.signal(signal.SIGTERM, _on_sigterm)
+        _sigterm_installed = True
+
+
+def _forget(cluster: TFCluster) -> None:
+    global _sigterm_installed
+    _open_clusters.discard(cluster)
+    if _open_clusters or threading.current_thread() is not threading.main_thread():
+        return
+    with _sigterm_lock:
+        if _sigterm_installed and signal.getsignal(signal.SIGTERM) is _on_sigterm:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            _sigterm_installed = False
+
+
+@atexit.register
+def _teardown_at_exit() -> None:
+    """Interpreter exit with clusters still open (no shutdown(), no ``with``; e.g. after
+    SIGTERM or Ctrl-C outside a tfos call): tear them down, bounded (driver)."""
+    for cluster in list(_open_clusters):
+        try:
+            if cluster._closed:
+                cluster._join_teardown()
+            else:
+                log.warning("tfos cluster %s still running at interpreter exit; tearing it down", cluster.cluster_id)
+                cluster._teardown(failed=True)
+        except Exception as exc:  # noqa: BLE001 - best effort at exit
+            log.warning("teardown of %s at exit failed: %s", cluster.cluster_id, exc)
+
+
+def _await_registration(cluster: TFCluster, deadline: Deadline) -> None:
+    """Waits for every node to register (run()); raises on failure or expiry (driver).
+
+    A question to the cluster state, woken by every registration, failure and by the end of
+    the start job. When the start stage still waits after ``_BUSY_WARN_S``, a WARNING names
+    the executors and jobs holding the slots (C25); the timeout error names them too.
+    """
+    state, start = cluster._state, cluster._start_job
+    assert state is not None and start is not None
+    tf_mode = cluster.input_mode == InputMode.TENSORFLOW
+    t0 = time.monotonic()
+    warned = False
+    busy = ""
+    while True:
+        # A start job that ended (error, or in TENSORFLOW mode every node already exited)
+        # ends the wait too.
+        outcome = state.wait_until_registered(deadline, lambda: start.error is not None or (start.done.is_set() and tf_mode), tick_s=1.0)
+        if outcome == "registered":
+            return
+        if outcome == "failed":
+            raise cluster._fail("run()")
+        if outcome == "stopped":
+            # The node's own failure report names the real cause: give it a moment.
+            if state.wait_until(lambda: state.failed or state.all_registered(), _ATTRIBUTION_S) and state.all_registered() and not state.failed:
+                return
+            if state.failed:
+                raise cluster._fail("run()")
+            what = _spark_error_text(start.error) if start.error is not None else "the start tasks returned early"
+            etype = type(start.error).__name__ if start.error is not None else "StartJobEnded"
+            cluster._teardown(failed=True)
+            raise ClusterFailedError(cluster.cluster_id, [state.make_failure(state.missing()[0] if state.missing() else 0, "spark", etype, what)], "run()") from start.error
+        if outcome == "expired":
+            missing = state.missing()
+            busy = busy_slots_report(cluster.sc, cluster.cluster_id) or busy
+            cluster._teardown(failed=True)
+            raise deadline.error(ReservationTimeoutError, f"executor ids {missing} never registered" + (f"; {busy}" if busy else ""))
+        if not warned and time.monotonic() - t0 >= _BUSY_WARN_S:
+            busy = busy_slots_report(cluster.sc, cluster.cluster_id)
+            if busy:
+                warned = True
+                log.warning("tfos cluster %s: the start stage has waited %.0f s for task slots: %s", cluster.cluster_id, time.monotonic() - t0, busy)
 
 
 def _as_dataframe(data: Any) -> Any:
@@ -542,6 +747,7 @@ def run(
     progress: bool = True,
     queue_chunks: int = 4,
     executor_wait_s: float = 60.0,
+    handle_sigterm: bool = True,
 ) -> TFCluster:
     """Starts a TensorFlow cluster on Spark executors and runs ``map_fun`` on every node (driver).
 
@@ -575,6 +781,12 @@ def run(
             (also off with ``TFOS_PROGRESS=0``).
         queue_chunks: Bound of each node's input queue, in chunks.
         executor_wait_s: Longest wait for Spark executors to register before launching.
+        handle_sigterm: Let a SIGTERM to the driver tear the cluster down as Ctrl-C does,
+            then exit (status 143) with a logged message. tfos installs its handler only
+            from the main thread and only while SIGTERM has its default disposition (a
+            handler of yours, or of your framework, is never replaced), and removes it
+            when the last cluster is shut down. Without it, SIGTERM kills the driver
+            outright and the nodes end themselves ``heartbeat_timeout`` later.
 
     Returns:
         The running :class:`TFCluster`.
@@ -625,6 +837,8 @@ def run(
         queue_chunks=queue_chunks, tensorboard=bool(tensorboard), log_dir=log_dir, forward_logs=forward_logs,
     )
     cluster._config = config
+    _open_clusters.add(cluster)
+    _install_sigterm(handle_sigterm)
     threading.Thread(target=cluster._liveness_loop, name=f"{cluster.cluster_id}-liveness", daemon=True).start()
     try:
         try:
@@ -644,27 +858,7 @@ def run(
             "too few free Spark task slots (another job holds executors), executors that cannot reach the "
             "driver's control port, or node processes failing at start-up (see the executor logs)",
         )
-        start = cluster._start_job
-        while not state.all_registered():
-            if state.failed:
-                raise cluster._fail("run()")
-            if start.error is not None or (start.done.is_set() and input_mode == InputMode.TENSORFLOW):
-                # The start job died, or (TENSORFLOW mode) every node already exited,
-                # before every node registered.
-                _sleep_for_attribution(state)
-                if state.failed:
-                    raise cluster._fail("run()")
-                if not state.all_registered():
-                    what = _spark_error_text(start.error) if start.error is not None else "the start tasks returned early"
-                    etype = type(start.error).__name__ if start.error is not None else "StartJobEnded"
-                    cluster._teardown(failed=True)
-                    raise ClusterFailedError(cluster.cluster_id, [state.make_failure(state.missing()[0] if state.missing() else 0, "spark", etype, what)], "run()") from start.error
-                break
-            if deadline.expired():
-                missing = state.missing()
-                cluster._teardown(failed=True)
-                raise deadline.error(ReservationTimeoutError, f"executor ids {missing} never registered")
-            time.sleep(0.05)
+        _await_registration(cluster, deadline)
     except BaseException:
         if not cluster._closed:
             cluster._teardown(failed=True)

@@ -24,9 +24,9 @@ from typing import Any, Callable, Optional, Sequence
 
 from ._deadline import Deadline
 from .cluster_template import NodeInfo, NodeRole, build_cluster_spec
-from .errors import ClusterFailedError, ControlProtocolError, NodeFailure
+from .errors import ClusterFailedError, ControlProtocolError, NodeFailure, is_root_cause
 
-__all__ = ["ClusterState", "describe_exit"]
+__all__ = ["ClusterState", "describe_exit", "kill_hint", "format_bytes"]
 
 log = logging.getLogger(__name__)
 node_log = logging.getLogger("tfos.node")
@@ -44,6 +44,30 @@ def describe_exit(code: int) -> str:
             name = f"signal {-code}"
         return f"killed by {name}"
     return f"exit code {code}"
+
+
+def kill_hint(code: int, rss_bytes: int = 0) -> str:
+    """What usually causes exit status ``code``: for SIGKILL a memory limit, with the last
+    sampled RSS when known; '' for other statuses (pure)."""
+    if code != -signal.SIGKILL:
+        return ""
+    text = (
+        "; a SIGKILL that nobody sent by hand usually means a memory limit: the kernel's OOM killer, or "
+        "YARN/Kubernetes ending the container over its memory limit"
+    )
+    if rss_bytes:
+        text += f" (last sampled RSS of the TF process and its children: {format_bytes(rss_bytes)})"
+    return text
+
+
+def format_bytes(n: int) -> str:
+    """``1536`` -> ``'1.5 KiB'`` (pure)."""
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.1f} {unit}" if unit != "B" else f"{int(size)} B"
+        size /= 1024
+    return f"{size:.1f} GiB"
 
 
 class ClusterState:
@@ -84,6 +108,12 @@ class ClusterState:
         self._sent: dict[str, tuple[int, set]] = {}
         #: Queues each node's main_fun had terminated (DataFeed.terminate()) when it returned.
         self.terminated_queues: dict[int, list[str]] = {}
+        #: Last resident memory (bytes) of each node's TF process tree, from heartbeats.
+        self.rss: dict[int, int] = {}
+        #: Counter reports received per node (so a waiter can ask for a fresh one).
+        self.counter_reports: dict[int, int] = {}
+        #: stderr of a TensorBoard that failed to start ('' while none failed).
+        self.tensorboard_error = ""
 
     # ----------------------------------------------------------------- queries
     def role(self, executor_id: int) -> NodeRole:
@@ -125,17 +155,44 @@ class ClusterState:
         only serves until stopped (state 'serving', e.g. a ParameterServerStrategy worker)."""
         return self.proc_state[executor_id] in TERMINAL + ("serving",) or executor_id in self.exit_codes
 
+    def failed_nodes_reported(self) -> bool:
+        """True when every node with a recorded failure has reported its root cause, or its
+        processes are gone (so nothing better will come). Called under the lock or not."""
+        with self._cond:
+            for eid in {f.executor_id for f in self.failures}:
+                if not 0 <= eid < len(self.roles):
+                    continue
+                if eid in self.exit_codes or eid not in self.nodes:
+                    continue
+                if not any(f.executor_id == eid and is_root_cause(f) for f in self.failures):
+                    return False
+            return True
+
+    def alive_nodes(self) -> list[int]:
+        """Registered nodes whose processes have not reported their exit and were not lost."""
+        with self._cond:
+            return [
+                e for e in sorted(self.nodes)
+                if e not in self.exit_codes and not any(f.executor_id == e and f.kind == "lost" for f in self.failures)
+            ]
+
+    def poke(self) -> None:
+        """Wakes every waiter (e.g. a Spark job the driver waits for ended)."""
+        with self._cond:
+            self._cond.notify_all()
+
     # ---------------------------------------------------------------- mutation
     def record_failure(self, failure: NodeFailure) -> None:
         """Records a failure, wakes every waiter and fires ``on_failure`` for the first one."""
         with self._cond:
             first = not self.failures
             eid = failure.executor_id
-            # One root cause per node: a process exit after a reported exception is a consequence.
-            root_causes = ("exception", "exited", "lost")
+            # One root cause per node: a process exit, loss or feed error after a reported
+            # root cause of the same node is a consequence of it.
             if failure.kind in ("exited", "lost", "feed") and any(
-                f.executor_id == eid and f.kind in root_causes for f in self.failures
+                f.executor_id == eid and is_root_cause(f) for f in self.failures
             ):
+                log.info("tfos node %s, after its failure: %s: %s", failure.node_name, failure.error_type, failure.message)
                 return
             if self.abort_reason and (failure.kind == "feed" or failure.error_type == "SparkTaskKilled"):
                 # The cluster already failed and tfos is stopping it: broken feeds and killed
@@ -236,6 +293,70 @@ class ClusterState:
                     raise deadline.error()
                 self._cond.wait(deadline.slice(poll_s))
 
+    def wait_until(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
+        """Waits up to ``timeout_s`` for ``predicate()`` (called under the lock), woken by every
+        state change; unlike :meth:`wait`, a failure does not end the wait and expiry does
+        not raise.
+
+        Returns:
+            The predicate's last value.
+        """
+        deadline = Deadline(timeout_s, "a cluster state change")
+        with self._cond:
+            while not predicate():
+                if deadline.expired():
+                    return False
+                self._cond.wait(deadline.slice(_MAX_POLL_S))
+            return True
+
+    def wait_until_registered(self, deadline: Deadline, stop_waiting: Callable[[], bool], tick_s: float = 5.0) -> str:
+        """Waits for every node to register (driver's ``run()``).
+
+        Args:
+            deadline: The reservation deadline.
+            stop_waiting: Also ends the wait (e.g. the start job ended).
+            tick_s: Longest single wait; the caller may then report progress and call again.
+
+        Returns:
+            'registered', 'failed', 'stopped' (``stop_waiting()`` held), 'expired' or 'tick'.
+        """
+        end = Deadline(min(tick_s, max(0.0, deadline.remaining())), "a registration tick")
+        with self._cond:
+            while True:
+                if self.failures:
+                    return "failed"
+                if self.all_registered():
+                    return "registered"
+                if stop_waiting():
+                    return "stopped"
+                if deadline.expired():
+                    return "expired"
+                if end.expired():
+                    return "tick"
+                self._cond.wait(end.slice(_MAX_POLL_S))
+
+    def wait_until_exited(self, executor_ids: Sequence[int], timeout_s: float) -> list[int]:
+        """Waits for the processes of ``executor_ids`` to exit (or be lost).
+
+        Returns:
+            The ids still alive when the wait ended (empty: all gone).
+        """
+        ids = set(executor_ids)
+        self.wait_until(lambda: not ids.intersection(self.alive_nodes()), timeout_s)
+        return sorted(ids.intersection(self.alive_nodes()))
+
+    def wait_for_counters(self, executor_ids: Sequence[int], timeout_s: float) -> bool:
+        """Waits until every node in ``executor_ids`` sent a counter report newer than now.
+
+        Returns:
+            True when all did within ``timeout_s``.
+        """
+        with self._cond:
+            base = {e: self.counter_reports.get(e, 0) for e in executor_ids}
+        return self.wait_until(
+            lambda: all(self.counter_reports.get(e, 0) > n or e in self.exit_codes for e, n in base.items()), timeout_s
+        )
+
     # -------------------------------------------------------- control handlers
     def handle(self, body: dict, peer: str) -> dict:
         """Dispatches one authenticated control request; returns the response body.
@@ -306,6 +427,8 @@ class ClusterState:
             self.last_heartbeat[eid] = time.monotonic()
             if "host" in body and eid not in self.hosts:
                 self.hosts[eid] = str(body["host"])
+            if "rss" in body:
+                self.rss[eid] = int(body["rss"])
             return self._directives()
 
     def _on_wait_event(self, body: dict, peer: str) -> dict:
@@ -318,6 +441,8 @@ class ClusterState:
         with self._cond:
             if isinstance(counters, dict):
                 self.counters[eid] = {str(k): int(v) for k, v in counters.items()}
+                self.counter_reports[eid] = self.counter_reports.get(eid, 0) + 1
+                self._cond.notify_all()
             while True:
                 d = self._directives()
                 if any(d[k] != known.get(k) for k in d):
@@ -337,13 +462,16 @@ class ClusterState:
         elif state == "exited":
             code = int(body["code"])
             with self._cond:
+                if "rss" in body:
+                    self.rss[eid] = int(body["rss"]) or self.rss.get(eid, 0)
+                rss = self.rss.get(eid, 0)
                 self.exit_codes[eid] = code
                 proc = self.proc_state[eid]
                 stopping = self.stop_requested
                 self._cond.notify_all()
             if code != 0 and proc not in ("finished", "stopped", "failed") and not stopping:
                 self.record_failure(
-                    self.make_failure(eid, "exited", "ProcessDied", f"the TF process died ({describe_exit(code)}) before main_fun returned")
+                    self.make_failure(eid, "exited", "ProcessDied", f"the TF process died ({describe_exit(code)}) before main_fun returned{kill_hint(code, rss)}")
                 )
         elif state in ("running", "serving", "finished", "stopped"):
             with self._cond:
@@ -386,10 +514,17 @@ class ClusterState:
         return {"ok": True}
 
     def _on_tensorboard(self, body: dict, peer: str) -> dict:
+        error = str(body.get("error", ""))[:8000]
         with self._cond:
-            self.tensorboard_url = str(body["url"])
+            if error:
+                self.tensorboard_error = error
+            else:
+                self.tensorboard_url = str(body["url"])
             self._cond.notify_all()
-        log.info("TensorBoard for cluster %s: %s", self.cluster_id, self.tensorboard_url)
+        if error:
+            log.warning("TensorBoard of cluster %s failed to start:\n%s", self.cluster_id, error)
+        else:
+            log.info("TensorBoard for cluster %s: %s", self.cluster_id, self.tensorboard_url)
         return {"ok": True}
 
     def nodes_snapshot(self) -> list[NodeInfo]:

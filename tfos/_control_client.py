@@ -52,13 +52,15 @@ class ControlClient:
         self._snonce = ""
         self._cnonce = ""
         self._seq = 0
+        #: ``time.monotonic()`` of the last answer from the driver (0.0: none yet).
+        self.last_contact = 0.0
 
     def __repr__(self) -> str:
         return f"ControlClient(driver={self._addr[0]}:{self._addr[1]}, cluster={self._cluster_id})"
 
-    def _connect(self) -> None:
+    def _connect(self, timeout_s: Optional[float] = None) -> None:
         deadline = Deadline(
-            self._connect_timeout_s,
+            self._connect_timeout_s if timeout_s is None else timeout_s,
             f"a connection to the tfos driver at {self._addr[0]}:{self._addr[1]}",
             "the driver program exited, or a firewall blocks the control port "
             "(set TFOS_SERVER_HOST/TFOS_SERVER_PORT on the driver)",
@@ -69,7 +71,8 @@ class ControlClient:
             try:
                 sock = socket.create_connection(self._addr, timeout=deadline.slice(10.0))
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                hello = _wire.read_frame(sock, self._key, Deadline(10.0, "the driver's hello"), 10.0)
+                hello_s = max(0.1, min(10.0, deadline.remaining()))
+                hello = _wire.read_frame(sock, self._key, Deadline(hello_s, "the driver's hello"), hello_s)
                 if hello.get("type") != "hello" or not isinstance(hello.get("sn"), str):
                     raise ControlProtocolError("unexpected first frame from the control server")
                 self._sock, self._snonce, self._seq = sock, hello["sn"], 0
@@ -93,7 +96,10 @@ class ControlClient:
                 finally:
                     self._sock = None
 
-    def request(self, msg_type: str, timeout_s: float = _FRAME_TIMEOUT_S, retry: bool = True, **fields) -> dict:
+    def request(
+        self, msg_type: str, timeout_s: float = _FRAME_TIMEOUT_S, retry: bool = True,
+        connect_timeout_s: Optional[float] = None, **fields,
+    ) -> dict:
         """Sends one request and returns the server's response body.
 
         Args:
@@ -102,6 +108,9 @@ class ControlClient:
                 plus a margin).
             retry: Reconnect and resend once if the connection broke (only for idempotent
                 messages).
+            connect_timeout_s: Seconds allowed to (re)connect for this request (default: the
+                client's ``connect_timeout_s``); callers bound it by the time left since
+                :attr:`last_contact` so that a dead driver is given up on in time.
             **fields: JSON-serialisable message fields.
 
         Returns:
@@ -115,7 +124,7 @@ class ControlClient:
             for attempt in range(attempts):
                 try:
                     if self._sock is None:
-                        self._connect()
+                        self._connect(connect_timeout_s)
                     assert self._sock is not None
                     frame = self._frame(msg_type, fields)
                     if self._seq == 1 and len(frame) > _wire.MAX_FIRST_FRAME_BYTES:
@@ -150,4 +159,5 @@ class ControlClient:
         )
         if resp.get("re") != self._seq or resp.get("sn") != self._snonce or resp.get("cn") != self._cnonce:
             raise ControlProtocolError("control response does not answer this request")
+        self.last_contact = time.monotonic()
         return resp

@@ -38,8 +38,9 @@ __all__ = ["executor_identity", "node_host", "spawn_supervisor", "make_start_tas
 log = logging.getLogger(__name__)
 
 _LEN = struct.Struct(">Q")
-#: Seconds an InputMode.SPARK start task watches its supervisor for a start-up crash.
-_STARTUP_CHECK_S = 2.0
+#: Longest single wait of an InputMode.SPARK start task for its supervisor's exit between
+#: questions to the driver (seconds).
+_START_POLL_S = 0.2
 # Supervisors spawned by this Python worker, kept so they are reaped (no zombies).
 _children: list[subprocess.Popen] = []
 _children_lock = threading.Lock()
@@ -236,11 +237,12 @@ def make_start_task(config: ClusterConfig, executor_ids: Iterable[int], fn_paylo
         )
         proc = spawn_supervisor(launch)
         if not foreground:
-            # A supervisor that cannot even start (broken install, bad environment) must
-            # fail the start job, not leave run() waiting for reservation_timeout.
-            try:
-                code = proc.wait(_STARTUP_CHECK_S)
-            except subprocess.TimeoutExpired:
+            # The task keeps its slot only until the node registered with the driver (then
+            # feed tasks need the slot at once), and fails the start job if the supervisor
+            # dies first (broken install, bad environment) instead of leaving run()
+            # waiting for reservation_timeout.
+            code = _await_registration(config, eid, proc)
+            if code is None:
                 yield (eid, "started")
                 return
             if code != 0:
@@ -256,6 +258,43 @@ def make_start_task(config: ClusterConfig, executor_ids: Iterable[int], fn_paylo
         yield (eid, f"exited {code}")
 
     return _start_node
+
+
+def _await_registration(config: ClusterConfig, executor_id: int, proc: subprocess.Popen) -> "int | None":
+    """Waits until node ``executor_id`` registered with the driver, the cluster gave up, or
+    the supervisor exited (Spark task side).
+
+    Bounded by ``config.reservation_timeout_s`` (the driver fails the cluster by then).
+
+    Returns:
+        None once the node registered (or the driver answers that the cluster ended), else
+        the supervisor's exit code.
+    """
+    from ._control_client import ControlClient
+    from ._deadline import Deadline
+    from .errors import ControlProtocolError, DeadlineExceededError
+
+    client = ControlClient(config.driver_host, config.driver_port, config.key, config.cluster_id, connect_timeout_s=10.0)
+    deadline = Deadline(config.reservation_timeout_s, f"executor {executor_id} to register")
+    try:
+        while not deadline.expired():
+            code = proc.poll()
+            if code is not None:
+                return code
+            try:
+                state = client.request("node_state", executor_id=executor_id, timeout_s=10.0)
+            except (OSError, ControlProtocolError, DeadlineExceededError) as exc:
+                log.warning("start task of executor %d: cannot ask the driver (%s)", executor_id, exc)
+                state = {}
+            if state.get("state") not in (None, "pending") or state.get("cluster_failed"):
+                return None
+            try:
+                return proc.wait(deadline.slice(_START_POLL_S))
+            except subprocess.TimeoutExpired:
+                pass
+        return None
+    finally:
+        client.close()
 
 
 def launch_local_node(config: ClusterConfig, executor_id: int, fn_payload: bytes, working_dir: str) -> subprocess.Popen:

@@ -18,7 +18,7 @@ from ._deadline import Deadline
 from .cluster_template import InputMode
 from .errors import ConfigurationError
 
-__all__ = ["SparkLayout", "plan_layout", "check_static", "check_spark", "live_executors", "warn_key_transport"]
+__all__ = ["SparkLayout", "plan_layout", "resource_slots", "check_static", "check_spark", "live_executors", "busy_slots_report", "warn_key_transport"]
 
 log = logging.getLogger(__name__)
 
@@ -55,13 +55,73 @@ def _int_conf(conf: Mapping[str, str], key: str, default: Optional[int] = None) 
         raise ConfigurationError(f"Spark setting {key}={val!r} is not an integer") from None
 
 
+_TASK_RESOURCE = re.compile(r"^spark\.task\.resource\.([^.]+)\.amount$")
+
+
+def _float_conf(conf: Mapping[str, str], key: str) -> Optional[float]:
+    val = conf.get(key)
+    if val in (None, ""):
+        return None
+    try:
+        return float(str(val).strip())
+    except ValueError:
+        raise ConfigurationError(f"Spark setting {key}={val!r} is not a number") from None
+
+
+def resource_slots(conf: Mapping[str, str]) -> dict[str, int]:
+    """Task slots per executor that each custom resource allows, as Spark counts them (pure).
+
+    For every ``spark.task.resource.<name>.amount`` (e.g. ``gpu``), the executor's
+    ``spark.executor.resource.<name>.amount`` addresses give ``amount // task_amount``
+    slots; a fractional task amount (< 1) shares an address between ``floor(1 / amount)``
+    tasks, so ``amount * floor(1 / task_amount)`` slots (Spark's ``ResourceProfile`` rule).
+
+    Returns:
+        ``{resource name: slots per executor}`` (empty when no task resource is set).
+
+    Raises:
+        ConfigurationError: A non-numeric amount, or a task amount without an executor
+            amount (Spark refuses that too).
+    """
+    out: dict[str, int] = {}
+    for key in sorted(conf):
+        m = _TASK_RESOURCE.match(key)
+        if not m:
+            continue
+        name = m.group(1)
+        task_amount = _float_conf(conf, key)
+        if task_amount is None or task_amount <= 0:
+            continue
+        exec_amount = _float_conf(conf, f"spark.executor.resource.{name}.amount")
+        if exec_amount is None:
+            raise ConfigurationError(
+                f"{key}={conf[key]} is set but spark.executor.resource.{name}.amount is not: set how many "
+                f"'{name}' addresses each executor has"
+            )
+        if task_amount < 1:
+            out[name] = int(exec_amount) * int(1.0 / task_amount + 1e-9)
+        else:
+            out[name] = int(exec_amount // task_amount)
+    return out
+
+
 def plan_layout(master: str, conf: Mapping[str, str]) -> SparkLayout:
     """Derives the slot layout from the master URL and the Spark configuration (pure).
 
+    Slots per executor are counted as Spark does: the smallest of cores /
+    ``spark.task.cpus`` and, for every custom resource (e.g. GPUs), executor amount /
+    task amount (see :func:`resource_slots`).
+
     Raises:
-        ConfigurationError: For a non-integer core setting.
+        ConfigurationError: For a non-integer core setting or a bad resource amount.
     """
     task_cpus: int = _int_conf(conf, "spark.task.cpus", 1) or 1
+    limits = resource_slots(conf)
+
+    def per_exec(cores: Optional[int]) -> Optional[int]:
+        counts = list(limits.values()) + ([cores // task_cpus] if cores is not None else [])
+        return min(counts) if counts else None
+
     m = _LOCAL.match(master)
     if m:
         n = m.group(1)
@@ -70,10 +130,11 @@ def plan_layout(master: str, conf: Mapping[str, str]) -> SparkLayout:
     m = _LOCAL_CLUSTER.match(master)
     if m:
         n_exec, exec_cores = int(m.group(1)), int(m.group(2))
-        return SparkLayout(master, False, n_exec, exec_cores // task_cpus, n_exec * (exec_cores // task_cpus))
+        per_lc = per_exec(exec_cores) or 0
+        return SparkLayout(master, False, n_exec, per_lc, n_exec * per_lc)
     instances = _int_conf(conf, "spark.executor.instances")
     cores = _int_conf(conf, "spark.executor.cores")
-    per = None if cores is None else cores // task_cpus
+    per = per_exec(cores)
     total = None if instances is None or per is None else instances * per
     return SparkLayout(master, False, instances, per, total)
 
@@ -121,7 +182,8 @@ def check_static(layout: SparkLayout, conf: Mapping[str, str], num_nodes: int, i
             f"each executor has {layout.slots_per_executor} task slots, so two tfos nodes could share one "
             "executor and its CPUs/GPUs. tfos needs exactly one task slot per executor: set "
             "spark.task.cpus equal to spark.executor.cores (e.g. spark.executor.cores=1 and spark.task.cpus=1, "
-            "or spark.task.cpus=<cores per executor>)"
+            "or spark.task.cpus=<cores per executor>), or let a resource limit it (e.g. "
+            "spark.task.resource.gpu.amount equal to spark.executor.resource.gpu.amount)"
         )
     if layout.executors is not None and layout.executors < num_nodes:
         raise ConfigurationError(
@@ -230,8 +292,56 @@ def check_spark(sc: Any, num_nodes: int, input_mode: InputMode, wait_s: float = 
     execs = _scheduler_executors(sc)
     if slots is not None and execs is not None and slots > execs:
         raise ConfigurationError(
-            f"the Spark application has {slots} task slots on {execs} executors, so two tfos nodes could share "
-            "an executor. tfos needs exactly one task slot per executor: set spark.task.cpus equal to "
-            "spark.executor.cores"
+            f"the Spark application has {slots} task slots on {execs} executors (counting cores and every "
+            "task resource, as Spark does), so two tfos nodes could share an executor. tfos needs exactly one "
+            "task slot per executor: set spark.task.cpus equal to spark.executor.cores, or "
+            "spark.task.resource.gpu.amount equal to spark.executor.resource.gpu.amount"
         )
     return layout
+
+
+def busy_slots_report(sc: Any, own_group_prefix: str) -> str:
+    """Which executors and jobs hold task slots, other than this cluster's jobs (driver).
+
+    Reads Spark's status store (``sc.statusTracker()`` and the JVM's app status store).
+    Best effort: returns '' when nothing else runs or Spark hides the information.
+
+    Args:
+        sc: The SparkContext.
+        own_group_prefix: Job groups starting with this are the cluster's own.
+
+    Returns:
+        e.g. ``"1 of 2 executor slot(s) busy: executor 1 (127.0.0.1:4242, 1 running task);
+        other active job(s): job 3 (group 'etl', 'count at x.py:4')"``.
+    """
+    try:
+        tracker = sc.statusTracker()
+        store = sc._jsc.sc().statusStore()
+        others = []
+        for jid in tracker.getActiveJobsIds():
+            try:
+                data = store.job(int(jid))
+                group = data.jobGroup().get() if data.jobGroup().isDefined() else ""
+                desc = data.description().get() if data.description().isDefined() else data.name()
+            except Exception:  # noqa: BLE001 - private JVM API; fall back to the id only
+                group, desc = "", ""
+            if group and str(group).startswith(own_group_prefix):
+                continue
+            others.append(f"job {jid}" + (f" (group {group!r}, {str(desc)[:80]!r})" if group or desc else ""))
+        if not others:
+            return ""
+        busy, total, used = [], 0, 0
+        it = store.executorList(True).iterator()
+        while it.hasNext():
+            ex = it.next()
+            if ex.id() == "driver":
+                continue
+            total += int(ex.maxTasks())
+            if int(ex.activeTasks()) > 0:
+                used += int(ex.activeTasks())
+                busy.append(f"executor {ex.id()} ({ex.hostPort()}, {ex.activeTasks()} running task(s))")
+        head = f"{used} of {total} executor slot(s) busy: {', '.join(busy)}" if busy else "no executor reports running tasks"
+        return f"{head}; other active job(s): {', '.join(others)}"
+    except Exception as exc:  # noqa: BLE001 - diagnostics only; never fails the caller
+        log.debug("could not read Spark's status store: %s", exc)
+        return ""

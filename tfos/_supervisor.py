@@ -7,11 +7,15 @@ One supervisor per node. It is light (no TensorFlow) and:
 * watches the executor JVM (or the driver, for driver-hosted ps nodes) and, in
   InputMode.TENSORFLOW, its parent Spark task; when one goes away it ends the TF process;
 * reaps the TF process and reports its exit code or signal to the driver at once;
-* after a stop directive, gives the TF process a grace period (1 s after an abort), then
-  SIGTERM, then SIGKILL.
+* samples the resident memory of the TF process and its children (psutil) and sends it
+  with each heartbeat, so a SIGKILL (usually a memory limit) is reported with it;
+* after a stop directive, gives the TF process a grace period, then SIGTERM, then SIGKILL;
+  after an abort directive (the cluster failed) there is no grace: SIGTERM at once,
+  SIGKILL 2 s later.
 
-It never outlives its node: every loop iteration is bounded, and losing the driver for
-longer than the heartbeat timeout ends the node.
+It never outlives its node: every request to the driver is bounded by the time left
+before ``heartbeat_timeout_s`` runs out, counted from the last answer the driver gave,
+so losing the driver ends the node within about ``heartbeat_timeout_s`` + 2 s.
 """
 
 from __future__ import annotations
@@ -35,12 +39,14 @@ log = logging.getLogger("tfos.supervisor")
 
 #: Seconds the TF process gets to exit by itself after a stop directive.
 STOP_GRACE_S = 10.0
-#: Seconds between SIGTERM and SIGKILL.
+#: Seconds between SIGTERM and SIGKILL after a stop directive.
 KILL_GRACE_S = 5.0
-#: Seconds the TF process gets after an abort directive (another node failed, the cluster is
-#: torn down): main_fun may never look at the stop event (TENSORFLOW mode), and the driver
-#: raises only once every node is gone, so a long grace would delay the user's exception.
-ABORT_GRACE_S = 1.0
+#: Seconds between SIGTERM and SIGKILL after an abort directive (another node failed) or
+#: when the driver is gone. There is no grace before the SIGTERM: the cluster cannot
+#: recover, and a main_fun busy in TF compute would never look at its stop event.
+ABORT_KILL_S = 2.0
+#: Longest wait for one driver answer (heartbeat, report).
+_REQUEST_TIMEOUT_S = 5.0
 
 
 class _Watch:
@@ -70,14 +76,33 @@ class _Watch:
             return False
 
 
-def _stop_tf(tf: subprocess.Popen) -> int:
+def _stop_tf(tf: subprocess.Popen, kill_after_s: float = KILL_GRACE_S) -> int:
+    """SIGTERM, then SIGKILL after ``kill_after_s``; returns the exit status."""
     if tf.poll() is None:
         tf.terminate()
         try:
-            tf.wait(KILL_GRACE_S)
+            tf.wait(kill_after_s)
         except subprocess.TimeoutExpired:
             tf.kill()
     return tf.wait(KILL_GRACE_S)
+
+
+def _tree_rss(pid: int) -> int:
+    """Resident bytes of ``pid`` and its descendants (0 when it is gone)."""
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        procs = [proc] + proc.children(recursive=True)
+    except psutil.Error:
+        return 0
+    total = 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            continue
+    return total
 
 
 def _end_group(pgid: int) -> None:
@@ -88,13 +113,22 @@ def _end_group(pgid: int) -> None:
         pass
 
 
+def _contact_budget_s(client: ControlClient, timeout_s: float, started: float) -> float:
+    """Seconds left before ``timeout_s`` of silence from the driver, counted from its last
+    answer (or from ``started`` before the first one); may be <= 0."""
+    return timeout_s - (time.monotonic() - max(client.last_contact, started))
+
+
 def _report(client: ControlClient, launch: NodeLaunch, kind: str, etype: str, message: str) -> None:
     r = launch.role
     failure = NodeFailure(r.executor_id, r.job_name, r.task_index, launch.host, kind, etype, message)
     try:
-        # One attempt only: when the executor or driver is going away, ending the node
-        # promptly matters more than the report.
-        client.request("status", executor_id=r.executor_id, state="failed", failure=failure.to_dict(), timeout_s=5.0, retry=False)
+        # One attempt only, with a short connect budget: when the executor or driver is
+        # going away, ending the node promptly matters more than the report.
+        client.request(
+            "status", executor_id=r.executor_id, state="failed", failure=failure.to_dict(),
+            timeout_s=_REQUEST_TIMEOUT_S, retry=False, connect_timeout_s=2.0,
+        )
     except (OSError, ControlProtocolError, DeadlineExceededError) as exc:
         log.warning("could not report %s to the driver: %s", kind, exc)
 
@@ -127,10 +161,12 @@ def supervise(launch: NodeLaunch) -> int:
     write_launch(tf.stdin, launch)
     log.info("tfos node %s: TF process pid %d started", launch.node_name, tf.pid)
 
-    last_ok = time.monotonic()
+    started = time.monotonic()
     stop_since: Optional[float] = None
-    grace = STOP_GRACE_S
+    aborted = False
+    driver_gone = False
     terminated = False
+    rss = 0
     code: Optional[int] = None
     while code is None:
         try:
@@ -138,38 +174,55 @@ def supervise(launch: NodeLaunch) -> int:
             break
         except subprocess.TimeoutExpired:
             pass
-        now = time.monotonic()
         if not jvm.alive():
             _report(client, launch, "lost", "ExecutorLost", f"the Spark executor JVM (pid {launch.watch_pid}) on {launch.host} exited, taking the node down")
-            code = _stop_tf(tf)
+            code = _stop_tf(tf, ABORT_KILL_S)
             break
         if parent_gone.is_set():
             if stop_since is None:
                 _report(client, launch, "lost", "SparkTaskKilled", "the Spark task hosting the node ended (task killed or Python worker died)")
-            code = _stop_tf(tf)
+            code = _stop_tf(tf, ABORT_KILL_S)
             break
+        rss = _tree_rss(tf.pid) or rss
+        budget = _contact_budget_s(client, cfg.heartbeat_timeout_s, started)
         try:
-            d = client.request("heartbeat", executor_id=eid, pid=os.getpid(), host=launch.host, timeout_s=5.0)
-            last_ok = now
+            if budget <= 0:
+                raise ConnectionError("no answer from the driver")
+            # Connect and answer both bounded by the silence budget left: a dead driver
+            # is given up on heartbeat_timeout_s after its last answer, not later.
+            d = client.request(
+                "heartbeat", executor_id=eid, pid=os.getpid(), host=launch.host, rss=rss,
+                timeout_s=max(0.1, min(_REQUEST_TIMEOUT_S, budget)), retry=False, connect_timeout_s=max(0.1, budget),
+            )
             if (d.get("stop") or d.get("abort")) and stop_since is None:
-                stop_since = now
-            if d.get("abort") and grace > ABORT_GRACE_S:
-                grace = ABORT_GRACE_S
-        except (OSError, ControlProtocolError, DeadlineExceededError) as exc:
-            if now - last_ok > cfg.heartbeat_timeout_s:
-                log.error("tfos node %s: driver unreachable for %.0f s (%s); stopping the node", launch.node_name, now - last_ok, exc)
-                code = _stop_tf(tf)
+                stop_since = time.monotonic()
+            if d.get("abort") and not aborted and not terminated:
+                aborted = True
+                log.warning("tfos node %s: the cluster aborted (%s); terminating the TF process", launch.node_name, d.get("abort"))
+                code = _stop_tf(tf, ABORT_KILL_S)
+                terminated = True
                 break
-        if stop_since is not None and not terminated and now - stop_since >= grace:
-            log.warning("tfos node %s: TF process still running %.0f s after %s; terminating it", launch.node_name, grace, "the cluster aborted" if grace == ABORT_GRACE_S else "stop")
+        except (OSError, ControlProtocolError, DeadlineExceededError) as exc:
+            silence = time.monotonic() - max(client.last_contact, started)
+            if silence >= cfg.heartbeat_timeout_s:
+                log.error("tfos node %s: no answer from the driver for %.1f s (%s); stopping the node", launch.node_name, silence, exc)
+                driver_gone = True
+                code = _stop_tf(tf, ABORT_KILL_S)
+                break
+        if stop_since is not None and not terminated and time.monotonic() - stop_since >= STOP_GRACE_S:
+            log.warning("tfos node %s: TF process still running %.0f s after stop; terminating it", launch.node_name, STOP_GRACE_S)
             code = _stop_tf(tf)
             terminated = True
     _end_group(tf.pid)
     log.info("tfos node %s: TF process %s", launch.node_name, describe_exit(code))
-    try:
-        client.request("status", executor_id=eid, state="exited", code=int(code), timeout_s=5.0, retry=False)
-    except (OSError, ControlProtocolError, DeadlineExceededError) as exc:
-        log.warning("could not report the exit of %s: %s", launch.node_name, exc)
+    if not driver_gone:
+        try:
+            client.request(
+                "status", executor_id=eid, state="exited", code=int(code), rss=rss,
+                timeout_s=_REQUEST_TIMEOUT_S, retry=False, connect_timeout_s=2.0,
+            )
+        except (OSError, ControlProtocolError, DeadlineExceededError) as exc:
+            log.warning("could not report the exit of %s: %s", launch.node_name, exc)
     client.close()
     return code
 
@@ -195,8 +248,8 @@ def main() -> int:
         )
         cfg = launch.config
         try:
-            client = ControlClient(cfg.driver_host, cfg.driver_port, cfg.key, cfg.cluster_id, connect_timeout_s=5.0)
-            client.request("status", executor_id=r.executor_id, state="failed", failure=failure.to_dict(), timeout_s=5.0)
+            client = ControlClient(cfg.driver_host, cfg.driver_port, cfg.key, cfg.cluster_id, connect_timeout_s=2.0)
+            client.request("status", executor_id=r.executor_id, state="failed", failure=failure.to_dict(), timeout_s=5.0, retry=False)
             client.close()
         except (OSError, ControlProtocolError, DeadlineExceededError):
             pass

@@ -163,7 +163,17 @@ class _LogForwarder:
             pass
 
 
+#: The module run as TensorBoard (``python -m <module>``).
+_TENSORBOARD_MODULE = "tensorboard.main"
+#: Seconds TensorBoard gets to listen on its port.
+_TENSORBOARD_START_S = 90.0
+#: Characters of a failed TensorBoard's stderr sent to the driver (its end).
+_TENSORBOARD_STDERR_CHARS = 4000
+
+
 def _start_tensorboard(launch: NodeLaunch, ctx: TFNodeContext, client: ControlClient) -> Optional[subprocess.Popen]:
+    """Starts TensorBoard and, from a thread, reports its URL to the driver once it listens,
+    or its stderr when it exits (or never listens) first (TF process)."""
     cfg = launch.config
     logdir = cfg.log_dir or ctx.absolute_path(f"tensorboard_{launch.role.executor_id}")
     if logdir.startswith("file://"):
@@ -171,31 +181,59 @@ def _start_tensorboard(launch: NodeLaunch, ctx: TFNodeContext, client: ControlCl
     with socket.socket() as s:
         s.bind((launch.host, 0))
         port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "tensorboard.main", "--logdir", logdir, "--port", str(port), "--host", launch.host]
+    cmd = [sys.executable, "-m", _TENSORBOARD_MODULE, "--logdir", logdir, "--port", str(port), "--host", launch.host]
+    eid = launch.role.executor_id
+
+    def _report_error(text: str) -> None:
+        log.error("TensorBoard did not start: %s", text)
+        try:
+            client.request("tensorboard", executor_id=eid, url="", error=text, timeout_s=10.0)
+        except _REQ_ERRORS as exc:
+            log.warning("could not report the TensorBoard failure: %s", exc)
+
+    # stderr goes to an unnamed temporary file: read back when TensorBoard fails, never
+    # a pipe that a chatty TensorBoard could fill.
+    import tempfile
+
+    err_file = tempfile.TemporaryFile()
     try:
         # No preexec_fn (unsafe in a threaded process): TensorBoard stays in the TF process's
         # process group, which the supervisor kills when the node ends (_supervisor._end_group).
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True)
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err_file, close_fds=True)
     except OSError as exc:
-        log.error("could not start TensorBoard: %s", exc)
+        err_file.close()
+        _report_error(f"could not run {' '.join(cmd[:3])}: {exc}")
         return None
     url = f"http://{launch.host}:{port}/"
 
+    def _stderr_tail() -> str:
+        try:
+            err_file.seek(0, os.SEEK_END)
+            size = err_file.tell()
+            err_file.seek(max(0, size - _TENSORBOARD_STDERR_CHARS))
+            return err_file.read().decode("utf-8", "replace").strip()
+        except (OSError, ValueError):
+            return ""
+
     def _wait_ready() -> None:
-        deadline = Deadline(90.0, "TensorBoard to listen")
+        deadline = Deadline(_TENSORBOARD_START_S, "TensorBoard to listen")
         while not deadline.expired() and proc.poll() is None:
             try:
                 with socket.create_connection((launch.host, port), timeout=1.0):
                     break
             except OSError:
                 time.sleep(0.5)
-        if proc.poll() is not None or deadline.expired():
-            log.error("TensorBoard did not start (%s)", "exited" if proc.poll() is not None else "timeout")
+        code = proc.poll()
+        if code is not None or deadline.expired():
+            what = f"exited with {code}" if code is not None else f"not listening on port {port} after {_TENSORBOARD_START_S:g} s"
+            _report_error(f"{' '.join(cmd)} {what}; its stderr:\n{_stderr_tail() or '(empty)'}")
+            err_file.close()
             return
         try:
-            client.request("tensorboard", executor_id=launch.role.executor_id, url=url, timeout_s=10.0)
+            client.request("tensorboard", executor_id=eid, url=url, timeout_s=10.0)
         except _REQ_ERRORS as exc:
             log.warning("could not report the TensorBoard URL: %s", exc)
+        err_file.close()  # TensorBoard keeps its own descriptor; the file vanishes with it
 
     threading.Thread(target=_wait_ready, name="tfos-tensorboard", daemon=True).start()
     return proc

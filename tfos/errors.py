@@ -35,6 +35,8 @@ __all__ = [
     "NodeFailedError",
     "ClusterFailedError",
     "NodeFailure",
+    "is_root_cause",
+    "root_causes",
 ]
 
 
@@ -172,6 +174,54 @@ class NodeFailedError(TFOSError):
 
 _KIND_ORDER = {"exception": 0, "exited": 1, "lost": 2}
 
+#: Error types that only ever follow another failure: tfos (or Spark) killing or
+#: cancelling work because the cluster already failed, or a connection broken by it.
+_CONSEQUENCE_TYPES = frozenset({"SparkTaskKilled", "TaskKilled", "TaskCancelled", "CancelledError", "JobCancelled"})
+
+
+def is_root_cause(failure: NodeFailure) -> bool:
+    """True when ``failure`` can be the cause of a cluster failure, False when it is only a
+    consequence of another failure (pure).
+
+    Root causes: ``main_fun`` raised ('exception'), a node process died ('exited'), a node
+    or its executor was lost ('lost'), or a Spark job failed with no node report ('spark').
+    Consequences: feed tasks that saw a node fail or stop ('feed': FeedError,
+    FeedTimeoutError, broken connections) and tasks killed or cancelled by the teardown.
+    """
+    if failure.error_type in _CONSEQUENCE_TYPES:
+        return False
+    return failure.kind in ("exception", "exited", "lost", "spark")
+
+
+def root_causes(failures: Sequence[NodeFailure]) -> list[NodeFailure]:
+    """One root cause per failed node, in the order recorded (pure).
+
+    A node's first root cause wins, except that an exception with a traceback beats an
+    earlier process death or loss of the same node. When no failure at all is a root
+    cause (e.g. only a FeedTimeoutError: a node stopped reading), every failure is kept,
+    since then the consequence is the best description there is.
+
+    Args:
+        failures: Every failure recorded, in order.
+
+    Returns:
+        The failures to report as causes.
+    """
+    best: dict[int, NodeFailure] = {}
+    for f in failures:
+        if not is_root_cause(f):
+            continue
+        old = best.get(f.executor_id)
+        if old is None or (_KIND_ORDER.get(f.kind, 3) < _KIND_ORDER.get(old.kind, 3)):
+            best[f.executor_id] = f
+    if not best:
+        seen: dict[int, NodeFailure] = {}
+        for f in failures:
+            seen.setdefault(f.executor_id, f)
+        return list(seen.values())
+    order = {id(f): i for i, f in enumerate(failures)}
+    return sorted(best.values(), key=lambda f: order[id(f)])
+
 
 def _group_failures(failures: Sequence[NodeFailure]) -> list[list[NodeFailure]]:
     groups: dict[tuple[str, str, str], list[NodeFailure]] = {}
@@ -184,9 +234,12 @@ def _group_failures(failures: Sequence[NodeFailure]) -> list[list[NodeFailure]]:
 class ClusterFailedError(TFOSError):
     """One or more nodes of a tfos cluster failed; raised on the driver.
 
-    Identical failures (same kind, type and message) from several nodes are grouped, so
-    a bug that crashes every worker is reported once, with the list of nodes. The first
-    remote traceback of each group is included.
+    Only root causes are listed, one per failed node (see :func:`root_causes`):
+    consequences of them (feed errors, tasks tfos cancelled, broken connections) are kept
+    in :attr:`consequences` but never reported as causes. Identical failures (same kind,
+    type and message) from several nodes are grouped, so a bug that crashes every worker
+    is reported once, with the list of nodes. The first remote traceback of each group is
+    included.
 
     Args:
         cluster_id: The cluster's id (also its Spark job group name).
@@ -194,14 +247,17 @@ class ClusterFailedError(TFOSError):
         context: What the driver was doing, e.g. 'train()' or 'shutdown()'.
 
     Attributes:
-        failures: The :class:`NodeFailure` list, for programmatic inspection.
+        failures: The root causes (:class:`NodeFailure`), one per failed node.
+        consequences: The other failures recorded (not causes), for inspection.
     """
 
     def __init__(self, cluster_id: str, failures: Iterable[NodeFailure], context: str = ""):
-        failures = list(failures)
-        super().__init__(cluster_id, failures, context)
+        recorded = list(failures)
+        super().__init__(cluster_id, recorded, context)
         self.cluster_id = cluster_id
-        self.failures = failures
+        self.failures = root_causes(recorded)
+        kept = {id(f) for f in self.failures}
+        self.consequences = [f for f in recorded if id(f) not in kept]
         self.context = context
 
     def __str__(self) -> str:

@@ -192,6 +192,15 @@ def driver_ps_main(args, ctx):
     _write_json(_node_file(args["out"], ctx), {"pid": os.getpid(), "ancestors": _ancestor_pids(), "spec": ctx.cluster_spec})
     if ctx.job_name == "ps":
         threading.Event().wait()
+    # Workers end only once the ps recorded itself: under CPU contention the ps's main_fun
+    # may start after both workers returned, and shutdown() stops the ps as soon as the
+    # workers are done (as in TFoS), which once stopped it 33 ms into its main_fun.
+    import time
+
+    ps_file = os.path.join(args["out"], "ps_0.json")
+    end = time.monotonic() + 120
+    while not os.path.exists(ps_file) and time.monotonic() < end:
+        time.sleep(0.05)
 
 
 def tf_server_main(args, ctx):

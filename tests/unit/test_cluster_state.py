@@ -9,7 +9,7 @@ import time
 import pytest
 
 import tfos._cluster_state as cs_mod
-from tfos._cluster_state import ClusterState, describe_exit
+from tfos._cluster_state import ClusterState, describe_exit, kill_hint
 from tfos._deadline import Deadline
 from tfos.cluster_template import NodeInfo, build_template, roles_from_template
 from tfos.errors import ClusterFailedError, ControlProtocolError, DeadlineExceededError, NodeFailure
@@ -176,6 +176,23 @@ def test_heartbeat_records_host():
 @pytest.mark.parametrize("code, text", [(-9, "killed by SIGKILL"), (-15, "killed by SIGTERM"), (3, "exit code 3"), (-200, "killed by signal 200")])
 def test_describe_exit(code, text):
     assert describe_exit(code) == text
+
+
+def test_sigkill_names_the_memory_limit_and_the_last_rss():
+    text = kill_hint(-9, rss_bytes=3 * 1024**3 // 2)
+    assert "OOM killer" in text and "YARN/Kubernetes" in text and "memory limit" in text
+    assert "last sampled RSS of the TF process and its children: 1.5 GiB" in text
+    assert kill_hint(-15) == "" and kill_hint(3) == ""
+
+
+def test_sigkilled_node_reports_its_last_heartbeat_rss():
+    st = _state()
+    _register_all(st)
+    st.handle({"type": "heartbeat", "cluster": "tfos-test-1", "executor_id": 2, "rss": 700 * 1024**2}, "p")
+    st.handle({"type": "status", "cluster": "tfos-test-1", "executor_id": 2, "state": "exited", "code": -9}, "p")
+    text = str(st.error("train()"))
+    assert "worker:1 (executor 2, host 10.0.0.1): ProcessDied: the TF process died (killed by SIGKILL) before main_fun returned; " in text
+    assert "memory limit" in text and "700.0 MiB" in text
 
 
 def test_exited_minus_9_is_a_failure():
@@ -373,3 +390,90 @@ def test_failure_roundtrip_through_status():
     _req(st, "status", executor_id=2, state="failed", failure=f.to_dict())
     assert st.failures == [f]
     assert st.failed
+
+
+# ------------------------------------------------- attribution and driver waits (issue 10)
+def _fail(st, eid, kind, etype, msg):
+    f = st.make_failure(eid, kind, etype, msg)
+    _req(st, "status", executor_id=eid, state="failed", failure=f.to_dict()) if kind == "exception" else \
+        _req(st, "feed_error", failure=f.to_dict())
+
+
+def test_memory_error_and_its_feed_error_on_one_node_give_one_cause():
+    st = _state()
+    _register_all(st)
+    _fail(st, 2, "feed", "FeedError", "lost the data connection while feeding partition 3")
+    assert not st.failed_nodes_reported()  # worker:1 has not reported its own cause yet
+    _fail(st, 2, "exception", "MemoryError", "cannot allocate")
+    assert st.failed_nodes_reported()
+    err = st.error("train()")
+    assert [(f.executor_id, f.error_type) for f in err.failures] == [(2, "MemoryError")]
+    text = str(err)
+    assert "1 node(s) reported 1 distinct error(s)" in text and "MemoryError: cannot allocate" in text
+    assert "FeedError" not in text
+    assert [f.error_type for f in err.consequences] == ["FeedError"]
+
+
+def test_value_error_and_the_other_nodes_feed_error_give_one_cause():
+    st = _state()
+    _register_all(st)
+    _fail(st, 1, "feed", "FeedTimeoutError", "worker:0 accepted no data for 1 s")
+    _fail(st, 2, "exception", "ValueError", "bad value")
+    # worker:0 itself never reported a cause, but its process exit ends the wait
+    assert not st.failed_nodes_reported()
+    _req(st, "status", executor_id=1, state="exited", code=-15)
+    assert st.failed_nodes_reported()
+    err = st.error("train()")
+    text = str(err)
+    assert [(f.executor_id, f.error_type) for f in err.failures] == [(2, "ValueError")]
+    assert "FeedTimeoutError" not in text and "ValueError: bad value" in text and "worker:1 (executor 2" in text
+
+
+def test_only_consequences_are_reported_when_there_is_no_root_cause():
+    st = _state()
+    _register_all(st)
+    _fail(st, 1, "feed", "FeedTimeoutError", "worker:0 accepted no data for 1 s")
+    err = st.error("train()")
+    assert [f.error_type for f in err.failures] == ["FeedTimeoutError"]
+
+
+def test_wait_until_registered_answers_each_outcome():
+    st = _state()
+    dl = Deadline(5.0, "registration")
+    assert st.wait_until_registered(dl, lambda: False, tick_s=0.05) == "tick"
+    assert st.wait_until_registered(dl, lambda: True, tick_s=0.05) == "stopped"
+    threading.Timer(0.1, lambda: _register_all(st)).start()
+    t0 = time.monotonic()
+    assert st.wait_until_registered(dl, lambda: False, tick_s=5.0) == "registered"
+    assert time.monotonic() - t0 < 4.0  # woken by the registration, not by the tick
+    assert ClusterState(CID, st.roles, 15.0).wait_until_registered(Deadline(0.0, "x"), lambda: False) == "expired"
+
+
+def test_wait_until_exited_wakes_on_exit_reports():
+    st = _state()
+    _register_all(st)
+    assert st.alive_nodes() == [0, 1, 2]
+    threading.Timer(0.1, lambda: [_req(st, "status", executor_id=e, state="exited", code=0) for e in (0, 1, 2)]).start()
+    t0 = time.monotonic()
+    assert st.wait_until_exited([0, 1, 2], 10.0) == []
+    assert time.monotonic() - t0 < 5.0
+    assert st.wait_until_exited([0], 0.01) == []
+
+
+def test_wait_for_counters_needs_a_fresh_report():
+    st = _state()
+    _register_all(st)
+    _req(st, "wait_event", executor_id=1, known={}, counters={"rows": 5}, poll_s=0)
+    assert not st.wait_for_counters([1], 0.05)
+    threading.Timer(0.05, lambda: _req(st, "wait_event", executor_id=1, known={}, counters={"rows": 9}, poll_s=0)).start()
+    assert st.wait_for_counters([1], 5.0)
+    assert st.rows_consumed() == 9
+
+
+def test_tensorboard_failure_is_recorded_with_its_stderr(caplog):
+    st = _state()
+    with caplog.at_level(logging.WARNING, logger="tfos._cluster_state"):
+        _req(st, "tensorboard", executor_id=1, url="", error="ModuleNotFoundError: No module named 'tensorboard'")
+    assert st.tensorboard_url is None
+    assert "No module named 'tensorboard'" in st.tensorboard_error
+    assert any("failed to start" in r.getMessage() and "No module named" in r.getMessage() for r in caplog.records)

@@ -140,3 +140,29 @@ def test_ok_configurations(master, nodes, mode):
 def test_local_mode_allows_several_slots_per_executor():
     # under local[N] every node is a separate process of one JVM: several slots are expected
     _check("local[4]", 4, SPARK)
+
+
+# ------------------------------------------------------------ resources (issue 10)
+def test_gpus_not_cores_limit_the_slots_like_spark():
+    from tfos._spark_checks import resource_slots
+
+    conf = {"spark.executor.resource.gpu.amount": "1", "spark.task.resource.gpu.amount": "1"}
+    assert resource_slots(conf) == {"gpu": 1}
+    layout = plan_layout("local-cluster[2,2,1024]", conf)
+    assert (layout.slots_per_executor, layout.total_slots) == (1, 2)
+    check_static(layout, conf, 2, InputMode.SPARK)  # two cores, one GPU: one slot per executor
+    # a fractional task amount shares one GPU between tasks: 2 slots, refused
+    half = {"spark.executor.resource.gpu.amount": "1", "spark.task.resource.gpu.amount": "0.5"}
+    assert resource_slots(half) == {"gpu": 2}
+    with pytest.raises(ConfigurationError, match="2 task slots"):
+        check_static(plan_layout("local-cluster[2,2,1024]", half), half, 2, InputMode.SPARK)
+    # several resources: the scarcest wins
+    two = {"spark.executor.cores": "4", "spark.executor.instances": "2",
+           "spark.executor.resource.gpu.amount": "2", "spark.task.resource.gpu.amount": "1",
+           "spark.executor.resource.fpga.amount": "1", "spark.task.resource.fpga.amount": "1"}
+    assert plan_layout("yarn", two).slots_per_executor == 1
+
+
+def test_task_resource_without_executor_amount_refused():
+    with pytest.raises(ConfigurationError, match="spark.executor.resource.gpu.amount"):
+        plan_layout("yarn", {"spark.task.resource.gpu.amount": "1"})

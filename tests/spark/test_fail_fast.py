@@ -1,0 +1,141 @@
+"""Issue 10: report first, tear down second (C22); attribution with feed_timeout=1; busy
+slots (C25); progress line after errors and exact final row count."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import threading
+import time
+
+import pytest
+
+from tfos import TFCluster
+from tfos.errors import ClusterFailedError, ReservationTimeoutError
+
+pytestmark = pytest.mark.spark
+
+
+def busy_and_boom(args, ctx):
+    """worker 0 computes without looking at its feed; worker 1 raises after its first batch."""
+    import time as _time
+
+    feed = ctx.get_data_feed(train_mode=True)
+    feed.next_batch(10)
+    if ctx.executor_id == 0 and not args.get("busy", True):
+        while not feed.should_stop():
+            feed.next_batch(10)
+        return
+    if ctx.executor_id == 0:
+        x = 0
+        end = _time.monotonic() + 600
+        while _time.monotonic() < end:  # busy in "compute" until the abort ends the process
+            x = (x * 31 + 7) % 1000003
+        return
+    _time.sleep(args.get("delay", 0.0))
+    raise ValueError(f"boom on executor {ctx.executor_id}")
+
+
+def test_exception_while_other_node_computes_names_only_the_root_cause(sc, no_leftovers):
+    cluster = TFCluster.run(sc, busy_and_boom, {}, 2, 0, input_mode=TFCluster.InputMode.SPARK, reservation_timeout=300)
+    with pytest.raises(ClusterFailedError) as ei:
+        cluster.train(sc.parallelize(range(200000), 4), feed_timeout=600)
+    err = ei.value
+    text = str(err)
+    assert [(f.executor_id, f.kind, f.error_type) for f in err.failures] == [(1, "exception", "ValueError")], text
+    assert "1 node(s) reported 1 distinct error(s)" in text
+    assert "worker:1 (executor 1, host" in text and "ValueError: boom on executor 1" in text
+    assert "in busy_and_boom" in text  # the remote traceback
+    assert "FeedError" not in text and "worker:0" not in text
+    cluster.shutdown()  # joins the background teardown: the busy node was stopped
+
+
+def test_exception_during_feeding_with_feed_timeout_1_names_the_exception(sc, no_leftovers):
+    # worker 1 stops reading for 1.2 s (its feed task times out after 1 s), then raises:
+    # the error must name the ValueError, not only the FeedTimeoutError it caused.
+    cluster = TFCluster.run(sc, busy_and_boom, {"delay": 1.2, "busy": False}, 2, 0, input_mode=TFCluster.InputMode.SPARK, reservation_timeout=300)
+    with pytest.raises(ClusterFailedError) as ei:
+        cluster.train(sc.parallelize(range(400000), 4), feed_timeout=1)
+    err = ei.value
+    text = str(err)
+    assert [(f.executor_id, f.error_type) for f in err.failures] == [(1, "ValueError")], text
+    assert "ValueError: boom on executor 1" in text and "FeedTimeoutError" not in text
+    cluster.shutdown()
+
+
+def _hog(sc, started: threading.Event):
+    def _sleep(x):
+        import time as _t
+
+        _t.sleep(300)
+        return x
+
+    sc.setJobGroup("tfos-test-hog", "a job that holds one executor slot", interruptOnCancel=True)
+    started.set()
+    try:
+        sc.parallelize([0], 1).map(_sleep).collect()
+    except Exception:  # noqa: BLE001 - cancelled at the end of the test
+        pass
+
+
+def test_busy_slots_are_named_within_15_s_and_in_the_timeout_error(sc, caplog, no_leftovers):
+    started = threading.Event()
+    t = threading.Thread(target=_hog, args=(sc, started), daemon=True)
+    t.start()
+    started.wait(30)
+    tracker = sc.statusTracker()
+    end = time.monotonic() + 120
+    while time.monotonic() < end and not any(
+        (tracker.getStageInfo(s) or None) and tracker.getStageInfo(s).numActiveTasks for s in tracker.getActiveStageIds()
+    ):
+        time.sleep(0.2)
+    warned_at = []
+
+    class _Catch(logging.Handler):
+        def emit(self, record):
+            if "waited" in record.getMessage() and "task slots" in record.getMessage():
+                warned_at.append((time.monotonic(), record.getMessage()))
+
+    handler = _Catch(logging.WARNING)
+    logging.getLogger("tfos.cluster").addHandler(handler)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(ReservationTimeoutError) as ei:
+            TFCluster.run(sc, busy_and_boom, {}, 2, 0, input_mode=TFCluster.InputMode.SPARK, reservation_timeout=25)
+    finally:
+        logging.getLogger("tfos.cluster").removeHandler(handler)
+        sc.cancelJobGroup("tfos-test-hog")
+        t.join(60)
+    assert warned_at, "no WARNING about busy slots"
+    when, msg = warned_at[0]
+    assert when - t0 <= 15.0, f"busy-slot WARNING after {when - t0:.1f} s"
+    assert "1 of 2 executor slot(s) busy: executor" in msg and "'tfos-test-hog'" in msg, msg
+    text = str(ei.value)
+    assert "never registered" in text and "executor slot(s) busy: executor" in text and "'tfos-test-hog'" in text, text
+
+
+def feed_all(args, ctx):
+    feed = ctx.get_data_feed(train_mode=True)
+    while not feed.should_stop():
+        feed.next_batch(100)
+
+
+def test_progress_final_row_count_is_exact_and_no_stale_line_after_error(sc, capfd, monkeypatch, no_leftovers):
+    monkeypatch.setenv("TFOS_PROGRESS", "1")
+    cluster = TFCluster.run(sc, feed_all, {}, 2, 0, input_mode=TFCluster.InputMode.SPARK, reservation_timeout=300)
+    try:
+        # 2 x 12,300 rows read in batches of 100: every row reaches main_fun before train()
+        # returns (a partial last batch would wait for the end of the feed at shutdown())
+        cluster.train(sc.parallelize(range(12300), 6), num_epochs=2)
+        err = capfd.readouterr().err
+        last = [ln for ln in err.replace("\r", "\n").splitlines() if "tfos train" in ln][-1]
+        assert "100%" in last and "24,600 rows" in last, last
+    finally:
+        cluster.shutdown()
+    cluster = TFCluster.run(sc, busy_and_boom, {}, 2, 0, input_mode=TFCluster.InputMode.SPARK, reservation_timeout=300)
+    with pytest.raises(ClusterFailedError):
+        cluster.train(sc.parallelize(range(200000), 4))
+    capfd.readouterr()
+    cluster.shutdown()
+    gc.collect()
+    assert "tfos train" not in capfd.readouterr().err  # nothing printed after the error
