@@ -42,7 +42,9 @@ def _default_fs(sc: Any) -> str:
         fs = sc._jsc.hadoopConfiguration().get("fs.defaultFS") or "file://"
     except Exception:  # noqa: BLE001 - no JVM Hadoop conf (unusual); fall back to local
         fs = "file://"
-    return "file://" if fs.startswith("file:") else fs.rstrip("/")
+    from .node_context import normalize_default_fs  # keeps 'hdfs://' (no host) intact (issue 11)
+
+    return normalize_default_fs(fs)
 
 
 class _JobThread:
