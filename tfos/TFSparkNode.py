@@ -181,7 +181,7 @@ def run(
             except Exception as exc:  # noqa: BLE001 - an old manager that already died
                 log.debug("old TFManager shutdown: %s", exc)
         authkey = uuid.uuid4().bytes
-        mgr = TFManager.start(authkey, list(queues), "local")
+        mgr: Any = TFManager.start(authkey, list(queues), "local")
         mgr.set("state", "running")
         TFSparkNode.mgr, TFSparkNode.cluster_id = mgr, cid
 

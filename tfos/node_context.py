@@ -199,7 +199,7 @@ class TFNodeContext:
 
         run_server_and_wait(self, self.stop_event, timeout_s)
 
-    def export_saved_model(self, model_or_sess: Any, export_dir: str, *args: Any, **kwargs: Any) -> None:
+    def export_saved_model(self, model_or_sess: Any = None, export_dir: Optional[str] = None, *args: Any, **kwargs: Any) -> None:
         """Exports a SavedModel; two forms (TF process).
 
         * ``ctx.export_saved_model(model, export_dir, is_chief=None)``: a Keras 3, ``tf_keras``
@@ -214,6 +214,10 @@ class TFNodeContext:
             TypeError: Unsupported model type, or a wrong combination of arguments.
             ValueError: Empty ``signatures`` (TF1 form), or from Keras (unbuilt model).
         """
+        if model_or_sess is None:
+            model_or_sess = kwargs.pop("sess", None) if "sess" in kwargs else kwargs.pop("model", None)
+        if model_or_sess is None or export_dir is None:
+            raise TypeError("export_saved_model needs a model (or TF1 session) and an export_dir")
         tf1_kw = {"tag_set", "signatures"} & set(kwargs)
         is_session = type(model_or_sess).__name__ == "Session" and hasattr(model_or_sess, "graph")
         if len(args) == 2 or tf1_kw or is_session:
