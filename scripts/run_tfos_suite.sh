@@ -16,10 +16,12 @@ WORK="$(mktemp -d /tmp/tfos_suite.XXXXXX)"
 trap 'rm -rf "$WORK"' EXIT
 cp -r "$SRC/tests" "$WORK/tests"
 grep -rl tensorflowonspark "$WORK/tests" | xargs -r sed -i 's/tensorflowonspark/tfos/g'
-# TFoS's test.py asserts SPARK_CLASSPATH (its tensorflow-hadoop jar, for spark.jars); tfos
-# reads and writes TFRecords without it, so any jar already on Spark's class path will do.
+# TFoS's test.py asserts SPARK_CLASSPATH (for spark.jars): TFoS's own tensorflow-hadoop jar
+# (lib/ of the checkout); tfos reads and writes TFRecords without it, so if it is missing any
+# jar already on Spark's class path will do.
 PYSPARK_JARS="$(python -c 'import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), "jars"))')"
-export SPARK_CLASSPATH="${SPARK_CLASSPATH:-$(ls "$PYSPARK_JARS"/spark-core_*.jar | head -1)}"
+TFOS_HADOOP_JAR="$(ls "$SRC"/lib/tensorflow-hadoop-*.jar 2>/dev/null | head -1 || true)"
+export SPARK_CLASSPATH="${SPARK_CLASSPATH:-${TFOS_HADOOP_JAR:-$(ls "$PYSPARK_JARS"/spark-core_*.jar | head -1)}}"
 export MASTER="${MASTER:-local-cluster[2,1,1024]}"
 export SPARK_WORKER_INSTANCES="${SPARK_WORKER_INSTANCES:-2}"
 export PYTHONPATH="$HERE${PYTHONPATH:+:$PYTHONPATH}"

@@ -638,7 +638,8 @@ def yield_batch(iterable: Any, batch_size: int, num_tensors: int = 1) -> Iterato
 
     Yields:
         ``[column_0_values, ..., column_{n-1}_values]``, each a list of ``batch_size``
-        values; ``bytearray`` values become ``str`` as in TFoS.
+        values; ``bytearray`` values become ``str(value)`` exactly as in TFoS (which gives
+        ``"bytearray(b'...')"`` on Python 3).
     """
     cols: list = [[] for _ in range(num_tensors)]
     for row in iterable:
