@@ -123,6 +123,7 @@ class DataFeed:
         self._conn: Optional[FeedConnection] = None
         self._peeked: Any = None
         self._pending: collections.deque = collections.deque()
+        self._last_batch_empty = False
         #: ``(start index in batch, partition, epoch, row index in partition)`` per run of rows.
         self.last_origins: list[tuple[int, int, int, int]] = []
 
@@ -251,6 +252,7 @@ class DataFeed:
             conn.rows_taken += take
             batch_conn = conn
         self._hub.rows_taken += len(out)
+        self._last_batch_empty = not out
         self.last_origins = origins
         if not self.train_mode and out:
             assert batch_conn is not None
@@ -274,6 +276,10 @@ class DataFeed:
                 the rows of a 2-D numpy array stay 1-D numpy arrays, the items of a 1-D array
                 stay numpy scalars (a ``tf.Tensor`` is converted with ``.numpy()`` first).
 
+        Empty ``results`` right after an empty ``next_batch`` answer that batch and do
+        nothing (as in TFoS, where a loop may call ``batch_results`` after the last, empty
+        ``next_batch``).
+
         Raises:
             InferenceResultError: With no unanswered batch, or a wrong number of results
                 (the message names the partition and the counts).
@@ -281,10 +287,14 @@ class DataFeed:
         if self._legacy is not None:
             self._legacy.batch_results(results)
             return
+        items = _result_items(results)
+        if not items and self._last_batch_empty:
+            # The answer to an empty batch (next_batch() at the end of the feed returns []);
+            # empty batches are never waited for, so there is nothing to send (TFoS: no-op).
+            return
         if not self._pending:
             raise InferenceResultError("batch_results() was called but no inference batch is waiting for results")
         conn, n, origin = self._pending.popleft()
-        items = _result_items(results)
         if len(items) != n:
             msg = (
                 f"batch_results() got {len(items)} results for a batch of {n} rows "

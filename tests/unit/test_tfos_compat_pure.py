@@ -348,3 +348,18 @@ def test_keras_default(monkeypatch, node_env, driver, expected):
         monkeypatch.setenv("TF_USE_LEGACY_KERAS", node_env)
     _default_legacy_keras(driver)
     assert os.environ["TF_USE_LEGACY_KERAS"] == expected
+
+
+def test_empty_results_answer_an_empty_batch():
+    from tfos._feed_hub import END_OF_FEED
+    from tfos.errors import InferenceResultError
+
+    hub = _FakeHub()
+    hub.terminated = set()
+    hub.rows_taken = 0
+    hub.queues["input"].put(END_OF_FEED)
+    feed = TFNode.DataFeed(hub, train_mode=False, timeout_s=5)
+    assert feed.next_batch(10) == [] and feed.should_stop()
+    feed.batch_results(np.zeros((0, 1)))  # TFoS's loop answers the last, empty batch: no-op
+    with pytest.raises(InferenceResultError, match="no inference batch is waiting"):
+        feed.batch_results([1])
