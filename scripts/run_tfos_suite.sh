@@ -25,5 +25,8 @@ export SPARK_CLASSPATH="${SPARK_CLASSPATH:-${TFOS_HADOOP_JAR:-$(ls "$PYSPARK_JAR
 export MASTER="${MASTER:-local-cluster[2,1,1024]}"
 export SPARK_WORKER_INSTANCES="${SPARK_WORKER_INSTANCES:-2}"
 export PYTHONPATH="$HERE${PYTHONPATH:+:$PYTHONPATH}"
+# Keras (docs/migration.md): TFoS's tests build tf.keras objects on the driver and ship them
+# to the nodes, so the driver uses tf_keras too; the TF processes inherit the driver's value.
+export TF_USE_LEGACY_KERAS="${TF_USE_LEGACY_KERAS:-1}"
 cd "$WORK/tests"
 python -m unittest "${@:-discover}" -v
