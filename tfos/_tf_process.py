@@ -33,7 +33,7 @@ from ._launch import NodeLaunch
 from ._node_task import read_launch, setup_process_logging, watch_stdin_eof
 from .cluster_template import InputMode, NodeInfo, build_cluster_spec, tf_config_json
 from .errors import ControlProtocolError, DeadlineExceededError, NodeFailure, ReservationTimeoutError
-from .node_context import TFNodeContext
+from .node_context import TFNodeContext, absolute_path
 
 log = logging.getLogger("tfos.tf_process")
 
@@ -167,7 +167,9 @@ class _LogForwarder:
 
 def _start_tensorboard(launch: NodeLaunch, ctx: TFNodeContext, client: ControlClient) -> Optional[subprocess.Popen]:
     cfg = launch.config
-    logdir = cfg.log_dir or ctx.absolute_path(f"tensorboard_{launch.role.executor_id}")
+    # Default: 'tensorboard_<id>' in the executor's own directory (TFoS), where a main_fun that
+    # writes to that relative path puts its summaries (ctx.working_dir is the driver's).
+    logdir = cfg.log_dir or absolute_path(f"tensorboard_{launch.role.executor_id}", cfg.default_fs, launch.working_dir)
     if logdir.startswith("file://"):
         logdir = logdir[len("file://"):]
     with socket.socket() as s:
