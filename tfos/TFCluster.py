@@ -9,7 +9,28 @@ becomes ``from tfos import TFCluster``::
     cluster.shutdown()
 """
 
-from ._cluster import TFCluster, run
+from __future__ import annotations
+
+import functools
+from typing import Any, Dict
+
+from . import _cluster
+from ._cluster import TFCluster
 from .cluster_template import InputMode
 
-__all__ = ["run", "TFCluster", "InputMode"]
+__all__ = ["run", "TFCluster", "InputMode", "tf_status"]
+
+#: TFoS's module-level status of the last ``run()`` (driver): empty while it succeeds;
+#: ``{'error': message}`` when the last ``run()`` raised. tfos reports every failure as an
+#: exception (``ClusterFailedError`` names the node), so this is informational only.
+tf_status: Dict[str, Any] = {}
+
+
+@functools.wraps(_cluster.run)
+def run(*args: Any, **kwargs: Any) -> TFCluster:
+    tf_status.clear()
+    try:
+        return _cluster.run(*args, **kwargs)
+    except BaseException as exc:
+        tf_status["error"] = f"{type(exc).__name__}: {exc}"
+        raise

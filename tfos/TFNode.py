@@ -5,10 +5,13 @@ Everything here runs inside ``main_fun(args, ctx)`` on a node.
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Optional, Sequence
 
 from .datafeed import DataFeed
 from .node_context import TFNodeContext, absolute_path
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "DataFeed",
@@ -20,6 +23,7 @@ __all__ = [
     "terminate",
     "export_saved_model",
     "shard_files",
+    "release_port",
 ]
 
 
@@ -50,6 +54,18 @@ def shard_files(ctx: TFNodeContext, pattern: Any, num_workers: Optional[int] = N
     from .tf_server import shard_files as _shard
 
     return _shard(ctx, pattern, num_workers)
+
+
+def release_port(ctx: TFNodeContext) -> None:
+    """Closes the socket holding this node's TF port so TensorFlow can bind it (TF process).
+
+    TFoS's ``TFNode.release_port(ctx)``; same as ``ctx.release_port()``. Logs a warning
+    when the port was already released (as TFoS did).
+    """
+    if getattr(ctx, "tmp_socket", None) is None:
+        log.warning("release_port() invoked with no bound socket")
+        return
+    ctx.release_port()
 
 
 def next_batch(mgr: Any, batch_size: int, qname: str = "input") -> Any:
@@ -84,9 +100,10 @@ def export_saved_model(sess: Any, export_dir: str, tag_set: Any, signatures: dic
     Args:
         sess: A ``tf.compat.v1.Session`` holding the trained graph.
         export_dir: Target directory (must not exist).
-        tag_set: A tag or list of tags, e.g. ``tf.saved_model.SERVING`` or "serve".
+        tag_set: Comma-separated tags (TFoS: ``"serve"`` or ``"serve,gpu"``) or a list of tags.
         signatures: ``{signature_key: {'inputs': {name: tensor}, 'outputs': {name: tensor},
-            'method_name': optional}}`` (TFoS's format).
+            'method_name': optional}}`` (TFoS's format; the method defaults to
+            ``tensorflow/serving/predict``, where TFoS put the signature key).
 
     Raises:
         ValueError: When ``signatures`` is empty or a tensor is missing.
@@ -96,7 +113,10 @@ def export_saved_model(sess: Any, export_dir: str, tag_set: Any, signatures: dic
     if not signatures:
         raise ValueError("export_saved_model needs at least one signature")
     v1 = tf.compat.v1
-    tags = [tag_set] if isinstance(tag_set, str) else list(tag_set)
+    tags = [t.strip() for t in tag_set.split(",") if t.strip()] if isinstance(tag_set, str) else list(tag_set)
+    graph = sess.graph
+    if graph.finalized:  # MonitoredTrainingSession finalizes its graph; the builder adds ops
+        graph._unsafe_unfinalize()
     builder = v1.saved_model.builder.SavedModelBuilder(export_dir)
     sig_defs = {}
     for key, sig in signatures.items():
@@ -104,5 +124,5 @@ def export_saved_model(sess: Any, export_dir: str, tag_set: Any, signatures: dic
         outputs = {k: v1.saved_model.utils.build_tensor_info(t) for k, t in sig["outputs"].items()}
         method = sig.get("method_name", v1.saved_model.signature_constants.PREDICT_METHOD_NAME)
         sig_defs[key] = v1.saved_model.signature_def_utils.build_signature_def(inputs, outputs, method)
-    builder.add_meta_graph_and_variables(sess, tags, signature_def_map=sig_defs, strip_default_attrs=True)
+    builder.add_meta_graph_and_variables(sess, tags, signature_def_map=sig_defs, clear_devices=True, strip_default_attrs=True)
     builder.save()

@@ -3,20 +3,21 @@
 Use it for embarrassingly parallel work such as batch inference with a single-node model on
 every executor, where the instances do not form a TensorFlow cluster::
 
-    def map_fun(args, ctx):        # ctx.executor_id / ctx.task_index = 0..N-1, job 'worker'
+    def map_fn(args, ctx):         # ctx.executor_id / ctx.task_index = 0..N-1, job 'worker'
         model = tf.keras.models.load_model(args.model)
         ... read this instance's share of the files: TFNode.shard_files(ctx, pattern) ...
 
-    TFParallel.run(sc, map_fun, args, num_executors=4)
+    TFParallel.run(sc, map_fn, args, num_executors=4)
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from . import _cluster
 from .cluster_template import InputMode
+from .errors import ConfigurationError
 
 __all__ = ["run"]
 
@@ -35,14 +36,14 @@ class _Independent:
 
 def run(
     sc: Any,
-    map_fun: Callable[[Any, Any], Any],
-    tf_args: Any,
-    num_executors: int,
+    map_fn: Optional[Callable[[Any, Any], Any]] = None,
+    tf_args: Any = None,
+    num_executors: int = 0,
     use_barrier: bool = True,
     timeout: float = 259200,
     **kwargs: Any,
 ) -> None:
-    """Runs ``map_fun(tf_args, ctx)`` on ``num_executors`` executors at once and waits (driver).
+    """Runs ``map_fn(tf_args, ctx)`` on ``num_executors`` executors at once and waits (driver).
 
     Each instance runs in its own TF process with the same supervision as a cluster node:
     a failing or dying instance makes this call raise within seconds, naming it.
@@ -52,18 +53,29 @@ def run(
 
     Args:
         sc: The SparkContext.
-        map_fun: ``map_fun(args, ctx)``; ``ctx.executor_id`` and ``ctx.task_index`` are
+        map_fn: ``map_fn(args, ctx)`` (TFoS's keyword; ``map_fun=`` is accepted too);
+            ``ctx.executor_id``, ``ctx.worker_num`` and ``ctx.task_index`` are
             ``0..num_executors-1`` and ``ctx.job_name`` is 'worker'.
-        tf_args: Passed to ``map_fun`` unchanged.
+        tf_args: Passed to ``map_fn`` unchanged.
         num_executors: Number of instances (one per executor, all scheduled together).
-        use_barrier: Kept for TFoS compatibility; instances are always gang-scheduled.
+        use_barrier: Kept for TFoS compatibility; instances are always gang-scheduled, so
+            with too few executors this raises (TFoS without barrier would run them one
+            after another).
         timeout: Longest wait for every instance to finish, in seconds.
         **kwargs: Passed on to :func:`tfos.TFCluster.run` (e.g. ``reservation_timeout``).
 
     Raises:
-        ConfigurationError: Bad Spark configuration (see ``TFCluster.run``).
+        ConfigurationError: Bad Spark configuration (see ``TFCluster.run``), e.g. fewer
+            executors than ``num_executors``; or no ``map_fn``.
         ClusterFailedError: Any instance failed or died.
     """
     del use_barrier
-    cluster = _cluster.run(sc, _Independent(map_fun), tf_args, num_executors, 0, input_mode=InputMode.TENSORFLOW, **kwargs)
+    alias = kwargs.pop("map_fun", None)
+    if map_fn is None:
+        map_fn = alias
+    elif alias is not None:
+        raise ConfigurationError("TFParallel.run got both map_fn and map_fun; pass one")
+    if map_fn is None or not callable(map_fn):
+        raise ConfigurationError("TFParallel.run needs map_fn, a function map_fn(args, ctx)")
+    cluster = _cluster.run(sc, _Independent(map_fn), tf_args, num_executors, 0, input_mode=InputMode.TENSORFLOW, **kwargs)
     cluster.shutdown(timeout=timeout)

@@ -8,6 +8,11 @@ Where code runs:
     driver: :mod:`tfos.TFCluster` (``run``, ``TFCluster``), :mod:`tfos.TFParallel`, :mod:`tfos.pipeline`;
     TF process: :mod:`tfos.TFNode`, :class:`tfos.datafeed.DataFeed`, :mod:`tfos.tf_server`, :mod:`tfos.compat`;
     anywhere (pure): :mod:`tfos.errors`, :mod:`tfos.cluster_template`.
+
+TFoS's other modules are kept for programs that import them: :mod:`tfos.TFManager`,
+:mod:`tfos.TFSparkNode`, :mod:`tfos.reservation`, :mod:`tfos.marker`, :mod:`tfos.util`,
+:mod:`tfos.gpu_info`, :mod:`tfos.dfutil`, :mod:`tfos.compat` (``from tfos import TFManager``
+works). docs/migration.md lists every difference from TFoS.
 TensorFlow is imported lazily, only in the TF process and in TF helpers.
 """
 

@@ -50,7 +50,9 @@ def _default_fs(sc: Any) -> str:
         fs = sc._jsc.hadoopConfiguration().get("fs.defaultFS") or "file://"
     except Exception:  # noqa: BLE001 - no JVM Hadoop conf (unusual); fall back to local
         fs = "file://"
-    return "file://" if fs.startswith("file:") else fs.rstrip("/")
+    from .node_context import normalize_default_fs  # keeps 'hdfs://' (no host) intact (issue 11)
+
+    return normalize_default_fs(fs)
 
 
 class _JobThread:
@@ -132,6 +134,8 @@ class TFCluster:
         self._feed_seq = 0
         self._liveness_stop = threading.Event()
         self._teardown_thread: Optional[threading.Thread] = None
+        #: The barrier RDD of the start tasks, one partition per Spark-hosted node (TFoS name).
+        self.nodeRDD: Any = None
 
     # ------------------------------------------------------------- properties
     @property
@@ -146,6 +150,28 @@ class TFCluster:
         """``{job: ["host:port", ...]}`` of the running cluster."""
         assert self._state is not None
         return self._state.cluster_spec()
+
+    @property
+    def server(self) -> Optional[ControlServer]:
+        """The driver's control server (TFoS: the reservation server); None once shut down."""
+        return self._server
+
+    @property
+    def meta(self) -> dict:
+        """Same as :attr:`cluster_meta` (TFoS set both)."""
+        return self.cluster_meta
+
+    @property
+    def cluster_meta(self) -> dict:
+        """TFoS-style cluster metadata: id, cluster_template, num_executors, default_fs,
+        working_dir (the driver's), server_addr ``(host, port)`` and release_port."""
+        cfg = self._config
+        return {
+            "id": self.cluster_id, "cluster_template": self.cluster_template, "num_executors": self.num_executors,
+            "default_fs": self.defaultFS, "working_dir": cfg.driver_working_dir if cfg else self.working_dir,
+            "server_addr": (cfg.driver_host, cfg.driver_port) if cfg else None,
+            "release_port": cfg.release_port if cfg else True,
+        }
 
     def tensorboard_url(self, timeout_s: float = 60.0) -> Optional[str]:
         """The TensorBoard URL (``http://host:port/``), or None when TensorBoard is off or
@@ -851,6 +877,7 @@ def run(
         start_fn = make_start_task(config, spark_ids, payload)
         n = len(spark_ids)
         nodes_rdd = sc.parallelize(range(n), n).barrier().mapPartitionsWithIndex(start_fn)
+        cluster.nodeRDD = nodes_rdd
         desc = f"tfos start: {format_template(template)}"
         cluster._start_job = cluster._run_job("start", desc, nodes_rdd.collect)
         deadline = Deadline(

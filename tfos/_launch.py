@@ -8,6 +8,7 @@ inside the Spark closure and the stdin pipe of the node processes: it is exclude
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Optional
 
 from .cluster_template import InputMode, NodeRole
@@ -40,6 +41,11 @@ class ClusterConfig:
         forward_logs: Which nodes' stdout/stderr lines are forwarded to the driver's log:
             'chief' (the chief, or worker 0 when there is no chief), 'all' or 'none'.
         data_timeout_s: Longest a ``DataFeed`` read waits for the next chunk.
+        driver_working_dir: The driver's working directory, taken when the config is
+            built (on the driver); it is every node's ``ctx.working_dir`` (TFoS semantics),
+            so relative ``file://`` paths map to the same folder on every node.
+        tf_use_legacy_keras: The driver's ``TF_USE_LEGACY_KERAS`` when set there (else None);
+            the TF process uses it when its own environment does not set the variable.
     """
 
     cluster_id: str
@@ -59,6 +65,8 @@ class ClusterConfig:
     log_dir: Optional[str] = None
     forward_logs: str = "chief"
     data_timeout_s: float = 3600.0
+    driver_working_dir: str = dataclasses.field(default_factory=os.getcwd)
+    tf_use_legacy_keras: Optional[str] = dataclasses.field(default_factory=lambda: os.environ.get("TF_USE_LEGACY_KERAS"))
 
     def __post_init__(self) -> None:
         if len(self.key) != 32:

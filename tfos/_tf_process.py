@@ -33,7 +33,7 @@ from ._launch import NodeLaunch
 from ._node_task import read_launch, setup_process_logging, watch_stdin_eof
 from .cluster_template import InputMode, NodeInfo, build_cluster_spec, tf_config_json
 from .errors import ControlProtocolError, DeadlineExceededError, NodeFailure, ReservationTimeoutError
-from .node_context import TFNodeContext
+from .node_context import TFNodeContext, absolute_path
 
 log = logging.getLogger("tfos.tf_process")
 
@@ -175,7 +175,9 @@ def _start_tensorboard(launch: NodeLaunch, ctx: TFNodeContext, client: ControlCl
     """Starts TensorBoard and, from a thread, reports its URL to the driver once it listens,
     or its stderr when it exits (or never listens) first (TF process)."""
     cfg = launch.config
-    logdir = cfg.log_dir or ctx.absolute_path(f"tensorboard_{launch.role.executor_id}")
+    # Default: 'tensorboard_<id>' in the executor's own directory (TFoS), where a main_fun that
+    # writes to that relative path puts its summaries (ctx.working_dir is the driver's).
+    logdir = cfg.log_dir or absolute_path(f"tensorboard_{launch.role.executor_id}", cfg.default_fs, launch.working_dir)
     if logdir.startswith("file://"):
         logdir = logdir[len("file://"):]
     with socket.socket() as s:
@@ -250,6 +252,26 @@ def _failure(launch: NodeLaunch, exc: BaseException) -> NodeFailure:
     return NodeFailure(r.executor_id, r.job_name, r.task_index, launch.host, "exception", type(exc).__name__, msg, tb)
 
 
+# --- Keras flavour default (issue 11; docs/migration.md "Keras") ---------------------------
+def _default_legacy_keras(driver_value: Optional[str]) -> None:
+    """Sets ``TF_USE_LEGACY_KERAS`` before ``main_fun`` imports TensorFlow (TF process).
+
+    Order: the node's own environment (e.g. ``spark.executorEnv.TF_USE_LEGACY_KERAS``) wins,
+    then the driver's value, then ``1`` when ``tf_keras`` is installed: ``tf.keras`` is then
+    Keras 2 (``tf_keras``), as TFoS programs expect. ``import keras`` is Keras 3 either way;
+    set ``TF_USE_LEGACY_KERAS=0`` to make ``tf.keras`` Keras 3.
+    """
+    import importlib.util
+
+    if "TF_USE_LEGACY_KERAS" in os.environ:
+        return
+    if driver_value is not None:
+        os.environ["TF_USE_LEGACY_KERAS"] = driver_value
+    elif importlib.util.find_spec("tf_keras") is not None:
+        os.environ["TF_USE_LEGACY_KERAS"] = "1"
+# --- end Keras flavour default --------------------------------------------------------------
+
+
 def run_node(launch: NodeLaunch) -> int:
     """Runs one node in this process; returns the exit code (TF process)."""
     import cloudpickle
@@ -299,7 +321,7 @@ def run_node(launch: NodeLaunch) -> int:
 
         ctx = TFNodeContext(
             executor_id=eid, job_name=role.job_name, task_index=role.task_index, cluster_spec=spec,
-            defaultFS=cfg.default_fs, working_dir=launch.working_dir, mgr=hub, tmp_socket=port_sock,
+            defaultFS=cfg.default_fs, working_dir=cfg.driver_working_dir or launch.working_dir, mgr=hub, tmp_socket=port_sock,
             host=launch.host, port=me.port, stop_event=stop_event, on_serving=_report_serving,
         )
 
@@ -324,6 +346,7 @@ def run_node(launch: NodeLaunch) -> int:
         client.request("status", executor_id=eid, state="running", timeout_s=10.0)
         if cfg.release_port:
             ctx.release_port()
+        _default_legacy_keras(cfg.tf_use_legacy_keras)
         main_fun, tf_args = cloudpickle.loads(launch.fn_payload)  # from the local pipe, not the network
         log.info("tfos node %s: starting main_fun", launch.node_name)
         try:

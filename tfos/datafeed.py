@@ -101,23 +101,62 @@ class DataFeed:
                 "this node has no data feed: DataFeed works only in InputMode.SPARK on chief/master/worker "
                 "nodes (ps and evaluator nodes are never fed)"
             )
+        #: The ``mgr`` this feed reads from (TFoS attribute).
+        self.mgr = mgr
+        self.train_mode = train_mode
+        self.qname_in = qname_in
+        self.qname_out = qname_out
+        self.input_tensors = [input_mapping[c] for c in sorted(input_mapping)] if input_mapping else None
+        self.done_feeding = False
+        self._legacy: Optional[_QueueFeed] = None
+        if not isinstance(getattr(mgr, "queues", None), dict) and hasattr(mgr, "get_queue"):
+            # A TFoS-style TFManager (tfos.TFManager.start / TFSparkNode.run): rows on plain queues.
+            self._legacy = _QueueFeed(mgr, qname_in, qname_out, train_mode)
+            return
         if qname_in not in mgr.queues:
             raise TFOSError(f"no queue {qname_in!r} on this node; queues are {sorted(mgr.queues)}")
         self._hub = mgr
         self._q: queue.Queue = mgr.queues[qname_in]
-        self.qname_in = qname_in
-        self.qname_out = qname_out
-        self.train_mode = train_mode
-        self.input_tensors = [input_mapping[c] for c in sorted(input_mapping)] if input_mapping else None
         self._timeout_s = timeout_s if timeout_s is not None else getattr(mgr, "data_timeout_s", 3600.0)
         self._rows: list = []
         self._pos = 0
         self._conn: Optional[FeedConnection] = None
         self._peeked: Any = None
-        self.done_feeding = False
         self._pending: collections.deque = collections.deque()
+        self._last_batch_empty = False
         #: ``(start index in batch, partition, epoch, row index in partition)`` per run of rows.
         self.last_origins: list[tuple[int, int, int, int]] = []
+
+    @property
+    def queue_in(self) -> Any:
+        """TFoS's input queue: the ``mgr`` queue of a TFoS-style ``TFManager``.
+
+        Raises:
+            TFOSError: On a tfos node (``ctx.mgr`` of ``TFCluster.run``), which has no row
+                queue: rows arrive in chunks on the node's data connections. Read them with
+                :meth:`next_batch`, :meth:`batches` or :meth:`as_dataset`.
+        """
+        if self._legacy is not None:
+            return self._legacy.queue_in
+        raise TFOSError(
+            "DataFeed.queue_in: a tfos node has no row queue (rows arrive in chunks on the node's data "
+            "connections); read rows with next_batch(), batches() or as_dataset() instead"
+        )
+
+    @property
+    def queue_out(self) -> Any:
+        """TFoS's output queue: the ``mgr`` queue of a TFoS-style ``TFManager``.
+
+        Raises:
+            TFOSError: On a tfos node, where results go back on each partition's own
+                connection: answer every inference batch with :meth:`batch_results`.
+        """
+        if self._legacy is not None:
+            return self._legacy.queue_out
+        raise TFOSError(
+            "DataFeed.queue_out: a tfos node has no output queue (results go back, in order, on the "
+            "connection of the partition they answer); use batch_results() instead"
+        )
 
     # ------------------------------------------------------------------ input
     def _take(self) -> Any:
@@ -174,6 +213,10 @@ class DataFeed:
         """
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if self._legacy is not None:
+            rows = self._legacy.next_batch(batch_size)
+            self.done_feeding = self._legacy.done_feeding
+            return rows if self.input_tensors is None else _to_columns(rows, self.input_tensors)
         out: list = []
         origins: list[tuple[int, int, int, int]] = []
         batch_conn: Optional[FeedConnection] = None
@@ -209,6 +252,7 @@ class DataFeed:
             conn.rows_taken += take
             batch_conn = conn
         self._hub.rows_taken += len(out)
+        self._last_batch_empty = not out
         self.last_origins = origins
         if not self.train_mode and out:
             assert batch_conn is not None
@@ -216,11 +260,7 @@ class DataFeed:
             self._pending.append((batch_conn, len(out), origins[0]))
         if self.input_tensors is None:
             return out
-        cols: dict[str, list] = {t: [] for t in self.input_tensors}
-        for row in out:
-            for i, t in enumerate(self.input_tensors):
-                cols[t].append(row[i])
-        return cols
+        return _to_columns(out, self.input_tensors)
 
     def should_stop(self) -> bool:
         """True once the feed ended (end of feed from the driver, or :meth:`terminate`)."""
@@ -231,17 +271,30 @@ class DataFeed:
         """Answers the oldest unanswered inference batch with one result per row.
 
         Args:
-            results: A sequence (list, tuple or numpy array) with exactly as many items as
-                rows in the batch; numpy arrays are sent as ``.tolist()``.
+            results: A sequence (list, tuple, numpy array or ``tf.Tensor``) with exactly as
+                many items as rows in the batch. Items are returned as they are, as in TFoS:
+                the rows of a 2-D numpy array stay 1-D numpy arrays, the items of a 1-D array
+                stay numpy scalars (a ``tf.Tensor`` is converted with ``.numpy()`` first).
+
+        Empty ``results`` right after an empty ``next_batch`` answer that batch and do
+        nothing (as in TFoS, where a loop may call ``batch_results`` after the last, empty
+        ``next_batch``).
 
         Raises:
             InferenceResultError: With no unanswered batch, or a wrong number of results
                 (the message names the partition and the counts).
         """
+        if self._legacy is not None:
+            self._legacy.batch_results(results)
+            return
+        items = _result_items(results)
+        if not items and self._last_batch_empty:
+            # The answer to an empty batch (next_batch() at the end of the feed returns []);
+            # empty batches are never waited for, so there is nothing to send (TFoS: no-op).
+            return
         if not self._pending:
             raise InferenceResultError("batch_results() was called but no inference batch is waiting for results")
         conn, n, origin = self._pending.popleft()
-        items = results.tolist() if hasattr(results, "tolist") else list(results)
         if len(items) != n:
             msg = (
                 f"batch_results() got {len(items)} results for a batch of {n} rows "
@@ -260,6 +313,10 @@ class DataFeed:
         """Stops the feed early: feed tasks skip the remaining partitions, and
         :meth:`should_stop` becomes True. ``cluster.train()`` then returns normally."""
         log.info("DataFeed.terminate(): the remaining partitions for queue %r will be skipped", self.qname_in)
+        if self._legacy is not None:
+            self._legacy.terminate()
+            self.done_feeding = True
+            return
         self._hub.terminate(self.qname_in)
         self._rows, self._pos, self._peeked = [], 0, None
         self.done_feeding = True
@@ -343,6 +400,83 @@ class DataFeed:
         options = tf.data.Options()
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
         return ds.with_options(options)
+
+
+def _to_columns(rows: Sequence, tensors: Sequence[str]) -> dict[str, list]:
+    """``{tensor: [row[i] for row in rows]}`` for the i-th mapped tensor (TFoS ``input_mapping``)."""
+    cols: dict[str, list] = {t: [] for t in tensors}
+    for row in rows:
+        for i, t in enumerate(tensors):
+            cols[t].append(row[i])
+    return cols
+
+
+def _result_items(results: Any) -> list:
+    """One item per row, as TFoS returned them: numpy rows stay numpy, scalars stay scalars.
+
+    Args:
+        results: A list, tuple, numpy array, ``tf.Tensor`` or any iterable.
+
+    Returns:
+        ``list(results)``; a ``tf.Tensor`` is first converted with ``.numpy()``.
+    """
+    if type(results).__module__.startswith("tensorflow") and callable(getattr(results, "numpy", None)):
+        results = results.numpy()
+    return list(results)
+
+
+class _QueueFeed:
+    """TFoS's row-queue protocol on a :mod:`tfos.TFManager` manager (TF process or test).
+
+    Rows are single queue items; ``None`` ends the feed and a
+    :class:`tfos.marker.EndPartition` ends a partition (an inference batch never spans one).
+    Results go to ``qname_out``, one item per row.
+    """
+
+    def __init__(self, mgr: Any, qname_in: str, qname_out: str, train_mode: bool):
+        self.mgr = mgr
+        self.train_mode = train_mode
+        self.queue_in = mgr.get_queue(qname_in)
+        self.queue_out = mgr.get_queue(qname_out)
+        if self.queue_in is None:
+            raise TFOSError(f"the manager has no queue {qname_in!r}")
+        self.done_feeding = False
+
+    def next_batch(self, batch_size: int) -> list:
+        from .marker import EndPartition
+
+        out: list = []
+        while len(out) < batch_size:
+            item = self.queue_in.get(block=True)
+            self.queue_in.task_done()
+            if item is None:
+                self.done_feeding = True
+                break
+            if isinstance(item, EndPartition):
+                if not self.train_mode and out:
+                    break
+                continue
+            out.append(item)
+        return out
+
+    def batch_results(self, results: Any) -> None:
+        if self.queue_out is None:
+            raise TFOSError("batch_results(): the manager has no output queue")
+        for item in _result_items(results):
+            self.queue_out.put(item, block=True)
+
+    def terminate(self) -> None:
+        self.mgr.set("state", "terminating")
+        dropped = 0
+        while True:
+            try:
+                self.queue_in.get(block=True, timeout=5)
+            except queue.Empty:
+                break
+            self.queue_in.task_done()
+            dropped += 1
+        log.info("DataFeed.terminate(): dropped %d queued items", dropped)
+        self.done_feeding = True
 
 
 def _row_error(origins: Sequence[tuple[int, int, int, int]], index: int, message: str) -> MalformedRowError:

@@ -4,50 +4,86 @@ from __future__ import annotations
 
 import getpass
 import logging
+import re
 import socket
 import threading
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from .cluster_template import count_workers
 
-__all__ = ["TFNodeContext", "absolute_path", "HADOOP_SCHEMES"]
+__all__ = ["TFNodeContext", "absolute_path", "normalize_default_fs", "HADOOP_SCHEMES"]
 
 log = logging.getLogger(__name__)
 
-#: Paths with these schemes are already absolute and are returned unchanged.
+#: Hadoop-compatible schemes (TFoS's list plus the object stores it missed). Any path of
+#: the form ``scheme://...`` is already absolute and is returned unchanged, listed or not.
 HADOOP_SCHEMES = (
-    "adl://", "file://", "hdfs://", "oss://", "s3://", "s3a://", "s3n://", "swift://", "viewfs://", "wasb://", "gs://", "abfs://", "abfss://",
+    "adl://", "file://", "hdfs://", "oss://", "s3://", "s3a://", "s3n://", "swift://", "viewfs://", "wasb://",
+    "wasbs://", "gs://", "abfs://", "abfss://", "cos://", "cosn://", "obs://", "o3fs://", "ofs://",
 )
+
+_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def normalize_default_fs(default_fs: str) -> str:
+    """Spark's ``fs.defaultFS`` in the form the path rules use (pure).
+
+    ``file:``, ``file:/`` and ``file:///`` become ``file://``; a trailing slash after a host is
+    dropped (``hdfs://nn:8020/`` -> ``hdfs://nn:8020``); a scheme without host keeps its
+    ``//`` (``hdfs://`` stays ``hdfs://``, so ``/foo`` maps to ``hdfs:///foo``).
+
+    Args:
+        default_fs: The configured value, e.g. ``hdfs://nn:8020/``, ``viewfs://`` or ``file:///``.
+
+    Returns:
+        ``scheme://`` or ``scheme://authority`` (no trailing slash).
+    """
+    fs = (default_fs or "file://").strip()
+    if fs.startswith("file:"):
+        return "file://"
+    if "://" not in fs:
+        scheme = fs.rstrip(":/")
+        return f"{scheme}://"
+    scheme, rest = fs.split("://", 1)
+    return f"{scheme}://{rest.rstrip('/')}"
 
 
 def absolute_path(path: str, default_fs: str, working_dir: str, user: Optional[str] = None) -> str:
-    """Resolves ``path`` the way TFoS's ``TFNode.hdfs_path`` does (pure).
+    """Resolves ``path`` the way TFoS's ``TFNode.hdfs_path`` does (pure; runs anywhere).
 
-    Rules: a path with a known scheme is returned as is; an absolute path is prefixed with
-    ``default_fs``; a relative path goes under ``/user/<user>/`` on ``hdfs://``/``viewfs://``
-    and under ``working_dir`` on ``file://``.
+    Rules (identical to TFoS 2.2.5, plus schemes it did not know):
+
+    * ``scheme://...`` (any scheme: hdfs, viewfs, file, s3a, gs, abfss, ...) is returned as is.
+    * ``/abs/path`` is prefixed with ``default_fs``: ``hdfs:///abs/path`` for ``hdfs://``,
+      ``hdfs://nn:8020/abs/path`` for ``hdfs://nn:8020``, ``file:///abs/path`` for ``file://``.
+    * ``rel/path`` goes under ``/user/<user>/`` when ``default_fs`` is ``hdfs://`` or
+      ``viewfs://`` (with or without a host); under ``working_dir`` when it is ``file://``;
+      under the file system's root for any other scheme (TFoS did the same, with a warning).
+
+    In a tfos cluster ``working_dir`` is the *driver's* working directory (shipped to every
+    node in the cluster configuration), so every node maps a relative path to the same place.
 
     Args:
         path: The path to resolve.
         default_fs: Spark's ``fs.defaultFS``, e.g. ``file://`` or ``hdfs://nn:8020``
-            (a trailing slash is ignored).
-        working_dir: The executor's working directory (absolute).
+            (see :func:`normalize_default_fs`).
+        working_dir: Absolute directory for relative paths on ``file://``.
         user: The user for relative HDFS paths (default: the current user).
 
     Returns:
         A fully qualified path, e.g. ``file:///work/dir/model`` or
         ``hdfs://nn:8020/user/alice/model``.
     """
-    if any(path.startswith(s) for s in HADOOP_SCHEMES):
+    if _URI.match(path) or any(path.startswith(s) for s in HADOOP_SCHEMES):
         return path
-    fs = "file://" if default_fs.startswith("file:") else default_fs.rstrip("/")
+    fs = normalize_default_fs(default_fs)
     if path.startswith("/"):
         return fs + path
     if fs.startswith(("hdfs://", "viewfs://")):
         return f"{fs}/user/{user or getpass.getuser()}/{path}"
     if fs.startswith("file://"):
         return f"{fs}/{working_dir.lstrip('/')}/{path}"
-    log.warning("unknown default FS scheme %s for relative path %s", fs, path)
+    log.warning("unknown default FS scheme %s for relative path %s: put at its root", fs, path)
     return f"{fs}/{path}"
 
 
@@ -60,8 +96,10 @@ class TFNodeContext:
         task_index: Index of the node within its job.
         cluster_spec: ``{job: ["host:port", ...]}`` of every node (evaluator included).
         num_workers: chief/master plus worker nodes.
+        worker_num: Same as ``executor_id`` (TFoS's old name, kept).
         defaultFS: Spark's ``fs.defaultFS``.
-        working_dir: The executor's working directory.
+        working_dir: The *driver's* working directory (as in TFoS): relative paths on a
+            ``file://`` default FS resolve against it, so every node maps them alike.
         mgr: The node's feed hub in InputMode.SPARK (chief/master/worker), else None;
             pass it to ``TFNode.DataFeed``.
         tmp_socket: The socket holding this node's TF port until :meth:`release_port`.
@@ -89,6 +127,7 @@ class TFNodeContext:
         on_serving: Optional[Callable[[], None]] = None,
     ):
         self.executor_id = executor_id
+        self.worker_num = executor_id  # TFoS's name for executor_id
         self.job_name = job_name
         self.task_index = task_index
         self.cluster_spec = {k: list(v) for k, v in (cluster_spec or {}).items()}
@@ -160,15 +199,49 @@ class TFNodeContext:
 
         run_server_and_wait(self, self.stop_event, timeout_s)
 
-    def export_saved_model(self, model: Any, export_dir: str, is_chief: Optional[bool] = None) -> None:
-        """Saves a Keras model as a SavedModel (the chief's copy is kept).
+    def export_saved_model(self, model_or_sess: Any = None, export_dir: Optional[str] = None, *args: Any, **kwargs: Any) -> None:
+        """Exports a SavedModel; two forms (TF process).
 
-        See :func:`tfos.compat.export_saved_model`.
+        * ``ctx.export_saved_model(model, export_dir, is_chief=None)``: a Keras 3, ``tf_keras``
+          or ``tf.Module`` model, collective-safe (every worker calls it; the chief's copy is
+          kept; ``is_chief=None`` means "this node is the chief/master, or worker 0 without
+          one"). See :func:`tfos.compat.export_saved_model`.
+        * ``ctx.export_saved_model(sess, export_dir, tag_set, signatures)``: TFoS's TF1 form
+          for a ``tf.compat.v1.Session`` (chosen when a ``tag_set`` and ``signatures`` are
+          given, or the first argument is a session). See :func:`tfos.TFNode.export_saved_model`.
+
+        Raises:
+            TypeError: Unsupported model type, or a wrong combination of arguments.
+            ValueError: Empty ``signatures`` (TF1 form), or from Keras (unbuilt model).
         """
+        if model_or_sess is None:
+            model_or_sess = kwargs.pop("sess", None) if "sess" in kwargs else kwargs.pop("model", None)
+        if model_or_sess is None or export_dir is None:
+            raise TypeError("export_saved_model needs a model (or TF1 session) and an export_dir")
+        tf1_kw = {"tag_set", "signatures"} & set(kwargs)
+        is_session = type(model_or_sess).__name__ == "Session" and hasattr(model_or_sess, "graph")
+        if len(args) == 2 or tf1_kw or is_session:
+            from .TFNode import export_saved_model as _tf1_export
+
+            params = dict(zip(("tag_set", "signatures"), args), **kwargs)
+            missing = {"tag_set", "signatures"} - set(params)
+            if missing or set(params) - {"tag_set", "signatures"}:
+                raise TypeError(
+                    "TF1 form is export_saved_model(sess, export_dir, tag_set, signatures); "
+                    f"got arguments {sorted(params)}"
+                )
+            _tf1_export(model_or_sess, export_dir, params["tag_set"], params["signatures"])
+            return
+        if len(args) > 1 or set(kwargs) - {"is_chief"}:
+            raise TypeError(
+                "export_saved_model(model, export_dir, is_chief=None) or the TF1 form "
+                "export_saved_model(sess, export_dir, tag_set, signatures)"
+            )
+        is_chief: Optional[bool] = args[0] if args else kwargs.get("is_chief")
         from . import compat
 
         if is_chief is None:
             is_chief = self.job_name in ("chief", "master") or (
                 self.job_name == "worker" and self.task_index == 0 and not ({"chief", "master"} & set(self.cluster_spec))
             )
-        compat.export_saved_model(model, export_dir, is_chief)
+        compat.export_saved_model(model_or_sess, export_dir, bool(is_chief))

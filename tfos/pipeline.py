@@ -27,7 +27,10 @@ from . import TFCluster
 from .cluster_template import InputMode
 from .errors import ConfigurationError
 
-__all__ = ["TFEstimator", "TFModel", "Namespace", "TFParams", "TFTypeConverters"]
+__all__ = [
+    "TFEstimator", "TFModel", "Namespace", "TFParams", "TFTypeConverters", "single_node_env", "get_meta_graph_def",
+    "yield_batch",
+]
 
 log = logging.getLogger(__name__)
 
@@ -199,8 +202,9 @@ class HasExportDir(Params):
         return self.getOrDefault(self.export_dir)
 
 
-class HasNumPS(Params):
-    """Param ``num_ps``: number of parameter servers."""
+class HasNumPS(HasDriverPSNodes):
+    """Params ``num_ps`` (number of parameter servers) and, as in TFoS, ``driver_ps_nodes``
+    (``setDriverPSNodes`` / ``getDriverPSNodes``)."""
 
     num_ps = _param("num_ps", "Number of PS nodes in cluster", TypeConverters.toInt)
 
@@ -563,3 +567,89 @@ def _run_model(rows: Iterator[Any], s: dict) -> Iterator[tuple]:
             batch = []
     if batch:
         yield from run(batch)
+
+
+# --------------------------------------------------------------------------------------------
+# TFoS's module-level helpers
+# --------------------------------------------------------------------------------------------
+
+
+def single_node_env(args: Any) -> None:
+    """Prepares this process for single-node TensorFlow from parsed args (Spark task).
+
+    Sets ``sys.argv`` from an argv list (or ``args.argv``), then calls
+    :func:`tfos.util.single_node_env` with ``args.num_gpus`` (default 1): Hadoop class path
+    and ``CUDA_VISIBLE_DEVICES``.
+
+    Args:
+        args: An argv list, or a namespace/:class:`Namespace` (optionally with ``argv`` and
+            ``num_gpus``).
+    """
+    import sys
+
+    from . import util
+
+    if isinstance(args, list):
+        sys.argv = args
+    elif getattr(args, "argv", None):
+        sys.argv = args.argv
+    num_gpus = args.num_gpus if not isinstance(args, list) and "num_gpus" in args else 1
+    util.single_node_env(num_gpus)
+
+
+def get_meta_graph_def(saved_model_dir: str, tag_set: str) -> Any:
+    """The ``MetaGraphDef`` of a SavedModel whose tags are exactly ``tag_set`` (anywhere TF is).
+
+    Reads ``saved_model.pb`` with TensorFlow's SavedModel loader (TFoS used the removed
+    ``tf.contrib`` reader).
+
+    Args:
+        saved_model_dir: The SavedModel directory (any TensorFlow file system URI).
+        tag_set: Comma-separated tags, e.g. ``"serve"``.
+
+    Returns:
+        A ``tensorflow.core.protobuf.meta_graph_pb2.MetaGraphDef``.
+
+    Raises:
+        RuntimeError: No meta graph has exactly these tags (the message lists the tag sets).
+        OSError: No SavedModel in ``saved_model_dir``.
+    """
+    from tensorflow.python.saved_model import loader_impl
+
+    wanted = {t.strip() for t in tag_set.split(",") if t.strip()}
+    saved_model = loader_impl.parse_saved_model(saved_model_dir)
+    found = []
+    for mgd in saved_model.meta_graphs:
+        tags = set(mgd.meta_info_def.tags)
+        if tags == wanted:
+            return mgd
+        found.append(sorted(tags))
+    raise RuntimeError(f"MetaGraphDef associated with tag-set {tag_set} could not be found in SavedModel {saved_model_dir}; it has {found}")
+
+
+def yield_batch(iterable: Any, batch_size: int, num_tensors: int = 1) -> Iterator[list]:
+    """Groups rows into column batches (Spark task; pure).
+
+    Args:
+        iterable: Rows (tuples/lists of at least ``num_tensors`` items); a ``None`` row ends
+            the input early.
+        batch_size: Rows per batch (the last batch may be shorter).
+        num_tensors: Columns to take from each row.
+
+    Yields:
+        ``[column_0_values, ..., column_{n-1}_values]``, each a list of ``batch_size``
+        values; ``bytearray`` values become ``str(value)`` exactly as in TFoS (which gives
+        ``"bytearray(b'...')"`` on Python 3).
+    """
+    cols: list = [[] for _ in range(num_tensors)]
+    for row in iterable:
+        if row is None:
+            break
+        for i in range(num_tensors):
+            v = row[i]
+            cols[i].append(str(v) if type(v) is bytearray else v)
+        if len(cols[0]) >= batch_size:
+            yield cols
+            cols = [[] for _ in range(num_tensors)]
+    if cols and cols[0]:
+        yield cols
