@@ -17,6 +17,7 @@ from .datafeed import DataFeed
 from .errors import (
     ClusterFailedError,
     ConfigurationError,
+    FeedError,
     FeedTimeoutError,
     MalformedRowError,
     NodeFailedError,
@@ -40,6 +41,7 @@ __all__ = [
     "ClusterFailedError",
     "NodeFailedError",
     "FeedTimeoutError",
+    "FeedError",
     "MalformedRowError",
     "__version__",
 ]

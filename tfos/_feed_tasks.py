@@ -32,7 +32,7 @@ from ._control_client import ControlClient
 from ._data_plane import ChunkKind, FrameType, recv_frame, send_frame, send_json
 from ._deadline import Deadline
 from .cluster_template import NodeInfo
-from .errors import ControlProtocolError, DeadlineExceededError, FeedTimeoutError, NodeFailure, TFOSError
+from .errors import ControlProtocolError, DeadlineExceededError, FeedError, FeedTimeoutError, NodeFailure, TFOSError
 
 __all__ = ["FeedPlan", "choose_node", "make_feed_fn", "make_arrow_feed_fn", "make_infer_fn", "arrow_slices", "FeedError"]
 
@@ -46,10 +46,6 @@ GENERIC_CHUNK_ROWS = 1024
 #: hundreds of megabytes, and the node decodes while the task still sends.
 ARROW_CHUNK_BYTES = 1 << 20
 _CONNECT_TIMEOUT_S = 30.0
-
-
-class FeedError(TFOSError):
-    """A feed or inference task could not deliver its partition (names node and partition)."""
 
 
 @dataclasses.dataclass(frozen=True)
