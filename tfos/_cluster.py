@@ -24,6 +24,7 @@ from ._feed_tasks import FeedPlan, make_arrow_feed_fn, make_feed_fn, make_infer_
 from ._launch import ClusterConfig
 from ._node_task import launch_local_node, make_start_task
 from ._spark_checks import check_spark
+from ._user_source import with_source
 from .cluster_template import InputMode, build_template, format_template, roles_from_template
 from .errors import ClusterFailedError, ConfigurationError, DeadlineExceededError, ReservationTimeoutError, TFOSError
 
@@ -538,7 +539,7 @@ def run(
     release_port: bool = True,
     *,
     heartbeat_timeout: float = 15.0,
-    forward_logs: str = "chief",
+    forward_logs: str = "all",
     progress: bool = True,
     queue_chunks: int = 4,
     executor_wait_s: float = 60.0,
@@ -569,8 +570,10 @@ def run(
         release_port: Release each node's held TF port before ``map_fun`` (set False and
             call ``ctx.release_port()`` yourself, or use ``ctx.start_cluster_server``).
         heartbeat_timeout: Seconds of silence after which a node is declared lost.
-        forward_logs: Whose stdout/stderr lines reach the driver's 'tfos.node' logger:
-            'chief' (default), 'all' or 'none'.
+        forward_logs: Whose stdout/stderr lines are shown on the driver's stderr, each
+            prefixed with its node (``[worker:0] ``): 'all' (default), 'chief' (or worker 0)
+            or 'none'. Attach a handler to the 'tfos.node' logger to get them as log
+            records instead.
         progress: Show a progress line on the driver during train()/inference()
             (also off with ``TFOS_PROGRESS=0``).
         queue_chunks: Bound of each node's input queue, in chunks.
@@ -623,12 +626,13 @@ def run(
         heartbeat_interval_s=min(1.0, heartbeat_timeout / 4), heartbeat_timeout_s=float(heartbeat_timeout),
         reservation_timeout_s=float(reservation_timeout), release_port=release_port, queues=queues,
         queue_chunks=queue_chunks, tensorboard=bool(tensorboard), log_dir=log_dir, forward_logs=forward_logs,
+        local_master=str(sc.master).split("[", 1)[0] == "local",
     )
     cluster._config = config
     threading.Thread(target=cluster._liveness_loop, name=f"{cluster.cluster_id}-liveness", daemon=True).start()
     try:
         try:
-            payload = cloudpickle.dumps((map_fun, tf_args))
+            payload = cloudpickle.dumps((with_source(map_fun), tf_args))  # file names for tracebacks
         except Exception as exc:  # noqa: BLE001 - pickling errors come in many types
             raise ConfigurationError(f"map_fun and tf_args must be picklable with cloudpickle to reach the nodes: {exc}") from exc
         for r in roles:

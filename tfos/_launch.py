@@ -37,9 +37,11 @@ class ClusterConfig:
             rows or one Arrow record batch).
         tensorboard: Start TensorBoard on the chief (or worker 0).
         log_dir: TensorBoard log directory (None: ``<working_dir>/tensorboard_<id>``).
-        forward_logs: Which nodes' stdout/stderr lines are forwarded to the driver's log:
-            'chief' (the chief, or worker 0 when there is no chief), 'all' or 'none'.
+        forward_logs: Which nodes' stdout/stderr lines are shown on the driver's stderr:
+            'all', 'chief' (the chief, or worker 0 when there is no chief) or 'none'.
         data_timeout_s: Longest a ``DataFeed`` read waits for the next chunk.
+        local_master: The Spark master is ``local``/``local[N]``: executors write to the
+            driver's terminal, so forwarded nodes do not also copy their output there.
     """
 
     cluster_id: str
@@ -57,8 +59,9 @@ class ClusterConfig:
     queue_chunks: int = 4
     tensorboard: bool = False
     log_dir: Optional[str] = None
-    forward_logs: str = "chief"
+    forward_logs: str = "all"
     data_timeout_s: float = 3600.0
+    local_master: bool = False
 
     def __post_init__(self) -> None:
         if len(self.key) != 32:
