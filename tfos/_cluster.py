@@ -16,7 +16,7 @@ import time
 import uuid
 from typing import Any, Callable, Optional, Sequence
 
-from . import _wire
+from . import _node_output, _wire
 from ._cluster_state import ClusterState
 from ._control_server import ControlServer
 from ._deadline import Deadline
@@ -56,6 +56,7 @@ class _JobThread:
         self.result: Any = None
         self.error: Optional[BaseException] = None
         self.done = threading.Event()
+        self.cancelled = False
 
         def _run() -> None:
             try:
@@ -71,6 +72,9 @@ class _JobThread:
 
     def cancel(self) -> None:
         """Cancels this job group only (never other jobs of the application)."""
+        if self.done.is_set() or self.cancelled:
+            return  # nothing left to cancel: Spark would WARN 'Failed to cancel job group'
+        self.cancelled = True
         try:
             self.sc.cancelJobGroup(self.group)
         except Exception as exc:  # noqa: BLE001 - the context may already be stopping
@@ -232,7 +236,7 @@ class TFCluster:
         )
 
     def _progress(self, job_group_prefix: str, total: int, parts: int, epochs: int, desc: str) -> Callable[[], None]:
-        if not self.progress or os.environ.get("TFOS_PROGRESS", "1") == "0":
+        if not self.progress or os.environ.get("TFOS_PROGRESS", "1") == "0" or _node_output.spark_shows_progress(self.sc):
             return lambda: None
         from tqdm import tqdm
 

@@ -25,7 +25,7 @@ from typing import Any, Optional
 from ._deadline import Deadline
 from .errors import ControlProtocolError, DeadlineExceededError
 
-__all__ = ["NodeOutput", "emit", "is_tf_noise", "TF_LOG_LEVEL_DEFAULT"]
+__all__ = ["NodeOutput", "emit", "is_tf_noise", "spark_shows_progress", "TF_LOG_LEVEL_DEFAULT"]
 
 node_log = logging.getLogger("tfos.node")
 
@@ -36,7 +36,7 @@ TF_LOG_LEVEL_DEFAULT = "1"
 _REQ_ERRORS = (OSError, ControlProtocolError, DeadlineExceededError)
 _MAX_LINE_CHARS = 2000
 # TensorFlow/absl C++ log lines: "I0000 00:00:1796080592.555864    7250 port.cc:153] ...".
-_CXX_LINE = re.compile(r"^([IWEF])\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ [^\s\]]+:\d+\] ")
+_CXX_LINE = re.compile(r"^([IWEF])\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ [^\s\]]+:\d+\] ")
 _CXX_SEVERITY = {"I": 0, "W": 1, "E": 2, "F": 3}
 _ABSL_PREINIT = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
 # The second line of TensorFlow's cpu_feature_guard INFO message.
@@ -109,6 +109,16 @@ class NodeOutput:
             t = threading.Thread(target=self._read, args=(r, saved), name=f"tfos-out-{fd}", daemon=True)
             t.start()
             self._readers.append(t)
+        # tfos's own node log lines stay in the executor log: the driver has its own account
+        # (and forwarding them would print two prefixes).
+        for h in logging.getLogger("tfos").handlers:
+            if isinstance(h, logging.StreamHandler) and getattr(h.stream, "fileno", None) is not None:
+                try:
+                    fd = h.stream.fileno()
+                except (OSError, ValueError):
+                    continue
+                if fd in (1, 2):
+                    h.setStream(os.fdopen(os.dup(dict(self._saved)[fd]), "w", buffering=1, encoding="utf-8", errors="replace"))
         self._sender: Optional[threading.Thread] = None
         if client is not None:
             self._sender = threading.Thread(target=self._send_loop, name="tfos-out-send", daemon=True)
@@ -234,3 +244,15 @@ def emit(node: str, lines: list) -> None:
                 sys.stderr.flush()
         except (OSError, ValueError):
             pass  # stderr closed (interpreter shutting down)
+
+
+def spark_shows_progress(sc: Any) -> bool:
+    """Whether Spark draws its own console progress bars (driver).
+
+    tfos then shows no progress bar of its own, so the two never interleave; set
+    ``spark.ui.showConsoleProgress=false`` to get tfos's (epochs, rows, rows/s) instead.
+    """
+    try:
+        return str(sc.getConf().get("spark.ui.showConsoleProgress", "false")).lower() == "true"
+    except Exception:  # noqa: BLE001 - no conf (stopped context): no Spark bar either
+        return False
