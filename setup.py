@@ -31,6 +31,7 @@ setup(
             "pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "mypy>=1.10",
             # examples/notebooks/*.ipynb run in the suite
             "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29",
+            "packaging>=23",  # tests/unit/test_packaging.py reads requirement strings
         ],
     },
     classifiers=[
