@@ -57,7 +57,9 @@ def is_tf_noise(line: str, min_level: int, nvidia_driver: bool, after_dropped: b
             C++ lines of a lower severity are noise. TensorFlow 2.21 prints some lines
             before absl's log initialisation, ignoring that variable; this catches them.
         nvidia_driver: Whether the host has an NVIDIA driver. Without one, TensorFlow's
-            ``failed call to cuInit`` error only says that there is no GPU: noise.
+            ``failed call to cuInit`` error only says that there is no GPU: noise. The
+            warning that ``DataFeed.as_dataset``'s generator dataset "will not be
+            optimized" is noise too (nothing the user can change).
         after_dropped: The previous line was dropped (for two-line messages).
 
     Returns:
@@ -72,6 +74,8 @@ def is_tf_noise(line: str, min_level: int, nvidia_driver: bool, after_dropped: b
         return False
     if _CXX_SEVERITY[m.group(1)] < min_level:
         return True
+    if "Input of GeneratorDatasetOp::Dataset will not be optimized" in line:
+        return True  # about DataFeed.as_dataset's own generator: nothing the user can change
     return not nvidia_driver and "failed call to cuInit" in line
 
 

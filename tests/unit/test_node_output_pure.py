@@ -31,6 +31,12 @@ def test_tf_noise_by_level():
     assert not is_tf_noise(INFO, 0, False) and not is_tf_noise(ABSL, 0, False)
 
 
+def test_generator_dataset_warning_is_noise():
+    line = ("W0000 00:00:1796081417.204855   32113 dataset.cc:997] Input of GeneratorDatasetOp::Dataset will "
+            "not be optimized because the dataset does not implement the AsGraphDefInternal() method")
+    assert is_tf_noise(line, 1, False)
+
+
 def test_cuinit_is_noise_only_without_an_nvidia_driver():
     assert is_tf_noise(CUINIT, 1, nvidia_driver=False)
     assert not is_tf_noise(CUINIT, 1, nvidia_driver=True)
