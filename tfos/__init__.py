@@ -22,6 +22,7 @@ from .datafeed import DataFeed
 from .errors import (
     ClusterFailedError,
     ConfigurationError,
+    FeedError,
     FeedTimeoutError,
     MalformedRowError,
     NodeFailedError,
@@ -45,6 +46,7 @@ __all__ = [
     "ClusterFailedError",
     "NodeFailedError",
     "FeedTimeoutError",
+    "FeedError",
     "MalformedRowError",
     "__version__",
 ]

@@ -19,7 +19,7 @@ import uuid
 import weakref
 from typing import Any, Callable, Optional, Sequence
 
-from . import _wire
+from . import _node_output, _wire
 from ._cluster_state import ClusterState
 from ._control_server import ControlServer
 from ._deadline import Deadline
@@ -27,6 +27,7 @@ from ._feed_tasks import FeedPlan, make_arrow_feed_fn, make_feed_fn, make_infer_
 from ._launch import ClusterConfig
 from ._node_task import launch_local_node, make_start_task
 from ._spark_checks import busy_slots_report, check_spark
+from ._user_source import with_source
 from .cluster_template import InputMode, build_template, format_template, roles_from_template
 from .errors import ClusterFailedError, ConfigurationError, DeadlineExceededError, ReservationTimeoutError, TFOSError, is_root_cause
 
@@ -65,6 +66,7 @@ class _JobThread:
         self.result: Any = None
         self.error: Optional[BaseException] = None
         self.done = threading.Event()
+        self.cancelled = False
 
         def _run() -> None:
             try:
@@ -81,6 +83,9 @@ class _JobThread:
 
     def cancel(self) -> None:
         """Cancels this job group only (never other jobs of the application)."""
+        if self.done.is_set() or self.cancelled:
+            return  # nothing left to cancel: Spark would WARN 'Failed to cancel job group'
+        self.cancelled = True
         try:
             self.sc.cancelJobGroup(self.group)
         except Exception as exc:  # noqa: BLE001 - the context may already be stopping
@@ -311,7 +316,7 @@ class TFCluster:
         )
 
     def _progress(self, job_group_prefix: str, total: int, parts: int, epochs: int, desc: str) -> Optional["_Progress"]:
-        if not self.progress or os.environ.get("TFOS_PROGRESS", "1") == "0":
+        if not self.progress or os.environ.get("TFOS_PROGRESS", "1") == "0" or _node_output.spark_shows_progress(self.sc):
             return None
         assert self._state is not None
         group = f"{self.cluster_id}-{job_group_prefix}-{self._feed_seq}"
@@ -769,7 +774,7 @@ def run(
     release_port: bool = True,
     *,
     heartbeat_timeout: float = 15.0,
-    forward_logs: str = "chief",
+    forward_logs: str = "all",
     progress: bool = True,
     queue_chunks: int = 4,
     executor_wait_s: float = 60.0,
@@ -801,8 +806,10 @@ def run(
         release_port: Release each node's held TF port before ``map_fun`` (set False and
             call ``ctx.release_port()`` yourself, or use ``ctx.start_cluster_server``).
         heartbeat_timeout: Seconds of silence after which a node is declared lost.
-        forward_logs: Whose stdout/stderr lines reach the driver's 'tfos.node' logger:
-            'chief' (default), 'all' or 'none'.
+        forward_logs: Whose stdout/stderr lines are shown on the driver's stderr, each
+            prefixed with its node (``[worker:0] ``): 'all' (default), 'chief' (or worker 0)
+            or 'none'. Attach a handler to the 'tfos.node' logger to get them as log
+            records instead.
         progress: Show a progress line on the driver during train()/inference()
             (also off with ``TFOS_PROGRESS=0``).
         queue_chunks: Bound of each node's input queue, in chunks.
@@ -861,6 +868,7 @@ def run(
         heartbeat_interval_s=min(1.0, heartbeat_timeout / 4), heartbeat_timeout_s=float(heartbeat_timeout),
         reservation_timeout_s=float(reservation_timeout), release_port=release_port, queues=queues,
         queue_chunks=queue_chunks, tensorboard=bool(tensorboard), log_dir=log_dir, forward_logs=forward_logs,
+        local_master=str(sc.master).split("[", 1)[0] == "local",
     )
     cluster._config = config
     _open_clusters.add(cluster)
@@ -868,7 +876,7 @@ def run(
     threading.Thread(target=cluster._liveness_loop, name=f"{cluster.cluster_id}-liveness", daemon=True).start()
     try:
         try:
-            payload = cloudpickle.dumps((map_fun, tf_args))
+            payload = cloudpickle.dumps((with_source(map_fun), tf_args))  # file names for tracebacks
         except Exception as exc:  # noqa: BLE001 - pickling errors come in many types
             raise ConfigurationError(f"map_fun and tf_args must be picklable with cloudpickle to reach the nodes: {exc}") from exc
         for r in roles:

@@ -22,6 +22,7 @@ import threading
 import time
 from typing import Any, Callable, Optional, Sequence
 
+from . import _node_output
 from ._deadline import Deadline
 from .cluster_template import NodeInfo, NodeRole, build_cluster_spec
 from .errors import ClusterFailedError, ControlProtocolError, NodeFailure, is_root_cause
@@ -29,7 +30,6 @@ from .errors import ClusterFailedError, ControlProtocolError, NodeFailure, is_ro
 __all__ = ["ClusterState", "describe_exit", "kill_hint", "format_bytes"]
 
 log = logging.getLogger(__name__)
-node_log = logging.getLogger("tfos.node")
 
 _MAX_POLL_S = 5.0
 TERMINAL = ("finished", "failed", "stopped")
@@ -508,9 +508,8 @@ class ClusterState:
 
     def _on_log(self, body: dict, peer: str) -> dict:
         eid = int(body["executor_id"])
-        name = self.node_name(eid)
-        for line in body.get("lines", [])[:1000]:
-            node_log.info("[%s] %s", name, str(line)[:2000])
+        r = self.role(eid)
+        _node_output.emit(f"{r.job_name}:{r.task_index}", list(body.get("lines", [])))
         return {"ok": True}
 
     def _on_tensorboard(self, body: dict, peer: str) -> dict:

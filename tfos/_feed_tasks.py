@@ -42,7 +42,7 @@ from ._data_plane import ChunkKind, FrameType, parse_json, recv_frame, recv_json
 from ._deadline import Deadline
 from ._wire import DataAuthError
 from .cluster_template import NodeInfo
-from .errors import ControlProtocolError, DeadlineExceededError, FeedTimeoutError, NodeFailure, TFOSError
+from .errors import ControlProtocolError, DeadlineExceededError, FeedError, FeedTimeoutError, NodeFailure, TFOSError
 
 __all__ = ["FeedPlan", "choose_node", "make_feed_fn", "make_arrow_feed_fn", "make_infer_fn", "arrow_slices", "FeedError"]
 
@@ -59,10 +59,6 @@ _CONNECT_TIMEOUT_S = 30.0
 #: Handshakes retried when the node closes the connection during one (it sheds the oldest
 #: unauthenticated connections while strangers flood its port).
 _HANDSHAKE_ATTEMPTS = 6
-
-
-class FeedError(TFOSError):
-    """A feed or inference task could not deliver its partition (names node and partition)."""
 
 
 @dataclasses.dataclass(frozen=True)

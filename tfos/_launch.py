@@ -38,14 +38,16 @@ class ClusterConfig:
             rows or one Arrow record batch).
         tensorboard: Start TensorBoard on the chief (or worker 0).
         log_dir: TensorBoard log directory (None: ``<working_dir>/tensorboard_<id>``).
-        forward_logs: Which nodes' stdout/stderr lines are forwarded to the driver's log:
-            'chief' (the chief, or worker 0 when there is no chief), 'all' or 'none'.
+        forward_logs: Which nodes' stdout/stderr lines are shown on the driver's stderr:
+            'all', 'chief' (the chief, or worker 0 when there is no chief) or 'none'.
         data_timeout_s: Longest a ``DataFeed`` read waits for the next chunk.
         driver_working_dir: The driver's working directory, taken when the config is
             built (on the driver); it is every node's ``ctx.working_dir`` (TFoS semantics),
             so relative ``file://`` paths map to the same folder on every node.
         tf_use_legacy_keras: The driver's ``TF_USE_LEGACY_KERAS`` when set there (else None);
             the TF process uses it when its own environment does not set the variable.
+        local_master: The Spark master is ``local``/``local[N]``: executors write to the
+            driver's terminal, so forwarded nodes do not also copy their output there.
     """
 
     cluster_id: str
@@ -63,10 +65,11 @@ class ClusterConfig:
     queue_chunks: int = 4
     tensorboard: bool = False
     log_dir: Optional[str] = None
-    forward_logs: str = "chief"
+    forward_logs: str = "all"
     data_timeout_s: float = 3600.0
     driver_working_dir: str = dataclasses.field(default_factory=os.getcwd)
     tf_use_legacy_keras: Optional[str] = dataclasses.field(default_factory=lambda: os.environ.get("TF_USE_LEGACY_KERAS"))
+    local_master: bool = False
 
     def __post_init__(self) -> None:
         if len(self.key) != 32:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import signal
 import socket
 import subprocess
@@ -30,6 +29,7 @@ from ._control_client import ControlClient
 from ._deadline import Deadline
 from ._feed_hub import FeedHub
 from ._launch import NodeLaunch
+from ._node_output import TF_LOG_LEVEL_DEFAULT, NodeOutput
 from ._node_task import read_launch, setup_process_logging, watch_stdin_eof
 from .cluster_template import InputMode, NodeInfo, build_cluster_spec, tf_config_json
 from .errors import ControlProtocolError, DeadlineExceededError, NodeFailure, ReservationTimeoutError
@@ -39,6 +39,8 @@ log = logging.getLogger("tfos.tf_process")
 
 _MAX_TRACEBACK_CHARS = 60000
 _REQ_ERRORS = (OSError, ControlProtocolError, DeadlineExceededError)
+#: True when tfos chose TF_CPP_MIN_LOG_LEVEL (set in main()).
+_TF_LOG_DEFAULTED = False
 
 
 def reserve_port(host: str = "") -> socket.socket:
@@ -62,105 +64,6 @@ def reserve_port(host: str = "") -> socket.socket:
     except OSError:  # not an address of this host (NAT, a name resolving elsewhere)
         s.bind(("", 0))
     return s
-
-
-class _LogForwarder:
-    """Tees this process's stdout/stderr to the executor log and the driver's log."""
-
-    def __init__(self, client: ControlClient, executor_id: int):
-        self._client = client
-        self._eid = executor_id
-        self._lines: "queue.Queue[str]" = queue.Queue(maxsize=5000)
-        self._dropped = 0
-        self._readers = []
-        self._saved = []
-        for fd in (1, 2):
-            saved = os.dup(fd)
-            r, w = os.pipe()
-            os.dup2(w, fd)
-            os.close(w)
-            self._saved.append((fd, saved))
-            t = threading.Thread(target=self._read, args=(r, saved), name=f"tfos-log-{fd}", daemon=True)
-            t.start()
-            self._readers.append(t)
-        self._stop = threading.Event()
-        self._sender = threading.Thread(target=self._send_loop, name="tfos-log-send", daemon=True)
-        self._sender.start()
-
-    def _read(self, r: int, out: int) -> None:
-        pending = b""
-        while True:
-            try:
-                data = os.read(r, 65536)
-            except OSError:
-                break
-            if not data:
-                break
-            try:
-                os.write(out, data)
-            except OSError:
-                pass
-            pending += data
-            *lines, pending = pending.split(b"\n")
-            for ln in lines:
-                self._offer(ln)
-        if pending:
-            self._offer(pending)
-        os.close(r)
-
-    def _offer(self, raw: bytes) -> None:
-        text = raw.decode("utf-8", "replace").rstrip("\r")
-        if "\r" in text:
-            text = text.rsplit("\r", 1)[-1]
-        if not text.strip():
-            return
-        try:
-            self._lines.put_nowait(text[:2000])
-        except queue.Full:
-            self._dropped += 1
-
-    def _flush(self) -> bool:
-        """Sends up to ~256 KB of queued lines; True when the queue is now empty."""
-        batch: list[str] = []
-        size = 0
-        while size < 256 * 1024:
-            try:
-                line = self._lines.get_nowait()
-            except queue.Empty:
-                break
-            batch.append(line)
-            size += 6 * len(line) + 4  # worst case of JSON escaping
-
-        if self._dropped:
-            batch.append(f"[{self._dropped} output lines dropped]")
-            self._dropped = 0
-        if batch:
-            try:
-                self._client.request("log", executor_id=self._eid, lines=batch, timeout_s=10.0)
-            except _REQ_ERRORS:
-                pass
-        return self._lines.empty()
-
-    def _send_loop(self) -> None:
-        while not self._stop.wait(0.5):
-            self._flush()
-
-    def close(self) -> None:
-        """Restores the original descriptors and sends what is left (bounded, ~3 s)."""
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
-        for fd, saved in self._saved:
-            os.dup2(saved, fd)
-        for t in self._readers:
-            t.join(2.0)
-        self._stop.set()
-        self._sender.join(2.0)
-        deadline = Deadline(5.0, "the last output lines to reach the driver")
-        while not self._flush() and not deadline.expired():
-            pass
 
 
 #: The module run as TensorBoard (``python -m <module>``).
@@ -272,6 +175,19 @@ def _default_legacy_keras(driver_value: Optional[str]) -> None:
 # --- end Keras flavour default --------------------------------------------------------------
 
 
+def _node_output(launch: NodeLaunch) -> Optional[NodeOutput]:
+    """Captures this node's output: forwarded to the driver, TF's C++ noise dropped (C26)."""
+    cfg = launch.config
+    forwarded = cfg.forwards_logs_of(launch.role)
+    tf_min_level = int(TF_LOG_LEVEL_DEFAULT) if _TF_LOG_DEFAULTED else None
+    if not forwarded and tf_min_level is None:
+        return None
+    client = ControlClient(cfg.driver_host, cfg.driver_port, cfg.key, cfg.cluster_id) if forwarded else None
+    # Under local[N] the executor log is the driver's terminal: forwarded lines show once.
+    tee = not (forwarded and cfg.local_master)
+    return NodeOutput(client, launch.role.executor_id, tee=tee, tf_min_level=tf_min_level)
+
+
 def run_node(launch: NodeLaunch) -> int:
     """Runs one node in this process; returns the exit code (TF process)."""
     import cloudpickle
@@ -281,7 +197,7 @@ def run_node(launch: NodeLaunch) -> int:
     eid = role.executor_id
     client = ControlClient(cfg.driver_host, cfg.driver_port, cfg.key, cfg.cluster_id)
     events = ControlClient(cfg.driver_host, cfg.driver_port, cfg.key, cfg.cluster_id)
-    forwarder = _LogForwarder(ControlClient(cfg.driver_host, cfg.driver_port, cfg.key, cfg.cluster_id), eid) if cfg.forwards_logs_of(role) else None
+    forwarder = _node_output(launch)
     hub: Optional[FeedHub] = None
     stop_event = threading.Event()
     main_done = threading.Event()
@@ -410,6 +326,12 @@ def main() -> int:
     """Entry point of ``python -m tfos._tf_process``; returns the exit code."""
     setup_process_logging()
     launch = read_launch(sys.stdin.buffer)
+
+    # Quiet by default (C26): TensorFlow's C++ INFO lines only if the user asks for them
+    # (a TF_CPP_MIN_LOG_LEVEL of theirs wins); set before main_fun imports TensorFlow.
+    global _TF_LOG_DEFAULTED
+    _TF_LOG_DEFAULTED = "TF_CPP_MIN_LOG_LEVEL" not in os.environ
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", TF_LOG_LEVEL_DEFAULT)
 
     # The supervisor is gone: never outlive it.
     watch_stdin_eof(lambda: os._exit(70), "tfos-supervisor-watch")

@@ -29,6 +29,7 @@ __all__ = [
     "ReservationTimeoutError",
     "DeadlineExceededError",
     "FeedTimeoutError",
+    "FeedError",
     "ControlProtocolError",
     "MalformedRowError",
     "InferenceResultError",
@@ -72,6 +73,16 @@ class FeedTimeoutError(TFOSError, TimeoutError):
     """A node accepted no data (or returned no results) for ``feed_timeout`` seconds.
 
     Raised in a Spark feed task and re-raised on the driver; names the partition and node.
+    """
+
+
+class FeedError(TFOSError):
+    """A feed or inference task could not deliver its partition: the node failed, died,
+    returned from ``main_fun`` early or stopped reading.
+
+    Raised in a Spark feed task (``train()``/``inference()``) and re-raised on the driver
+    inside a :class:`ClusterFailedError`; the message names the node (executor id, role,
+    task index, host) and the partition.
     """
 
 

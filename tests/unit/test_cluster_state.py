@@ -368,14 +368,29 @@ def test_handle_rejects_bad_fields():
     assert st.failures == []
 
 
-def test_log_lines_forwarded_with_node_name(caplog):
+def test_log_lines_reach_stderr_with_one_short_prefix(capsys):
+    """C26: without any logging set-up, node lines are on the driver's stderr."""
     st = _state()
     _register_all(st)
-    with caplog.at_level(logging.INFO, logger="tfos.node"):
-        _req(st, "log", executor_id=1, lines=["epoch 1 loss 0.5", "x" * 5000])
+    _req(st, "log", executor_id=1, lines=["epoch 1 loss 0.5", "x" * 5000])
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "[worker:0] epoch 1 loss 0.5"
+    assert err[1] == "[worker:0] " + "x" * 2000
+
+
+def test_log_lines_to_the_tfos_node_logger_when_it_has_a_handler(caplog, capsys):
+    st = _state()
+    _register_all(st)
+    node_logger = logging.getLogger("tfos.node")
+    node_logger.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.INFO, logger="tfos.node"):
+            _req(st, "log", executor_id=1, lines=["epoch 1 loss 0.5"])
+    finally:
+        node_logger.removeHandler(caplog.handler)
     recs = [r.getMessage() for r in caplog.records if r.name == "tfos.node"]
-    assert recs[0] == "[worker:0 (executor 1, host 10.0.0.1)] epoch 1 loss 0.5"
-    assert len(recs[1]) == len("[worker:0 (executor 1, host 10.0.0.1)] ") + 2000
+    assert recs and set(recs) == {"[worker:0] epoch 1 loss 0.5"}
+    assert "epoch 1" not in capsys.readouterr().err
 
 
 def test_tensorboard_url():
