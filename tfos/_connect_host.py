@@ -290,4 +290,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())  # process entry point, not library code
+    # Run main() of the imported module, not of __main__: the launch record unpickles
+    # as tfos._connect_host.HostLaunch, which must be the class main() checks against.
+    from tfos._connect_host import main as _main
+
+    raise SystemExit(_main())  # process entry point, not library code
