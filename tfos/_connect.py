@@ -156,30 +156,28 @@ class ConnectTFCluster:
     def _failures(status: dict) -> list[NodeFailure]:
         return [NodeFailure.from_dict(f) for f in status.get("failures", [])]
 
-    def _fail(self, context: str, failures: list[NodeFailure], cause: Optional[BaseException] = None) -> ClusterFailedError:
-        """Tears the cluster down (bounded) and returns the error to raise (client)."""
-        final = self._teardown(failed=True)
+    def _fail(self, context: str, failures: list[NodeFailure], cause: Optional[BaseException] = None, attribution_s: float = 0.0) -> ClusterFailedError:
+        """Tears the cluster down (bounded) and returns the error to raise (client).
+
+        The control host's final failure list wins over ``failures`` (it has the nodes'
+        own reports, with their tracebacks).
+        """
+        final = self._teardown(failed=True, attribution_s=attribution_s)
         if final is not None and final.get("failures"):
             failures = self._failures(final)
+        if not failures:
+            n = self._nodes[0] if self._nodes else None
+            failures = [NodeFailure(n.executor_id if n else 0, n.job_name if n else "worker", n.task_index if n else 0, n.host if n else "",
+                                    "spark", type(cause).__name__ if cause else "TFOSError", _job_error_text(cause) if cause else "unknown failure")]
         err = ClusterFailedError(self.cluster_id, failures, context)
         if cause is not None:
             err.__cause__ = cause
         return err
 
     def _job_failed(self, context: str, exc: BaseException) -> ClusterFailedError:
-        """The error for a failed feed/inference job: the nodes' own reports when the
-        control host has them, else what the failed task said (client)."""
-        failures: list[NodeFailure] = []
-        try:
-            failures = self._failures(self._status("failed", _ATTRIBUTION_S, context))
-        except TFOSError as sexc:
-            log.warning("%s: could not fetch the node reports: %s", context, sexc)
-        if not failures:
-            failures = decode_failures(str(exc))
-        if not failures:
-            failures = [NodeFailure(self._nodes[0].executor_id if self._nodes else 0, self._nodes[0].job_name if self._nodes else "worker", 0,
-                                    self._nodes[0].host if self._nodes else "", "spark", type(exc).__name__, _job_error_text(exc))]
-        return self._fail(context, failures, exc)
+        """The error for a failed feed/inference job: the nodes' own reports (fetched while
+        tearing down), else the failures the failed task carried, else its text (client)."""
+        return self._fail(context, decode_failures(str(exc)), exc, attribution_s=_ATTRIBUTION_S)
 
     def _check_open(self, what: str) -> None:
         if self._closed:
@@ -293,11 +291,12 @@ class ConnectTFCluster:
         if self._closed:
             return
         try:
-            if self.input_mode == InputMode.SPARK:
-                self._op("client_control", "shutdown()", action="close_feed")
             deadline = Deadline(timeout, "main_fun to return on every chief/master/worker node", "a main_fun that never ends")
+            # The first poll also ends the feed (InputMode.SPARK).
+            action = "close_feed" if self.input_mode == InputMode.SPARK else ""
             while True:
-                st = self._status("workers_done", 10.0, "shutdown()")
+                st = self._op("client_wait", "shutdown()", timeout_s=30.0, until="workers_done", poll_s=10.0, action=action)
+                action = ""
                 if st.get("failures"):
                     raise self._fail("shutdown()", self._failures(st))
                 if st.get("done"):
@@ -319,8 +318,15 @@ class ConnectTFCluster:
             raise
         log.info("tfos cluster %s shut down", self.cluster_id)
 
-    def _teardown(self, failed: bool) -> Optional[dict]:
+    def _teardown(self, failed: bool, attribution_s: float = 0.0) -> Optional[dict]:
         """Stops every node, waits (bounded) for their exit, releases the control host.
+
+        One control job in the common case (see ``client_teardown`` in
+        :mod:`tfos._connect_host`).
+
+        Args:
+            failed: Abort the nodes (a failure) instead of stopping them.
+            attribution_s: With ``failed``, seconds to wait first for a node's own report.
 
         Returns:
             The last status of the control host, or None when it could not be reached.
@@ -331,15 +337,16 @@ class ConnectTFCluster:
         self._keepalive_stop.set()
         final: Optional[dict] = None
         try:
-            self._op("client_control", "teardown", action="abort" if failed else "stop", reason="the cluster failed" if failed else "")
             deadline = Deadline(_STOP_TIMEOUT_S, "every node process to exit")
             while True:
-                final = self._status("exited", min(10.0, max(0.5, deadline.remaining())), "teardown")
+                poll = min(10.0, max(0.5, deadline.remaining()))
+                final = self._op("client_teardown", "teardown", timeout_s=attribution_s + poll + 20.0, abort=failed,
+                                 attribution_s=attribution_s, poll_s=poll, release=deadline.expired())
+                attribution_s = 0.0
                 if final.get("done") or deadline.expired():
                     break
             if not final.get("done"):
                 log.warning("tfos cluster %s: not every node reported its exit within %g s", self.cluster_id, _STOP_TIMEOUT_S)
-            self._op("client_release", "teardown")
         except TFOSError as exc:
             log.warning("tfos cluster %s: teardown could not reach the control host: %s", self.cluster_id, exc)
         return final
@@ -432,6 +439,10 @@ def run_connect(
             stage failed (too few task slots, executors that cannot reach each other).
     """
     del progress, executor_wait_s  # no SparkContext status tracker / executor list under Connect
+    import pyspark
+
+    if int(pyspark.__version__.split(".")[0]) < 4:
+        raise ConfigurationError(f"tfos on Spark Connect needs PySpark >= 4.0 (DataFrame.localCheckpoint over Connect), found {pyspark.__version__}")
     if not callable(map_fun):
         raise ConfigurationError("map_fun must be callable as map_fun(args, ctx)")
     if driver_ps_nodes:

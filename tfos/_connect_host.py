@@ -12,9 +12,11 @@ The client reaches it only through Spark jobs: each client operation is a one-ta
 task dials this process (executors reach each other) and returns the JSON answer as a row.
 The extra ``client_*`` messages served here are:
 
-* ``client_wait``: long-poll (up to :data:`MAX_POLL_S`) until a condition holds, then the
-  cluster status (states, exit codes, failures with tracebacks, TensorBoard URL);
+* ``client_wait``: optionally a control action first, then long-poll (up to
+  :data:`MAX_POLL_S`) until a condition holds; answers the cluster status (states, exit
+  codes, failures with tracebacks, TensorBoard URL);
 * ``client_control``: close the feed, direct the nodes to stop, or abort them;
+* ``client_teardown``: stop or abort the nodes, wait for their exit, then release;
 * ``client_release``: the client is done; the process exits once every node exited.
 
 Lifetime: it ends itself (after aborting the nodes and waiting, bounded, for their exit)
@@ -145,12 +147,16 @@ class ControlHost:
         self._last_client = time.monotonic()
         try:
             if kind == "client_wait":
+                if body.get("action"):
+                    self._client_control(str(body["action"]), str(body.get("reason", "")))
                 return self._client_wait(str(body.get("until", "now")), float(body.get("poll_s", MAX_POLL_S)))
             if kind == "client_control":
                 if body["action"] == "close_feed_when_sent":
                     self.state.close_feed_when_sent(str(body["feed_id"]), int(body["total"]))
                     return {"ok": True}
                 return self._client_control(str(body["action"]), str(body.get("reason", "")))
+            if kind == "client_teardown":
+                return self._client_teardown(bool(body["abort"]), float(body.get("attribution_s", 0.0)), float(body.get("poll_s", MAX_POLL_S)), bool(body.get("release")))
             if kind == "client_release":
                 self.released.set()
                 return {"ok": True}
@@ -207,6 +213,23 @@ class ControlHost:
             "stop_requested": st.stop_requested,
             "abort": st.abort_reason,
         }
+
+    def _client_teardown(self, abort: bool, attribution_s: float, poll_s: float, release: bool) -> dict:
+        """Stops (or aborts) every node and waits for their exit, in one request.
+
+        With ``abort``, first waits up to ``attribution_s`` for a failure report (a failed
+        Spark job usually precedes the failed node's own report by a moment). Releases
+        this process once every node exited, or at once with ``release``.
+        """
+        st = self.state
+        if abort and attribution_s > 0:
+            self._client_wait("failed", attribution_s)
+        self._client_control("abort" if abort else "stop", "the cluster failed" if abort else "")
+        status = self._client_wait("exited", poll_s)
+        if status["done"] or release:
+            self.released.set()
+        with st._cond:
+            return status
 
     def _client_control(self, action: str, reason: str) -> dict:
         st = self.state

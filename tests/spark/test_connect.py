@@ -16,6 +16,9 @@ from pathlib import Path
 
 import pytest
 
+for _mod in ("grpc", "grpc_status", "google.rpc", "zstandard", "pyarrow", "pandas"):
+    pytest.importorskip(_mod, reason="the Spark Connect client needs pip install tfos[connect]")
+
 from tfos import TFCluster
 from tfos.cluster_template import InputMode
 from tfos.errors import ClusterFailedError, ConfigurationError
