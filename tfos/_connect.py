@@ -93,6 +93,7 @@ class ConnectTFCluster:
         self._closed = False
         self._feed_closed = False
         self._last_op = time.monotonic()
+        self._busy = 0  # feed/inference jobs in flight (their tasks keep the lease)
         self._keepalive_stop = threading.Event()
         threading.Thread(target=self._keepalive, name=f"{self.cluster_id}-keepalive", daemon=True).start()
 
@@ -145,7 +146,7 @@ class ConnectTFCluster:
         while not self._keepalive_stop.wait(5.0):
             if self._closed:
                 return
-            if time.monotonic() - self._last_op < _KEEPALIVE_S:
+            if self._busy or time.monotonic() - self._last_op < _KEEPALIVE_S:
                 continue
             try:
                 self._status("now", 0.0, "keep-alive")
@@ -225,13 +226,14 @@ class ConnectTFCluster:
             self._feed_closed = True
         data = functools.reduce(lambda a, b: a.union(b), [df] * num_epochs)
         log.info("tfos train: %d epoch(s) -> %d node(s)", num_epochs, len(plan.nodes))
-        self._last_op = time.monotonic()
+        self._busy += 1
         try:
             rows = data.mapInArrow(make_train_fn(plan), "partition long, outcome string").collect()
         except Exception as exc:  # noqa: BLE001 - Connect raises several exception types
+            self._busy -= 1
             raise self._job_failed("train()", exc) from exc
-        finally:
-            self._last_op = time.monotonic()
+        self._busy -= 1
+        self._last_op = time.monotonic()
         outcomes = [r["outcome"] for r in rows]
         skipped = sum(1 for o in outcomes if o in ("finished", "skipped"))
         if skipped:
@@ -266,13 +268,14 @@ class ConnectTFCluster:
         self._check_open("inference()")
         struct = schema if not isinstance(schema, str) else self.spark.createDataFrame([], schema).schema
         plan = self._plan("inference", qname, _UNCOUNTED, feed_timeout)
-        self._last_op = time.monotonic()
+        self._busy += 1
         try:
             out = df.mapInArrow(make_infer_fn(plan, struct.json()), struct).localCheckpoint(eager=True)
         except Exception as exc:  # noqa: BLE001 - Connect raises several exception types
+            self._busy -= 1
             raise self._job_failed("inference()", exc) from exc
-        finally:
-            self._last_op = time.monotonic()
+        self._busy -= 1
+        self._last_op = time.monotonic()
         return out
 
     # ---------------------------------------------------------------- shutdown

@@ -207,8 +207,6 @@ def make_start_fn(spec: StartSpec):
                 status = client.request("client_wait", until="registered", poll_s=2.0, timeout_s=30.0)
                 failures = [NodeFailure.from_dict(f) for f in status.get("failures", [])]
                 if failures:
-                    if eid == 0:
-                        client.request("client_control", action="abort_and_exit", reason=f"run() failed: {failures[0].node_name} failed", timeout_s=10.0)
                     _raise_failed(cfg.cluster_id, failures, "run()")
                 if status.get("done"):
                     break
@@ -219,8 +217,15 @@ def make_start_fn(spec: StartSpec):
                     client.request("status", executor_id=eid, state="failed", failure=f.to_dict(), timeout_s=10.0)
                     continue
                 if deadline.expired():
-                    client.request("client_control", action="abort_and_exit", reason="registration timed out", timeout_s=10.0)
                     raise deadline.error(TFOSError, f"executor ids {status.get('missing')} never registered")
+        except BaseException as exc:
+            # The client learns nothing but this task's error: stop the nodes already
+            # started and let the control host exit once they are gone.
+            try:
+                client.request("client_control", action="abort_and_exit", reason=f"the start stage failed in {name}: {type(exc).__name__}", timeout_s=10.0, retry=False)
+            except _REQ_ERRORS:
+                pass
+            raise
         finally:
             client.close()
         nodes = json.dumps(status.get("nodes", [])) if eid == 0 else ""

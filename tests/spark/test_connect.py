@@ -1,4 +1,5 @@
-"""TFCluster.run on a Spark Connect session (``SparkSession.builder.remote("local[2]")``).
+"""TFCluster.run on a Spark Connect session (``SparkSession.builder.remote("local[2]")`` and
+``remote("local-cluster[2,1,1024]")``).
 
 ``remote("local[...]")`` starts a Spark Connect server inside this test process's JVM
 (one SparkContext per JVM), so the module first stops the classic ``sc`` fixture's context
@@ -55,9 +56,10 @@ def _assert_all_gone(timeout_s: float = 30.0) -> None:
     assert not _connect_host_processes(), f"control host left behind: {_connect_host_processes()}"
 
 
-@pytest.fixture(scope="module")
-def spark(spark_manager):
-    """A Spark Connect session on a local Connect server with 2 task slots."""
+@pytest.fixture(scope="module", params=["local[2]", "local-cluster[2,1,1024]"])
+def spark(request, spark_manager):
+    """A Spark Connect session on a local Connect server with 2 task slots: in the
+    server's JVM (``local[2]``), or in 2 separate executor JVMs (``local-cluster``)."""
     from pyspark.sql import SparkSession
 
     spark_manager.stop()  # the Connect server below needs this JVM's only SparkContext
@@ -66,7 +68,8 @@ def spark(spark_manager):
         # that it cannot set them at run time.
         warnings.simplefilter("ignore", UserWarning)
         session = (
-            SparkSession.builder.remote("local[2]")
+            SparkSession.builder.remote(request.param)
+            .config("spark.executor.memory", "768m")
             .config("spark.ui.enabled", "false")
             .config("spark.ui.showConsoleProgress", "false")
             .config("spark.driver.host", "127.0.0.1")
