@@ -27,6 +27,8 @@ setup(
         "tf": ["tensorflow==2.21.*", "tf-keras==2.21.*", "tensorboard>=2.21"],
         "tf-cpu": ["tensorflow-cpu==2.21.*", "tensorboard>=2.21"],
         "arrow": ["pyarrow>=15", "pandas>=2.2,<3"],
+        # Spark Connect clients (docs/connect.md): PySpark's own Connect client dependencies.
+        "connect": ["pyspark[connect]>=4.0,<5"],
         "test": [
             "pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "mypy>=1.10",
             # examples/notebooks/*.ipynb run in the suite

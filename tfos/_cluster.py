@@ -789,7 +789,8 @@ def run(
     background until :meth:`TFCluster.shutdown`.
 
     Args:
-        sc: The SparkContext.
+        sc: The SparkContext, or a Spark Connect ``SparkSession`` (then the cluster is a
+            :class:`tfos._connect.ConnectTFCluster` fed with DataFrames; see docs/connect.md).
         map_fun: ``main_fun(args, ctx)``, run on every node (must be picklable by cloudpickle).
         tf_args: Passed to ``map_fun`` unchanged: an argparse Namespace, a dict or argv list.
         num_executors: Number of nodes (ps included).
@@ -830,6 +831,14 @@ def run(
         ReservationTimeoutError: Not every node registered within ``reservation_timeout``.
         ClusterFailedError: A node failed while the cluster was forming.
     """
+    from ._connect import is_connect_session, run_connect
+
+    if is_connect_session(sc):  # Spark Connect client: see tfos/_connect.py and docs/connect.md
+        return run_connect(  # type: ignore[return-value]
+            sc, map_fun, tf_args, num_executors, num_ps, tensorboard, input_mode, log_dir, driver_ps_nodes, master_node,
+            reservation_timeout, queues, eval_node, release_port, heartbeat_timeout=heartbeat_timeout,
+            forward_logs=forward_logs, progress=progress, queue_chunks=queue_chunks, executor_wait_s=executor_wait_s,
+        )
     if not callable(map_fun):
         raise ConfigurationError("map_fun must be callable as map_fun(args, ctx)")
     input_mode = InputMode(int(input_mode))

@@ -1,0 +1,208 @@
+"""TFCluster.run on a Spark Connect session (``SparkSession.builder.remote("local[2]")`` and
+``remote("local-cluster[2,1,1024]")``).
+
+``remote("local[...]")`` starts a Spark Connect server inside this test process's JVM
+(one SparkContext per JVM), so the module first stops the classic ``sc`` fixture's context
+and stops the Connect server (and its SparkContext) at the end; the next classic test
+starts a fresh ``sc``. Nodes write what they saw as JSON into ``tmp_path``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+
+for _mod in ("grpc", "grpc_status", "google.rpc", "zstandard", "pyarrow", "pandas"):
+    pytest.importorskip(_mod, reason="the Spark Connect client needs pip install tfos[connect]")
+
+from tfos import TFCluster
+from tfos.cluster_template import InputMode
+from tfos.errors import ClusterFailedError, ConfigurationError
+
+from conftest import assert_no_tfos_processes
+
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
+
+#: Longest wait, in seconds, for main_fun in shutdown(); a hang fails the test.
+SHUTDOWN_TIMEOUT_S = 240.0
+
+
+def _connect_host_processes() -> list:
+    import psutil
+
+    session = os.environ["TFOS_TEST_SESSION"]
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        cmd = " ".join(p.info.get("cmdline") or [])
+        if "tfos._connect_host" in cmd:
+            try:
+                if p.environ().get("TFOS_TEST_SESSION") == session:
+                    found.append((p.info["pid"], cmd))
+            except psutil.Error:
+                continue
+    return found
+
+
+def _assert_all_gone(timeout_s: float = 30.0) -> None:
+    assert_no_tfos_processes(timeout_s)
+    deadline = time.monotonic() + timeout_s
+    while _connect_host_processes() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _connect_host_processes(), f"control host left behind: {_connect_host_processes()}"
+
+
+@pytest.fixture(scope="module", params=["local[2]", "local-cluster[2,1,1024]"])
+def spark(request, spark_manager):
+    """A Spark Connect session on a local Connect server with 2 task slots: in the
+    server's JVM (``local[2]``), or in 2 separate executor JVMs (``local-cluster``)."""
+    from pyspark.sql import SparkSession
+
+    spark_manager.stop()  # the Connect server below needs this JVM's only SparkContext
+    with warnings.catch_warnings():
+        # Static confs are applied when the local server starts; the client then warns
+        # that it cannot set them at run time.
+        warnings.simplefilter("ignore", UserWarning)
+        session = (
+            SparkSession.builder.remote(request.param)
+            .config("spark.executor.memory", "768m")
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.driver.host", "127.0.0.1")
+            .getOrCreate()
+        )
+    assert type(session).__module__.startswith("pyspark.sql.connect")
+    yield session
+    session.stop()
+    assert "SPARK_CONNECT_MODE_ENABLED" not in os.environ
+
+
+# ------------------------------------------------------------------ main_funs
+def _write_json(path: str, obj) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(obj, f)
+    os.replace(tmp, path)
+
+
+def tf_mode_fun(args, ctx):
+    """InputMode.TENSORFLOW: records the node's view and returns."""
+    _write_json(os.path.join(args["out"], f"{ctx.job_name}{ctx.task_index}.json"), {
+        "job": ctx.job_name, "index": ctx.task_index, "executor_id": ctx.executor_id,
+        "tf_config": json.loads(os.environ["TF_CONFIG"]), "pid": os.getpid(),
+    })
+
+
+def spark_mode_fun(args, ctx):
+    """InputMode.SPARK: trains on queue 'input' (count and checksum), serves inference on
+    queue 'infer' from a thread, until shutdown() ends the feed."""
+    import threading
+
+    from tfos.datafeed import DataFeed
+
+    def serve() -> None:
+        feed = DataFeed(ctx.mgr, train_mode=False, qname_in="infer")
+        while not feed.should_stop():
+            rows = feed.next_batch(37)
+            if rows:
+                feed.batch_results([(int(r[0]), int(r[0]) * int(r[0])) for r in rows])
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    feed = DataFeed(ctx.mgr, train_mode=True)
+    count = total = check = 0
+    while not feed.should_stop():
+        for r in feed.next_batch(64):
+            count += 1
+            total += int(r[0])
+            check += int(r[1])
+    t.join(60)
+    _write_json(os.path.join(args["out"], f"{ctx.job_name}{ctx.task_index}.json"), {"count": count, "sum": total, "check": check})
+
+
+def failing_fun(args, ctx):
+    """worker:1 raises at once; worker:0 would run for minutes if nothing stopped it."""
+    import time
+
+    if ctx.task_index == 1:
+        raise ValueError("boom on purpose in worker 1")
+    time.sleep(300)
+
+
+def failing_feed_fun(args, ctx):
+    """InputMode.SPARK: raises after its first batch."""
+    from tfos.datafeed import DataFeed
+
+    feed = DataFeed(ctx.mgr, train_mode=True)
+    feed.next_batch(10)
+    raise RuntimeError(f"bad batch on purpose in {ctx.job_name}:{ctx.task_index}")
+
+
+# ---------------------------------------------------------------------- tests
+def test_tensorflow_mode(spark, tmp_path):
+    cluster = TFCluster.run(spark, tf_mode_fun, {"out": str(tmp_path)}, 2, 0, input_mode=InputMode.TENSORFLOW, master_node="chief", reservation_timeout=180)
+    assert cluster.sc is None
+    spec = cluster.cluster_spec
+    assert sorted(spec) == ["chief", "worker"] and len(spec["chief"]) == 1 and len(spec["worker"]) == 1
+    cluster.shutdown(timeout=SHUTDOWN_TIMEOUT_S)
+    seen = {p.name: json.loads(p.read_text()) for p in tmp_path.glob("*.json")}
+    assert sorted(seen) == ["chief0.json", "worker0.json"]
+    for name, node in seen.items():
+        assert node["tf_config"]["cluster"] == spec
+        assert node["tf_config"]["task"] == {"type": node["job"], "index": node["index"]}
+    assert {n["executor_id"] for n in seen.values()} == {0, 1}
+    _assert_all_gone()
+
+
+def test_spark_mode_train_and_inference(spark, tmp_path):
+    n = 1000
+    df = spark.range(0, n, 1, 4).selectExpr("id", "id * 7 + 1 as y")
+    with TFCluster.run(spark, spark_mode_fun, {"out": str(tmp_path)}, 2, 0, input_mode=InputMode.SPARK,
+                       queues=["input", "infer"], reservation_timeout=180) as cluster:
+        with pytest.raises(ConfigurationError, match="DataFrames only"):
+            cluster.train([(1, 2)])
+        cluster.train(df, num_epochs=2)
+        infer_in = spark.range(0, 500, 1, 3).selectExpr("id as x")
+        out = cluster.inference(infer_in, qname="infer", schema="x long, sq long")
+        rows = out.collect()
+    # Inference: exactly one result per input row, in input order.
+    assert [r["x"] for r in rows] == list(range(500))
+    assert all(r["sq"] == r["x"] * r["x"] for r in rows)
+    # Training: every row of both epochs reached exactly one node.
+    seen = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("*.json"))]
+    assert len(seen) == 2
+    assert sum(s["count"] for s in seen) == 2 * n
+    assert sum(s["sum"] for s in seen) == 2 * sum(range(n))
+    assert sum(s["check"] for s in seen) == 2 * sum(7 * i + 1 for i in range(n))
+    _assert_all_gone()
+
+
+def test_failure_reaches_the_client_fast(spark, tmp_path):
+    t0 = time.monotonic()
+    with pytest.raises(ClusterFailedError) as ei:
+        cluster = TFCluster.run(spark, failing_fun, {}, 2, 0, input_mode=InputMode.TENSORFLOW, reservation_timeout=180)
+        cluster.shutdown(timeout=SHUTDOWN_TIMEOUT_S)
+    elapsed = time.monotonic() - t0
+    text = str(ei.value)
+    assert "worker:1" in text and "ValueError: boom on purpose in worker 1" in text
+    assert "in failing_fun" in text  # the remote traceback
+    assert [f.error_type for f in ei.value.failures if f.kind == "exception"] == ["ValueError"]
+    # worker:0 sleeps 300 s: only failing fast ends this well before.
+    assert elapsed < 200, f"the failure took {elapsed:.0f} s to reach the client"
+    _assert_all_gone()
+
+
+def test_feed_failure_names_the_node(spark, tmp_path):
+    df = spark.range(0, 2000, 1, 4).selectExpr("id", "id as y")
+    cluster = TFCluster.run(spark, failing_feed_fun, {}, 2, 0, input_mode=InputMode.SPARK, reservation_timeout=180)
+    with pytest.raises(ClusterFailedError) as ei:
+        cluster.train(df)
+    text = str(ei.value)
+    assert "RuntimeError: bad batch on purpose in worker:" in text
+    assert any(f.kind == "exception" and f.error_type == "RuntimeError" for f in ei.value.failures)
+    cluster.shutdown()  # already torn down: a no-op
+    _assert_all_gone()

@@ -1,0 +1,112 @@
+"""Spark Connect pieces that need no Spark: failure encoding, result batches, the control host."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from tfos import _wire
+from tfos._connect_host import ControlHost, HostLaunch
+from tfos._connect_tasks import decode_failures, encode_failures, results_to_batch
+from tfos._control_client import ControlClient
+from tfos.cluster_template import NodeInfo, build_template, roles_from_template
+from tfos.errors import ConfigurationError, ControlProtocolError, DeadlineExceededError, NodeFailure, TFOSError
+
+
+def _failure(eid: int = 1) -> NodeFailure:
+    return NodeFailure(eid, "worker", 0, "10.0.0.5", "exception", "ValueError", "bad value\nsecond line", "Traceback...\n  File x")
+
+
+def test_failures_survive_a_spark_error_text():
+    fs = [_failure(1), _failure(2)]
+    text = "org.apache.spark.api.python.PythonException: ...\ntfos.errors.TFOSError: tfos cluster c failed\n" + encode_failures(fs) + "\n SQLSTATE: 38000"
+    assert decode_failures(text) == fs
+    assert decode_failures("no marker here") == []
+    assert decode_failures("TFOS-FAILURES:!!notbase64") == []
+
+
+def test_results_to_batch_by_value_position_and_name():
+    pa = pytest.importorskip("pyarrow")
+    one = pa.schema([("result", pa.float64())])
+    assert results_to_batch([1.5, 2, None], one).column(0).to_pylist() == [1.5, 2.0, None]
+    two = pa.schema([("x", pa.int64()), ("sq", pa.int64())])
+    b = results_to_batch([(1, 1), [2, 4], {"sq": 9, "x": 3}], two)
+    assert b.to_pydict() == {"x": [1, 2, 3], "sq": [1, 4, 9]}
+    np = pytest.importorskip("numpy")
+    vec = pa.schema([("v", pa.list_(pa.float32()))])
+    assert results_to_batch([np.array([1.0, 2.0], np.float32)], vec).column(0).to_pylist() == [[1.0, 2.0]]
+    with pytest.raises(TFOSError, match="does not fit the result schema"):
+        results_to_batch([(1, 2, 3)], two)
+    with pytest.raises(TFOSError, match="do not fit the result schema"):
+        results_to_batch(["text"], two.remove(1))
+
+
+def _host(client_timeout_s: float = 600.0) -> ControlHost:
+    roles = tuple(roles_from_template(build_template(2, 0, None, False)))
+    return ControlHost(HostLaunch("c1", _wire.new_key(), roles, "127.0.0.1", 15.0, client_timeout_s, 0))
+
+
+def test_host_launch_validates():
+    roles = tuple(roles_from_template(build_template(1, 0, None, False)))
+    with pytest.raises(ConfigurationError):
+        HostLaunch("c1", b"short", roles, "127.0.0.1", 15.0, 600.0, 0)
+    launch = HostLaunch("c1", b"k" * 32, roles, "127.0.0.1", 15.0, 600.0, 0)
+    assert "kkkk" not in repr(launch)
+
+
+def test_control_host_registry_failures_and_teardown():
+    host = _host()
+    key = host.launch.key
+    try:
+        c = ControlClient("127.0.0.1", host.server.port, key, "c1", connect_timeout_s=5.0)
+        st = c.request("client_wait", until="registered", poll_s=0.2)
+        assert st["done"] is False and st["missing"] == [0, 1]
+        for eid in (0, 1):
+            node = NodeInfo(eid, "worker", eid, "127.0.0.1", 4000 + eid, 5000 + eid, 100 + eid, f"h/{eid}")
+            assert c.request("register", node=node.to_dict())["ok"]
+        st = c.request("client_wait", until="registered", poll_s=0.2)
+        assert st["done"] is True and [n["executor_id"] for n in st["nodes"]] == [0, 1]
+        # A node failure aborts the cluster; the client gets it with its traceback.
+        c.request("status", executor_id=1, state="failed", failure=_failure(1).to_dict())
+        st = c.request("client_wait", until="workers_done", poll_s=5.0)
+        assert st["abort"] and [NodeFailure.from_dict(f) for f in st["failures"]] == [_failure(1)]
+        # Teardown: answered once every node exited, and releases the host.
+        def exit_later() -> None:
+            time.sleep(0.3)
+            c2 = ControlClient("127.0.0.1", host.server.port, key, "c1", connect_timeout_s=5.0)
+            for eid in (0, 1):
+                c2.request("status", executor_id=eid, state="exited", code=0)
+            c2.close()
+
+        threading.Thread(target=exit_later, daemon=True).start()
+        st = c.request("client_teardown", abort=True, attribution_s=0.0, poll_s=5.0, timeout_s=20.0)
+        assert st["done"] is True and st["exit_codes"] == {"0": 0, "1": 0}
+        assert host.released.is_set()
+        with pytest.raises(ControlProtocolError):
+            host._dispatch({"type": "client_bogus", "cluster": "c1"}, "peer")
+        with pytest.raises(ControlProtocolError, match="another cluster"):
+            host._dispatch({"type": "client_wait", "cluster": "other"}, "peer")
+        c.close()
+    finally:
+        host.server.close()
+
+
+def test_control_host_refuses_a_wrong_key():
+    host = _host()
+    try:
+        bad = ControlClient("127.0.0.1", host.server.port, _wire.new_key(), "c1", connect_timeout_s=1.0)
+        with pytest.raises((ConnectionError, ControlProtocolError, DeadlineExceededError)):
+            bad.request("client_wait", until="now", poll_s=0.0, timeout_s=2.0, retry=False)
+        bad.close()
+    finally:
+        host.server.close()
+
+
+def test_control_host_ends_the_cluster_without_a_client():
+    host = _host(client_timeout_s=1.0)
+    t0 = time.monotonic()
+    assert host.serve() == 0  # no client operation for 1 s: abort and exit (no node registered)
+    assert time.monotonic() - t0 < 30.0
+    assert "no client operation" in host.state.abort_reason

@@ -1,0 +1,320 @@
+"""The control host of a Spark Connect cluster: ``python -m tfos._connect_host`` (executor host).
+
+Under Spark Connect the driver program is a remote client that executors may not reach, so
+the control plane cannot live in the client. The first task of the barrier start stage
+spawns this small process on its executor host. It runs what the driver runs in the
+classic path, unchanged: a :class:`~tfos._control_server.ControlServer` (same authenticated
+frames, same key) dispatching to a :class:`~tfos._cluster_state.ClusterState` (registry,
+heartbeats, failures, directives). Node supervisors and TF processes talk to it exactly as
+they talk to the classic driver.
+
+The client reaches it only through Spark jobs: each client operation is a one-task job whose
+task dials this process (executors reach each other) and returns the JSON answer as a row.
+The extra ``client_*`` messages served here are:
+
+* ``client_wait``: optionally a control action first, then long-poll (up to
+  :data:`MAX_POLL_S`) until a condition holds; answers the cluster status (states, exit
+  codes, failures with tracebacks, TensorBoard URL);
+* ``client_control``: close the feed, direct the nodes to stop, or abort them;
+* ``client_teardown``: stop or abort the nodes, wait for their exit, then release;
+* ``client_release``: the client is done; the process exits once every node exited.
+
+Lifetime: it ends itself (after aborting the nodes and waiting, bounded, for their exit)
+when the executor JVM it belongs to exits, when the client released it, or when no client
+operation reached it for ``client_timeout_s`` (the client program went away).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import pickle
+import signal
+import struct
+import sys
+import threading
+import time
+from typing import IO, Optional
+
+from ._cluster_state import ClusterState
+from ._control_server import ControlServer
+from ._node_task import setup_process_logging
+from .cluster_template import NodeRole
+from .errors import ConfigurationError, ControlProtocolError, NodeFailure
+
+__all__ = ["HostLaunch", "ControlHost", "MAX_POLL_S", "write_host_launch", "read_host_launch"]
+
+log = logging.getLogger("tfos.connect_host")
+
+#: Longest a ``client_wait`` request is held open, in seconds.
+MAX_POLL_S = 10.0
+_LEN = struct.Struct(">Q")
+#: Seconds to wait for the nodes' processes to exit after an abort before exiting anyway.
+_EXIT_WAIT_S = 30.0
+#: Seconds the process stays up after every node exited, so the client can still fetch
+#: the final status (failures) after a start stage that failed.
+_LINGER_S = 60.0
+
+
+@dataclasses.dataclass(frozen=True)
+class HostLaunch:
+    """What the start task hands the control host over its stdin pipe (never the network).
+
+    Attributes:
+        cluster_id: The cluster id.
+        key: The cluster's HMAC key (32 bytes; never logged).
+        roles: One role per executor id.
+        host: The address to bind the control server to.
+        heartbeat_timeout_s: Seconds without a supervisor heartbeat before a node is lost.
+        client_timeout_s: Seconds without any client operation before the cluster is
+            aborted and this process exits.
+        watch_pid: The executor JVM's pid; its exit ends the cluster (0: no watch).
+    """
+
+    cluster_id: str
+    key: bytes = dataclasses.field(repr=False)
+    roles: tuple[NodeRole, ...]
+    host: str
+    heartbeat_timeout_s: float
+    client_timeout_s: float
+    watch_pid: int
+
+    def __post_init__(self) -> None:
+        if len(self.key) != 32:
+            raise ConfigurationError("the cluster key must be 32 bytes")
+        if self.client_timeout_s <= 0 or self.heartbeat_timeout_s <= 0:
+            raise ConfigurationError("client_timeout_s and heartbeat_timeout_s must be > 0 seconds")
+
+
+def write_host_launch(stream: IO[bytes], launch: HostLaunch) -> None:
+    """Writes the launch record to the control host's stdin pipe (start task side)."""
+    data = pickle.dumps(launch, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(_LEN.pack(len(data)) + data)
+    stream.flush()
+
+
+def read_host_launch(stream: IO[bytes]) -> HostLaunch:
+    """Reads the record written by :func:`write_host_launch` (control host process).
+
+    The bytes come from the parent's local pipe, which got them from the Spark closure: a
+    trusted channel, not the network.
+
+    Raises:
+        EOFError: When the pipe closed before a full :class:`HostLaunch` record arrived.
+    """
+    head = stream.read(_LEN.size)
+    if len(head) != _LEN.size:
+        raise EOFError("no launch record on stdin")
+    (n,) = _LEN.unpack(head)
+    data = stream.read(n)
+    if len(data) != n:
+        raise EOFError("truncated launch record on stdin")
+    launch = pickle.loads(data)  # local pipe from the parent, see docstring
+    if not isinstance(launch, HostLaunch):
+        raise EOFError("stdin did not carry a HostLaunch")
+    return launch
+
+
+class ControlHost:
+    """The control plane of one Connect cluster (runs in the control host process).
+
+    Args:
+        launch: The :class:`HostLaunch` record.
+    """
+
+    def __init__(self, launch: HostLaunch):
+        self.launch = launch
+        self.state = ClusterState(launch.cluster_id, launch.roles, launch.heartbeat_timeout_s, on_failure=self._on_failure)
+        self.released = threading.Event()
+        self.exit_asap = threading.Event()
+        self._last_client = time.monotonic()
+        self.server = ControlServer(launch.key, self._dispatch, host=launch.host)
+
+    # ------------------------------------------------------------ dispatching
+    def _on_failure(self, failure: NodeFailure) -> None:
+        # The cluster cannot recover: every node is told to stop now (the classic driver
+        # also cancels its Spark jobs; here the feed tasks fail when their nodes go away).
+        self.state.abort(f"node {failure.node_name} failed")
+
+    def _dispatch(self, body: dict, peer: str) -> dict:
+        kind = str(body.get("type", ""))
+        if not kind.startswith("client_"):
+            return self.state.handle(body, peer)
+        if body.get("cluster") != self.launch.cluster_id:
+            raise ControlProtocolError("frame is for another cluster")
+        self._last_client = time.monotonic()
+        try:
+            if kind == "client_wait":
+                if body.get("action"):
+                    self._client_control(str(body["action"]), str(body.get("reason", "")))
+                return self._client_wait(str(body.get("until", "now")), float(body.get("poll_s", MAX_POLL_S)))
+            if kind == "client_control":
+                if body["action"] == "close_feed_when_sent":
+                    self.state.close_feed_when_sent(str(body["feed_id"]), int(body["total"]))
+                    return {"ok": True}
+                return self._client_control(str(body["action"]), str(body.get("reason", "")))
+            if kind == "client_teardown":
+                return self._client_teardown(bool(body["abort"]), float(body.get("attribution_s", 0.0)), float(body.get("poll_s", MAX_POLL_S)), bool(body.get("release")))
+            if kind == "client_release":
+                self.released.set()
+                return {"ok": True}
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ControlProtocolError(f"malformed {kind!r} message: {exc!r}") from None
+        raise ControlProtocolError(f"unknown message type {kind!r}")
+
+    def _condition(self, until: str) -> bool:
+        st = self.state
+        if until == "registered":
+            return st.all_registered()
+        if until == "workers_done":
+            return all(st.is_done(r.executor_id) for r in st.roles if r.feedable)
+        if until == "exited":
+            return self._all_exited()
+        if until == "failed":
+            return bool(st.failures)
+        if until == "now":
+            return True
+        raise ValueError(f"unknown wait condition {until!r}")
+
+    def _all_exited(self) -> bool:
+        st = self.state
+        lost = {f.executor_id for f in st.failures if f.kind == "lost"}
+        return all(e in st.exit_codes or e in lost for e in st.nodes)
+
+    def _client_wait(self, until: str, poll_s: float) -> dict:
+        st = self.state
+        end = time.monotonic() + max(0.0, min(poll_s, MAX_POLL_S))
+        with st._cond:
+            while True:
+                # "exited" is awaited after a failure too; any other wait ends at a failure.
+                if self._condition(until) or (st.failures and until != "exited"):
+                    break
+                left = end - time.monotonic()
+                if left <= 0:
+                    break
+                st._cond.wait(min(left, 0.5))
+            return self.status_locked(done=self._condition(until))
+
+    def status_locked(self, done: bool) -> dict:
+        """The cluster status for the client (call with the state's lock held)."""
+        st = self.state
+        return {
+            "done": done,
+            "registered": st.all_registered(),
+            "missing": st.missing(),
+            "nodes": [n.to_dict() for n in sorted(st.nodes.values(), key=lambda n: n.executor_id)],
+            "states": {str(k): v for k, v in st.proc_state.items()},
+            "exit_codes": {str(k): v for k, v in st.exit_codes.items()},
+            "failures": [f.to_dict() for f in st.failures],
+            "tensorboard_url": st.tensorboard_url,
+            "feed_closed": st.feed_closed,
+            "stop_requested": st.stop_requested,
+            "abort": st.abort_reason,
+        }
+
+    def _client_teardown(self, abort: bool, attribution_s: float, poll_s: float, release: bool) -> dict:
+        """Stops (or aborts) every node and waits for their exit, in one request.
+
+        With ``abort``, first waits up to ``attribution_s`` for a failure report (a failed
+        Spark job usually precedes the failed node's own report by a moment). Releases
+        this process once every node exited, or at once with ``release``.
+        """
+        st = self.state
+        if abort and attribution_s > 0:
+            self._client_wait("failed", attribution_s)
+        self._client_control("abort" if abort else "stop", "the cluster failed" if abort else "")
+        status = self._client_wait("exited", poll_s)
+        if status["done"] or release:
+            self.released.set()
+        with st._cond:
+            return status
+
+    def _client_control(self, action: str, reason: str) -> dict:
+        st = self.state
+        if action == "close_feed":
+            st.close_feed()
+        elif action == "stop":
+            st.request_stop()
+        elif action == "abort":
+            st.abort(reason or "the client aborted the cluster")
+        elif action == "abort_and_exit":
+            # The start stage failed: nobody will release this process.
+            st.abort(reason or "the start stage failed")
+            self.exit_asap.set()
+        else:
+            raise ValueError(f"unknown action {action!r}")
+        return {"ok": True}
+
+    # --------------------------------------------------------------- lifetime
+    def serve(self) -> int:
+        """Serves until released (and every node exited) or a reason to end; returns 0."""
+        from ._supervisor import _Watch
+
+        jvm = _Watch(self.launch.watch_pid)
+        st = self.state
+        exited_since: Optional[float] = None
+        why = ""
+        while True:
+            time.sleep(0.5)
+            st.check_liveness()
+            now = time.monotonic()
+            if not jvm.alive():
+                why = f"the executor JVM (pid {self.launch.watch_pid}) exited"
+                break
+            if now - self._last_client > self.launch.client_timeout_s:
+                why = f"no client operation for {self.launch.client_timeout_s:g} s (the client program went away?)"
+                break
+            with st._cond:
+                all_exited = self._all_exited()
+            if self.released.is_set() and (all_exited or st.abort_reason or not st.nodes):
+                # Released by the client: it fetched everything it needs.
+                if all_exited or exited_since is not None and now - exited_since > _EXIT_WAIT_S:
+                    break
+                exited_since = exited_since or now
+            if self.exit_asap.is_set():
+                exited_since = exited_since or now
+                if (all_exited and now - exited_since > 5.0) or now - exited_since > _LINGER_S:
+                    break
+        if why:
+            log.warning("tfos control host of %s: %s; aborting the cluster", self.launch.cluster_id, why)
+            st.abort(why)
+            deadline = time.monotonic() + _EXIT_WAIT_S
+            while time.monotonic() < deadline:
+                with st._cond:
+                    if self._all_exited():
+                        break
+                time.sleep(0.2)
+        self.server.close()
+        return 0
+
+
+def main() -> int:
+    """Entry point of ``python -m tfos._connect_host``.
+
+    Reads the :class:`HostLaunch` record from stdin, binds the control server, writes
+    ``{"host": ..., "port": ...}`` as one JSON line to stdout for the start task, then
+    serves until the cluster ends.
+    """
+    setup_process_logging()
+    launch = read_host_launch(sys.stdin.buffer)
+    if launch.watch_pid:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the JVM watch decides
+    try:
+        host = ControlHost(launch)
+    except BaseException as exc:  # noqa: BLE001 - reported to the start task on stdout
+        sys.stdout.write(json.dumps({"error": f"{type(exc).__name__}: {exc}"}) + "\n")
+        sys.stdout.flush()
+        return 1
+    sys.stdout.write(json.dumps({"host": str(host.server.host), "port": int(host.server.port), "pid": os.getpid()}) + "\n")
+    sys.stdout.flush()
+    return host.serve()
+
+
+if __name__ == "__main__":
+    # Run main() of the imported module, not of __main__: the launch record unpickles
+    # as tfos._connect_host.HostLaunch, which must be the class main() checks against.
+    from tfos._connect_host import main as _main
+
+    raise SystemExit(_main())  # process entry point, not library code

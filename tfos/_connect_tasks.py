@@ -1,0 +1,370 @@
+"""Spark task functions of a Spark Connect cluster (built on the client, run in Spark tasks).
+
+Every function here is a ``mapInArrow`` function: Spark Connect has no RDD API, and
+``mapInArrow(..., barrier=True)`` gives the start stage the gang scheduling that the
+classic path gets from ``rdd.barrier()``.
+
+* :func:`make_start_fn`: the barrier start stage. Task 0 spawns the control host
+  (:mod:`tfos._connect_host`); its address reaches every task by
+  ``BarrierTaskContext.allGather``; every task spawns its node's supervisor (the same
+  :func:`tfos._node_task.spawn_supervisor` as the classic path) and the stage returns once
+  every node registered, or raises an error naming the failed node.
+* :func:`make_op_fn`: one control request from a one-task job (how the client reaches the
+  control host: it never connects to an executor itself).
+* :func:`make_train_fn` / :func:`make_infer_fn`: the classic Arrow feed and inference
+  tasks (:mod:`tfos._feed_tasks`), pointed at the control host instead of the driver.
+
+Errors raised here carry a ``TFOS-FAILURES:`` line (the failures as base64 JSON), so the
+client can rebuild a :class:`~tfos.errors.ClusterFailedError` from the Spark exception
+even when the control host is gone.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import os
+import pickle
+import select
+import subprocess
+import sys
+from typing import Any, Iterator, Optional
+
+from ._connect_host import HostLaunch, write_host_launch
+from ._control_client import ControlClient
+from ._deadline import Deadline
+from ._feed_tasks import ARROW_CHUNK_BYTES, FeedPlan, arrow_slices, make_arrow_feed_fn
+from ._feed_tasks import make_infer_fn as _classic_infer_fn
+from ._launch import ClusterConfig, NodeLaunch
+from .errors import ClusterFailedError, ControlProtocolError, DeadlineExceededError, NodeFailure, TFOSError
+
+__all__ = [
+    "StartSpec", "make_start_fn", "make_op_fn", "make_train_fn", "make_infer_fn",
+    "FAILURES_MARKER", "encode_failures", "decode_failures", "START_SCHEMA", "OP_SCHEMA",
+]
+
+#: Prefix of the line that carries structured failures inside a task's error message.
+FAILURES_MARKER = "TFOS-FAILURES:"
+#: Schema of the start stage's rows.
+START_SCHEMA = "executor_id long, host string, ctrl_host string, ctrl_port long, nodes string"
+#: Schema of a control request's single row.
+OP_SCHEMA = "reply string"
+#: Seconds the control host may take to start and report its port.
+_HOST_START_S = 60.0
+_REQ_ERRORS = (OSError, ControlProtocolError, DeadlineExceededError)
+
+
+def encode_failures(failures: list[NodeFailure]) -> str:
+    """One line ``TFOS-FAILURES:<base64 JSON>`` for a task error message (pure)."""
+    data = json.dumps([f.to_dict() for f in failures]).encode("utf-8")
+    return FAILURES_MARKER + base64.b64encode(data).decode("ascii")
+
+
+def decode_failures(text: str) -> list[NodeFailure]:
+    """The failures of the first ``TFOS-FAILURES:`` line in ``text``; [] when none (pure)."""
+    pos = text.find(FAILURES_MARKER)
+    if pos < 0:
+        return []
+    blob = text[pos + len(FAILURES_MARKER):].split()[0] if text[pos + len(FAILURES_MARKER):].split() else ""
+    try:
+        items = json.loads(base64.b64decode(blob, validate=False).decode("utf-8"))
+        return [NodeFailure.from_dict(d) for d in items]
+    except (ValueError, TypeError, ControlProtocolError):
+        return []
+
+
+def _raise_failed(cluster_id: str, failures: list[NodeFailure], context: str) -> None:
+    err = ClusterFailedError(cluster_id, failures, context)
+    raise TFOSError(f"{err}\n{encode_failures(failures)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class StartSpec:
+    """What the start stage needs, captured by value in its closure (client -> tasks).
+
+    Attributes:
+        config: The cluster config; its driver address is a placeholder that the start
+            tasks replace with the control host's.
+        fn_payload: cloudpickled ``(main_fun, tf_args)``.
+        client_timeout_s: See :class:`tfos._connect_host.HostLaunch`.
+    """
+
+    config: ClusterConfig
+    fn_payload: bytes = dataclasses.field(repr=False)
+    client_timeout_s: float = 600.0
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    paths = [p for p in sys.path if p]
+    if paths:
+        env["PYTHONPATH"] = os.pathsep.join(paths)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def _spawn_control_host(launch: HostLaunch) -> tuple[subprocess.Popen, dict]:
+    """Starts the control host process and reads its address (start task 0).
+
+    Raises:
+        TFOSError: The process did not report an address within :data:`_HOST_START_S`.
+    """
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tfos._connect_host"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_child_env(),
+        cwd=os.getcwd(), close_fds=True, start_new_session=True,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    write_host_launch(proc.stdin, launch)
+    proc.stdin.close()
+    deadline = Deadline(_HOST_START_S, "the tfos control host to report its address")
+    line = b""
+    fd = proc.stdout.fileno()
+    while not line.endswith(b"\n"):
+        if deadline.expired() or proc.poll() is not None and not select.select([fd], [], [], 0)[0]:
+            proc.kill()
+            raise TFOSError(f"the tfos control host did not start on {launch.host} (exit code {proc.poll()}); see this executor's stderr log")
+        r, _, _ = select.select([fd], [], [], deadline.slice(0.5))
+        if r:
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                continue
+            line += chunk
+    info = json.loads(line.decode("utf-8"))
+    if "error" in info:
+        raise TFOSError(f"the tfos control host failed to start on {launch.host}: {info['error']}")
+    proc.stdout.close()
+    return proc, info
+
+
+def make_start_fn(spec: StartSpec):
+    """The barrier ``mapInArrow`` function of the start stage (client builds, tasks run).
+
+    Partition ``i`` becomes executor id ``i``. Yields one row (see :data:`START_SCHEMA`);
+    partition 0's row carries the registered nodes as JSON.
+
+    Raises (in the task):
+        TFOSError: The control host did not start, a node failed or not every node
+            registered within ``reservation_timeout``; the message names the node(s) and
+            carries the structured failures.
+    """
+
+    def _start(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+        from pyspark import BarrierTaskContext
+
+        from ._node_task import executor_identity, node_host, spawn_supervisor
+        from .gpu_info import cuda_visible_devices
+
+        for _ in batches:
+            pass
+        tc = BarrierTaskContext.get()
+        eid = tc.partitionId()
+        cfg = spec.config
+        role = cfg.roles[eid]
+        first = tc.getTaskInfos()[0].address
+        first_host, _, first_port = first.rpartition(":")
+        key_id, jvm_pid = executor_identity()
+        host = node_host(first_host or "127.0.0.1", int(first_port) if first_port.isdigit() else 9)
+        name = f"{role.job_name}:{role.task_index} (executor {eid}, host {host})"
+
+        msg: dict = {"host": host}
+        if eid == 0:
+            try:
+                _, info = _spawn_control_host(HostLaunch(
+                    cluster_id=cfg.cluster_id, key=cfg.key, roles=cfg.roles, host=host,
+                    heartbeat_timeout_s=cfg.heartbeat_timeout_s, client_timeout_s=spec.client_timeout_s, watch_pid=jvm_pid,
+                ))
+                msg["ctrl"] = [info["host"], int(info["port"])]
+            except Exception as exc:  # noqa: BLE001 - every barrier task must learn about it
+                msg["error"] = f"{type(exc).__name__}: {exc}"
+        gathered = [json.loads(m) for m in tc.allGather(json.dumps(msg))]
+        lead = gathered[0]
+        if "error" in lead:
+            raise TFOSError(f"{name}: the start stage failed because {lead['error']}")
+        ctrl_host, ctrl_port = str(lead["ctrl"][0]), int(lead["ctrl"][1])
+        config = dataclasses.replace(cfg, driver_host=ctrl_host, driver_port=ctrl_port)
+        resources: dict = {}
+        try:
+            resources = {k: list(v.addresses) for k, v in tc.resources().items()}
+        except Exception:  # noqa: BLE001 - resources() is best effort
+            resources = {}
+        launch = NodeLaunch(
+            config=config, role=role, host=host, executor_key=key_id, watch_pid=jvm_pid, watch_stdin=False,
+            working_dir=os.getcwd(), python_path=tuple(sys.path), fn_payload=spec.fn_payload,
+            cuda_visible_devices=cuda_visible_devices(resources),
+        )
+        client = ControlClient(ctrl_host, ctrl_port, cfg.key, cfg.cluster_id, connect_timeout_s=30.0)
+        try:
+            proc = spawn_supervisor(launch)
+            deadline = Deadline(
+                cfg.reservation_timeout_s, f"all {cfg.num_nodes} nodes to register",
+                "node processes failing at start-up (see the executor logs) or nodes that cannot reach each other",
+            )
+            status: dict = {}
+            while True:
+                status = client.request("client_wait", until="registered", poll_s=2.0, timeout_s=30.0)
+                failures = [NodeFailure.from_dict(f) for f in status.get("failures", [])]
+                if failures:
+                    _raise_failed(cfg.cluster_id, failures, "run()")
+                if status.get("done"):
+                    break
+                code = proc.poll()
+                if code is not None and code != 0 and eid in status.get("missing", []):
+                    f = NodeFailure(eid, role.job_name, role.task_index, host, "exited", "SupervisorDied",
+                                    f"the node supervisor exited with code {code} before the node registered; see this executor's stderr log")
+                    client.request("status", executor_id=eid, state="failed", failure=f.to_dict(), timeout_s=10.0)
+                    continue
+                if deadline.expired():
+                    raise deadline.error(TFOSError, f"executor ids {status.get('missing')} never registered")
+        except BaseException as exc:
+            # The client learns nothing but this task's error: stop the nodes already
+            # started and let the control host exit once they are gone.
+            try:
+                client.request("client_control", action="abort_and_exit", reason=f"the start stage failed in {name}: {type(exc).__name__}", timeout_s=10.0, retry=False)
+            except _REQ_ERRORS:
+                pass
+            raise
+        finally:
+            client.close()
+        nodes = json.dumps(status.get("nodes", [])) if eid == 0 else ""
+        yield pa.RecordBatch.from_pydict({
+            "executor_id": pa.array([eid], pa.int64()), "host": pa.array([host]), "ctrl_host": pa.array([ctrl_host]),
+            "ctrl_port": pa.array([ctrl_port], pa.int64()), "nodes": pa.array([nodes]),
+        })
+
+    return _start
+
+
+def make_op_fn(ctrl_host: str, ctrl_port: int, key: bytes, cluster_id: str, msg_type: str, fields: dict, timeout_s: float):
+    """The ``mapInArrow`` function of a one-task control job (client builds, task runs).
+
+    Sends one request to the control host and yields its JSON answer as one row
+    (:data:`OP_SCHEMA`).
+
+    Raises (in the task):
+        TFOSError: The control host cannot be reached (its executor died, or the cluster
+            ended long ago).
+    """
+
+    def _op(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+
+        for _ in batches:
+            pass
+        client = ControlClient(ctrl_host, ctrl_port, key, cluster_id, connect_timeout_s=10.0)
+        try:
+            reply = client.request(msg_type, timeout_s=timeout_s, retry=False, **fields)
+        except _REQ_ERRORS as exc:
+            raise TFOSError(
+                f"the tfos control host of cluster {cluster_id} at {ctrl_host}:{ctrl_port} cannot be reached "
+                f"({type(exc).__name__}: {exc}); its executor may have died"
+            ) from None
+        finally:
+            client.close()
+        yield pa.RecordBatch.from_pydict({"reply": pa.array([json.dumps(reply)])})
+
+    return _op
+
+
+def _touch(plan: FeedPlan) -> None:
+    """Tells the control host the client is still there (a feed can outlast its lease)."""
+    client = ControlClient(plan.driver_host, plan.driver_port, plan.key, plan.cluster_id, connect_timeout_s=10.0)
+    try:
+        client.request("client_wait", until="now", poll_s=0.0, timeout_s=10.0)
+    except _REQ_ERRORS:
+        pass
+    finally:
+        client.close()
+
+
+def make_train_fn(plan: FeedPlan):
+    """The ``mapInArrow`` function of a DataFrame train feed (client builds, tasks run).
+
+    The classic Arrow feed task (:func:`tfos._feed_tasks.make_arrow_feed_fn`) with the
+    control host in place of the driver. Yields ``{partition: long, outcome: string}``.
+    """
+    feed = make_arrow_feed_fn(plan)
+
+    def _train(batches: Iterator[Any]) -> Iterator[Any]:
+        _touch(plan)
+        yield from feed(batches)
+
+    return _train
+
+
+def _arrow_frames(batches: Iterator[Any]) -> Iterator[Any]:
+    import pyarrow as pa
+
+    for b in batches:
+        for piece in arrow_slices(b, ARROW_CHUNK_BYTES):
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, piece.schema) as w:
+                w.write_batch(piece)
+            yield sink.getvalue()
+
+
+def results_to_batch(results: list, schema: Any) -> Any:
+    """One Arrow record batch of ``schema`` from ``main_fun``'s results (Spark task).
+
+    Args:
+        results: One result per input row, in order: a value (single-field schemas), a
+            tuple/list (fields by position) or a dict (fields by name).
+        schema: A ``pyarrow.Schema``.
+
+    Raises:
+        TFOSError: A result does not fit the schema (names the row and the schema).
+    """
+    import pyarrow as pa
+
+    names = schema.names
+    cols: list[list] = [[] for _ in names]
+    for i, r in enumerate(results):
+        if isinstance(r, dict):
+            vals = [r.get(n) for n in names]
+        elif len(names) == 1:
+            vals = [r]
+        elif isinstance(r, (tuple, list)) and len(r) == len(names):
+            vals = list(r)
+        else:
+            raise TFOSError(f"inference result {i} ({type(r).__name__}) does not fit the result schema {schema}: return a tuple of {len(names)} values or a dict")
+        for c, v in zip(cols, vals):
+            c.append(v.tolist() if v is not None and hasattr(v, "tolist") else v)
+    try:
+        arrays = [pa.array(c, type=f.type) for c, f in zip(cols, schema)]
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        raise TFOSError(f"inference results do not fit the result schema {schema}: {exc}") from None
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def make_infer_fn(plan: FeedPlan, schema_json: str):
+    """The ``mapInArrow`` function of a DataFrame inference (client builds, tasks run).
+
+    Feeds the partition as Arrow chunks to a node (the classic inference task,
+    :func:`tfos._feed_tasks.make_infer_fn`) and turns the node's result frames (pickled
+    lists, read from the authenticated data connection) into record batches of the result
+    schema, one row per input row, in input order.
+    """
+    infer = _classic_infer_fn(plan)
+
+    def _infer(batches: Iterator[Any]) -> Iterator[Any]:
+        from pyspark import TaskContext
+        from pyspark.sql.pandas.types import to_arrow_schema
+        from pyspark.sql.types import StructType
+
+        tc = TaskContext.get()
+        if tc is None:
+            raise TFOSError("the inference function must run in a Spark task")
+        schema = to_arrow_schema(StructType.fromJson(json.loads(schema_json)))
+        _touch(plan)
+        for payload in infer(tc.partitionId(), _arrow_frames(batches)):
+            results = pickle.loads(payload)  # from the node's authenticated data connection
+            yield results_to_batch(results, schema)
+
+    return _infer
+
+
+def parse_nodes(text: Optional[str]) -> list[dict]:
+    """The node dicts of the start stage's partition-0 row (pure)."""
+    return json.loads(text) if text else []
