@@ -13,11 +13,12 @@ of ready batches. TensorFlow then only receives whole batches:
   on remote workers and cannot call back into this process).
 
 Epochs: ``cluster.train(data, num_epochs)`` tags every partition with its epoch. With
-``per_epoch=True`` each iteration over the dataset yields exactly one epoch (it ends at
-the first batch of a later epoch, or at the end of the feed), so one
-``model.fit(ds, epochs=num_epochs)`` call covers the whole feed and Keras reports every
-epoch; the reader keeps reading ahead across epoch boundaries, so the next epoch is
-buffered before Keras asks for it.
+``per_epoch=True`` each iteration over the dataset yields exactly one epoch (it ends as
+soon as the first chunk of a later epoch arrives, or at the end of the feed); the reader
+keeps reading ahead across epoch boundaries, so the next epoch is buffered before Keras
+asks for it. One ``model.fit(ds, initial_epoch=e, epochs=e + 1)`` per epoch on the same
+dataset trains every epoch exactly once (a single ``fit(epochs=n)`` only when all epochs
+have the same number of steps: tf_keras infers them from the first epoch).
 
 Memory bound of a node (bytes): the feed queue ``(queue_chunks + 2) x chunk bytes``
 (see :mod:`tfos._feed_hub`), plus ``buffer_batches + 2`` batches here (the buffer, the
@@ -46,6 +47,15 @@ log = logging.getLogger(__name__)
 DEFAULT_BUFFER_BYTES = 32 << 20
 
 _END = object()  # buffer marker: the feed ended
+
+
+class _EpochStart:
+    """Buffer marker (``per_epoch``): the first rows of a later epoch arrived."""
+
+    __slots__ = ("epoch",)
+
+    def __init__(self, epoch: int):
+        self.epoch = epoch
 
 
 class _Column:
@@ -132,7 +142,6 @@ class FeedBatches:
         self._lock = threading.Lock()
         self._closed = False
         self._ended = False
-        self._peek: Any = None  # first batch of the next epoch, held back by a per-epoch iteration
         self.rows: collections.Counter = collections.Counter()
         self.sums: dict[int, list[float]] = {}
         self.wait_s = 0.0
@@ -214,7 +223,9 @@ class FeedBatches:
                 # A later epoch starts: with per_epoch, the batch so far ends the epoch.
                 # (Late rows of an earlier epoch, possible when several feed tasks feed
                 # this node at once, are used with the current epoch.)
-                if self.per_epoch and not flush(True):
+                # The marker ends the epoch's iteration at once, before a whole batch of
+                # the next epoch has arrived.
+                if self.per_epoch and not (flush(True) and self._emit(_EpochStart(conn.epoch))):
                     return
                 epoch = conn.epoch
             start = 0
@@ -289,9 +300,6 @@ class FeedBatches:
 
     # ------------------------------------------------------------------ consumer
     def _next(self) -> Any:
-        if self._peek is not None:
-            item, self._peek = self._peek, None
-            return item
         began = time.perf_counter()
         while True:
             try:
@@ -315,7 +323,6 @@ class FeedBatches:
             DeadlineExceededError: No data arrived within the feed's ``timeout_s``.
         """
         self.start()
-        epoch: Optional[int] = None
         while not self._ended:
             item = self._next()
             if item is _END:
@@ -324,16 +331,11 @@ class FeedBatches:
             if isinstance(item, BaseException):
                 self._ended = True
                 raise item
-            batch_epoch, batch = item
-            if self.per_epoch:
-                if epoch is None:
-                    epoch = batch_epoch
-                elif batch_epoch > epoch:
-                    self._peek = item  # the first batch of the next epoch: next iteration
-                    return
-                use_epoch = epoch
-            else:
-                use_epoch = batch_epoch
+            if isinstance(item, _EpochStart):
+                if self.per_epoch:
+                    return  # the next iteration reads the next epoch
+                continue
+            use_epoch, batch = item
             n = len(batch[0])
             if self.drop_remainder and n < self.batch_size:
                 continue

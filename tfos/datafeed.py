@@ -308,11 +308,16 @@ class DataFeed:
         feed's only reader.
 
         With ``per_epoch=True`` every iteration over the dataset is one epoch of
-        ``cluster.train(data, num_epochs)`` (it ends at the first row of the next epoch),
-        so a single ``model.fit(ds, epochs=num_epochs)`` covers the whole feed, and the next
-        epoch is already buffered when Keras starts it. Use it with one ``train()`` call
-        per feed (``end_of_feed=True``, or ``cluster.shutdown()``): epochs are numbered per
-        ``train()`` call.
+        ``cluster.train(data, num_epochs)`` (it ends as soon as the first row of the next
+        epoch arrives), and the reader keeps reading ahead across iterations, so the next
+        epoch is already buffered when Keras starts it. Call ``model.fit(ds,
+        initial_epoch=e, epochs=e + 1)`` once per epoch on the same dataset: tf_keras infers
+        the steps of every epoch from the first one and ends ``fit(epochs=n)`` early ("Your
+        input ran out of data") when a later epoch has fewer steps, which happens whenever
+        Spark assigns a node fewer partitions in that epoch. A single
+        ``fit(ds, epochs=n)`` is right only when every epoch has the same number of steps.
+        Use it with one ``train()`` call per feed (``end_of_feed=True``, or
+        ``cluster.shutdown()``): epochs are numbered per ``train()`` call.
 
         Under ``MultiWorkerMirroredStrategy`` the workers may receive different amounts of
         data (uneven partitions, C12). Distribute the dataset with

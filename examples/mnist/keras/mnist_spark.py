@@ -6,16 +6,16 @@ The driver reads the training images with Spark — the CSV files as an RDD of
 ``--cluster_size`` nodes (one chief, the rest workers) and calls
 ``cluster.train(data, epochs, end_of_feed=True)``. Each node runs :func:`main_fun`: it
 joins a ``MultiWorkerMirroredStrategy`` and trains the same MLP as ``mnist_tf.py`` with
-tf_keras ``model.fit`` on the rows Spark feeds it, one ``fit`` call for all epochs, then
-saves it (same outputs as ``mnist_tf.py``).
+tf_keras ``model.fit`` on the rows Spark feeds it, one ``fit`` call per epoch on one
+dataset, then saves it (same outputs as ``mnist_tf.py``).
 
 Epochs. ``cluster.train(data, n)`` feeds every partition ``n`` times, and every fed row
 carries its epoch number. The node reads the feed with
 ``DataFeed.as_dataset(per_epoch=True)`` (:func:`feed_dataset`): a background thread
 turns every received chunk into numpy batches, and each iteration over the dataset is
-one epoch, ending when the first row of epoch ``e + 1`` arrives. So each epoch of the
-single ``fit`` call is exactly one pass over the node's share of the data, Keras prints
-that epoch's loss and accuracy, and the next epoch is already buffered. The last epoch ends at the end of the feed: ``end_of_feed=True`` ends
+one epoch, ending when the first row of epoch ``e + 1`` arrives. So each ``fit`` call
+is exactly one pass over the node's share of the data, Keras prints that epoch's loss
+and accuracy, and the next epoch is already buffered. The last epoch ends at the end of the feed: ``end_of_feed=True`` ends
 every node's feed as soon as all partitions were handed over (tfos's answer to uneven
 data in lock-step training, C12). Without it, a node that has received all its data
 could only learn that no more is coming from ``cluster.shutdown()``, which the driver
@@ -71,7 +71,7 @@ def feed_dataset(tf: Any, feed: Any, global_batch: int, shuffle_buffer: int = 0)
     turns every received chunk into numpy columns at once and hands TensorFlow whole
     batches; each iteration over the dataset is one epoch of ``cluster.train(data, n)``
     (it ends at the first row of the next epoch, which is already buffered), so one
-    ``model.fit(ds, epochs=n)`` call trains on all epochs. The dataset keeps the reader as
+    ``model.fit`` per epoch on it trains on exactly that epoch. The dataset keeps the reader as
     ``ds.tfos_batches`` (rows handed to TensorFlow per epoch).
 
     Args:
@@ -113,12 +113,18 @@ def main_fun(args: argparse.Namespace, ctx: Any) -> None:
         model = common.build_model(keras, args.learning_rate)
     callbacks = common.keras_callbacks(keras, ctx, args) + [common.epoch_logger(keras, args.epochs)]
     began = time.monotonic()
-    # One fit call for all epochs: every epoch iterates the dataset once, which ends at this
-    # node's end of the epoch; MWMS keeps stepping (with empty batches) until every node's
-    # dataset ended. The epoch logger prints each epoch's line (steps, seconds, the gap
-    # since the previous epoch, metrics).
-    result = model.fit(ds, epochs=args.epochs, verbose=0, callbacks=callbacks)
-    history = {key: [float(v) for v in values] for key, values in result.history.items()}
+    # One fit call per epoch, all on the same dataset: each iteration over it is one epoch
+    # of this node's feed (it ends at the first row of the next epoch, already buffered by
+    # the reader thread), and MWMS keeps stepping (with empty batches) until every node's
+    # epoch ended. The epochs can differ in steps (Spark assigns partitions to nodes
+    # dynamically), and a single fit(epochs=n) would stop when a later epoch is shorter
+    # than the first (tf_keras infers the steps per epoch from the first). The epoch
+    # logger prints each epoch's line (steps, seconds, the gap since the previous epoch).
+    history: dict[str, list] = {}
+    for epoch in range(args.epochs):
+        result = model.fit(ds, initial_epoch=epoch, epochs=epoch + 1, verbose=0, callbacks=callbacks)
+        for key, values in result.history.items():
+            history.setdefault(key, []).extend(float(v) for v in values)
     train_seconds = time.monotonic() - began
     # Read anything left up to the end of the feed (normally nothing: the last epoch ended
     # there), so that every feed task ends normally.
