@@ -25,8 +25,15 @@ Usage::
 
     .venv/bin/python scripts/bench_feed.py --rows 200000 --partitions 8 --repeat 3
 
+It also times (2f) the first ``train()`` of a newly started cluster in every repeat, prints
+min/median/max rows/s over the repeats and the peak RSS of the node processes, checks
+exact delivery in every mode (row counts and label sums: train nodes, first-train
+clusters, inference results), and checks that a train node's memory stays bounded while
+the rows fed grow (``--scale 25000,400000``: uncached RDDs of those sizes; the bound is
+printed; the exit status is 1 when it is exceeded).
+
 ``--profile DIR`` runs the nodes' main_fun under cProfile and writes
-``DIR/<cluster>-<node>.prof`` (read with ``python -m pstats``); ``--skip df,infer,small``
+``DIR/<cluster>-<node>.prof`` (read with ``python -m pstats``); ``--skip df,infer,small,first``
 leaves measurements out; ``--json FILE`` also writes the figures as JSON.
 """
 
@@ -126,13 +133,16 @@ def train_fun(args, ctx):
     if prof:
         prof.enable()
     n = 0
+    label_sum = 0
     while not feed.should_stop():
-        n += len(feed.next_batch(args["batch"]))
+        batch = feed.next_batch(args["batch"])
+        n += len(batch)
+        label_sum += sum(row[1] for row in batch)  # the checksum of exact delivery
     if prof:
         prof.disable()
         prof.dump_stats(os.path.join(args["profile"], name + ".prof"))
     with open(os.path.join(args["out"], name + ".json"), "w") as f:
-        _json.dump({"rows": n}, f)
+        _json.dump({"rows": n, "label_sum": int(label_sum)}, f)
 
 
 def infer_fun(args, ctx):
@@ -262,6 +272,18 @@ def _node_rows(out: str, tag: str) -> int:
     return sum(json.load(open(p))["rows"] for p in glob.glob(os.path.join(out, f"{tag}-*.json")))
 
 
+def _node_label_sum(out: str, tag: str) -> int:
+    return sum(json.load(open(p)).get("label_sum", 0) for p in glob.glob(os.path.join(out, f"{tag}-*.json")))
+
+
+def _new_train_cluster(sc, TFCluster, common: dict, tag: str, queue_chunks: int):
+    """Starts a 2-node train cluster and waits until both main_funs run (driver)."""
+    c = TFCluster.run(sc, train_fun, dict(common, tag=tag), 2, 0, False, TFCluster.InputMode.SPARK,
+                      progress=False, queue_chunks=queue_chunks)
+    _wait_ready(common["out"], tag, 2)
+    return c
+
+
 class Results:
     def __init__(self) -> None:
         self.times: dict[str, list[float]] = {}
@@ -296,6 +318,10 @@ def main() -> int:
     ap.add_argument("--skip", default="", help="comma list of: df,infer,small (for quick checks)")
     ap.add_argument("--profile", default="", help="directory for cProfile dumps of the nodes' main_fun")
     ap.add_argument("--json", default="", help="also write the figures to this JSON file")
+    ap.add_argument("--scale", default="25000,400000",
+                    help="row counts of the memory-bound check: uncached RDDs fed to the train cluster ('' to skip)")
+    ap.add_argument("--slack-mb", type=float, default=16.0,
+                    help="fixed allowance of the memory bound (allocator arenas, first use of code paths), MB")
     a = ap.parse_args()
     skip = set(filter(None, a.skip.split(",")))
 
@@ -363,6 +389,7 @@ def main() -> int:
         base_train = rss.sample(train_pids)
         base_infer = rss.sample(infer_pids) if infer_pids else 0
         fed_train = 0
+        fed_labels = 0
         label_sum = rdd.map(lambda x: x[1]).sum()
 
         for r in range(a.repeat):
@@ -374,6 +401,18 @@ def main() -> int:
             rss.phase(None)
             res.add("train_rdd", dt)
             fed_train += rows
+            fed_labels += label_sum
+            if "first" not in skip:
+                # The first train() of a freshly started cluster (nodes ready, nothing fed yet).
+                tag = f"first{r}"
+                fc = _new_train_cluster(sc, TFCluster, common, tag, a.queue_chunks)
+                clusters.append(fc)
+                dt, _ = timed(lambda: fc.train(rdd, 1))
+                res.add("first_train", dt)
+                fc.shutdown(timeout=300)
+                clusters.remove(fc)
+                got_f, got_l = _node_rows(out, tag), _node_label_sum(out, tag)
+                assert (got_f, got_l) == (rows, label_sum), f"first train: {got_f} rows, label sum {got_l}; fed {rows}, {label_sum}"
             if infer_c is not None:
                 rss.phase(f"infer#{r}", infer_pids)
                 dt, res_rdd = timed(lambda: infer_c.inference(rdd))
@@ -381,17 +420,15 @@ def main() -> int:
                 res.add("infer", dt)
                 n = res_rdd.count()
                 assert n == rows, (n, rows)
-                if r == 0:  # identity: the labels come back unchanged
-                    got = res_rdd.map(lambda x: int(x[1])).sum()
-                    assert got == label_sum, (got, label_sum)
+                got = res_rdd.map(lambda x: int(x[1])).sum()  # identity: the labels come back unchanged
+                assert got == label_sum, (got, label_sum)
                 res_rdd.unpersist()
             if small_c is not None:
                 dt, res_rdd = timed(lambda: small_c.inference(rdd))
                 res.add("infer_small", dt)
                 n = res_rdd.count()
                 assert n == rows, (n, rows)
-                if r == 0:
-                    assert res_rdd.sum() == label_sum
+                assert res_rdd.sum() == label_sum
                 res_rdd.unpersist()
             print(f"repeat {r + 1}/{a.repeat} (RDD): " + ", ".join(
                 f"{k} {rows / res.times[k][-1]:,.0f} rows/s" for k in ("ceil_rdd", "train_rdd", "infer", "infer_small") if k in res.times
@@ -425,10 +462,24 @@ def main() -> int:
                 rss.phase(None)
                 res.add("train_df", dt)
                 fed_train += rows
+                fed_labels += label_sum
                 print(f"repeat {r + 1}/{a.repeat} (DataFrame): " + ", ".join(
                     f"{k} {rows / res.times[k][-1]:,.0f} rows/s" for k in ("ceil_df", "train_df")
                 ) + f"; load {os.getloadavg()[0]:.1f}", flush=True)
             df.unpersist()
+
+        # ------------------------------------------------------- memory bound vs rows
+        scale = [int(x) for x in a.scale.split(",") if x]
+        for n in scale:
+            big = make_rdd(sc, n, parts)  # not cached: generated while it is fed
+            labels = sum(int(lab.sum()) for i, k in enumerate(_split(n, parts)) for _, lab in _partition_blocks(i, k))
+            rss.phase(f"scale{n}", train_pids)
+            dt, _ = timed(lambda: train_c.train(big, 1))
+            rss.phase(None)
+            fed_train += n
+            fed_labels += labels
+            print(f"memory check: fed {n:,} rows in {dt:.1f} s; TF-process RSS peak "
+                  f"{rss.peak.get(f'scale{n}', 0) / 2**20:.1f} MB (before: {rss.before[f'scale{n}'] / 2**20:.1f} MB)", flush=True)
 
         # ------------------------------------------------------------------ verify
         for c in clusters:
@@ -436,11 +487,13 @@ def main() -> int:
         clusters.clear()
         got = _node_rows(out, "train")
         assert got == fed_train, f"train nodes counted {got:,} rows, fed {fed_train:,}"
+        got_l = _node_label_sum(out, "train")
+        assert got_l == fed_labels, f"train nodes summed labels to {got_l:,}, fed {fed_labels:,}"
         for tag, c in (("infer", infer_c), ("small", small_c)):
             if c is not None:
                 got_i = _node_rows(out, tag)
                 assert got_i == rows * a.repeat, f"{tag} inference nodes counted {got_i:,} rows, fed {rows * a.repeat:,}"
-        print(f"verified: the train nodes counted {got:,} rows = rows fed", flush=True)
+        print(f"verified: the train nodes counted {got:,} rows = rows fed, label sum {got_l:,} = fed", flush=True)
     finally:
         rss.stop()
         for c in clusters:
@@ -455,6 +508,7 @@ def main() -> int:
     labels = [
         ("1", "ceiling (RDD): mapPartitions count", "ceil_rdd"),
         ("2", "tfos train (RDD)", "train_rdd"),
+        ("2f", "tfos first train() on a new cluster", "first_train"),
         ("3", "ceiling (DataFrame): mapInArrow count", "ceil_df"),
         ("4", "tfos train (DataFrame, Arrow)", "train_df"),
         ("5", "tfos inference (RDD), identity", "infer"),
@@ -463,17 +517,19 @@ def main() -> int:
     print()
     print(f"tfos feed benchmark: {rows:,} rows x (float32[784], int) in {parts} partitions, {a.master}, "
           f"2 nodes, batch {a.batch}, queue_chunks {a.queue_chunks}, repeat {a.repeat}")
-    print(f"{'#':<3} {'measurement':<40} {'best rows/s':>12} {'median rows/s':>14} {'median s':>9}")
+    print(f"{'#':<3} {'measurement':<40} {'min rows/s':>11} {'median':>9} {'max':>9} {'median s':>9}")
     figures: dict = {}
     for num, text, key in labels:
         if key not in res.times:
             continue
         best, med = res.rate(key, rows, "best"), res.rate(key, rows, "median")
-        figures[key] = {"best": best, "median": med, "seconds": res.times[key]}
-        print(f"{num:<3} {text:<40} {best:>12,.0f} {med:>14,.0f} {statistics.median(res.times[key]):>9.2f}")
+        worst = rows / max(res.times[key])
+        figures[key] = {"best": best, "median": med, "min": worst, "seconds": res.times[key]}
+        print(f"{num:<3} {text:<40} {worst:>11,.0f} {med:>9,.0f} {best:>9,.0f} {statistics.median(res.times[key]):>9.2f}")
     print()
-    ratios = [("2/1", "train_rdd", "ceil_rdd", 0.5), ("4/3", "train_df", "ceil_df", 0.5), ("5/1", "infer", "ceil_rdd", 0.3),
-              ("5b/1", "infer_small", "ceil_rdd", None)]
+    ratios = [("2/1", "train_rdd", "ceil_rdd", 0.85), ("2f/1", "first_train", "ceil_rdd", 0.85),
+              ("4/3", "train_df", "ceil_df", 0.9), ("5/1", "infer", "ceil_rdd", 0.5),
+              ("5b/1", "infer_small", "ceil_rdd", 0.8)]
     print(f"{'ratio':<6} {'median':>7} {'best':>6} {'per-repeat':>22} {'target':>7}")
     for name, num, den, target in ratios:
         if num not in figures or den not in figures:
@@ -485,6 +541,8 @@ def main() -> int:
         ok = "(info)" if target is None else ("ok" if med >= target else "MISSED")
         goal = "-" if target is None else ">= %.1f" % target
         print(f"{name:<6} {med:>7.2f} {best:>6.2f} {' '.join(f'{x:.2f}' for x in pair):>22} {goal:>7} {ok}")
+    print("(per-repeat: ceiling time / tfos time of the same repeat; 2f/1 compares each new cluster's first train()\n"
+          " with the ceiling measured just before it)")
     print()
     mb = 2**20
     print(f"TF-process RSS (max over the 2 nodes of each cluster, sampled every 0.1 s):")
@@ -504,6 +562,19 @@ def main() -> int:
               f"  growth - bound = {(peak - base - bound) / mb:+.1f} MB; growth over the RSS right before each run: "
               + " ".join(f"{x:.1f}" for x in per_run) + " MB")
     print(f"(the consumer's own next_batch({a.batch}) list of rows is another {batch_mb:.1f} MB, not in the bound)")
+    exceeded = False
+    scale_runs = sorted((int(k[5:]), k) for k in rss.peak if k.startswith("scale"))
+    if scale_runs:
+        bound = (a.queue_chunks + 2) * rdd_chunk + 2 * a.batch * (IMAGE * 4 + 100) + a.slack_mb * mb
+        print(f"memory bound of a train node, independent of the rows fed: growth over the RSS before the train() <= "
+              f"(queue_chunks + 2) x chunk + 2 x next_batch({a.batch}) rows + {a.slack_mb:g} MB slack = {bound / mb:.1f} MB")
+        mem["scale"] = {}
+        for n, k in scale_runs:
+            growth = rss.peak[k] - rss.before[k]
+            ok = growth <= bound
+            exceeded |= not ok
+            mem["scale"][n] = {"peak": rss.peak[k], "before": rss.before[k], "growth": growth, "bound": bound, "ok": ok}
+            print(f"  {n:>9,} rows: peak {rss.peak[k] / mb:.1f} MB, growth {growth / mb:+.1f} MB -> {'ok' if ok else 'EXCEEDED'}")
     print()
     loads = res.loads
     print(f"load average (1 min): start {load_start[0]:.1f}, end {load_end[0]:.1f}, during measurements "
@@ -513,7 +584,7 @@ def main() -> int:
     if a.json:
         with open(a.json, "w") as f:
             json.dump(report, f, indent=1)
-    return 0
+    return 1 if exceeded else 0
 
 
 if __name__ == "__main__":

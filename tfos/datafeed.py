@@ -344,12 +344,37 @@ class DataFeed:
                 assert isinstance(batch, list)  # batches() is used without input_mapping
                 yield rows_to_columns(batch, columns, self.last_origins)
 
-    def as_dataset(self, batch_size: int, output_signature: Any, drop_remainder: bool = False):
-        """A ``tf.data.Dataset`` of batches from this feed (TF process).
+    def as_dataset(
+        self,
+        batch_size: int,
+        output_signature: Any,
+        drop_remainder: bool = False,
+        per_epoch: bool = False,
+        prefetch: int = 2,
+        buffer_batches: Optional[int] = None,
+    ):
+        """A ``tf.data.Dataset`` of whole batches from this feed (TF process, train mode).
 
         Each row must be a tuple/list with one value per column of ``output_signature`` (or a
-        single value when the signature is a single ``tf.TensorSpec``). The dataset ends
-        cleanly at the end of the feed.
+        single value when the signature is a single ``tf.TensorSpec``). A background thread
+        reads the feed ahead, turns every chunk into numpy columns at once (zero-copy views
+        for Arrow chunks of numeric and fixed-length list columns; one stack per column for
+        pickled chunks) and cuts them into batches; TensorFlow receives whole batches
+        (``tfos._tfdata.FeedBatches``, kept as ``dataset.tfos_batches``). The dataset ends
+        cleanly at the end of the feed. From its first iteration on, the dataset is the
+        feed's only reader.
+
+        With ``per_epoch=True`` every iteration over the dataset is one epoch of
+        ``cluster.train(data, num_epochs)`` (it ends as soon as the first row of the next
+        epoch arrives), and the reader keeps reading ahead across iterations, so the next
+        epoch is already buffered when Keras starts it. Call ``model.fit(ds,
+        initial_epoch=e, epochs=e + 1)`` once per epoch on the same dataset: tf_keras infers
+        the steps of every epoch from the first one and ends ``fit(epochs=n)`` early ("Your
+        input ran out of data") when a later epoch has fewer steps, which happens whenever
+        Spark assigns a node fewer partitions in that epoch. A single
+        ``fit(ds, epochs=n)`` is right only when every epoch has the same number of steps.
+        Use it with one ``train()`` call per feed (``end_of_feed=True``, or
+        ``cluster.shutdown()``): epochs are numbered per ``train()`` call.
 
         Under ``MultiWorkerMirroredStrategy`` the workers may receive different amounts of
         data (uneven partitions, C12). Distribute the dataset with
@@ -361,46 +386,27 @@ class DataFeed:
         partitions). See ``docs/datafeed.md``.
 
         Args:
-            batch_size: Rows per batch.
+            batch_size: Rows per batch (the global batch under MultiWorkerMirroredStrategy).
             output_signature: A ``tf.TensorSpec`` or tuple of them, with a leading ``None``
                 (batch) dimension, e.g. ``(TensorSpec((None, 784), tf.float32),
                 TensorSpec((None,), tf.int64))``.
-            drop_remainder: Drop a last batch shorter than ``batch_size``.
+            drop_remainder: Drop a last batch (of the feed, or of an epoch with
+                ``per_epoch``) shorter than ``batch_size``.
+            per_epoch: One epoch per iteration (see above).
+            prefetch: Batches ``tf.data`` prefetches (0: none).
+            buffer_batches: Batches the reader thread keeps ready (default about 32 MB).
 
         Returns:
             A ``tf.data.Dataset`` yielding tensors of the given dtypes and shapes.
 
         Raises:
             TypeError: When ``output_signature`` is not a TensorSpec or tuple of them.
+            ValueError: In inference mode (``train_mode=False``) or for ``batch_size`` < 1.
             MalformedRowError: (while iterating) a row that does not fit the signature.
         """
-        import tensorflow as tf
+        from ._tfdata import feed_dataset
 
-        single = isinstance(output_signature, tf.TensorSpec)
-        specs = (output_signature,) if single else tuple(output_signature)
-        if not specs or not all(isinstance(s, tf.TensorSpec) for s in specs):
-            raise TypeError("output_signature must be a tf.TensorSpec or a tuple of tf.TensorSpec")
-        columns = [(s.dtype.as_numpy_dtype, tuple(s.shape[1:].as_list()) if s.shape.rank else ()) for s in specs]
-
-        def gen() -> Iterator:
-            for cols in self.batches(batch_size, columns if not single else None):
-                if single:
-                    arr = rows_to_columns([(r,) for r in cols], columns, self.last_origins)[0]
-                    if drop_remainder and len(arr) < batch_size:
-                        return
-                    yield arr
-                else:
-                    if drop_remainder and len(cols[0]) < batch_size:
-                        return
-                    yield cols
-
-        sig = specs[0] if single else specs
-        ds = tf.data.Dataset.from_generator(gen, output_signature=sig)
-        # Each worker has its own feed: auto-sharding would silently drop part of it.
-        options = tf.data.Options()
-        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-        return ds.with_options(options)
-
+        return feed_dataset(self, batch_size, output_signature, drop_remainder, per_epoch, prefetch, buffer_batches)
 
 def _to_columns(rows: Sequence, tensors: Sequence[str]) -> dict[str, list]:
     """``{tensor: [row[i] for row in rows]}`` for the i-th mapped tensor (TFoS ``input_mapping``)."""

@@ -444,8 +444,9 @@ def write_json(tf: Any, path: str, obj: dict) -> None:
 def epoch_logger(keras: Any, epochs: int) -> Any:
     """A tf_keras callback printing ``Epoch i/n - steps - seconds - loss - accuracy`` (TF process).
 
-    For training loops that call ``fit`` once per epoch, where Keras' own ``verbose=2``
-    output would number the epochs of each call. The metrics are those of the whole
+    Also prints the gap between epochs: the seconds from the last step of the previous
+    epoch to the first step of this one (end-of-epoch callbacks such as checkpoints, and
+    any wait for data). The metrics are those of the whole
     cluster: under MultiWorkerMirroredStrategy tf_keras aggregates them over all workers.
 
     Args:
@@ -453,16 +454,27 @@ def epoch_logger(keras: Any, epochs: int) -> Any:
         epochs: The total number of epochs (for the ``i/n`` display).
     """
     class EpochLogger(keras.callbacks.Callback):
+        _last_step_end: Optional[float] = None
+
         def on_epoch_begin(self, epoch: int, logs: Optional[dict] = None) -> None:
             self._began = time.monotonic()
             self._steps = 0
+            self._gap: Optional[float] = None
+
+        def on_train_batch_begin(self, batch: int, logs: Optional[dict] = None) -> None:
+            if self._steps == 0 and self._last_step_end is not None:
+                # From the previous epoch's last step to this epoch's first: the pause
+                # between epochs (callbacks, end-of-epoch sync, waiting for data).
+                self._gap = time.monotonic() - self._last_step_end
 
         def on_train_batch_end(self, batch: int, logs: Optional[dict] = None) -> None:
             self._steps += 1
+            self._last_step_end = time.monotonic()
 
         def on_epoch_end(self, epoch: int, logs: Optional[dict] = None) -> None:
             metrics = " - ".join(f"{name}: {value:.4f}" for name, value in (logs or {}).items())
-            print(f"Epoch {epoch + 1}/{epochs} - {self._steps} steps - {time.monotonic() - self._began:.1f}s - {metrics}",
+            gap = "" if self._gap is None else f" - {self._gap:.2f}s since the previous epoch's last step"
+            print(f"Epoch {epoch + 1}/{epochs} - {self._steps} steps - {time.monotonic() - self._began:.1f}s{gap} - {metrics}",
                   flush=True)
 
     return EpochLogger()

@@ -6,14 +6,16 @@ The driver reads the training images with Spark — the CSV files as an RDD of
 ``--cluster_size`` nodes (one chief, the rest workers) and calls
 ``cluster.train(data, epochs, end_of_feed=True)``. Each node runs :func:`main_fun`: it
 joins a ``MultiWorkerMirroredStrategy`` and trains the same MLP as ``mnist_tf.py`` with
-tf_keras ``model.fit`` on the rows Spark feeds it, one ``fit`` call per epoch, then saves
-it (same outputs as ``mnist_tf.py``).
+tf_keras ``model.fit`` on the rows Spark feeds it, one ``fit`` call per epoch on one
+dataset, then saves it (same outputs as ``mnist_tf.py``).
 
 Epochs. ``cluster.train(data, n)`` feeds every partition ``n`` times, and every fed row
-carries its epoch number (``DataFeed.last_origins``). A node ends its epoch ``e`` when
-the first row of epoch ``e + 1`` arrives (:class:`EpochFeed`), so each ``fit`` call sees
-exactly one pass over the node's share of the data and Keras prints that epoch's loss
-and accuracy. The last epoch ends at the end of the feed: ``end_of_feed=True`` ends
+carries its epoch number. The node reads the feed with
+``DataFeed.as_dataset(per_epoch=True)`` (:func:`feed_dataset`): a background thread
+turns every received chunk into numpy batches, and each iteration over the dataset is
+one epoch, ending when the first row of epoch ``e + 1`` arrives. So each ``fit`` call
+is exactly one pass over the node's share of the data, Keras prints that epoch's loss
+and accuracy, and the next epoch is already buffered. The last epoch ends at the end of the feed: ``end_of_feed=True`` ends
 every node's feed as soon as all partitions were handed over (tfos's answer to uneven
 data in lock-step training, C12). Without it, a node that has received all its data
 could only learn that no more is coming from ``cluster.shutdown()``, which the driver
@@ -30,11 +32,10 @@ Run it with plain Python (it starts its own ``local-cluster[2,1,1024]``) or with
 from __future__ import annotations
 
 import argparse
-import collections
 import os
 import sys
 import time
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -63,98 +64,35 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 # ---------------------------------------------------------------------------
 
 
-class EpochFeed:
-    """Splits a node's ``DataFeed`` into epochs (TF process).
+def feed_dataset(tf: Any, feed: Any, global_batch: int, shuffle_buffer: int = 0) -> Any:
+    """The node's fed rows as a per-epoch ``tf.data.Dataset`` of whole batches (TF process).
 
-    Every fed row carries its epoch (``DataFeed.last_origins``). :meth:`batches` yields
-    the rows of one epoch and stops at the first row of a later epoch, which it keeps for
-    the next call. Rows of an earlier epoch that arrive late (possible when several
-    feed tasks feed one node at once) are trained with the current epoch.
+    ``DataFeed.as_dataset(per_epoch=True)`` reads the feed ahead in a background thread,
+    turns every received chunk into numpy columns at once and hands TensorFlow whole
+    batches; each iteration over the dataset is one epoch of ``cluster.train(data, n)``
+    (it ends at the first row of the next epoch, which is already buffered), so one
+    ``model.fit`` per epoch on it trains on exactly that epoch. The dataset keeps the reader as
+    ``ds.tfos_batches`` (rows handed to TensorFlow per epoch).
 
     Args:
+        tf: The tensorflow module.
         feed: The node's ``DataFeed`` (train mode).
-        batch_size: Rows per batch.
+        global_batch: Rows per batch on this node's dataset (MultiWorkerMirroredStrategy
+            splits each batch over all replicas).
+        shuffle_buffer: Rows in a shuffle buffer (0: keep the fed order). Spark feeds the
+            partitions in the same order every epoch; reshuffling the rows on the node
+            lets every epoch see them in another order.
     """
-
-    #: ``(numpy dtype, row shape)`` of the two columns: image and label.
-    COLUMNS = (("float32", (784,)), ("int64", ()))
-
-    def __init__(self, feed: Any, batch_size: int):
-        self._feed = feed
-        self._batch_size = batch_size
-        self._runs: collections.deque = collections.deque()  # (epoch, rows) not yet used
-        #: Rows handed out per epoch on this node.
-        self.rows: collections.Counter = collections.Counter()
-
-    def _next_run(self) -> Optional[tuple[int, list]]:
-        """The next run of rows from one epoch, or None at the end of the feed."""
-        if self._runs:
-            return self._runs.popleft()
-        while not self._feed.should_stop():
-            rows = self._feed.next_batch(self._batch_size)
-            if not rows:
-                continue
-            origins = self._feed.last_origins  # (start in batch, partition, epoch, row)
-            ends = [origin[0] for origin in origins[1:]] + [len(rows)]
-            for (start, _partition, epoch, _row), end in zip(origins, ends):
-                self._runs.append((epoch, rows[start:end]))
-            return self._runs.popleft()
-        return None
-
-    def batches(self, epoch: int) -> Iterator[tuple[Any, Any]]:
-        """Yields ``(images float32[n, 784], labels int64[n])`` batches of ``epoch``."""
-        from tfos.datafeed import rows_to_columns
-
-        pending: list = []
-        while True:
-            run = self._next_run()
-            if run is None:
-                break
-            run_epoch, rows = run
-            if run_epoch > epoch:
-                self._runs.appendleft(run)  # the first rows of the next epoch
-                break
-            self.rows[epoch] += len(rows)
-            pending.extend(rows)
-            while len(pending) >= self._batch_size:
-                yield rows_to_columns(pending[: self._batch_size], self.COLUMNS)
-                del pending[: self._batch_size]
-        if pending:
-            yield rows_to_columns(pending, self.COLUMNS)
-
-    def drain(self) -> int:
-        """Reads the rest of the feed without using it, until the driver ends the feed.
-
-        Returns:
-            The number of rows read (normally 0: the last epoch ends at the end of the feed).
-        """
-        rows = sum(len(run_rows) for _, run_rows in self._runs)
-        self._runs.clear()
-        while not self._feed.should_stop():
-            rows += len(self._feed.next_batch(4096))
-        return rows
-
-    def dataset(self, tf: Any, epoch: int, shuffle_buffer: int = 0) -> Any:
-        """A ``tf.data.Dataset`` of :meth:`batches` of ``epoch``, auto-sharding OFF.
-
-        Args:
-            tf: The tensorflow module.
-            epoch: The epoch to read.
-            shuffle_buffer: Rows in a shuffle buffer (0: keep the fed order). Spark feeds
-                the partitions in the same order every epoch; reshuffling the rows on
-                the node lets every epoch see them in another order.
-        """
-        from tfos.compat import disable_auto_shard
-
-        signature = (
-            tf.TensorSpec((None, common.NUM_PIXELS), tf.float32),
-            tf.TensorSpec((None,), tf.int64),
-        )
-        ds = tf.data.Dataset.from_generator(lambda: self.batches(epoch), output_signature=signature)
-        if shuffle_buffer:
-            ds = ds.unbatch().shuffle(shuffle_buffer).batch(self._batch_size)
-        # Each node is fed only its own partitions: tf.data must not shard them again.
-        return ds.with_options(disable_auto_shard(tf.data.Options())).prefetch(2)
+    signature = (
+        tf.TensorSpec((None, common.NUM_PIXELS), tf.float32),
+        tf.TensorSpec((None,), tf.int64),
+    )
+    ds = feed.as_dataset(global_batch, signature, per_epoch=True)
+    reader = ds.tfos_batches
+    if shuffle_buffer:
+        ds = ds.unbatch().shuffle(shuffle_buffer).batch(global_batch).prefetch(2)
+    ds.tfos_batches = reader
+    return ds
 
 
 def main_fun(args: argparse.Namespace, ctx: Any) -> None:
@@ -168,40 +106,46 @@ def main_fun(args: argparse.Namespace, ctx: Any) -> None:
     # each worker processes --batch_size rows per step.
     global_batch = args.batch_size * num_workers
     feed = ctx.get_data_feed(train_mode=True)
-    epochs = EpochFeed(feed, global_batch)
+    ds = feed_dataset(tf, feed, global_batch, args.shuffle_buffer)
+    reader = ds.tfos_batches
 
     with strategy.scope():
         model = common.build_model(keras, args.learning_rate)
     callbacks = common.keras_callbacks(keras, ctx, args) + [common.epoch_logger(keras, args.epochs)]
-    history: dict[str, list] = collections.defaultdict(list)
     began = time.monotonic()
+    # One fit call per epoch, all on the same dataset: each iteration over it is one epoch
+    # of this node's feed (it ends at the first row of the next epoch, already buffered by
+    # the reader thread), and MWMS keeps stepping (with empty batches) until every node's
+    # epoch ended. The epochs can differ in steps (Spark assigns partitions to nodes
+    # dynamically), and a single fit(epochs=n) would stop when a later epoch is shorter
+    # than the first (tf_keras infers the steps per epoch from the first). The epoch
+    # logger prints each epoch's line (steps, seconds, the gap since the previous epoch).
+    history: dict[str, list] = {}
     for epoch in range(args.epochs):
-        # One fit call per epoch: the dataset ends at this node's end of the epoch, and
-        # MWMS keeps stepping (with empty batches) until every node's dataset ended.
-        # The epoch logger prints the epoch's line (Keras' verbose=2 would number the
-        # epochs of each fit call, "Epoch 2/2" for the second of three).
-        result = model.fit(epochs.dataset(tf, epoch, args.shuffle_buffer), initial_epoch=epoch, epochs=epoch + 1,
-                           verbose=0, callbacks=callbacks)
+        result = model.fit(ds, initial_epoch=epoch, epochs=epoch + 1, verbose=0, callbacks=callbacks)
         for key, values in result.history.items():
-            history[key].extend(float(v) for v in values)
+            history.setdefault(key, []).extend(float(v) for v in values)
     train_seconds = time.monotonic() - began
     # Read anything left up to the end of the feed (normally nothing: the last epoch ended
     # there), so that every feed task ends normally.
-    marker_rows = epochs.drain()
-    print(f"{ctx.job_name}:{ctx.task_index} trained on {sum(epochs.rows.values())} rows "
-          f"({', '.join(str(epochs.rows[e]) for e in range(args.epochs))} per epoch); "
-          f"{marker_rows} rows left unread at the end of the feed", flush=True)
+    marker_rows = 0
+    while not reader.ended:
+        marker_rows += sum(len(batch[1]) for batch in reader)
+    rows = [reader.rows[e] for e in range(args.epochs)]
+    print(f"{ctx.job_name}:{ctx.task_index} trained on {sum(rows)} rows "
+          f"({', '.join(str(r) for r in rows)} per epoch); "
+          f"{marker_rows} rows left unread at the end of the feed; waited {reader.wait_s:.1f} s for data", flush=True)
 
     model_dir = common.node_path(ctx, args.model_dir)
     common.write_json(tf, os.path.join(model_dir, common.STATS_DIR, f"{ctx.job_name}-{ctx.task_index}.json"), {
         "job": ctx.job_name, "task": ctx.task_index,
-        "rows_per_epoch": [epochs.rows[e] for e in range(args.epochs)],
+        "rows_per_epoch": rows,
     })
     common.save_model(ctx, model, args)
     if chief:
         common.write_json(tf, os.path.join(model_dir, common.SUMMARY_FILE), {
             "mode": "spark",
-            "history": dict(history),
+            "history": history,
             "test": None,
             "train_seconds": train_seconds,
             "workers": num_workers,

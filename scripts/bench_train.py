@@ -1,0 +1,350 @@
+#!/usr/bin/env python
+"""Fed training against in-memory training: the MNIST Keras model on the same 2-node cluster.
+
+One run, one ``local-cluster[2,1,1024]`` SparkContext. Every repeat starts a tfos cluster
+of 2 nodes (chief + worker, InputMode.SPARK) per data source; on that cluster, side by
+side, both nodes join a ``MultiWorkerMirroredStrategy`` and train the MLP of
+``examples/mnist/keras`` (tf_keras, ``TF_USE_LEGACY_KERAS=1``, 784-256-128-10, Adam) for
+``--epochs`` epochs:
+
+(b) memory: on in-memory numpy arrays (each node generates its half of the rows,
+    ``tf.data.Dataset.from_tensor_slices(...).batch(global batch).prefetch(2)``);
+(a) fed: on the rows that ``cluster.train(data, epochs, end_of_feed=True)`` feeds it,
+    through ``DataFeed.as_dataset(per_epoch=True)`` (the tf.data fast path,
+    ``tfos/_tfdata.py``; one ``fit`` call per epoch on that one dataset, as the docstring
+    of ``as_dataset`` says), from a cached RDD of ``(float32[784], int)`` rows (``rdd``:
+    PySpark pickled batches) or a cached DataFrame ``image array<float>, label long``
+    (``df``: Arrow chunks).
+
+The same rows (deterministic, generated on the executors), the same batch size, no
+shuffling in either mode. Rows/s is measured on the chief: from the end of the first
+step (which traces the model) to the end of ``fit``, over all the rows both nodes trained
+minus the first step's. It prints every repeat, min/median/max of rows/s per mode, the
+fed/memory ratio per repeat and over the medians (target >= 0.9), the longest gap between
+two epochs, the seconds TensorFlow waited for fed data, and the load average.
+
+Exact delivery, asserted in every mode and repeat: the rows each node handed to
+TensorFlow, summed over the nodes, equal the rows fed (``rows x epochs``), and the float64
+sums of the pixels and of the labels handed to TensorFlow equal those of the data
+(computed on the driver with Spark, and by the nodes for the memory mode).
+
+Usage::
+
+    .venv/bin/python scripts/bench_train.py --rows 60000 --epochs 3 --repeat 3
+
+``--sources rdd,df`` picks the fed sources; ``--batch`` is the batch per worker (the
+example's default, 128); ``--json FILE`` also writes the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+os.environ.setdefault("TFOS_PROGRESS", "0")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "examples", "mnist", "keras"))
+
+import mnist_common as common  # noqa: E402 - shipped by value to the nodes (main())
+
+IMAGE = 784
+TARGET = 0.9
+
+
+# ------------------------------------------------------------------------------- data
+def partition_arrays(index: int, rows: int):
+    """``(images float32[rows, 784], labels int64[rows])`` of partition ``index`` (anywhere).
+
+    Deterministic, so the RDD, the DataFrame and the in-memory arrays hold the same values.
+    """
+    import numpy as np
+
+    rng = np.random.default_rng(4321 + index)
+    return rng.random((rows, IMAGE), dtype=np.float32), rng.integers(0, 10, rows).astype(np.int64)
+
+
+def split(rows: int, parts: int) -> list[int]:
+    return [rows // parts + (1 if i < rows % parts else 0) for i in range(parts)]
+
+
+def make_rdd(sc, rows: int, parts: int):
+    per = split(rows, parts)
+
+    def gen(index, _it):
+        x, y = partition_arrays(index, per[index])
+        for j in range(len(y)):
+            yield (x[j], int(y[j]))
+
+    return sc.parallelize(range(parts), parts).mapPartitionsWithIndex(gen)
+
+
+def make_df(spark, rows: int, parts: int):
+    per = split(rows, parts)
+
+    def gen(batches):
+        import numpy as np
+        import pyarrow as pa
+
+        for b in batches:
+            for index in b.column(0).to_pylist():
+                x, y = partition_arrays(index, per[index])
+                for s in range(0, len(y), 5000):
+                    xs, ys = x[s : s + 5000], y[s : s + 5000]
+                    offsets = pa.array(np.arange(0, (len(ys) + 1) * IMAGE, IMAGE, dtype=np.int32))
+                    image = pa.ListArray.from_arrays(offsets, pa.array(xs.reshape(-1)))
+                    yield pa.RecordBatch.from_arrays([image, pa.array(ys)], ["image", "label"])
+
+    return spark.range(0, parts, 1, numPartitions=parts).mapInArrow(gen, "image array<float>, label long")
+
+
+# ---------------------------------------------------------------------------- main_fun
+def main_fun(args, ctx):
+    """Memory mode, then fed mode, on the same MWMS cluster; the chief writes the timings."""
+    import numpy as np
+
+    tf, keras = common.import_tf_keras()
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    workers = strategy.num_replicas_in_sync
+    global_batch = args["batch"] * workers
+    epochs = args["epochs"]
+    name = f"{ctx.job_name}{ctx.task_index}"
+    me = 0 if ctx.job_name == "chief" else 1 + ctx.task_index
+    chief = me == 0
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+
+    class Timer(keras.callbacks.Callback):
+        first_end = None
+        _last = None
+
+        def on_train_begin(self, logs=None):
+            self.steps = getattr(self, "steps", 0)
+            self.gaps = getattr(self, "gaps", [])
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self._epoch_steps = 0
+
+        def on_train_batch_begin(self, batch, logs=None):
+            if self._epoch_steps == 0 and self._last is not None:
+                self.gaps.append(time.monotonic() - self._last)
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.steps += 1
+            self._epoch_steps += 1
+            self._last = time.monotonic()
+            if self.first_end is None:
+                self.first_end = self._last
+
+        def on_train_end(self, logs=None):
+            self.end = time.monotonic()
+
+    def fit(ds, per_epoch_calls):
+        with strategy.scope():
+            model = common.build_model(keras)
+        timer = Timer()
+        began = time.monotonic()
+        if per_epoch_calls:  # the fed dataset: one fit per epoch (see DataFeed.as_dataset)
+            for e in range(epochs):
+                model.fit(ds, initial_epoch=e, epochs=e + 1, verbose=0, callbacks=[timer])
+        else:
+            model.fit(ds, epochs=epochs, verbose=0, callbacks=[timer])
+        return {"fit_s": timer.end - began, "timed_s": timer.end - timer.first_end, "steps": timer.steps,
+                "max_gap_s": max(timer.gaps) if timer.gaps else 0.0, "gaps_s": timer.gaps}
+
+    # (b) in-memory numpy: this node's share of the partitions (round robin).
+    per = split(args["rows"], args["parts"])
+    blocks = [partition_arrays(i, per[i]) for i in range(me, args["parts"], workers)]
+    x = np.concatenate([b[0] for b in blocks])
+    y = np.concatenate([b[1] for b in blocks])
+    del blocks
+    mem_ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch).prefetch(2).with_options(options)
+    mem = fit(mem_ds, False)
+    mem.update(rows=len(y) * epochs, sums=[float(x.sum(dtype=np.float64)) * epochs, float(y.sum()) * epochs])
+    del mem_ds, x, y
+    with open(os.path.join(args["out"], f"{args['tag']}-{name}.memdone"), "w") as f:
+        f.write("1")
+
+    # (a) fed by cluster.train(): the tf.data fast path, one epoch per dataset iteration.
+    feed = ctx.get_data_feed(train_mode=True)
+    sig = (tf.TensorSpec((None, IMAGE), tf.float32), tf.TensorSpec((None,), tf.int64))
+    ds = feed.as_dataset(global_batch, sig, per_epoch=True)
+    reader = ds.tfos_batches
+    reader.track_sums = True
+    fed = fit(ds, True)
+    while not reader.ended:  # normally nothing: the last epoch ended at the end of the feed
+        for _ in reader:
+            pass
+    sums = [0.0, 0.0]
+    for s in reader.sums.values():
+        sums = [a + b for a, b in zip(sums, s)]
+    fed.update(rows=sum(reader.rows.values()), rows_per_epoch=dict(reader.rows), sums=sums, wait_s=reader.wait_s,
+               buffer_bytes=reader.buffer_bytes)
+    with open(os.path.join(args["out"], f"{args['tag']}-{name}.json"), "w") as f:
+        json.dump({"chief": chief, "memory": mem, "fed": fed, "global_batch": global_batch}, f)
+
+
+# ------------------------------------------------------------------------------- main
+def _wait(pattern: str, n: int, timeout_s: float) -> None:
+    end = time.monotonic() + timeout_s
+    while len(glob.glob(pattern)) < n:
+        if time.monotonic() > end:
+            raise RuntimeError(f"{pattern}: {len(glob.glob(pattern))} of {n} files after {timeout_s:g} s")
+        time.sleep(0.2)
+
+
+def _spread(values: list[float]) -> str:
+    return f"{min(values):>9,.0f} {statistics.median(values):>9,.0f} {max(values):>9,.0f}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", type=int, default=60_000, help="rows per epoch (all nodes)")
+    ap.add_argument("--partitions", type=int, default=8)
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=128, help="rows per step on each worker")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--sources", default="rdd,df", help="comma list of: rdd, df")
+    ap.add_argument("--master", default="local-cluster[2,1,1024]")
+    ap.add_argument("--executor-memory", default="1024m")
+    ap.add_argument("--locality-wait", default="0",
+                    help="spark.locality.wait (Spark's default is 3s; see docs/performance.md)")
+    ap.add_argument("--json", default="", help="also write the figures to this JSON file")
+    a = ap.parse_args()
+    sources = [s for s in a.sources.split(",") if s]
+    assert set(sources) <= {"rdd", "df"}, sources
+
+    import numpy as np
+    from pyspark import SparkConf, SparkContext, StorageLevel
+    from pyspark.sql import SparkSession
+
+    from tfos import TFCluster
+
+    common.ship_by_value(common)
+    load_start = os.getloadavg()
+    conf = (
+        SparkConf().setMaster(a.master).setAppName("tfos-bench-train")
+        .set("spark.ui.enabled", "false").set("spark.ui.showConsoleProgress", "false")
+        .set("spark.driver.host", "127.0.0.1").set("spark.executor.memory", a.executor_memory)
+        .set("spark.locality.wait", a.locality_wait)
+    )
+    sc = SparkContext(conf=conf)
+    sc.setLogLevel("ERROR")
+    spark = SparkSession(sc)
+    out = tempfile.mkdtemp(prefix="tfos-bench-train-")
+    rows, parts, epochs = a.rows, a.partitions, a.epochs
+    data = {}
+    print(f"generating {rows:,} rows in {parts} partitions ...", flush=True)
+    if "rdd" in sources:
+        data["rdd"] = make_rdd(sc, rows, parts).persist(StorageLevel.MEMORY_AND_DISK)
+    if "df" in sources:
+        data["df"] = make_df(spark, rows, parts).persist(StorageLevel.MEMORY_AND_DISK)
+    expect = {}
+    for src, d in data.items():
+        r = d.rdd if src == "df" else d
+        got = r.map(lambda row: (1, float(np.asarray(row[0], np.float32).sum(dtype=np.float64)), int(row[1]))) \
+               .reduce(lambda p, q: (p[0] + q[0], p[1] + q[1], p[2] + q[2]))
+        assert got[0] == rows, (src, got)
+        expect[src] = (rows * epochs, got[1] * epochs, float(got[2]) * epochs)
+    mem_expect = (0, 0.0, 0.0)
+    per = split(rows, parts)
+    for i in range(parts):
+        x, y = partition_arrays(i, per[i])
+        mem_expect = (mem_expect[0] + len(y) * epochs, mem_expect[1] + float(x.sum(dtype=np.float64)) * epochs,
+                      mem_expect[2] + float(y.sum()) * epochs)
+    for src in expect:  # the fed data are the very rows the nodes generate in memory
+        assert expect[src][0] == mem_expect[0] and abs(expect[src][1] - mem_expect[1]) <= 1e-9 * mem_expect[1], (src, expect, mem_expect)
+
+    results: dict = {src: [] for src in sources}
+    loads: list[float] = []
+    try:
+        for r in range(a.repeat):
+            for src in sources:
+                tag = f"{src}{r}"
+                args = dict(out=out, tag=tag, rows=rows, parts=parts, epochs=epochs, batch=a.batch)
+                t0 = time.monotonic()
+                cluster = TFCluster.run(sc, main_fun, args, 2, 0, False, TFCluster.InputMode.SPARK,
+                                        master_node="chief", progress=False)
+                try:
+                    _wait(os.path.join(out, f"{tag}-*.memdone"), 2, 900)
+                    t1 = time.monotonic()
+                    cluster.train(data[src], epochs, end_of_feed=True)
+                    train_s = time.monotonic() - t1
+                    cluster.shutdown(timeout=600)
+                finally:
+                    cluster = None
+                total_s = time.monotonic() - t0
+                loads.append(os.getloadavg()[0])
+                nodes = [json.load(open(p)) for p in sorted(glob.glob(os.path.join(out, f"{tag}-*.json")))]
+                assert len(nodes) == 2, nodes
+                chief = next(n for n in nodes if n["chief"])
+                row = {"train_s": train_s, "cluster_s": total_s, "load": loads[-1]}
+                for mode, exp in (("memory", mem_expect), ("fed", expect[src])):
+                    n_rows = sum(n[mode]["rows"] for n in nodes)
+                    px = sum(n[mode]["sums"][0] for n in nodes)
+                    lab = sum(n[mode]["sums"][1] for n in nodes)
+                    assert n_rows == exp[0], f"{tag} {mode}: the nodes trained on {n_rows:,} rows, expected {exp[0]:,}"
+                    assert abs(px - exp[1]) <= 1e-9 * abs(exp[1]), f"{tag} {mode}: pixel sum {px!r}, expected {exp[1]!r}"
+                    assert lab == exp[2], f"{tag} {mode}: label sum {lab!r}, expected {exp[2]!r}"
+                    c = chief[mode]
+                    timed_rows = n_rows - chief["global_batch"]
+                    row[mode] = {"rows_s": timed_rows / c["timed_s"], "fit_s": c["fit_s"], "timed_s": c["timed_s"],
+                                 "steps": c["steps"], "max_gap_s": c["max_gap_s"], "gaps_s": c["gaps_s"], "rows": n_rows}
+                row["fed"]["wait_s"] = [n["fed"]["wait_s"] for n in nodes]
+                row["fed"]["rows_per_node"] = [n["fed"]["rows"] for n in nodes]
+                row["ratio"] = row["fed"]["rows_s"] / row["memory"]["rows_s"]
+                results[src].append(row)
+                print(f"repeat {r + 1}/{a.repeat} {src}: memory {row['memory']['rows_s']:,.0f} rows/s, "
+                      f"fed {row['fed']['rows_s']:,.0f} rows/s, ratio {row['ratio']:.2f}; max gap between epochs "
+                      f"memory {row['memory']['max_gap_s']:.3f} s, fed {row['fed']['max_gap_s']:.3f} s; fed rows per node "
+                      f"{row['fed']['rows_per_node']}, TF waited {', '.join(f'{w:.1f}' for w in row['fed']['wait_s'])} s "
+                      f"for data; train() {train_s:.1f} s; verified {row['fed']['rows']:,} rows + checksums; "
+                      f"load {loads[-1]:.1f}", flush=True)
+    finally:
+        sc.stop()
+
+    load_end = os.getloadavg()
+    print()
+    print(f"tfos training benchmark: MNIST MLP (tf_keras), MWMS on 2 nodes (chief + worker), {a.master}; "
+          f"{rows:,} rows x {epochs} epochs, batch {a.batch} per worker, {parts} partitions, repeat {a.repeat}, "
+          f"spark.locality.wait={a.locality_wait}")
+    print(f"{'source':<7} {'mode':<8} {'min rows/s':>10} {'median':>9} {'max':>9}   {'max gap between epochs (s)':>26}")
+    figures: dict = {}
+    for src in sources:
+        rs = results[src]
+        for mode in ("memory", "fed"):
+            rates = [x[mode]["rows_s"] for x in rs]
+            gaps = [x[mode]["max_gap_s"] for x in rs]
+            figures[f"{src}/{mode}"] = {"rows_s": rates, "max_gap_s": gaps}
+            print(f"{src:<7} {mode:<8} {_spread(rates)}   {' '.join(f'{g:.3f}' for g in gaps):>26}")
+    print()
+    print(f"{'ratio fed/memory':<18} {'median/median':>13} {'per repeat (min median max)':>30}  target")
+    for src in sources:
+        rs = results[src]
+        med = statistics.median(x["fed"]["rows_s"] for x in rs) / statistics.median(x["memory"]["rows_s"] for x in rs)
+        per_rep = [x["ratio"] for x in rs]
+        figures[f"{src}/ratio"] = {"median_of_medians": med, "per_repeat": per_rep}
+        ok = "ok" if med >= TARGET else "MISSED"
+        print(f"{src:<18} {med:>13.2f} {min(per_rep):>10.2f} {statistics.median(per_rep):>9.2f} {max(per_rep):>9.2f}  "
+              f">= {TARGET} {ok}")
+    print(f"\nload average (1 min): start {load_start[0]:.1f}, end {load_end[0]:.1f}, after each run "
+          f"min {min(loads):.1f} / median {statistics.median(loads):.1f} / max {max(loads):.1f}; {os.cpu_count()} CPUs")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"args": vars(a), "figures": figures, "runs": results,
+                       "load": {"start": load_start, "end": load_end, "after_runs": loads}}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,178 @@
+"""Unit tests of tfos._tfdata.FeedBatches (the DataFeed -> tf.data fast path) over a real
+FeedHub whose feed connections are socketpairs (no Spark); the dataset test imports
+TensorFlow."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import socket
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from tfos._data_plane import FrameType, recv_frame
+from tfos._deadline import Deadline
+from tfos._feed_hub import END_OF_FEED, Chunk, FeedConnection, FeedHub, PartitionEnd
+from tfos._tfdata import FeedBatches
+from tfos.datafeed import DataFeed
+from tfos.errors import MalformedRowError, TFOSError
+
+KEY = b"k" * 32
+COLS = [(np.float32, (4,)), (np.int64, ())]
+
+
+@pytest.fixture
+def hub():
+    h = FeedHub("127.0.0.1", KEY, ("input",), 64, "worker:0 (executor 1, host 127.0.0.1)")
+    yield h
+    h.close()
+
+
+class Feeder:
+    """One fake feed task: a FeedConnection whose peer end we read."""
+
+    def __init__(self, hub: FeedHub, partition: int, epoch: int = 0, kind: str = "pickled_batch"):
+        self.hub = hub
+        a, self.peer = socket.socketpair()
+        self.conn = FeedConnection(a, {"partition": partition, "epoch": epoch, "mode": "train", "kind": kind, "qname": "input"}, 10.0)
+        with hub._lock:
+            hub._conns.add(self.conn)
+
+    def chunk(self, rows: list) -> None:
+        self.hub.queues["input"].put_nowait(Chunk(self.conn, bytearray(pickle.dumps(rows))))
+
+    def arrow(self, batch: pa.RecordBatch) -> None:
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, batch.schema) as w:
+            w.write_batch(batch)
+        self.hub.queues["input"].put_nowait(Chunk(self.conn, bytearray(sink.getvalue().to_pybytes())))
+
+    def end(self) -> None:
+        self.hub.queues["input"].put_nowait(PartitionEnd(self.conn))
+
+    def frame(self) -> tuple:
+        ftype, payload = recv_frame(self.peer, Deadline(10, "a frame from the node"))
+        return ftype, json.loads(bytes(payload)) if payload else None
+
+
+def _rows(start: int, n: int) -> list:
+    return [(np.full(4, i, np.float32), i) for i in range(start, start + n)]
+
+
+def test_batches_span_chunks_and_partitions_exact_rows(hub):
+    a, b = Feeder(hub, 0), Feeder(hub, 1)
+    a.chunk(_rows(0, 3))
+    a.chunk(_rows(3, 4))
+    a.end()
+    b.chunk(_rows(7, 6))
+    b.end()
+    hub.queues["input"].put_nowait(END_OF_FEED)
+    feed = DataFeed(hub, timeout_s=10)
+    reader = FeedBatches(feed, 5, COLS, track_sums=True)
+    got = list(reader)
+    assert [len(y) for _, y in got] == [5, 5, 3]
+    x = np.concatenate([b[0] for b in got])
+    y = np.concatenate([b[1] for b in got])
+    assert x.dtype == np.float32 and x.shape == (13, 4) and y.dtype == np.int64
+    assert y.tolist() == list(range(13)) and (x[:, 0] == y).all()
+    assert a.frame() == (FrameType.ACK, {"rows": 7})
+    assert b.frame() == (FrameType.ACK, {"rows": 6})
+    assert hub.rows_taken == 13 and reader.rows == {0: 13}
+    assert reader.sums[0] == [4.0 * sum(range(13)), float(sum(range(13)))]
+    assert feed.should_stop() and reader.ended
+
+
+def test_per_epoch_iterations_end_at_epoch_boundaries(hub):
+    e0, e1, e2 = Feeder(hub, 0, 0), Feeder(hub, 0, 1), Feeder(hub, 0, 2)
+    for f, start in ((e0, 0), (e1, 100), (e2, 200)):
+        f.chunk(_rows(start, 7))
+        f.end()
+    hub.queues["input"].put_nowait(END_OF_FEED)
+    reader = FeedBatches(DataFeed(hub, timeout_s=10), 4, COLS, per_epoch=True)
+    epochs = [[y.tolist() for _, y in reader] for _ in range(4)]
+    # Batches never mix epochs; the fourth iteration is empty (end of feed).
+    assert epochs == [[[0, 1, 2, 3], [4, 5, 6]], [[100, 101, 102, 103], [104, 105, 106]],
+                      [[200, 201, 202, 203], [204, 205, 206]], []]
+    assert reader.rows == {0: 7, 1: 7, 2: 7}
+
+
+def test_drop_remainder_and_single_column(hub):
+    a = Feeder(hub, 0)
+    a.chunk([1.5, 2.5, 3.5])
+    a.end()
+    hub.queues["input"].put_nowait(END_OF_FEED)
+    reader = FeedBatches(DataFeed(hub, timeout_s=10), 2, [(np.float64, ())], single=True, drop_remainder=True)
+    got = list(reader)
+    assert len(got) == 1 and got[0].tolist() == [1.5, 2.5] and got[0].dtype == np.float64
+
+
+def test_arrow_chunks_are_zero_copy_views(hub):
+    a = Feeder(hub, 2, kind="arrow")
+    n = 6
+    values = np.arange(n * 4, dtype=np.float32)
+    image = pa.ListArray.from_arrays(pa.array(np.arange(0, (n + 1) * 4, 4, dtype=np.int32)), pa.array(values))
+    batch = pa.RecordBatch.from_arrays([image, pa.array(np.arange(n, dtype=np.int64))], ["image", "label"])
+    a.arrow(batch.slice(1, 5))  # a sliced batch, as the Arrow feed task sends them
+    a.end()
+    hub.queues["input"].put_nowait(END_OF_FEED)
+    reader = FeedBatches(DataFeed(hub, timeout_s=10), 5, COLS)
+    (x, y), = list(reader)
+    assert y.tolist() == [1, 2, 3, 4, 5]
+    assert x.tolist() == values.reshape(n, 4)[1:].tolist()
+    assert not x.flags.owndata and not y.flags.owndata  # views of the received chunk
+
+
+def test_arrow_fallback_for_other_types(hub):
+    a = Feeder(hub, 0, kind="arrow")
+    batch = pa.RecordBatch.from_arrays([pa.array([[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0]]), pa.array([1, 2], pa.int32())], ["x", "y"])
+    a.arrow(batch)
+    a.end()
+    hub.queues["input"].put_nowait(END_OF_FEED)
+    (x, y), = list(FeedBatches(DataFeed(hub, timeout_s=10), 10, COLS))
+    assert x.dtype == np.float32 and x.tolist() == [[1, 2, 3, 4], [5, 6, 7, 8]]
+    assert y.dtype == np.int64 and y.tolist() == [1, 2]
+
+
+def test_malformed_row_names_partition_and_row(hub):
+    a = Feeder(hub, 6, epoch=1)
+    a.chunk(_rows(0, 3))
+    a.chunk([(np.zeros(3, np.float32), 9)])
+    a.end()
+    hub.queues["input"].put_nowait(END_OF_FEED)
+    reader = FeedBatches(DataFeed(hub, timeout_s=10), 2, COLS)
+    it = iter(reader)
+    assert next(it)[1].tolist() == [0, 1]
+    with pytest.raises(MalformedRowError, match=r"partition 6 \(epoch 1\), row 3: column 0: expected shape \(4,\), got \(3,\)"):
+        list(it)
+
+
+def test_one_reader_per_feed_and_train_mode_only(hub):
+    feed = DataFeed(hub, timeout_s=10)
+    hub.queues["input"].put_nowait(END_OF_FEED)
+    assert list(FeedBatches(feed, 2, COLS)) == []
+    with pytest.raises(TFOSError, match="already read by another"):
+        list(FeedBatches(feed, 2, COLS))
+    with pytest.raises(ValueError, match="train"):
+        FeedBatches(DataFeed(hub, train_mode=False), 2, COLS)
+    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+        FeedBatches(feed, 0, COLS)
+
+
+def test_as_dataset_whole_batches_and_per_epoch(hub):
+    tf = pytest.importorskip("tensorflow")
+    e0, e1 = Feeder(hub, 0, 0), Feeder(hub, 1, 1)
+    e0.chunk(_rows(0, 10))
+    e0.end()
+    e1.chunk(_rows(10, 10))
+    e1.end()
+    hub.queues["input"].put_nowait(END_OF_FEED)
+    sig = (tf.TensorSpec((None, 4), tf.float32), tf.TensorSpec((None,), tf.int64))
+    ds = DataFeed(hub, timeout_s=10).as_dataset(8, sig, per_epoch=True)
+    first = [y.numpy().tolist() for _, y in ds]
+    second = [y.numpy().tolist() for _, y in ds]
+    assert first == [list(range(8)), [8, 9]]
+    assert second == [list(range(10, 18)), [18, 19]]
+    assert list(ds) == []
+    assert ds.tfos_batches.rows == {0: 10, 1: 10}

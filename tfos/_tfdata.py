@@ -1,0 +1,449 @@
+"""The fast path from a node's feed queue into ``tf.data`` (runs in the TF process only).
+
+:class:`FeedBatches` owns a node's :class:`~tfos.datafeed.DataFeed` once started: a
+background thread takes whole chunks off the feed queue, turns each chunk into numpy
+columns at once (no per-row Python on the Arrow path, one ``np.asarray`` stack per column
+and chunk on the pickled path), cuts the columns into batches and keeps a bounded buffer
+of ready batches. TensorFlow then only receives whole batches:
+
+* :meth:`FeedBatches.dataset` is a ``tf.data.Dataset`` over them (``from_generator`` whose
+  generator only hands over ready batches, followed by ``prefetch``);
+* iterating the object itself gives the numpy batches (e.g. to pass them to
+  ``ClusterCoordinator.schedule`` under ``ParameterServerStrategy``, where datasets run
+  on remote workers and cannot call back into this process).
+
+Epochs: ``cluster.train(data, num_epochs)`` tags every partition with its epoch. With
+``per_epoch=True`` each iteration over the dataset yields exactly one epoch (it ends as
+soon as the first chunk of a later epoch arrives, or at the end of the feed); the reader
+keeps reading ahead across epoch boundaries, so the next epoch is buffered before Keras
+asks for it. One ``model.fit(ds, initial_epoch=e, epochs=e + 1)`` per epoch on the same
+dataset trains every epoch exactly once (a single ``fit(epochs=n)`` only when all epochs
+have the same number of steps: tf_keras infers them from the first epoch).
+
+Memory bound of a node (bytes): the feed queue ``(queue_chunks + 2) x chunk bytes``
+(see :mod:`tfos._feed_hub`), plus ``buffer_batches + 2`` batches here (the buffer, the
+batch being assembled and the one the generator hands over), plus the ``prefetch``
+batches of ``tf.data``; :attr:`FeedBatches.buffer_bytes` states the part held here.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import queue
+import threading
+import time
+from typing import Any, Iterator, Optional, Sequence
+
+from ._data_plane import ChunkKind, arrow_rows, decode_chunk
+from ._feed_hub import END_OF_FEED, Chunk, PartitionEnd
+from .errors import TFOSError
+
+__all__ = ["FeedBatches", "feed_dataset", "DEFAULT_BUFFER_BYTES"]
+
+log = logging.getLogger(__name__)
+
+#: Default size of the ready-batch buffer, in bytes (at least 2 and at most 256 batches).
+DEFAULT_BUFFER_BYTES = 32 << 20
+
+_END = object()  # buffer marker: the feed ended
+
+
+class _EpochStart:
+    """Buffer marker (``per_epoch``): the first rows of a later epoch arrived."""
+
+    __slots__ = ("epoch",)
+
+    def __init__(self, epoch: int):
+        self.epoch = epoch
+
+
+class _Column:
+    __slots__ = ("dtype", "shape", "width")
+
+    def __init__(self, dtype: Any, shape: Optional[tuple]):
+        import numpy as np
+
+        self.dtype = np.dtype(dtype)
+        self.shape = None if shape is None else tuple(int(d) for d in shape)
+        width = 1
+        for d in self.shape or ():
+            width *= d
+        self.width = width
+
+
+class FeedBatches:
+    """Whole numpy batches from a node's feed, read ahead by a background thread (TF process).
+
+    Args:
+        feed: The node's :class:`~tfos.datafeed.DataFeed` in train mode. From the first
+            iteration on, this object is its only reader (do not call ``next_batch``).
+        batch_size: Rows per batch (>= 1). Under ``MultiWorkerMirroredStrategy`` this is
+            the global batch (tf.distribute splits it over the replicas).
+        columns: ``[(numpy dtype, row shape), ...]``, one per column of a row; a row shape
+            ``()`` is a scalar and ``None`` is taken from the data (fixed within a batch).
+        single: Rows are single values, not tuples; batches are then one array, not a
+            tuple of arrays.
+        per_epoch: Each iteration ends at the end of one epoch (see the module docstring);
+            otherwise one iteration runs to the end of the feed.
+        drop_remainder: Drop a batch shorter than ``batch_size`` (at the end of the feed,
+            or of an epoch with ``per_epoch``).
+        buffer_batches: Ready batches kept ahead of TensorFlow (default: about
+            :data:`DEFAULT_BUFFER_BYTES` worth, 2 to 256 batches).
+        track_sums: Also keep per-epoch float64 sums of every numeric column in
+            :attr:`sums` (a checksum of exactly what was handed to TensorFlow).
+
+    Attributes:
+        rows: ``{epoch: rows handed out}`` (a Counter), for exact-delivery checks.
+        sums: ``{epoch: [sum of column 0, ...]}`` when ``track_sums``.
+        wait_s: Seconds the consumer (TensorFlow) waited for a batch in total.
+        buffer_bytes: Bytes of the ready-batch buffer bound (0 when a row shape is unknown).
+
+    Raises:
+        ValueError: For ``batch_size`` < 1, no columns, or a feed not in train mode.
+    """
+
+    def __init__(
+        self,
+        feed: Any,
+        batch_size: int,
+        columns: Sequence[tuple[Any, Optional[tuple]]],
+        single: bool = False,
+        per_epoch: bool = False,
+        drop_remainder: bool = False,
+        buffer_batches: Optional[int] = None,
+        track_sums: bool = False,
+    ):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if not columns:
+            raise ValueError("at least one column is needed")
+        if single and len(columns) != 1:
+            raise ValueError("single=True needs exactly one column")
+        if not getattr(feed, "train_mode", True):
+            raise ValueError("the tf.data fast path reads train() feeds only; inference needs next_batch()/batch_results()")
+        self._feed = feed
+        self.batch_size = batch_size
+        self._cols = [_Column(d, s) for d, s in columns]
+        self._single = single
+        self.per_epoch = per_epoch
+        self.drop_remainder = drop_remainder
+        row_bytes = sum(c.dtype.itemsize * c.width for c in self._cols) if all(c.shape is not None for c in self._cols) else 0
+        if buffer_batches is None:
+            per_batch = max(1, row_bytes * batch_size)
+            buffer_batches = max(2, min(256, DEFAULT_BUFFER_BYTES // per_batch)) if row_bytes else 8
+        if buffer_batches < 1:
+            raise ValueError(f"buffer_batches must be >= 1, got {buffer_batches}")
+        self.buffer_batches = int(buffer_batches)
+        self.buffer_bytes = row_bytes * batch_size * (self.buffer_batches + 2)
+        self.track_sums = track_sums
+        self._out: queue.Queue = queue.Queue(maxsize=self.buffer_batches)
+        self._thread: Optional[threading.Thread] = None
+        self._lock = threading.Lock()
+        self._closed = False
+        self._ended = False
+        self.rows: collections.Counter = collections.Counter()
+        self.sums: dict[int, list[float]] = {}
+        self.wait_s = 0.0
+        self.batches_out = 0
+
+    # ------------------------------------------------------------ reader thread
+    def start(self) -> None:
+        """Starts the reader thread (idempotent; the first iteration calls it)."""
+        with self._lock:
+            if self._thread is not None:
+                return
+            owner = getattr(self._feed, "_fast_reader", None)
+            if owner is not None and owner is not self:
+                raise TFOSError("this DataFeed is already read by another as_dataset()/FeedBatches; create one per feed")
+            self._feed._fast_reader = self
+            self._thread = threading.Thread(target=self._run, name="tfos-tfdata-reader", daemon=True)
+            self._thread.start()
+
+    def close(self) -> None:
+        """Stops the reader thread without reading further (TF process; idempotent)."""
+        self._closed = True
+
+    def _emit(self, item: Any) -> bool:
+        while not self._closed:
+            try:
+                self._out.put(item, timeout=0.2)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self) -> None:
+        try:
+            self._read()
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, raised there
+            self._emit(exc)
+
+    def _read(self) -> None:
+        import numpy as np
+
+        feed = self._feed
+        hub = feed._hub
+        size = self.batch_size
+        parts: list[tuple] = []  # column tuples of the batch being assembled
+        have = 0
+        epoch: Optional[int] = None  # epoch of the rows in ``parts``
+
+        def flush(final: bool) -> bool:
+            # Short batches (final) are dropped by the consumer when drop_remainder.
+            nonlocal parts, have
+            if not parts:
+                return True
+            batch = parts[0] if len(parts) == 1 else tuple(np.concatenate(c) for c in zip(*parts))
+            parts, have = [], 0
+            return self._emit((epoch, batch))
+
+        while not self._closed:
+            item = feed._take()
+            if item is END_OF_FEED:
+                feed.done_feeding = True
+                flush(True)
+                self._emit(_END)
+                return
+            if isinstance(item, PartitionEnd):
+                feed._finish_partition(item.conn)
+                continue
+            if not isinstance(item, Chunk):
+                continue
+            conn = item.conn
+            cols = self._decode(conn, item.payload)
+            n = len(cols[0])
+            if n == 0:
+                continue
+            conn.rows_taken += n
+            hub.rows_taken += n
+            if epoch is None:
+                epoch = conn.epoch
+            elif conn.epoch > epoch:
+                # A later epoch starts: with per_epoch, the batch so far ends the epoch.
+                # (Late rows of an earlier epoch, possible when several feed tasks feed
+                # this node at once, are used with the current epoch.)
+                # The marker ends the epoch's iteration at once, before a whole batch of
+                # the next epoch has arrived.
+                if self.per_epoch and not (flush(True) and self._emit(_EpochStart(conn.epoch))):
+                    return
+                epoch = conn.epoch
+            start = 0
+            while start < n:
+                take = min(size - have, n - start)
+                if start == 0 and take == n:
+                    parts.append(cols)
+                else:
+                    parts.append(tuple(c[start : start + take] for c in cols))
+                have += take
+                start += take
+                if have == size and not flush(False):
+                    return
+
+    def _decode(self, conn: Any, payload: Any) -> tuple:
+        """One chunk -> one numpy array per column (``n`` rows each)."""
+        origins = [(0, conn.partition, conn.epoch, conn.rows_taken)]
+        if conn.kind is ChunkKind.ARROW:
+            cols = self._arrow_columns(payload)
+            if cols is not None:
+                return cols
+            rows = arrow_rows(payload)
+        else:
+            rows = decode_chunk(conn.kind, payload)
+        return self._row_columns(rows, origins)
+
+    def _row_columns(self, rows: list, origins: list) -> tuple:
+        from .datafeed import rows_to_columns
+
+        spec = [(c.dtype, c.shape) for c in self._cols]
+        if self._single:
+            return rows_to_columns([(r,) for r in rows], spec, origins)
+        return rows_to_columns(rows, spec, origins)
+
+    def _arrow_columns(self, payload: Any) -> Optional[tuple]:
+        """Numpy views of an Arrow chunk's columns, or None when the slow path must decode it.
+
+        Numeric columns and list columns whose lists all have the row's size become
+        zero-copy views of the received buffer (cast only when the dtype differs).
+        """
+        import pyarrow as pa
+
+        from ._data_plane import _numeric_view
+
+        batches = list(pa.ipc.open_stream(pa.py_buffer(payload)))
+        if len(batches) != 1 or batches[0].num_columns != len(self._cols):
+            return None
+        batch = batches[0]
+        n = batch.num_rows
+        out = []
+        for arr, col in zip(batch.columns, self._cols):
+            t = arr.type
+            if pa.types.is_integer(t) or pa.types.is_floating(t):
+                if col.shape not in ((), None):
+                    return None
+                view = _numeric_view(arr, 0, n)
+            elif pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+                if arr.null_count or col.shape is None or len(col.shape) < 1:
+                    return None
+                view = _list_view(arr, n, col.width)
+                if view is None:
+                    return None
+                view = view.reshape((n,) + col.shape)
+            else:
+                return None
+            if view is None:
+                return None
+            if view.dtype != col.dtype:
+                view = view.astype(col.dtype)
+            out.append(view)
+        return tuple(out)
+
+    # ------------------------------------------------------------------ consumer
+    def _next(self) -> Any:
+        began = time.perf_counter()
+        while True:
+            try:
+                item = self._out.get(timeout=1.0)
+                break
+            except queue.Empty:
+                if self._thread is not None and not self._thread.is_alive() and self._out.empty():
+                    raise TFOSError("the tf.data feed reader stopped without ending the feed") from None
+        self.wait_s += time.perf_counter() - began
+        return item
+
+    def __iter__(self) -> Iterator:
+        """Yields numpy batches: one epoch with ``per_epoch``, else up to the end of the feed.
+
+        Yields:
+            A tuple of arrays (one per column, ``(n,) + row shape``), or one array when
+            ``single``; ``n`` is ``batch_size`` except for the last batch.
+
+        Raises:
+            MalformedRowError: A row does not fit the columns (names partition and row).
+            DeadlineExceededError: No data arrived within the feed's ``timeout_s``.
+        """
+        self.start()
+        while not self._ended:
+            item = self._next()
+            if item is _END:
+                self._ended = True
+                return
+            if isinstance(item, BaseException):
+                self._ended = True
+                raise item
+            if isinstance(item, _EpochStart):
+                if self.per_epoch:
+                    return  # the next iteration reads the next epoch
+                continue
+            use_epoch, batch = item
+            n = len(batch[0])
+            if self.drop_remainder and n < self.batch_size:
+                continue
+            self.rows[use_epoch] += n
+            if self.track_sums:
+                self._add_sums(use_epoch, batch)
+            self.batches_out += 1
+            yield batch[0] if self._single else batch
+
+    def _add_sums(self, epoch: int, batch: tuple) -> None:
+        import numpy as np
+
+        sums = self.sums.setdefault(epoch, [0.0] * len(batch))
+        for i, col in enumerate(batch):
+            if col.dtype.kind in "biuf":
+                sums[i] += float(np.sum(col, dtype=np.float64))
+
+    @property
+    def ended(self) -> bool:
+        """True once the end of the feed was handed out."""
+        return self._ended
+
+    def dataset(self, output_signature: Any, prefetch: int = 2) -> Any:
+        """A ``tf.data.Dataset`` over the batches (TF process).
+
+        Each iteration of the dataset is one iteration of this object (one epoch with
+        ``per_epoch``). Auto-sharding is off: each worker is fed its own partitions.
+
+        Args:
+            output_signature: The ``tf.TensorSpec`` (``single``) or tuple of them, with a
+                leading ``None`` batch dimension.
+            prefetch: Batches ``tf.data`` prefetches on top of this object's buffer.
+
+        Returns:
+            The dataset.
+        """
+        import tensorflow as tf
+
+        ds = tf.data.Dataset.from_generator(self.__iter__, output_signature=output_signature)
+        options = tf.data.Options()
+        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+        ds = ds.with_options(options)
+        return ds.prefetch(prefetch) if prefetch else ds
+
+
+def _list_view(arr: Any, n: int, width: int) -> Any:
+    """A zero-copy ``(n, width)`` numpy view of an Arrow list column whose lists all hold
+    ``width`` numbers, or None (other lengths, nulls or non-numeric values; pure)."""
+    import pyarrow as pa
+
+    from ._data_plane import _equal_steps, _numeric_view
+
+    if pa.types.is_fixed_size_list(arr.type):
+        if arr.type.list_size != width:
+            return None
+        start = arr.offset * width
+    else:
+        offsets = _numeric_view(arr.offsets, 0, n + 1)
+        if offsets is None or (n and (int(offsets[1] - offsets[0]) != width or not _equal_steps(offsets))):
+            return None
+        start = int(offsets[0])
+    values = arr.values
+    if values.null_count:
+        return None
+    flat = _numeric_view(values, start, start + n * width)
+    return None if flat is None else flat.reshape(n, width)
+
+
+def columns_of(output_signature: Any) -> tuple[list[tuple[Any, Optional[tuple]]], bool]:
+    """``(columns, single)`` for a TensorSpec or tuple of them (TF process).
+
+    Raises:
+        TypeError: When ``output_signature`` is not a TensorSpec or tuple of them.
+    """
+    import tensorflow as tf
+
+    single = isinstance(output_signature, tf.TensorSpec)
+    specs = (output_signature,) if single else tuple(output_signature)
+    if not specs or not all(isinstance(s, tf.TensorSpec) for s in specs):
+        raise TypeError("output_signature must be a tf.TensorSpec or a tuple of tf.TensorSpec")
+    columns = []
+    for s in specs:
+        shape = None if s.shape.rank is None else s.shape[1:].as_list()
+        columns.append((s.dtype.as_numpy_dtype, None if shape is None or None in shape else tuple(shape)))
+    return columns, single
+
+
+def feed_dataset(
+    feed: Any,
+    batch_size: int,
+    output_signature: Any,
+    drop_remainder: bool = False,
+    per_epoch: bool = False,
+    prefetch: int = 2,
+    buffer_batches: Optional[int] = None,
+) -> Any:
+    """``DataFeed`` -> ``tf.data.Dataset`` of whole batches (TF process).
+
+    See :meth:`tfos.datafeed.DataFeed.as_dataset` for the arguments; the dataset keeps its
+    :class:`FeedBatches` as ``dataset.tfos_batches`` (row counts per epoch).
+
+    Raises:
+        TypeError: When ``output_signature`` is not a TensorSpec or tuple of them.
+    """
+    columns, single = columns_of(output_signature)
+    reader = FeedBatches(feed, batch_size, columns, single=single, per_epoch=per_epoch,
+                         drop_remainder=drop_remainder, buffer_batches=buffer_batches)
+    ds = reader.dataset(output_signature, prefetch)
+    ds.tfos_batches = reader
+    return ds
+
