@@ -121,6 +121,8 @@ class ConnectTFCluster:
         deadline = Deadline(timeout_s, "TensorBoard to start")
         while True:
             st = self._status("now", 0.0, "tensorboard_url()")
+            if st.get("failures"):
+                raise self._fail("tensorboard_url()", self._failures(st))
             if st.get("tensorboard_url") or deadline.expired():
                 return st.get("tensorboard_url")
             time.sleep(deadline.slice(2.0))

@@ -110,3 +110,28 @@ def test_control_host_ends_the_cluster_without_a_client():
     assert host.serve() == 0  # no client operation for 1 s: abort and exit (no node registered)
     assert time.monotonic() - t0 < 30.0
     assert "no client operation" in host.state.abort_reason
+
+
+def test_run_hands_a_connect_session_to_the_connect_path():
+    from tfos import TFCluster
+    from tfos._connect import is_connect_session
+
+    class FakeConnectSession:  # looks like pyspark.sql.connect.session.SparkSession
+        pass
+
+    FakeConnectSession.__module__ = "pyspark.sql.connect.session"
+    assert is_connect_session(FakeConnectSession()) and not is_connect_session(object())
+    with pytest.raises(ConfigurationError, match="driver_ps_nodes=True is not available under Spark Connect"):
+        TFCluster.run(FakeConnectSession(), lambda args, ctx: None, {}, 2, 1, driver_ps_nodes=True)
+
+
+def test_control_host_ends_the_feed_once_every_partition_was_sent():
+    host = _host()
+    try:
+        assert host._dispatch({"type": "client_control", "cluster": "c1", "action": "close_feed_when_sent", "feed_id": "f", "total": 2}, "p") == {"ok": True}
+        for index in (0, 1):
+            assert host.state.feed_closed is False
+            host._dispatch({"type": "partition_sent", "cluster": "c1", "feed_id": "f", "index": index}, "p")
+        assert host.state.feed_closed is True
+    finally:
+        host.server.close()
