@@ -16,6 +16,8 @@ setup(
         "cloudpickle>=3.0",
         "psutil>=5.9",
         "tqdm>=4.66",
+        # AES-GMAC tags on every data-plane frame (tfos._wire.DataSession).
+        "cryptography>=42",
     ],
     extras_require={
         # Users often bring their own TensorFlow build, so TF is an extra. Each TF extra
