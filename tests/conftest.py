@@ -20,6 +20,20 @@ os.environ.setdefault("TFOS_TEST_SESSION", f"{os.getpid()}-{time.time_ns()}")
 DEFAULT_MASTER = "local-cluster[2,1,1024]"
 
 
+def _await_executors(sc, master: str, timeout_s: float = 300.0) -> None:
+    """Waits for a local-cluster's executors to register: under CPU contention their JVMs can
+    take longer than TFCluster.run's executor_wait_s (60 s), which would fail the test."""
+    import re
+
+    m = re.match(r"local-cluster\[\s*(\d+)", master)
+    if not m:
+        return
+    want = int(m.group(1))
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and sc._jsc.sc().getExecutorMemoryStatus().size() - 1 < want:
+        time.sleep(0.5)
+
+
 class SparkManager:
     """Keeps at most one SparkContext alive; a test asking for another config replaces it."""
 
@@ -48,6 +62,7 @@ class SparkManager:
         self.sc = SparkContext(conf=sconf)
         self.sc.setLogLevel("ERROR")
         self.key = key
+        _await_executors(self.sc, master)
         return self.sc
 
     def stop(self) -> None:

@@ -354,7 +354,11 @@ class ClusterState:
         with self._cond:
             base = {e: self.counter_reports.get(e, 0) for e in executor_ids}
         return self.wait_until(
-            lambda: all(self.counter_reports.get(e, 0) > n or e in self.exit_codes for e, n in base.items()), timeout_s
+            lambda: all(
+                self.counter_reports.get(e, 0) > n or e in self.exit_codes or self.proc_state.get(e) in TERMINAL
+                for e, n in base.items()
+            ),
+            timeout_s,
         )
 
     # -------------------------------------------------------- control handlers

@@ -272,6 +272,8 @@ def check_spark(sc: Any, num_nodes: int, input_mode: InputMode, wait_s: float = 
     deadline = Deadline(wait_s, f"{num_nodes} Spark executors to register")
     have = live_executors(sc)
     while have < num_nodes and not deadline.expired():
+        # Executor registration happens in the JVM, with no event to wait on from Python:
+        # polling Spark here is the one sleep on the driver (not a ClusterState wait).
         time.sleep(deadline.slice(0.5))
         have = live_executors(sc)
     if have < num_nodes and (have == 0 or (layout.executors or 0) >= num_nodes):

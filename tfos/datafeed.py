@@ -250,8 +250,10 @@ class DataFeed:
             out.extend(self._rows[self._pos : self._pos + take])
             self._pos += take
             conn.rows_taken += take
+            # Counted as rows leave the feed (not when the batch is returned), so the driver's
+            # final count after train() includes a last batch still waiting for more rows.
+            self._hub.rows_taken += take
             batch_conn = conn
-        self._hub.rows_taken += len(out)
         self._last_batch_empty = not out
         self.last_origins = origins
         if not self.train_mode and out:

@@ -1,0 +1,70 @@
+"""The node supervisor ends its node heartbeat_timeout after the driver's last answer
+(issue 10, C23), without Spark: a real supervisor and TF process against an in-process
+control server that is then closed (the driver is gone)."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import cloudpickle
+import psutil
+
+from tfos import _wire
+from tfos._cluster_state import ClusterState
+from tfos._control_server import ControlServer
+from tfos._launch import ClusterConfig, NodeLaunch
+from tfos._node_task import spawn_supervisor
+from tfos.cluster_template import InputMode, build_template, roles_from_template
+
+HEARTBEAT_TIMEOUT_S = 3.0
+
+
+def sleeper_main(args, ctx):
+    import subprocess
+    import sys as _sys
+    import time as _time
+
+    child = subprocess.Popen([_sys.executable, "-c", "import time; time.sleep(600)", "tfos-unit-child-of-main-fun"])
+    with open(args["out"], "w") as f:
+        f.write(f"{child.pid}\n")
+    _time.sleep(600)
+
+
+def test_node_ends_heartbeat_timeout_after_the_driver_is_gone(tmp_path):
+    roles = roles_from_template(build_template(1, 0))
+    state = ClusterState("tfos-unit-gone", roles, HEARTBEAT_TIMEOUT_S)
+    key = _wire.new_key()
+    server = ControlServer(key, state.handle, host="127.0.0.1")
+    try:
+        cfg = ClusterConfig(
+            cluster_id="tfos-unit-gone", key=key, driver_host="127.0.0.1", driver_port=server.port,
+            input_mode=InputMode.TENSORFLOW, roles=tuple(roles), heartbeat_interval_s=0.5,
+            heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S, reservation_timeout_s=60.0, forward_logs="none",
+        )
+        out = tmp_path / "child.pid"
+        launch = NodeLaunch(
+            config=cfg, role=roles[0], host="127.0.0.1", executor_key="h/1", watch_pid=0, watch_stdin=False,
+            working_dir=str(tmp_path), python_path=tuple(p for p in sys.path if p),
+            fn_payload=cloudpickle.dumps((sleeper_main, {"out": str(out)})),
+        )
+        sup = spawn_supervisor(launch)
+        deadline = time.monotonic() + 120
+        while not (out.exists() and out.read_text().endswith("\n")) and time.monotonic() < deadline:
+            assert sup.poll() is None, "the supervisor ended early"
+            time.sleep(0.1)
+        child_pid = int(out.read_text())
+        tf_pid = state.nodes_snapshot()[0].pid
+        procs = [psutil.Process(p) for p in (sup.pid, tf_pid, child_pid)]
+    finally:
+        server.close()  # the driver is gone: connections refused from now on
+    t0 = time.monotonic()
+    code = sup.wait(HEARTBEAT_TIMEOUT_S + 5.0)
+    took = time.monotonic() - t0
+    assert code != 0  # the node was stopped, it did not finish
+    gone_by = time.monotonic() + 3.0
+    while time.monotonic() < gone_by and any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in procs[1:]):
+        time.sleep(0.05)
+    left = [p.pid for p in procs[1:] if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not left, f"TF process / main_fun child left after the supervisor ended ({took:.1f} s)"
+    assert took <= HEARTBEAT_TIMEOUT_S + 5.0
