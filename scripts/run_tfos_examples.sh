@@ -44,8 +44,15 @@ step() {  # step NAME CHECK-COMMAND -- COMMAND...
   fi
 }
 K=examples/mnist/keras
-step data_setup "ls data/mnist/csv/train/part-00000 data/mnist/tfr/test/part-r-00000" -- \
+step data_setup "ls data/mnist/csv/train/part-00000 data/mnist/csv/test/part-00000 data/mnist/tfr/test/_SUCCESS" -- \
   "${SUBMIT[@]}" examples/mnist/mnist_data_setup.py --output data/mnist --num_partitions 4
+if ! ls data/mnist/tfr/test/part-r-* >/dev/null 2>&1; then
+  # TFoS's tensorflow-hadoop jar (a Hadoop 2 era build) reports success under Spark 4 /
+  # Hadoop 3.4 but leaves no part files; write the same records with tfos.dfutil instead.
+  echo "NOTE: TFoS's jar wrote no TFRecord files; writing them from the CSV with tfos.dfutil"
+  step tfr_from_csv "ls data/mnist/tfr/test/part-r-00000" -- \
+    "${SUBMIT[@]}" "$HERE/scripts/tfos_examples/csv_to_tfr.py" data/mnist
+fi
 step mnist_tf "ls mnist_export_tf/saved_model.pb" -- \
   "${SUBMIT[@]}" $K/mnist_tf.py --cluster_size 2 --epochs "$EPOCHS" --steps_per_epoch 50 --model_dir "$WORK/mnist_model_tf" --export_dir "$WORK/mnist_export_tf"
 step mnist_spark "ls mnist_export/saved_model.pb" -- \

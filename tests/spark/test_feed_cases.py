@@ -247,7 +247,8 @@ def test_c10_bad_num_epochs_is_refused(sc, tmp_path, no_leftovers):
         with pytest.raises(ConfigurationError) as info:
             cluster.train(rdd, num_epochs=bad)
         assert time.monotonic() - t0 < 5.0
-        assert str(info.value) == f"num_epochs must be an integer >= 1 (one epoch = one pass over every partition), got {bad!r}"
+        hint = " (TFoS fed 10 epochs for 0: pass num_epochs=10 to keep that)" if bad == 0 else ""
+        assert str(info.value) == f"num_epochs must be an integer >= 1 (one epoch = one pass over every partition), got {bad!r}{hint}"
     cluster.train(rdd, num_epochs=2)
     cluster.shutdown(timeout=QUICK_S)
     reports = _reports(tmp_path)
