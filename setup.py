@@ -36,6 +36,7 @@ setup(
             # examples/notebooks/*.ipynb run in the suite
             "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29",
             "packaging>=23",  # tests/unit/test_packaging.py reads requirement strings
+            "venv-pack>=0.2",  # tests/spark/test_deploy.py packs a venv (docs/deploy.md)
         ],
     },
     classifiers=[

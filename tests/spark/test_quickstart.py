@@ -14,6 +14,13 @@ pytestmark = [pytest.mark.spark, pytest.mark.tf]
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+def test_readme_shows_the_quickstart_verbatim():
+    with open(os.path.join(ROOT, "examples", "quickstart.py")) as f:
+        program = f.read()
+    with open(os.path.join(ROOT, "README.md")) as f:
+        assert "```python\n" + program + "```" in f.read()
+
+
 def test_quickstart_trains_and_predicts(tmp_path, no_leftovers):
     env = dict(os.environ)
     for name in ("PYSPARK_GATEWAY_PORT", "PYSPARK_GATEWAY_SECRET"):

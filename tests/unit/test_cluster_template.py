@@ -244,7 +244,8 @@ def test_cluster_config_lead_and_logs():
     ps, w0, w1 = cfg.roles
     assert cfg.num_nodes == 3
     assert [cfg.is_lead(r) for r in cfg.roles] == [False, True, False]
-    assert [cfg.forwards_logs_of(r) for r in cfg.roles] == [False, True, False]
+    assert all(cfg.forwards_logs_of(r) for r in cfg.roles)  # default 'all' (C26)
+    assert [_config(forward_logs="chief").forwards_logs_of(r) for r in cfg.roles] == [False, True, False]
     assert not cfg.hosts_tensorboard(w0)
     assert _config(tensorboard=True).hosts_tensorboard(w0)
     assert all(_config(forward_logs="all").forwards_logs_of(r) for r in cfg.roles)
