@@ -116,7 +116,8 @@ def spark_context(args: argparse.Namespace, app_name: str) -> tuple[Any, bool]:
     Without spark-submit (no ``PYSPARK_GATEWAY_PORT``) the master is ``--master`` or
     ``local-cluster[<cluster_size>,1,1024]`` (separate executor JVMs), bound to
     127.0.0.1, without UI and progress bars; ``PYSPARK_PYTHON`` defaults to this
-    interpreter and ``SPARK_LOCAL_IP`` to 127.0.0.1.
+    interpreter and ``SPARK_LOCAL_IP`` to 127.0.0.1. ``spark.locality.wait`` defaults to 0
+    (unless set, e.g. with ``spark-submit --conf``).
 
     Args:
         args: The options (``master``, ``cluster_size``).
@@ -141,6 +142,10 @@ def spark_context(args: argparse.Namespace, app_name: str) -> tuple[Any, bool]:
         conf.set("spark.driver.host", "127.0.0.1")
         conf.set("spark.ui.enabled", "false")
         conf.set("spark.ui.showConsoleProgress", "false")
+    # A feed task feeds the node on its own executor: an executor idling up to 3 s (Spark's
+    # default delay scheduling) for a cached partition's executor starves its node, and
+    # the whole MultiWorkerMirroredStrategy waits (docs/performance.md).
+    conf.setIfMissing("spark.locality.wait", "0")
     sc = SparkContext(conf=conf)
     sc.setLogLevel("WARN")
     return sc, True
