@@ -106,6 +106,7 @@ class ClusterState:
         self.hosts: dict[int, str] = {}
         #: feed id -> (partitions expected, partitions handed over) for end_of_feed feeds.
         self._sent: dict[str, tuple[int, set]] = {}
+        self._claimed: dict[str, dict[int, str]] = {}  # issue 9: feed id -> partition index -> node
         #: Queues each node's main_fun had terminated (DataFeed.terminate()) when it returned.
         self.terminated_queues: dict[int, list[str]] = {}
         #: Last resident memory (bytes) of each node's TF process tree, from heartbeats.
@@ -241,6 +242,18 @@ class ClusterState:
                     self.feed_closed = True
                     self._cond.notify_all()
         return {"ok": True}
+
+    # --- issue 9 (security): the driver's record of partitions handed to a node, per feed ---
+    def _on_claim_partition(self, body: dict, peer: str) -> dict:
+        """A feed task is about to stream partition ``index`` of feed ``feed_id`` to ``node``:
+        granted once per (feed, index); a re-run task (retry, stage resubmission) is refused."""
+        feed_id, index, node = str(body["feed_id"]), int(body["index"]), str(body.get("node", ""))
+        with self._cond:
+            claimed = self._claimed.setdefault(feed_id, {})
+            if index in claimed:
+                return {"granted": False, "node": claimed[index]}
+            claimed[index] = node
+        return {"granted": True}
 
     def abort(self, reason: str) -> None:
         """Tells every node and late registrant to give up (e.g. run() failed)."""

@@ -275,6 +275,34 @@ def _refuse_retry(plan: FeedPlan, node: NodeInfo, part: int, epoch: int) -> None
         raise FeedError(msg)
 
 
+def _claim(plan: FeedPlan, node: NodeInfo, index: int, where: str) -> None:
+    """Asks the driver to record that partition ``index`` of this feed goes to ``node``
+    (Spark task), so that a re-run of the task (a retry, or a stage resubmission that starts
+    again at attempt 0) is refused wherever it runs.
+
+    Raises:
+        FeedError: The partition was already handed to a node for this feed, or the driver
+            could not be asked.
+    """
+    try:
+        c = _client(plan)
+        try:
+            resp = c.request("claim_partition", feed_id=plan.feed_id, index=index, node=node.name, timeout_s=30.0)
+        finally:
+            c.close()
+    except (OSError, ControlProtocolError, DeadlineExceededError) as exc:
+        raise FeedError(f"{where}: could not record the partition with the tfos driver: {exc}") from None
+    if not resp.get("granted"):
+        msg = (
+            f"{where}: the driver's record shows partition index {index} of this feed was already handed to "
+            f"{resp.get('node')}; Spark re-ran its feed task (a task retry or a stage resubmission), and tfos never "
+            "feeds a partition twice because its rows would be trained on again. Fix the cause of the first "
+            "failure (see the executor log), then run train() again"
+        )
+        _report(plan, node, msg)
+        raise FeedError(msg)
+
+
 def _open(plan: FeedPlan, index: int) -> tuple[Optional[_Link], NodeInfo, str]:
     from ._node_task import executor_identity, node_host
 
@@ -309,6 +337,11 @@ def _open(plan: FeedPlan, index: int) -> tuple[Optional[_Link], NodeInfo, str]:
             return None, cand, _node_gone(plan, cand, where, exc)
         state = link.status.get("state")
         if state == "ok":
+            try:
+                _claim(plan, cand, index, where)
+            except BaseException:
+                link.close()
+                raise
             if refused:
                 log.warning("%s: failed over after %d node(s) did not authenticate", where, len(refused))
             return link, cand, "ok"

@@ -151,3 +151,41 @@ def test_squatter_on_released_data_port_gets_nothing(sc, no_leftovers, tmp_path)
     got, distinct = (int(x) for x in (tmp_path / "rows1").read_text().split())
     assert got == distinct, "a row was fed twice"
     assert got >= len(conns) * per_part
+
+
+def _count_rows(args, ctx):
+    feed = ctx.get_data_feed(train_mode=True)
+    seen: list = []
+    while not feed.should_stop():
+        seen.extend(feed.next_batch(10))
+        _touch(os.path.join(args["out"], f"seen{ctx.executor_id}"), " ".join(map(str, seen)))
+
+
+def test_rerun_of_delivered_partition_is_refused(sc, no_leftovers, tmp_path):
+    """Spark running a feed task again for a partition already delivered for the same feed
+    (a stage resubmission starts again at attempt 0) is refused by the node's record."""
+    from tfos._feed_tasks import make_feed_fn
+    from tfos.errors import ClusterFailedError
+
+    cluster = TFCluster.run(sc, _count_rows, {"out": str(tmp_path)}, 2, 0, input_mode=SPARK)
+    rdd = sc.parallelize(range(100), 2)
+    plan = cluster._plan("train", "input", None, 2, 120.0)
+    try:
+        assert sorted(rdd.mapPartitionsWithIndex(make_feed_fn(plan)).collect()) == [(0, "ok"), (1, "ok")]
+        with pytest.raises(Exception) as ei:  # Py4J/Spark wraps the task's FeedError
+            rdd.mapPartitionsWithIndex(make_feed_fn(plan)).collect()
+        err = str(ei.value)
+        assert any(t in err for t in ("already received partition index", "already handed to", "Spark retried")), err
+    finally:
+        with pytest.raises(ClusterFailedError) as failed:
+            cluster.shutdown(timeout=120)
+    text = str(failed.value)
+    # refused by the node's own record (same node) or by the driver's (another node)
+    assert "already received partition index" in text or "was already handed to worker:" in text, text
+    assert "Spark re-ran its feed task" in text
+    seen = []
+    for name in ("seen0", "seen1"):
+        path = tmp_path / name
+        if path.exists():
+            seen.extend(int(x) for x in path.read_text().split())
+    assert sorted(seen) == list(range(100))  # every row once, none twice
