@@ -58,7 +58,7 @@ fi
 step mnist_tf "ls mnist_export_tf/saved_model.pb" -- \
   "${SUBMIT[@]}" $K/mnist_tf.py --cluster_size 2 --epochs "$EPOCHS" --steps_per_epoch 50 --model_dir "$WORK/mnist_model_tf" --export_dir "$WORK/mnist_export_tf"
 step mnist_spark "ls mnist_export/saved_model.pb" -- \
-  "${SUBMIT[@]}" $K/mnist_spark.py --cluster_size 2 --epochs "$EPOCHS" --batch_size 128 --images_labels data/mnist/csv/train --model_dir "$WORK/mnist_model" --export_dir "$WORK/mnist_export"
+  "${SUBMIT[@]}" $K/mnist_spark.py --cluster_size 2 --epochs "$EPOCHS" --batch_size 128 --images_labels "$WORK/data/mnist/csv/train" --model_dir "$WORK/mnist_model" --export_dir "$WORK/mnist_export"
 step mnist_inference "python - <<'PY'
 import glob
 rows = [l.split() for f in glob.glob('$WORK/predictions/part-*') for l in open(f)]
@@ -66,6 +66,6 @@ acc = sum(a == b for a, b in rows) / len(rows)
 print(len(rows), 'predictions, accuracy', acc)
 assert len(rows) == 10000 and acc > 0.5, (len(rows), acc)
 PY" -- \
-  "${SUBMIT[@]}" $K/mnist_inference.py --cluster_size 2 --images_labels data/mnist/tfr/test --export_dir "$WORK/mnist_export" --output "$WORK/predictions"
+  "${SUBMIT[@]}" $K/mnist_inference.py --cluster_size 2 --images_labels "$WORK/data/mnist/tfr/test" --export_dir "$WORK/mnist_export" --output "$WORK/predictions"
 echo "work dir: $WORK; $fails step(s) failed"
 exit $((fails > 0))
