@@ -2,8 +2,8 @@
 to the standalone cluster of scripts/spark_standalone.sh, runs the tfos nodes.
 
 The packed venv is small on purpose: it holds tfos (installed from its wheel) and a marker
-package, and reaches its other dependencies (PySpark, numpy, ...) through a .pth file naming
-this venv's site-packages, which exists on this one-machine cluster. Packing the full
+package, and reaches its other dependencies (PySpark, numpy, ...) through a sitecustomize that appends
+this venv's site-packages to sys.path, which exists on this one-machine cluster. Packing the full
 TensorFlow venv (about 2 GB) works the same way but would take minutes in the suite; the
 mechanics tested here (archive unpacked as ./environment on each executor, executors and the
 tfos node processes running its Python and its packages) are the same.
@@ -11,6 +11,7 @@ tfos node processes running its Python and its packages) are the same.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -32,13 +33,15 @@ JOB = textwrap.dedent('''
     from tfos import TFCluster
 
     def main_fun(args, ctx):
-        import sys, tfos, tfos_deploy_marker
-        print(f"{ctx.job_name}:{ctx.task_index} python={sys.executable} tfos={tfos.__file__} "
-              f"marker={tfos_deploy_marker.VALUE}")
+        import json, os, sys, tfos, tfos_deploy_marker
+        with open(os.path.join(args, f"{ctx.job_name}-{ctx.task_index}.json"), "w") as f:
+            json.dump({"python": sys.executable, "tfos": tfos.__file__, "marker": tfos_deploy_marker.VALUE}, f)
 
     spark = SparkSession.builder.appName("tfos-deploy-test").getOrCreate()
     sc = spark.sparkContext
-    cluster = TFCluster.run(sc, main_fun, None, 2, 0, master_node="chief", reservation_timeout=240)
+    import tfos
+    print("driver tfos:", tfos.__file__)
+    cluster = TFCluster.run(sc, main_fun, sys.argv[1], 2, 0, master_node="chief", reservation_timeout=240)
     cluster.shutdown(timeout=240)
     print("executor python:", sc.parallelize([0], 1).map(lambda _: __import__("sys").executable).collect()[0])
     spark.stop()
@@ -77,8 +80,9 @@ def test_venv_pack_archive_on_standalone_cluster(tmp_path, no_leftovers):
                           check=True, capture_output=True, text=True).stdout.strip()
     with open(os.path.join(site, "tfos_deploy_marker.py"), "w") as f:
         f.write("VALUE = 'shipped-42'\n")
-    with open(os.path.join(site, "zz_deps.pth"), "w") as f:
-        f.write(sysconfig.get_paths()["purelib"] + "\n")
+    # (a sitecustomize, not a .pth: venv-pack refuses .pth path entries as editable installs)
+    with open(os.path.join(site, "sitecustomize.py"), "w") as f:
+        f.write(f"import sys\nsys.path.append({sysconfig.get_paths()['purelib']!r})\n")
     # 2. pack it
     archive = tmp_path / "pyspark_venv.tar.gz"
     subprocess.run([os.path.join(os.path.dirname(sys.executable), "venv-pack"), "-p", str(venv), "-o", str(archive), "-q"],
@@ -99,7 +103,7 @@ def test_venv_pack_archive_on_standalone_cluster(tmp_path, no_leftovers):
         proc = subprocess.run(
             [os.path.join(os.path.dirname(sys.executable), "spark-submit"), "--master", f"spark://127.0.0.1:{port}",
              "--archives", f"{archive}#environment", "--total-executor-cores", "2", "--executor-cores", "1",
-             "--executor-memory", "768m", "--conf", "spark.driver.host=127.0.0.1", str(job)],
+             "--executor-memory", "768m", "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.log.level=WARN", str(job), str(tmp_path)],
             cwd=str(tmp_path), env=submit, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=600,
         )
     finally:
@@ -108,9 +112,9 @@ def test_venv_pack_archive_on_standalone_cluster(tmp_path, no_leftovers):
     assert proc.returncode == 0, f"stdout:\n{out[-3000:]}\nstderr:\n{err[-6000:]}"
     m = re.search(r"^executor python: (\S+)$", out, re.MULTILINE)
     assert m and m.group(1).endswith("/environment/bin/python") and str(state) in m.group(1), out
-    for node in ("chief:0", "worker:0"):
-        line = re.search(rf"^\[{node}\] {node} python=(\S+) tfos=(\S+) marker=(\S+)$", err, re.MULTILINE)
-        assert line, err[-6000:]
-        assert line.group(1).endswith("/environment/bin/python"), line.group(0)
-        assert "/environment/lib/" in line.group(2), line.group(0)  # tfos from the archive
-        assert line.group(3) == "shipped-42"
+    for node in ("chief-0", "worker-0"):
+        with open(tmp_path / f"{node}.json") as f:
+            seen = json.load(f)
+        assert seen["python"].endswith("/environment/bin/python") and str(state) in seen["python"], seen
+        assert "/environment/lib/" in seen["tfos"], seen  # tfos from the archive
+        assert seen["marker"] == "shipped-42"
