@@ -539,7 +539,7 @@ def main() -> int:
         pair = [t_d / t_n for t_n, t_d in zip(res.times[num], res.times[den])]
         figures[name] = {"median": med, "best": best, "per_repeat": pair, "target": target}
         ok = "(info)" if target is None else ("ok" if med >= target else "MISSED")
-        goal = "-" if target is None else ">= %.1f" % target
+        goal = "-" if target is None else ">= %.2f" % target
         print(f"{name:<6} {med:>7.2f} {best:>6.2f} {' '.join(f'{x:.2f}' for x in pair):>22} {goal:>7} {ok}")
     print("(per-repeat: ceiling time / tfos time of the same repeat; 2f/1 compares each new cluster's first train()\n"
           " with the ceiling measured just before it)")

@@ -8,9 +8,11 @@ of ready batches. TensorFlow then only receives whole batches:
 
 * :meth:`FeedBatches.dataset` is a ``tf.data.Dataset`` over them (``from_generator`` whose
   generator only hands over ready batches, followed by ``prefetch``);
-* iterating the object itself gives the numpy batches (e.g. to pass them to
-  ``ClusterCoordinator.schedule`` under ``ParameterServerStrategy``, where datasets run
-  on remote workers and cannot call back into this process).
+* iterating the object itself gives the numpy batches (for custom loops; e.g. a
+  ``ParameterServerStrategy`` coordinator could pass them to
+  ``ClusterCoordinator.schedule``, since PSS datasets run on remote workers and cannot
+  call back into this process, but tfos routes partitions to every chief/worker node, so
+  fed PSS training is not supported yet).
 
 Epochs: ``cluster.train(data, num_epochs)`` tags every partition with its epoch. With
 ``per_epoch=True`` each iteration over the dataset yields exactly one epoch (it ends as
