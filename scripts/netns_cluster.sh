@@ -297,7 +297,8 @@ status() {
   while read -r kind a b c d; do
     case "$kind" in
       master) echo "master $a" ;;
-      driver_ip) echo "driver_ip $a (bridge $BRIDGE)" ;;
+      bridge) echo "bridge $a" ;;
+      driver_ip) echo "driver_ip $a" ;;
       pid)
         if pid_in_ns "$b" "$a"; then echo "pid $b $c running in $a"; else echo "pid $b $c gone"; rc=1; fi ;;
       host)
