@@ -386,6 +386,7 @@ def _lost_host_case(bed, sc, tmp_path, action: str, host_index: int) -> None:
     finally:
         (tmp_path / "stop").touch()
     text = str(err.value)
+    print(f"{action} {ip}: shutdown() raised after {elapsed:.1f} s (heartbeat_timeout {HEARTBEAT_S:g} s): {text}")
     node = f"{victim['job_name']}:{victim['task_index']}"
     assert f"{node} (executor {victim['executor_id']}, host {ip})" in text, text
     assert elapsed < 2 * HEARTBEAT_S, f"the lost host surfaced after {elapsed:.1f} s (bound {2 * HEARTBEAT_S} s): {text}"
