@@ -124,9 +124,25 @@ class Bed:
         assert not left, f"tfos processes left behind on the worker hosts: {left}"
 
 
+def _probe_privileges() -> str:
+    """Why this machine cannot build the bed ('' when it can): root without CAP_NET_ADMIN
+    (an unprivileged container) can list namespaces but not add them or a bridge."""
+    name = BED_ENV["TFOS_NETNS_PREFIX"] + "prb"
+    for add, delete in ((["ip", "netns", "add", name], ["ip", "netns", "del", name]),
+                        (["ip", "link", "add", name, "type", "bridge"], ["ip", "link", "del", name])):
+        made = subprocess.run(add, capture_output=True, text=True)
+        subprocess.run(delete, capture_output=True)
+        if made.returncode != 0:
+            return f"cannot run {' '.join(add[:3])}: {made.stderr.strip()}"
+    return ""
+
+
 @pytest.fixture(scope="module")
 def bed(request):
     """Master + ``HOSTS`` workers, each in its own network namespace; always taken down."""
+    why = _probe_privileges()
+    if why:
+        pytest.skip(why)
     b = Bed()
     b.sh("down")  # a bed left by a crashed run (idempotent)
     request.addfinalizer(lambda: b.sh("down", timeout_s=180.0))
