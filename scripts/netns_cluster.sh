@@ -35,7 +35,8 @@
 #   TFOS_NETNS_SUBNET   first three octets of the private /24 (default 10.77.0)
 #   TFOS_NETNS_DIR      state file, logs and work dirs (default /tmp/tfos-netns)
 #   WORKER_MEMORY       memory each worker offers (default 1g)
-set -euo pipefail
+#   TFOS_NETNS_WAIT_S   longest wait for the master to listen and the workers to register (default 180)
+set -Eeuo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 if [[ -z "${PYTHON:-}" ]]; then
@@ -48,6 +49,7 @@ SUBNET="${TFOS_NETNS_SUBNET:-10.77.0}"
 DIR="${TFOS_NETNS_DIR:-/tmp/tfos-netns}"
 STATE="$DIR/state"
 WORKER_MEMORY="${WORKER_MEMORY:-1g}"
+WAIT_S="${TFOS_NETNS_WAIT_S:-180}"
 BRIDGE="${PREFIX}br0"
 DRIVER_IP="$SUBNET.1"
 MASTER_NS="${PREFIX}-m"
@@ -144,6 +146,10 @@ up() {
     if [[ -e "/run/netns/$(worker_ns "$i")" ]]; then die "namespace $(worker_ns "$i") exists but is not in $STATE"; fi
   done
   [[ ! -e "/run/netns/$MASTER_NS" ]] || die "namespace $MASTER_NS exists but is not in $STATE"
+  local tag
+  for tag in m $(seq -f 'w%g' 1 "$n"); do
+    if ip link show "$(host_veth "$tag")" > /dev/null 2>&1; then die "link $(host_veth "$tag") exists but is not in $STATE; not touching it"; fi
+  done
 
   SPARK_HOME="$(spark_home)"; export SPARK_HOME
   rm -rf "$DIR/logs" "$DIR/work"; mkdir -p "$DIR/logs"
@@ -162,8 +168,8 @@ up() {
   start_in_ns "$MASTER_NS" "$MASTER_IP" master "$DIR/logs/master.log" \
     "$SPARK_HOME/bin/spark-class" org.apache.spark.deploy.master.Master \
     --host "$MASTER_IP" --port "$MASTER_PORT" --webui-port 8080 > /dev/null
-  if ! wait_for_port "$MASTER_IP" "$MASTER_PORT" 120; then
-    log "the master did not listen on $MASTER_IP:$MASTER_PORT within 120 s; see $DIR/logs/master.log"
+  if ! wait_for_port "$MASTER_IP" "$MASTER_PORT" "$WAIT_S"; then
+    log "the master did not listen on $MASTER_IP:$MASTER_PORT within $WAIT_S s; see $DIR/logs/master.log"
     false
   fi
   record master "$MASTER_URL"
@@ -173,7 +179,7 @@ up() {
       "$SPARK_HOME/bin/spark-class" org.apache.spark.deploy.worker.Worker "$MASTER_URL" \
       --host "$(worker_ip "$i")" --cores 1 --memory "$WORKER_MEMORY" --work-dir "$DIR/work/w$i" > /dev/null
   done
-  local deadline=$((SECONDS + 180)) missing
+  local deadline=$((SECONDS + WAIT_S)) missing
   while :; do
     missing=""
     for ((i = 1; i <= n; i++)); do
@@ -181,7 +187,7 @@ up() {
     done
     [[ -z "$missing" ]] && break
     if ((SECONDS > deadline)); then
-      log "worker(s)$missing did not register within 180 s; see $DIR/logs/worker*.log"
+      log "worker(s)$missing did not register within $WAIT_S s; see $DIR/logs/worker*.log"
       false
     fi
     sleep 0.5
