@@ -215,8 +215,15 @@ class TFCluster:
         assert self._state is not None
         st = self._state
         self._cancel_jobs()
+        since = time.monotonic()
         if not st.wait_until(st.failed_nodes_reported, _ATTRIBUTION_S):
             log.info("tfos cluster %s: not every failed node reported its cause within %g s", self.cluster_id, _ATTRIBUTION_S)
+        # Only consequences so far (e.g. Spark killed a healthy node's barrier task because
+        # another host's executor vanished with its node supervisor): a node that has gone
+        # silent is then the likely cause; wait until every live node is heard from, or the
+        # silent one is declared lost (at most heartbeat_timeout), so the error names it.
+        if not st.has_root_cause():
+            st.wait_until(lambda: st.has_root_cause() or st.heard_from_live_nodes_since(since), st.heartbeat_timeout_s + 2.0)
         st.abort("the cluster failed")
         err = st.error(context)
         self._teardown_async()

@@ -169,6 +169,23 @@ class ClusterState:
                     return False
             return True
 
+    def has_root_cause(self) -> bool:
+        """True once a failure that can cause a cluster failure was recorded (not only
+        consequences such as a killed Spark task)."""
+        with self._cond:
+            return any(is_root_cause(f) for f in self.failures)
+
+    def heard_from_live_nodes_since(self, since: float) -> bool:
+        """True when every registered node that has neither reported its exit nor failed sent
+        a heartbeat after ``since`` (monotonic seconds). False while one is silent, e.g. on a
+        host that crashed or was cut off and is not yet declared lost."""
+        with self._cond:
+            return all(
+                self.last_heartbeat.get(eid, 0.0) > since
+                for eid in self.nodes
+                if eid not in self.exit_codes and self.proc_state.get(eid) != "failed"
+            )
+
     def alive_nodes(self) -> list[int]:
         """Registered nodes whose processes have not reported their exit and were not lost."""
         with self._cond:

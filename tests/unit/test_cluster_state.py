@@ -492,3 +492,37 @@ def test_tensorboard_failure_is_recorded_with_its_stderr(caplog):
     assert st.tensorboard_url is None
     assert "No module named 'tensorboard'" in st.tensorboard_error
     assert any("failed to start" in r.getMessage() and "No module named" in r.getMessage() for r in caplog.records)
+
+
+def test_a_killed_task_waits_for_the_silent_host_to_be_named(monkeypatch):
+    """A host crashes with its node supervisor: Spark kills the other node's barrier task
+    first (a consequence); the silent node is the root cause once declared lost."""
+    clock = FakeClock(1000.0)
+    monkeypatch.setattr(cs_mod, "time", clock)
+    st = _state(n=2, num_ps=0, timeout=6.0)  # worker:0 (executor 0), worker:1 (executor 1)
+    for eid in range(2):
+        assert _register(st, NodeInfo(eid, "worker", eid, f"10.77.0.{11 + eid}", 2000 + eid, executor_key=f"h{eid}/1"))["ok"]
+        _req(st, "heartbeat", executor_id=eid)
+    clock.t = 1001.0  # executor 1's host dies here; executor 0's task is killed by Spark
+    _fail(st, 0, "lost", "SparkTaskKilled", "the Spark task hosting the node ended")
+    since = clock.t
+    assert not st.has_root_cause()
+    assert st.heard_from_live_nodes_since(since) is False  # executor 1 is silent
+    clock.t = 1008.0
+    st.check_liveness()
+    assert st.has_root_cause()
+    err = st.error("shutdown()")
+    assert [(f.executor_id, f.error_type) for f in err.failures] == [(1, "NodeLost")]
+    assert "worker:1 (executor 1, host 10.77.0.12)" in str(err)
+
+
+def test_live_nodes_heard_from_ends_the_wait_for_a_root_cause():
+    st = _state()
+    _register_all(st)
+    since = time.monotonic()
+    assert not st.heard_from_live_nodes_since(since)
+    _fail(st, 1, "feed", "FeedTimeoutError", "worker:0 accepted no data for 1 s")
+    _req(st, "status", executor_id=0, state="exited", code=0)
+    assert not st.heard_from_live_nodes_since(since)  # executor 2 not heard from yet
+    _req(st, "heartbeat", executor_id=2)
+    assert st.heard_from_live_nodes_since(since)
