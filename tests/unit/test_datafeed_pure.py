@@ -3,19 +3,14 @@ whose feed connections are socketpairs (no Spark, no TensorFlow)."""
 
 from __future__ import annotations
 
-import json
-import pickle
-import socket
-import threading
 
 import numpy as np
 import pytest
 
-from tfos import _wire
-from tfos._data_plane import FrameType, recv_frame
-from tfos._deadline import Deadline
-from tfos._feed_hub import END_OF_FEED, Chunk, FeedConnection, FeedHub, PartitionEnd
+from tfos._data_plane import FrameType
+from tfos._feed_hub import END_OF_FEED, FeedHub
 from tfos.datafeed import DataFeed, rows_to_columns
+from feed_fakes import Feeder as _Feeder
 from tfos.errors import DeadlineExceededError, InferenceResultError, MalformedRowError, TFOSError
 
 KEY = b"k" * 32
@@ -113,47 +108,9 @@ def hub():
     h.close()
 
 
-class Feeder:
-    """One fake feed task: a FeedConnection whose peer end we read."""
-
-    def __init__(self, hub: FeedHub, partition: int, mode: str = "train", epoch: int = 0):
-        self.hub = hub
-        a, self.peer = socket.socketpair()
-        # the real mutual handshake over the pair: frames both ways are authenticated
-        out: dict = {}
-        t = threading.Thread(target=lambda: out.setdefault("s", _wire.client_handshake(self.peer, KEY, Deadline(10))))
-        t.start()
-        server = _wire.server_handshake(a, KEY, Deadline(10))
-        t.join(10)
-        self.session = out["s"]
-        self.conn = FeedConnection(a, server, {"partition": partition, "epoch": epoch, "mode": mode, "kind": "pickled_batch", "qname": "input", "feed_timeout": 10.0})
-        with hub._lock:
-            hub._conns.add(self.conn)
-
-    def chunk(self, rows: list) -> None:
-        self.hub.queues["input"].put_nowait(Chunk(self.conn, bytearray(pickle.dumps(rows))))
-
-    def end(self) -> None:
-        self.hub.queues["input"].put_nowait(PartitionEnd(self.conn))
-
-    def frame(self) -> tuple[FrameType, object]:
-        ftype, payload = recv_frame(self.peer, self.session, Deadline(10, "a frame from the node"))
-        if ftype in (FrameType.RESULTS,):
-            return ftype, pickle.loads(payload)
-        return ftype, json.loads(bytes(payload)) if payload else None
-
-    def no_frame_yet(self) -> bool:
-        self.peer.settimeout(0.2)
-        try:
-            return len(self.peer.recv(1, socket.MSG_PEEK)) == 0 and False
-        except socket.timeout:
-            return True
-        finally:
-            self.peer.settimeout(None)
-
-    def closed(self) -> bool:
-        self.peer.settimeout(10)
-        return self.peer.recv(1) == b""
+def Feeder(hub: FeedHub, partition: int, *args, **kwargs) -> _Feeder:
+    """A fake feed task on ``hub`` with the test key (see feed_fakes.Feeder)."""
+    return _Feeder(hub, KEY, partition, *args, **kwargs)
 
 
 def test_datafeed_needs_a_hub_and_queue(hub):

@@ -4,19 +4,16 @@ TensorFlow."""
 
 from __future__ import annotations
 
-import json
-import pickle
-import socket
 
 import numpy as np
 import pyarrow as pa
 import pytest
 
-from tfos._data_plane import FrameType, recv_frame
-from tfos._deadline import Deadline
-from tfos._feed_hub import END_OF_FEED, Chunk, FeedConnection, FeedHub, PartitionEnd
+from tfos._data_plane import FrameType
+from tfos._feed_hub import END_OF_FEED, FeedHub
 from tfos._tfdata import FeedBatches
 from tfos.datafeed import DataFeed
+from feed_fakes import Feeder as _Feeder
 from tfos.errors import MalformedRowError, TFOSError
 
 KEY = b"k" * 32
@@ -30,31 +27,9 @@ def hub():
     h.close()
 
 
-class Feeder:
-    """One fake feed task: a FeedConnection whose peer end we read."""
-
-    def __init__(self, hub: FeedHub, partition: int, epoch: int = 0, kind: str = "pickled_batch"):
-        self.hub = hub
-        a, self.peer = socket.socketpair()
-        self.conn = FeedConnection(a, {"partition": partition, "epoch": epoch, "mode": "train", "kind": kind, "qname": "input"}, 10.0)
-        with hub._lock:
-            hub._conns.add(self.conn)
-
-    def chunk(self, rows: list) -> None:
-        self.hub.queues["input"].put_nowait(Chunk(self.conn, bytearray(pickle.dumps(rows))))
-
-    def arrow(self, batch: pa.RecordBatch) -> None:
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, batch.schema) as w:
-            w.write_batch(batch)
-        self.hub.queues["input"].put_nowait(Chunk(self.conn, bytearray(sink.getvalue().to_pybytes())))
-
-    def end(self) -> None:
-        self.hub.queues["input"].put_nowait(PartitionEnd(self.conn))
-
-    def frame(self) -> tuple:
-        ftype, payload = recv_frame(self.peer, Deadline(10, "a frame from the node"))
-        return ftype, json.loads(bytes(payload)) if payload else None
+def Feeder(hub: FeedHub, partition: int, epoch: int = 0, kind: str = "pickled_batch") -> _Feeder:
+    """A fake training feed task on ``hub`` with the test key (see feed_fakes.Feeder)."""
+    return _Feeder(hub, KEY, partition, "train", epoch, kind)
 
 
 def _rows(start: int, n: int) -> list:
