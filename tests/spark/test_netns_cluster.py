@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import subprocess
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -296,6 +297,22 @@ def training_loop_main(args, ctx):
         time.sleep(0.01)
 
 
+def feed_loop_main(args, ctx):
+    """Reads the feed slowly (a training step per batch); writes a progress file after its
+    first batch, so the test can kill a host while partitions are still being fed."""
+    import os
+    import time
+
+    feed = ctx.get_data_feed(train_mode=True)
+    first = True
+    while not feed.should_stop():
+        feed.next_batch(100)
+        if first:
+            _write_json(os.path.join(args["out"], f"{ctx.job_name}_{ctx.task_index}.json"), {"host": ctx.host, "pid": os.getpid()})
+            first = False
+        time.sleep(0.02)
+
+
 def _wait_files(out: Path, n: int, timeout_s: float) -> dict:
     end = time.monotonic() + timeout_s
     found = _read_nodes(out)
@@ -382,40 +399,66 @@ def test_tensorboard_reachable_from_driver(bed, bed_sc, tmp_path):
     bed.assert_no_tfos_processes()
 
 
-def _lost_host_case(bed, sc, tmp_path, action: str, host_index: int) -> None:
+def _lost_host_case(bed, sc, tmp_path, action: str, host_index: int, mode=TENSORFLOW) -> None:
     """Starts training on both hosts, cuts or kills worker host ``host_index`` and asserts
-    that shutdown() raises naming that host and its node within 2 x heartbeat_timeout."""
+    that the driver call in progress (``shutdown()`` in InputMode.TENSORFLOW, ``train()``
+    in InputMode.SPARK) raises naming that host and its node within 2 x heartbeat_timeout."""
     ip = bed.hosts[host_index]["ip"]
     _wait_executors(sc, HOSTS, 180.0)
     args = {"out": str(tmp_path), "stop": str(tmp_path / "stop"), "max_s": 600}
-    cluster = TFCluster.run(sc, training_loop_main, args, HOSTS, 0, False, TENSORFLOW, master_node="chief",
+    main = training_loop_main if mode == TENSORFLOW else feed_loop_main
+    cluster = TFCluster.run(sc, main, args, HOSTS, 0, False, mode, master_node="chief",
                             reservation_timeout=300, heartbeat_timeout=HEARTBEAT_S)
+    box: dict = {}
+
+    def feed() -> None:  # InputMode.SPARK: train() blocks while the host is lost
+        try:
+            cluster.train(sc.parallelize(range(1_000_000), 16), feed_timeout=300)
+        except BaseException as exc:  # noqa: BLE001 - inspected by the test
+            box["error"] = exc
+        box["t"] = time.monotonic()
+
     try:
         info = cluster.cluster_info
         [victim] = [n for n in info if n["host"] == ip]
+        feeder = None
+        if mode == SPARK:
+            feeder = threading.Thread(target=feed, name="feed", daemon=True)
+            feeder.start()
         _wait_files(tmp_path, HOSTS, 240.0)
         bed.sh(action, str(host_index))
         t0 = time.monotonic()
-        with pytest.raises(ClusterFailedError) as err:
-            cluster.shutdown(timeout=SHUTDOWN_TIMEOUT_S)
-        elapsed = time.monotonic() - t0
+        if feeder is None:
+            with pytest.raises(ClusterFailedError) as err:
+                cluster.shutdown(timeout=SHUTDOWN_TIMEOUT_S)
+            elapsed = time.monotonic() - t0
+            error = err.value
+        else:
+            feeder.join(SHUTDOWN_TIMEOUT_S)
+            assert not feeder.is_alive(), "train() did not return"
+            error = box.get("error")
+            assert isinstance(error, ClusterFailedError), repr(error)
+            elapsed = box["t"] - t0
+            cluster.shutdown()  # joins the teardown of the failed cluster
     finally:
         (tmp_path / "stop").touch()
-    text = str(err.value)
-    print(f"{action} {ip}: shutdown() raised after {elapsed:.1f} s (heartbeat_timeout {HEARTBEAT_S:g} s): {text}")
+    text = str(error)
+    print(f"{action} {ip} ({mode.name}): raised after {elapsed:.1f} s (heartbeat_timeout {HEARTBEAT_S:g} s): {text}")
     node = f"{victim['job_name']}:{victim['task_index']}"
     assert f"{node} (executor {victim['executor_id']}, host {ip})" in text, text
     assert elapsed < 2 * HEARTBEAT_S, f"the lost host surfaced after {elapsed:.1f} s (bound {2 * HEARTBEAT_S} s): {text}"
 
 
 def test_cut_host_is_named_fast(bed, bed_sc, tmp_path):
-    """(d) First of the two failure tests. Worker host 2 is cut off the network mid-training (its link down)."""
+    """(d) First of the two failure tests: worker host 2 is cut off the network (its link
+    down) while InputMode.TENSORFLOW trains."""
     _lost_host_case(bed, bed_sc, tmp_path, "cut", 2)
     bed.sh("heal", "2")
     bed.assert_no_tfos_processes(hosts=[2])
 
 
 def test_killed_host_is_named_fast(bed, bed_sc, tmp_path):
-    """(d) Last test (host 1 stays dead): worker host 1 crashes (its worker, executor and tfos processes SIGKILLed)."""
-    _lost_host_case(bed, bed_sc, tmp_path, "kill-worker", 1)
+    """(d) Last test (host 1 stays dead): worker host 1 crashes (its worker, executor and tfos
+    processes SIGKILLed) while InputMode.SPARK feeds both hosts."""
+    _lost_host_case(bed, bed_sc, tmp_path, "kill-worker", 1, SPARK)
     bed.assert_no_tfos_processes(hosts=[2])
