@@ -30,9 +30,7 @@ import dataclasses
 import json
 import logging
 import os
-import pickle
 import signal
-import struct
 import sys
 import threading
 import time
@@ -40,7 +38,7 @@ from typing import IO, Optional
 
 from ._cluster_state import ClusterState
 from ._control_server import ControlServer
-from ._node_task import setup_process_logging
+from ._node_task import read_record, setup_process_logging, write_record
 from .cluster_template import NodeRole
 from .errors import ConfigurationError, ControlProtocolError, NodeFailure
 
@@ -50,7 +48,6 @@ log = logging.getLogger("tfos.connect_host")
 
 #: Longest a ``client_wait`` request is held open, in seconds.
 MAX_POLL_S = 10.0
-_LEN = struct.Struct(">Q")
 #: Seconds to wait for the nodes' processes to exit after an abort before exiting anyway.
 _EXIT_WAIT_S = 30.0
 #: Seconds the process stays up after every node exited, so the client can still fetch
@@ -90,31 +87,16 @@ class HostLaunch:
 
 def write_host_launch(stream: IO[bytes], launch: HostLaunch) -> None:
     """Writes the launch record to the control host's stdin pipe (start task side)."""
-    data = pickle.dumps(launch, protocol=pickle.HIGHEST_PROTOCOL)
-    stream.write(_LEN.pack(len(data)) + data)
-    stream.flush()
+    write_record(stream, launch)
 
 
 def read_host_launch(stream: IO[bytes]) -> HostLaunch:
     """Reads the record written by :func:`write_host_launch` (control host process).
 
-    The bytes come from the parent's local pipe, which got them from the Spark closure: a
-    trusted channel, not the network.
-
     Raises:
         EOFError: When the pipe closed before a full :class:`HostLaunch` record arrived.
     """
-    head = stream.read(_LEN.size)
-    if len(head) != _LEN.size:
-        raise EOFError("no launch record on stdin")
-    (n,) = _LEN.unpack(head)
-    data = stream.read(n)
-    if len(data) != n:
-        raise EOFError("truncated launch record on stdin")
-    launch = pickle.loads(data)  # local pipe from the parent, see docstring
-    if not isinstance(launch, HostLaunch):
-        raise EOFError("stdin did not carry a HostLaunch")
-    return launch
+    return read_record(stream, HostLaunch)
 
 
 class ControlHost:

@@ -26,18 +26,19 @@ import struct
 import subprocess
 import sys
 import threading
-from typing import IO, Callable, Iterable, Iterator
+from typing import IO, Callable, Iterable, Iterator, TypeVar
 
 from ._launch import ClusterConfig, NodeLaunch
 from .cluster_template import InputMode
 from .errors import TFOSError
 from .gpu_info import cuda_visible_devices
 
-__all__ = ["executor_identity", "node_host", "spawn_supervisor", "make_start_task", "write_launch", "read_launch"]
+__all__ = ["executor_identity", "node_host", "spawn_supervisor", "make_start_task", "write_launch", "read_launch", "write_record", "read_record"]
 
 log = logging.getLogger(__name__)
 
 _LEN = struct.Struct(">Q")
+_R = TypeVar("_R")
 #: Longest single wait of an InputMode.SPARK start task for its supervisor's exit between
 #: questions to the driver (seconds).
 _START_POLL_S = 0.2
@@ -90,21 +91,23 @@ def node_host(driver_host: str, driver_port: int) -> str:
     return os.environ.get("SPARK_LOCAL_IP") or socket.gethostname()
 
 
-def write_launch(stream: IO[bytes], launch: NodeLaunch) -> None:
+def write_record(stream: IO[bytes], record: object) -> None:
     """Writes a launch record to a local pipe (length-prefixed pickle; never a socket)."""
-    data = pickle.dumps(launch, protocol=pickle.HIGHEST_PROTOCOL)
+    data = pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL)
     stream.write(_LEN.pack(len(data)) + data)
     stream.flush()
 
 
-def read_launch(stream: IO[bytes]) -> NodeLaunch:
-    """Reads the launch record written by :func:`write_launch` (node process side).
+def read_record(stream: IO[bytes], cls: type[_R]) -> _R:
+    """Reads a record written by :func:`write_record` and checks that it is a ``cls``
+    (node process or control-host process side).
 
     The bytes come from the parent process's pipe, which got them from the Spark closure:
     a trusted local channel, not the network.
 
     Raises:
-        EOFError: When the parent closed the pipe before writing a full record.
+        EOFError: When the parent closed the pipe before writing a full record, or the
+            record is not a ``cls``.
     """
     head = stream.read(_LEN.size)
     if len(head) != _LEN.size:
@@ -113,10 +116,24 @@ def read_launch(stream: IO[bytes]) -> NodeLaunch:
     data = stream.read(n)
     if len(data) != n:
         raise EOFError("truncated launch record on stdin")
-    launch = pickle.loads(data)  # local pipe from the parent, see docstring
-    if not isinstance(launch, NodeLaunch):
-        raise EOFError("stdin did not carry a NodeLaunch")
-    return launch
+    record = pickle.loads(data)  # local pipe from the parent, see docstring
+    if not isinstance(record, cls):
+        raise EOFError(f"stdin did not carry a {cls.__name__}")
+    return record
+
+
+def write_launch(stream: IO[bytes], launch: NodeLaunch) -> None:
+    """Writes a :class:`NodeLaunch` to a node process's stdin pipe."""
+    write_record(stream, launch)
+
+
+def read_launch(stream: IO[bytes]) -> NodeLaunch:
+    """Reads the :class:`NodeLaunch` written by :func:`write_launch` (node process side).
+
+    Raises:
+        EOFError: When the parent closed the pipe before writing a full record.
+    """
+    return read_record(stream, NodeLaunch)
 
 
 def setup_process_logging() -> None:

@@ -56,6 +56,24 @@ def test_host_launch_validates():
     assert "kkkk" not in repr(launch)
 
 
+def test_host_launch_record_roundtrip_and_type_check():
+    import io
+
+    from tfos._connect_host import read_host_launch, write_host_launch
+
+    roles = tuple(roles_from_template(build_template(2, 0, None, False)))
+    launch = HostLaunch("c1", b"k" * 32, roles, "127.0.0.1", 15.0, 600.0, 0)
+    buf = io.BytesIO()
+    write_host_launch(buf, launch)
+    assert read_host_launch(io.BytesIO(buf.getvalue())) == launch
+    with pytest.raises(EOFError, match="truncated launch record"):
+        read_host_launch(io.BytesIO(buf.getvalue()[:-1]))
+    other = io.BytesIO()
+    write_host_launch(other, ("not", "a", "launch"))  # type: ignore[arg-type]
+    with pytest.raises(EOFError, match="did not carry a HostLaunch"):
+        read_host_launch(io.BytesIO(other.getvalue()))
+
+
 def test_control_host_registry_failures_and_teardown():
     host = _host()
     key = host.launch.key
