@@ -25,7 +25,7 @@ from typing import Any, Optional
 from ._deadline import Deadline
 from .errors import ControlProtocolError, DeadlineExceededError
 
-__all__ = ["NodeOutput", "emit", "is_tf_noise", "spark_shows_progress", "TF_LOG_LEVEL_DEFAULT"]
+__all__ = ["NodeOutput", "emit", "is_tf_noise", "spark_shows_progress", "tf_noise_level", "TF_LOG_LEVEL_DEFAULT"]
 
 node_log = logging.getLogger("tfos.node")
 
@@ -77,6 +77,25 @@ def is_tf_noise(line: str, min_level: int, nvidia_driver: bool, after_dropped: b
     if "Input of GeneratorDatasetOp::Dataset will not be optimized" in line:
         return True  # about DataFeed.as_dataset's own generator: nothing the user can change
     return not nvidia_driver and "failed call to cuInit" in line
+
+
+def tf_noise_level(env_value: Optional[str]) -> Optional[int]:
+    """The ``min_level`` of :func:`is_tf_noise` for a node's ``TF_CPP_MIN_LOG_LEVEL`` (pure).
+
+    The filter follows the level in force, whoever set it: tfos's default (``1``) or the
+    user's (``2`` must never show more than ``1``). ``0`` (every line asked for) turns it off.
+
+    Args:
+        env_value: ``TF_CPP_MIN_LOG_LEVEL`` of the TF process, or None when unset.
+
+    Returns:
+        The level (1-3), or None for no filtering.
+    """
+    try:
+        level = int(env_value if env_value is not None else TF_LOG_LEVEL_DEFAULT)
+    except ValueError:
+        level = int(TF_LOG_LEVEL_DEFAULT)
+    return min(level, 3) if level > 0 else None
 
 
 class NodeOutput:

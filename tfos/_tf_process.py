@@ -29,7 +29,7 @@ from ._control_client import ControlClient
 from ._deadline import Deadline
 from ._feed_hub import FeedHub
 from ._launch import NodeLaunch
-from ._node_output import TF_LOG_LEVEL_DEFAULT, NodeOutput
+from ._node_output import TF_LOG_LEVEL_DEFAULT, NodeOutput, tf_noise_level
 from ._node_task import read_launch, setup_process_logging, watch_stdin_eof
 from .cluster_template import InputMode, NodeInfo, build_cluster_spec, tf_config_json
 from .errors import ControlProtocolError, DeadlineExceededError, NodeFailure, ReservationTimeoutError
@@ -39,8 +39,6 @@ log = logging.getLogger("tfos.tf_process")
 
 _MAX_TRACEBACK_CHARS = 60000
 _REQ_ERRORS = (OSError, ControlProtocolError, DeadlineExceededError)
-#: True when tfos chose TF_CPP_MIN_LOG_LEVEL (set in main()).
-_TF_LOG_DEFAULTED = False
 
 
 def reserve_port(host: str = "") -> socket.socket:
@@ -179,7 +177,7 @@ def _node_output(launch: NodeLaunch) -> Optional[NodeOutput]:
     """Captures this node's output: forwarded to the driver, TF's C++ noise dropped (C26)."""
     cfg = launch.config
     forwarded = cfg.forwards_logs_of(launch.role)
-    tf_min_level = int(TF_LOG_LEVEL_DEFAULT) if _TF_LOG_DEFAULTED else None
+    tf_min_level = tf_noise_level(os.environ.get("TF_CPP_MIN_LOG_LEVEL"))
     if not forwarded and tf_min_level is None:
         return None
     client = ControlClient(cfg.driver_host, cfg.driver_port, cfg.key, cfg.cluster_id) if forwarded else None
@@ -329,8 +327,6 @@ def main() -> int:
 
     # Quiet by default (C26): TensorFlow's C++ INFO lines only if the user asks for them
     # (a TF_CPP_MIN_LOG_LEVEL of theirs wins); set before main_fun imports TensorFlow.
-    global _TF_LOG_DEFAULTED
-    _TF_LOG_DEFAULTED = "TF_CPP_MIN_LOG_LEVEL" not in os.environ
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", TF_LOG_LEVEL_DEFAULT)
 
     # The supervisor is gone: never outlive it.

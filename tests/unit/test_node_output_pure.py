@@ -11,7 +11,7 @@ import traceback
 
 import cloudpickle
 
-from tfos._node_output import is_tf_noise
+from tfos._node_output import is_tf_noise, tf_noise_level
 
 ABSL = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
 INFO = "I0000 00:00:1796080592.555864    7250 port.cc:153] oneDNN custom operations are on."
@@ -77,3 +77,16 @@ def test_traceback_names_the_drivers_file_even_where_it_is_absent(tmp_path):
     assert f'File "{script}", line 6, in helper' in text and 'raise ValueError("bad value %s" % x)' in text, text
     assert "<dynamic-code>" not in text
     assert cloudpickle  # the payload format is cloudpickle's
+
+
+def test_filter_follows_the_level_in_force_whoever_set_it():
+    # tfos's default, and a user's quieter level (2 must never show more than 1): filtered;
+    # 0 (every line asked for) turns the filter off; junk falls back to tfos's default.
+    assert tf_noise_level(None) == 1
+    assert tf_noise_level("2") == 2 and tf_noise_level("3") == 3 and tf_noise_level("7") == 3
+    assert tf_noise_level("0") is None
+    assert tf_noise_level("loud") == 1
+    cuinit = ("E0000 00:00:1796084945.589284   28418 cuda_platform.cc:52] failed call to cuInit: "
+              "INTERNAL: CUDA error: Failed call to cuInit: UNKNOWN ERROR (303)")
+    assert is_tf_noise(cuinit, tf_noise_level("2"), nvidia_driver=False)
+    assert is_tf_noise(ABSL, tf_noise_level("2"), nvidia_driver=False)
