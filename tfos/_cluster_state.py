@@ -221,7 +221,10 @@ class ClusterState:
             if 0 <= eid < len(self.roles):
                 self.proc_state[eid] = "failed"
             self._cond.notify_all()
-        log.error("tfos node failed: %s: %s: %s", failure.node_name, failure.error_type, failure.message)
+        if is_root_cause(failure):
+            log.error("tfos node failed: %s: %s: %s", failure.node_name, failure.error_type, failure.message)
+        else:  # shown in the driver's error only if no root cause arrives
+            log.info("tfos node %s reported: %s: %s", failure.node_name, failure.error_type, failure.message)
         if first and self._on_failure is not None:
             self._on_failure(failure)
 

@@ -526,3 +526,16 @@ def test_live_nodes_heard_from_ends_the_wait_for_a_root_cause():
     assert not st.heard_from_live_nodes_since(since)  # executor 2 not heard from yet
     _req(st, "heartbeat", executor_id=2)
     assert st.heard_from_live_nodes_since(since)
+
+
+def test_only_root_causes_are_logged_as_errors(caplog):
+    # A consequence (a feed task's FeedError) reported before its node's cause is kept for
+    # the error but logged at INFO: the driver's log shows the cause once, as an ERROR.
+    st = _state(n=2, num_ps=0)
+    with caplog.at_level(logging.INFO, logger="tfos._cluster_state"):
+        st.record_failure(st.make_failure(0, "feed", "FeedError", "partition 3: the node failed"))
+        st.record_failure(st.make_failure(0, "exception", "RuntimeError", "boom"))
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert len(errors) == 1 and "RuntimeError: boom" in errors[0]
+    assert any("FeedError: partition 3: the node failed" in m for m in infos)
