@@ -411,10 +411,12 @@ def test_run_shutdown_run_again_with_tf_servers(sc, tmp_path, no_leftovers):
 
 
 def test_worker_exception_fails_shutdown(sc, tmp_path, no_leftovers):
-    cluster = TFCluster.run(sc, boom_main, {"out": str(tmp_path)}, 2, 0, False,
-                            TFCluster.InputMode.TENSORFLOW, master_node="chief", reservation_timeout=120)
     t0 = time.monotonic()
     with pytest.raises(ClusterFailedError) as info:
+        # worker:0 raises at once: under load its report can reach the driver before run()
+        # returns, and then run() itself raises; otherwise shutdown() does.
+        cluster = TFCluster.run(sc, boom_main, {"out": str(tmp_path)}, 2, 0, False,
+                                TFCluster.InputMode.TENSORFLOW, master_node="chief", reservation_timeout=120)
         cluster.shutdown(timeout=SHUTDOWN_TIMEOUT_S)
     assert time.monotonic() - t0 < 120
     err = info.value
