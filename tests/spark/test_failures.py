@@ -308,7 +308,7 @@ def test_tf_process_exits_when_its_supervisor_dies(sc, no_leftovers):
     tf_pid = _node(cluster, 1)["pid"]
     tf_proc = psutil.Process(tf_pid)
     supervisor = tf_proc.parent()
-    assert "tfos._supervisor" in " ".join(supervisor.cmdline())
+    assert "tfos._node.supervisor" in " ".join(supervisor.cmdline())
     t0 = time.monotonic()
     supervisor.kill()
     gone, _ = psutil.wait_procs([tf_proc], timeout=15.0)
@@ -378,7 +378,7 @@ def test_executor_jvm_killed_while_training(spark_manager, tmp_path):
 # --------------------------------------------------------------------------- pure regression (no Spark needed)
 def test_registered_node_is_watched_before_its_first_heartbeat():
     """A supervisor that dies before its first heartbeat must still be declared lost."""
-    from tfos._cluster_state import ClusterState
+    from tfos._driver.state import ClusterState
     from tfos.cluster_template import NodeInfo, NodeRole
 
     st = ClusterState("c1", [NodeRole(0, "worker", 0)], heartbeat_timeout_s=5.0)

@@ -1,4 +1,4 @@
-"""Unit tests of tfos._cluster_state.ClusterState (pure driver-side state machine)."""
+"""Unit tests of tfos._driver.state.ClusterState (pure driver-side state machine)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-import tfos._cluster_state as cs_mod
-from tfos._cluster_state import ClusterState, describe_exit, kill_hint
-from tfos._deadline import Deadline
+import tfos._driver.state as cs_mod
+from tfos._driver.state import ClusterState, describe_exit, kill_hint
+from tfos._common.deadline import Deadline
 from tfos.cluster_template import NodeInfo, build_template, roles_from_template
 from tfos.errors import ClusterFailedError, ControlProtocolError, DeadlineExceededError, NodeFailure
 
@@ -487,7 +487,7 @@ def test_wait_for_counters_needs_a_fresh_report():
 
 def test_tensorboard_failure_is_recorded_with_its_stderr(caplog):
     st = _state()
-    with caplog.at_level(logging.WARNING, logger="tfos._cluster_state"):
+    with caplog.at_level(logging.WARNING, logger="tfos._driver.state"):
         _req(st, "tensorboard", executor_id=1, url="", error="ModuleNotFoundError: No module named 'tensorboard'")
     assert st.tensorboard_url is None
     assert "No module named 'tensorboard'" in st.tensorboard_error
@@ -532,7 +532,7 @@ def test_only_root_causes_are_logged_as_errors(caplog):
     # A consequence (a feed task's FeedError) reported before its node's cause is kept for
     # the error but logged at INFO: the driver's log shows the cause once, as an ERROR.
     st = _state(n=2, num_ps=0)
-    with caplog.at_level(logging.INFO, logger="tfos._cluster_state"):
+    with caplog.at_level(logging.INFO, logger="tfos._driver.state"):
         st.record_failure(st.make_failure(0, "feed", "FeedError", "partition 3: the node failed"))
         st.record_failure(st.make_failure(0, "exception", "RuntimeError", "boom"))
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]

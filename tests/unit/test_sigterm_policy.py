@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-import tfos._cluster as cl
+import tfos._driver.cluster as cl
 
 
 @pytest.fixture

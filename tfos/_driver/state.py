@@ -22,10 +22,10 @@ import threading
 import time
 from typing import Any, Callable, Optional, Sequence
 
-from . import _node_output
-from ._deadline import Deadline
-from .cluster_template import NodeInfo, NodeRole, build_cluster_spec
-from .errors import ClusterFailedError, ControlProtocolError, NodeFailure, is_root_cause
+from tfos._node import output as _node_output
+from tfos._common.deadline import Deadline
+from tfos.cluster_template import NodeInfo, NodeRole, build_cluster_spec
+from tfos.errors import ClusterFailedError, ControlProtocolError, NodeFailure, is_root_cause
 
 __all__ = ["ClusterState", "describe_exit", "kill_hint", "format_bytes"]
 

@@ -1,6 +1,6 @@
 """The driver side of a tfos cluster: ``run()`` and the :class:`TFCluster` it returns (driver only).
 
-Only this module (and :mod:`tfos._spark_checks`) touches the SparkContext. Every Spark job
+Only this module (and :mod:`tfos._driver.spark_checks`) touches the SparkContext. Every Spark job
 tfos starts runs in a thread of its own under a job group of this cluster, so a failure
 cancels exactly this cluster's jobs and nothing else.
 """
@@ -19,17 +19,19 @@ import uuid
 import weakref
 from typing import Any, Callable, Optional, Sequence
 
-from . import _node_output, _wire
-from ._cluster_state import ClusterState
-from ._control_server import ControlServer
-from ._deadline import Deadline
-from ._feed_tasks import FeedPlan, make_arrow_feed_fn, make_feed_fn, make_infer_fn
-from ._launch import ClusterConfig
-from ._node_task import launch_local_node, make_start_task
-from ._spark_checks import busy_slots_report, check_spark
-from ._user_source import with_source
-from .cluster_template import InputMode, build_template, format_template, roles_from_template
-from .errors import ClusterFailedError, ConfigurationError, DeadlineExceededError, ReservationTimeoutError, TFOSError, is_root_cause
+from tfos._common import wire as _wire
+
+from tfos._node import output as _node_output
+from tfos._driver.state import ClusterState
+from tfos._control.server import ControlServer
+from tfos._common.deadline import Deadline
+from tfos._data.feed_tasks import FeedPlan, make_arrow_feed_fn, make_feed_fn, make_infer_fn
+from tfos._node.launch import ClusterConfig
+from tfos._node.start_task import launch_local_node, make_start_task
+from tfos._driver.spark_checks import busy_slots_report, check_spark
+from tfos._driver.user_source import with_source
+from tfos.cluster_template import InputMode, build_template, format_template, roles_from_template
+from tfos.errors import ClusterFailedError, ConfigurationError, DeadlineExceededError, ReservationTimeoutError, TFOSError, is_root_cause
 
 __all__ = ["TFCluster", "run"]
 
@@ -51,7 +53,7 @@ def _default_fs(sc: Any) -> str:
         fs = sc._jsc.hadoopConfiguration().get("fs.defaultFS") or "file://"
     except Exception:  # noqa: BLE001 - no JVM Hadoop conf (unusual); fall back to local
         fs = "file://"
-    from .node_context import normalize_default_fs  # keeps 'hdfs://' (no host) intact (issue 11)
+    from tfos.node_context import normalize_default_fs  # keeps 'hdfs://' (no host) intact (issue 11)
 
     return normalize_default_fs(fs)
 
@@ -427,7 +429,7 @@ class TFCluster:
         plan = self._plan("inference", qname, kind, parts, feed_timeout)
         from pyspark import StorageLevel
 
-        from ._spark_rawio import raw_output_rdd
+        from tfos._data.spark_rawio import raw_output_rdd
 
         out = raw_output_rdd(src, make_infer_fn(plan))
         # The JVM holds each result frame as one byte array either way; "deserialized"
@@ -743,7 +745,7 @@ def _arrow_ok() -> bool:
 
 
 def _chunk_kind(name: str):
-    from ._data_plane import ChunkKind
+    from tfos._data.framing import ChunkKind
 
     return ChunkKind(name)
 
@@ -754,8 +756,8 @@ def _raw_source(rdd: Any, epochs: int = 1) -> tuple[Any, Any]:
     RDDs stored as PySpark pickled batches are fed as raw frames (the feed task never
     unpickles them); any other RDD is fed row by row, re-pickled in chunks (kind None).
     """
-    from ._data_plane import ChunkKind
-    from ._spark_rawio import FrameKind, raw_frames, union_raw_frames
+    from tfos._data.framing import ChunkKind
+    from tfos._data.spark_rawio import FrameKind, raw_frames, union_raw_frames
 
     raw = raw_frames(rdd)
     if raw is None or raw.kind != FrameKind.PICKLED_BATCH:
@@ -798,7 +800,7 @@ def run(
 
     Args:
         sc: The SparkContext, or a Spark Connect ``SparkSession`` (then the cluster is a
-            :class:`tfos._connect.ConnectTFCluster` fed with DataFrames; see docs/connect.md).
+            :class:`tfos._connect.client.ConnectTFCluster` fed with DataFrames; see docs/connect.md).
         map_fun: ``main_fun(args, ctx)``, run on every node (must be picklable by cloudpickle).
         tf_args: Passed to ``map_fun`` unchanged: an argparse Namespace, a dict or argv list.
         num_executors: Number of nodes (ps included).
@@ -839,9 +841,9 @@ def run(
         ReservationTimeoutError: Not every node registered within ``reservation_timeout``.
         ClusterFailedError: A node failed while the cluster was forming.
     """
-    from ._connect import is_connect_session, run_connect
+    from tfos._connect.client import is_connect_session, run_connect
 
-    if is_connect_session(sc):  # Spark Connect client: see tfos/_connect.py and docs/connect.md
+    if is_connect_session(sc):  # Spark Connect client: see tfos/_connect/client.py and docs/connect.md
         return run_connect(  # type: ignore[return-value]
             sc, map_fun, tf_args, num_executors, num_ps, tensorboard, input_mode, log_dir, driver_ps_nodes, master_node,
             reservation_timeout, queues, eval_node, release_port, heartbeat_timeout=heartbeat_timeout,

@@ -1,10 +1,10 @@
-"""The control host of a Spark Connect cluster: ``python -m tfos._connect_host`` (executor host).
+"""The control host of a Spark Connect cluster: ``python -m tfos._connect.host`` (executor host).
 
 Under Spark Connect the driver program is a remote client that executors may not reach, so
 the control plane cannot live in the client. The first task of the barrier start stage
 spawns this small process on its executor host. It runs what the driver runs in the
-classic path, unchanged: a :class:`~tfos._control_server.ControlServer` (same authenticated
-frames, same key) dispatching to a :class:`~tfos._cluster_state.ClusterState` (registry,
+classic path, unchanged: a :class:`~tfos._control.server.ControlServer` (same authenticated
+frames, same key) dispatching to a :class:`~tfos._driver.state.ClusterState` (registry,
 heartbeats, failures, directives). Node supervisors and TF processes talk to it exactly as
 they talk to the classic driver.
 
@@ -36,11 +36,11 @@ import threading
 import time
 from typing import IO, Optional
 
-from ._cluster_state import ClusterState
-from ._control_server import ControlServer
-from ._node_task import read_record, setup_process_logging, write_record
-from .cluster_template import NodeRole
-from .errors import ConfigurationError, ControlProtocolError, NodeFailure
+from tfos._driver.state import ClusterState
+from tfos._control.server import ControlServer
+from tfos._node.start_task import read_record, setup_process_logging, write_record
+from tfos.cluster_template import NodeRole
+from tfos.errors import ConfigurationError, ControlProtocolError, NodeFailure
 
 __all__ = ["HostLaunch", "ControlHost", "MAX_POLL_S", "write_host_launch", "read_host_launch"]
 
@@ -232,7 +232,7 @@ class ControlHost:
     # --------------------------------------------------------------- lifetime
     def serve(self) -> int:
         """Serves until released (and every node exited) or a reason to end; returns 0."""
-        from ._supervisor import _Watch
+        from tfos._node.supervisor import _Watch
 
         jvm = _Watch(self.launch.watch_pid)
         st = self.state
@@ -273,7 +273,7 @@ class ControlHost:
 
 
 def main() -> int:
-    """Entry point of ``python -m tfos._connect_host``.
+    """Entry point of ``python -m tfos._connect.host``.
 
     Reads the :class:`HostLaunch` record from stdin, binds the control server, writes
     ``{"host": ..., "port": ...}`` as one JSON line to stdout for the start task, then
@@ -296,7 +296,7 @@ def main() -> int:
 
 if __name__ == "__main__":
     # Run main() of the imported module, not of __main__: the launch record unpickles
-    # as tfos._connect_host.HostLaunch, which must be the class main() checks against.
-    from tfos._connect_host import main as _main
+    # as tfos._connect.host.HostLaunch, which must be the class main() checks against.
+    from tfos._connect.host import main as _main
 
     raise SystemExit(_main())  # process entry point, not library code
