@@ -650,6 +650,24 @@ class ClusterState:
         """The cluster spec of the registered nodes."""
         return build_cluster_spec(self.nodes_snapshot())
 
+    def status(self) -> dict:
+        """A consistent snapshot of the cluster for a client (JSON-ready): registered,
+        missing, nodes, states, exit_codes, failures, tensorboard_url, feed_closed,
+        stop_requested, abort."""
+        with self._cond:
+            return {
+                "registered": self.all_registered(),
+                "missing": self.missing(),
+                "nodes": [n.to_dict() for n in sorted(self.nodes.values(), key=lambda n: n.executor_id)],
+                "states": {str(k): v for k, v in self.proc_state.items()},
+                "exit_codes": {str(k): v for k, v in self.exit_codes.items()},
+                "failures": [f.to_dict() for f in self.failures],
+                "tensorboard_url": self.tensorboard_url,
+                "feed_closed": self.feed_closed,
+                "stop_requested": self.stop_requested,
+                "abort": self.abort_reason,
+            }
+
     def rows_consumed(self) -> int:
         """Total rows the TF processes have taken from their feeds (from heartbeats)."""
         with self._cond:

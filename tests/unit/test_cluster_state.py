@@ -633,3 +633,17 @@ def test_wait_for_tensorboard_url_or_error():
     assert st2.wait_for_tensorboard(Deadline(30.0, "TensorBoard to start")) is True
     with pytest.raises(DeadlineExceededError):
         _state().wait_for_tensorboard(Deadline(0.05, "TensorBoard to start"))
+
+
+def test_status_is_a_json_ready_snapshot():
+    st = _state()
+    _register(st, _node(1))
+    _req(st, "status", executor_id=1, state="exited", code=0)
+    st.close_feed()
+    s = st.status()
+    assert s["registered"] is False and s["missing"] == [0, 2]
+    assert [n["executor_id"] for n in s["nodes"]] == [1]
+    assert s["states"] == {"0": "pending", "1": "registered", "2": "pending"}
+    assert s["exit_codes"] == {"1": 0}
+    assert s["failures"] == [] and s["tensorboard_url"] is None
+    assert (s["feed_closed"], s["stop_requested"], s["abort"]) == (True, False, "")
