@@ -105,10 +105,19 @@ class TFCluster:
         cluster_template: ``{job: [executor ids]}``.
         defaultFS: Spark's ``fs.defaultFS``.
         working_dir: The driver's working directory.
+        queues: Queue names of the fed nodes.
+        progress: Show a progress line during train()/inference().
     """
 
     def __init__(self, sc: Any, config: DriverConfig, runtime: ClusterRuntime, attempt: Attempt) -> None:
-        """Built by :func:`run` from its steps' results; not meant to be called directly."""
+        """Built by :func:`run` from its steps' results; not meant to be called directly.
+
+        Args:
+            sc: The SparkContext.
+            config: What run() decided (fixed for the cluster's life).
+            runtime: The live parts: cluster state, control server, jobs, teardown.
+            attempt: The launch whose nodes all registered (start job, ``nodeRDD``).
+        """
         self.sc = sc
         self._config = config
         self._runtime = runtime
