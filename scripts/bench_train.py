@@ -149,14 +149,18 @@ def main_fun(args, ctx):
         def on_train_end(self, logs=None):
             self.end = time.monotonic()
 
+    steps = args["steps"]  # the same on every node: DataFeed.steps_per_epoch(rows, batch, nodes)
+
     def fit(ds, per_epoch_calls):
         with strategy.scope():
             model = common.build_model(keras)
         timer = Timer()
         began = time.monotonic()
-        if per_epoch_calls:  # the fed dataset: one fit per epoch (see DataFeed.as_dataset)
+        if per_epoch_calls:  # --fit per-epoch, fed: one fit per epoch (as_dataset(per_epoch=True))
             for e in range(epochs):
                 model.fit(ds, initial_epoch=e, epochs=e + 1, verbose=0, callbacks=[timer])
+        elif args["fit"] == "steps":  # one fit, one iterator, every epoch `steps` batches on each node
+            model.fit(ds, epochs=epochs, steps_per_epoch=steps, verbose=0, callbacks=[timer])
         else:
             model.fit(ds, epochs=epochs, verbose=0, callbacks=[timer])
         return {"fit_s": timer.end - began, "timed_s": timer.end - timer.first_end, "steps": timer.steps,
@@ -168,7 +172,13 @@ def main_fun(args, ctx):
     x = np.concatenate([b[0] for b in blocks])
     y = np.concatenate([b[1] for b in blocks])
     del blocks
-    mem_ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch).prefetch(2).with_options(options)
+    if args["fit"] == "steps":
+        # Each node's batches of --batch rows are its steps (not split again by MWMS).
+        assert -(-len(y) // args["batch"]) == steps, (len(y), steps)
+        local = tf.data.Dataset.from_tensor_slices((x, y)).batch(args["batch"]).repeat().prefetch(2)
+        mem_ds = strategy.distribute_datasets_from_function(lambda _ctx: local)
+    else:
+        mem_ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch).prefetch(2).with_options(options)
     mem = fit(mem_ds, False)
     mem.update(rows=len(y) * epochs, sums=[float(x.sum(dtype=np.float64)) * epochs, float(y.sum()) * epochs])
     del mem_ds, x, y
@@ -178,10 +188,16 @@ def main_fun(args, ctx):
     # (a) fed by cluster.train(): the tf.data fast path, one epoch per dataset iteration.
     feed = ctx.get_data_feed(train_mode=True)
     sig = (tf.TensorSpec((None, IMAGE), tf.float32), tf.TensorSpec((None,), tf.int64))
-    ds = feed.as_dataset(global_batch, sig, per_epoch=True)
-    reader = ds.tfos_batches
-    reader.track_sums = True
-    fed = fit(ds, True)
+    if args["fit"] == "steps":
+        ds = feed.as_dataset(args["batch"], sig, steps_per_epoch=steps)
+        reader = ds.tfos_batches
+        reader.track_sums = True
+        fed = fit(strategy.distribute_datasets_from_function(lambda _ctx: ds), False)
+    else:
+        ds = feed.as_dataset(global_batch, sig, per_epoch=True)
+        reader = ds.tfos_batches
+        reader.track_sums = True
+        fed = fit(ds, True)
     while not reader.ended:  # normally nothing: the last epoch ended at the end of the feed
         for _ in reader:
             pass
@@ -219,6 +235,10 @@ def main() -> int:
     ap.add_argument("--executor-memory", default="1024m")
     ap.add_argument("--locality-wait", default="0",
                     help="spark.locality.wait (Spark's default is 3s; see docs/performance.md)")
+    ap.add_argument("--fit", choices=("steps", "per-epoch"), default="steps",
+                    help="steps: one model.fit(epochs=n, steps_per_epoch=S) in both modes, the fed dataset from "
+                         "as_dataset(steps_per_epoch=S) (default); per-epoch: one fit per epoch on "
+                         "as_dataset(per_epoch=True), the memory mode one fit(epochs=n) (the earlier version)")
     ap.add_argument("--json", default="", help="also write the figures to this JSON file")
     a = ap.parse_args()
     sources = [s for s in a.sources.split(",") if s]
@@ -229,6 +249,7 @@ def main() -> int:
     from pyspark.sql import SparkSession
 
     from tfos import TFCluster
+    from tfos.datafeed import DataFeed
 
     common.ship_by_value(common)
     load_start = os.getloadavg()
@@ -265,13 +286,20 @@ def main() -> int:
     for src in expect:  # the fed data are the very rows the nodes generate in memory
         assert expect[src][0] == mem_expect[0] and abs(expect[src][1] - mem_expect[1]) <= 1e-9 * mem_expect[1], (src, expect, mem_expect)
 
+    steps = DataFeed.steps_per_epoch(rows, a.batch, 2)
+    if a.fit == "steps":
+        node_rows = [sum(per[i] for i in range(me, parts, 2)) for me in range(2)]
+        if any(-(-n // a.batch) != steps for n in node_rows):
+            ap.error(f"--fit steps: the memory mode needs {steps} batches of {a.batch} rows on each node, but the nodes "
+                     f"hold {node_rows} rows; pick --rows/--partitions that split evenly")
     results: dict = {src: [] for src in sources}
     loads: list[float] = []
     try:
         for r in range(a.repeat):
             for src in sources:
                 tag = f"{src}{r}"
-                args = dict(out=out, tag=tag, rows=rows, parts=parts, epochs=epochs, batch=a.batch)
+                args = dict(out=out, tag=tag, rows=rows, parts=parts, epochs=epochs, batch=a.batch, fit=a.fit,
+                            steps=steps)
                 t0 = time.monotonic()
                 cluster = TFCluster.run(sc, main_fun, args, 2, 0, False, TFCluster.InputMode.SPARK,
                                         master_node="chief", progress=False)
@@ -317,7 +345,7 @@ def main() -> int:
     print()
     print(f"tfos training benchmark: MNIST MLP (tf_keras), MWMS on 2 nodes (chief + worker), {a.master}; "
           f"{rows:,} rows x {epochs} epochs, batch {a.batch} per worker, {parts} partitions, repeat {a.repeat}, "
-          f"spark.locality.wait={a.locality_wait}")
+          f"spark.locality.wait={a.locality_wait}, --fit {a.fit}")
     print(f"{'source':<7} {'mode':<8} {'min rows/s':>10} {'median':>9} {'max':>9}   {'max gap between epochs (s)':>26}")
     figures: dict = {}
     for src in sources:
