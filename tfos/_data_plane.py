@@ -24,6 +24,7 @@ from __future__ import annotations
 import enum
 import json
 import socket
+import pickle
 import struct
 from typing import Any, Optional, Union
 
@@ -182,11 +183,22 @@ def decode_chunk(kind: ChunkKind, payload: Union[bytes, bytearray]) -> list:
     """
     if kind is ChunkKind.ARROW:
         return arrow_rows(payload)
-    if kind in (ChunkKind.PICKLED_BATCH, ChunkKind.PICKLED_ROW, ChunkKind.UTF8):
-        # PySpark's own frame formats: one decoder for them, in _spark_rawio.
-        from ._spark_rawio import decode_frame
-
-        return decode_frame(kind.value, payload)
+    # PySpark's own frame formats, decoded as _spark_rawio.decode_frame does, without
+    # importing that module: it imports pyspark, which costs the TF process seconds of CPU
+    # on its first chunk (from pyspark.zip, pyspark is compiled from source on import).
+    # Rows that need pyspark (``df.rdd`` Rows, rows pickled by value) import it when
+    # unpickled.
+    if kind is ChunkKind.PICKLED_BATCH:
+        rows = pickle.loads(payload, encoding="bytes")
+        if type(rows) is list:
+            return rows
+        if isinstance(rows, (list, tuple)):
+            return list(rows)
+        raise TypeError(f"a PICKLED_BATCH frame must hold a list of rows, not {type(rows).__name__}")
+    if kind is ChunkKind.PICKLED_ROW:
+        return [pickle.loads(payload, encoding="bytes")]
+    if kind is ChunkKind.UTF8:
+        return [str(payload, "utf-8")]
     raise ValueError(f"unknown chunk kind {kind!r}")
 
 
