@@ -109,6 +109,7 @@ class FeedBatches:
         rows: ``{epoch: rows handed out}`` (a Counter), for exact-delivery checks.
         sums: ``{epoch: [sum of column 0, ...]}`` when ``track_sums``.
         wait_s: Seconds the consumer (TensorFlow) waited for a batch in total.
+        first_wait_s: Seconds of ``wait_s`` spent waiting for the first batch.
         buffer_bytes: Bytes of the ready-batch buffer bound (0 when a row shape is unknown);
             with ``steps_per_epoch`` it includes the ``hold_batches`` batches held back
             at the end of each epoch (not a node's surplus over ``steps_per_epoch x
@@ -173,6 +174,8 @@ class FeedBatches:
         self.rows: collections.Counter = collections.Counter()
         self.sums: dict[int, list[float]] = {}
         self.wait_s = 0.0
+        self.first_wait_s = 0.0
+        self._waited_first = False
         self.batches_out = 0
 
     # ------------------------------------------------------------ reader thread
@@ -438,7 +441,11 @@ class FeedBatches:
             except queue.Empty:
                 if self._thread is not None and not self._thread.is_alive() and self._out.empty():
                     raise TFOSError("the tf.data feed reader stopped without ending the feed") from None
-        self.wait_s += time.perf_counter() - began
+        waited = time.perf_counter() - began
+        self.wait_s += waited
+        if not self._waited_first:
+            self._waited_first = True
+            self.first_wait_s = waited
         return item
 
     def __iter__(self) -> Iterator:
