@@ -439,6 +439,8 @@ class FeedBatches:
                 item = self._out.get(timeout=1.0)
                 break
             except queue.Empty:
+                if self._ended:  # another iteration (e.g. tf.data's prefetch thread) took the end
+                    return _END
                 if self._thread is not None and not self._thread.is_alive() and self._out.empty():
                     raise TFOSError("the tf.data feed reader stopped without ending the feed") from None
         waited = time.perf_counter() - began
