@@ -83,12 +83,32 @@ def send_frame(
     """
     head = _HEAD.pack(ftype.value[0], len(payload))
     tag = session.seal(ftype.value[0], payload)
-    if len(payload) < 65536:
+    if len(payload) < 65536 or not hasattr(sock, "sendmsg"):
         sock.sendall(b"".join((head, payload, tag)))
     else:
-        sock.sendall(head)
-        sock.sendall(payload)
-        sock.sendall(tag)
+        # Header, payload and tag in one system call (gather write, no copy of the payload).
+        _sendall_parts(sock, [memoryview(head), _bytes_view(payload), memoryview(tag)])
+
+
+def _bytes_view(payload: Any) -> memoryview:
+    view = memoryview(payload)
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
+def _sendall_parts(sock: socket.socket, parts: list) -> None:
+    """``sendall`` of several buffers with ``sendmsg`` (partial sends resumed; blocking)."""
+    while parts:
+        sent = sock.sendmsg(parts)
+        while sent:
+            first = len(parts[0])
+            if sent >= first:
+                sent -= first
+                parts.pop(0)
+            else:
+                parts[0] = parts[0][sent:]
+                sent = 0
+        while parts and not len(parts[0]):
+            parts.pop(0)
 
 
 def send_json(sock: socket.socket, session: DataSession, ftype: FrameType, obj: Any) -> None:
