@@ -219,6 +219,34 @@ def _wait(pattern: str, n: int, timeout_s: float) -> None:
         time.sleep(0.2)
 
 
+_CLASSES = (("CoarseGrainedExecutorBackend", "executor JVMs"), ("SparkSubmit", "driver JVM"),
+            ("tfos._tf_process", "TF processes"), ("pyspark.daemon", "Python workers"))
+
+
+def _cpu_by_class() -> dict:
+    """``{pid: (class, cpu seconds)}`` of this driver's descendant processes (psutil)."""
+    import psutil
+
+    out = {}
+    for p in psutil.Process().children(recursive=True):
+        try:
+            cmd = " ".join(p.cmdline())
+            t = p.cpu_times()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        cls = next((name for key, name in _CLASSES if key in cmd), "other")
+        out[p.pid] = (cls, t.user + t.system)
+    return out
+
+
+def _cpu_delta(before: dict, after: dict) -> dict:
+    """CPU seconds per process class between two :func:`_cpu_by_class` snapshots."""
+    delta: dict = {}
+    for pid, (cls, cpu) in after.items():
+        delta[cls] = delta.get(cls, 0.0) + cpu - (before[pid][1] if pid in before else 0.0)
+    return delta
+
+
 def _spread(values: list[float]) -> str:
     return f"{min(values):>9,.0f} {statistics.median(values):>9,.0f} {max(values):>9,.0f}"
 
@@ -307,9 +335,11 @@ def main() -> int:
                                         master_node="chief", progress=False)
                 try:
                     _wait(os.path.join(out, f"{tag}-*.memdone"), 2, 900)
+                    cpu0 = _cpu_by_class()
                     t1 = time.monotonic()
                     cluster.train(data[src], epochs, end_of_feed=True)
                     train_s = time.monotonic() - t1
+                    cpu = _cpu_delta(cpu0, _cpu_by_class())
                     cluster.shutdown(timeout=600)
                 finally:
                     cluster = None
@@ -318,7 +348,7 @@ def main() -> int:
                 nodes = [json.load(open(p)) for p in sorted(glob.glob(os.path.join(out, f"{tag}-*.json")))]
                 assert len(nodes) == 2, nodes
                 chief = next(n for n in nodes if n["chief"])
-                row = {"train_s": train_s, "cluster_s": total_s, "load": loads[-1]}
+                row = {"train_s": train_s, "cluster_s": total_s, "load": loads[-1], "train_cpu_s": cpu}
                 for mode, exp in (("memory", mem_expect), ("fed", expect[src])):
                     n_rows = sum(n[mode]["rows"] for n in nodes)
                     px = sum(n[mode]["sums"][0] for n in nodes)
@@ -341,7 +371,8 @@ def main() -> int:
                       f"{row['fed']['rows_per_node']}, TF waited {', '.join(f'{w:.1f}' for w in row['fed']['wait_s'])} s "
                       f"for data ({', '.join(f'{w:.1f}' for w in row['fed']['first_wait_s'])} s of it for the first "
                       f"batch); train() {train_s:.1f} s; verified {row['fed']['rows']:,} rows + checksums; "
-                      f"load {loads[-1]:.1f}", flush=True)
+                      f"load {loads[-1]:.1f}; CPU s during train(): "
+                      + ", ".join(f"{k} {v:.1f}" for k, v in sorted(cpu.items())), flush=True)
     finally:
         sc.stop()
 
