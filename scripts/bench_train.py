@@ -8,20 +8,27 @@ side, both nodes join a ``MultiWorkerMirroredStrategy`` and train the MLP of
 ``--epochs`` epochs:
 
 (b) memory: on in-memory numpy arrays (each node generates its half of the rows,
-    ``tf.data.Dataset.from_tensor_slices(...).batch(global batch).prefetch(2)``);
+    ``from_tensor_slices(...).batch(batch).repeat().prefetch(2)``);
 (a) fed: on the rows that ``cluster.train(data, epochs, end_of_feed=True)`` feeds it,
-    through ``DataFeed.as_dataset(per_epoch=True)`` (the tf.data fast path,
-    ``tfos/_tfdata.py``; one ``fit`` call per epoch on that one dataset, as the docstring
-    of ``as_dataset`` says), from a cached RDD of ``(float32[784], int)`` rows (``rdd``:
+    through ``DataFeed.as_dataset(batch, ..., steps_per_epoch=S)`` (the tf.data fast path,
+    ``tfos/_tfdata.py``), from a cached RDD of ``(float32[784], int)`` rows (``rdd``:
     PySpark pickled batches) or a cached DataFrame ``image array<float>, label long``
     (``df``: Arrow chunks).
+
+Both modes train with one ``model.fit(ds, epochs, steps_per_epoch=S)``, ``S =
+DataFeed.steps_per_epoch(rows, batch, 2)``, the dataset handed to Keras through
+``strategy.distribute_datasets_from_function`` (each node's batch is its step).
+``--fit per-epoch`` runs the earlier form: fed, one ``fit`` per epoch on
+``as_dataset(global batch, per_epoch=True)``; memory, ``fit(epochs)`` on ``.batch(global
+batch)``.
 
 The same rows (deterministic, generated on the executors), the same batch size, no
 shuffling in either mode. Rows/s is measured on the chief: from the end of the first
 step (which traces the model) to the end of ``fit``, over all the rows both nodes trained
 minus the first step's. It prints every repeat, min/median/max of rows/s per mode, the
 fed/memory ratio per repeat and over the medians (target >= 0.9), the longest gap between
-two epochs, the seconds TensorFlow waited for fed data, and the load average.
+two epochs, the seconds TensorFlow waited for fed data (and for the first batch), the CPU
+seconds each kind of process used during ``train()``, and the load average.
 
 Exact delivery, asserted in every mode and repeat: the rows each node handed to
 TensorFlow, summed over the nodes, equal the rows fed (``rows x epochs``), and the float64
