@@ -8,20 +8,27 @@ side, both nodes join a ``MultiWorkerMirroredStrategy`` and train the MLP of
 ``--epochs`` epochs:
 
 (b) memory: on in-memory numpy arrays (each node generates its half of the rows,
-    ``tf.data.Dataset.from_tensor_slices(...).batch(global batch).prefetch(2)``);
+    ``from_tensor_slices(...).batch(batch).repeat().prefetch(2)``);
 (a) fed: on the rows that ``cluster.train(data, epochs, end_of_feed=True)`` feeds it,
-    through ``DataFeed.as_dataset(per_epoch=True)`` (the tf.data fast path,
-    ``tfos/_data/tfdata.py``; one ``fit`` call per epoch on that one dataset, as the docstring
-    of ``as_dataset`` says), from a cached RDD of ``(float32[784], int)`` rows (``rdd``:
+    through ``DataFeed.as_dataset(batch, ..., steps_per_epoch=S)`` (the tf.data fast path,
+    ``tfos/_data/tfdata.py``), from a cached RDD of ``(float32[784], int)`` rows (``rdd``:
     PySpark pickled batches) or a cached DataFrame ``image array<float>, label long``
     (``df``: Arrow chunks).
+
+Both modes train with one ``model.fit(ds, epochs, steps_per_epoch=S)``, ``S =
+DataFeed.steps_per_epoch(rows, batch, 2)``, the dataset handed to Keras through
+``strategy.distribute_datasets_from_function`` (each node's batch is its step).
+``--fit per-epoch`` runs the earlier form: fed, one ``fit`` per epoch on
+``as_dataset(global batch, per_epoch=True)``; memory, ``fit(epochs)`` on ``.batch(global
+batch)``.
 
 The same rows (deterministic, generated on the executors), the same batch size, no
 shuffling in either mode. Rows/s is measured on the chief: from the end of the first
 step (which traces the model) to the end of ``fit``, over all the rows both nodes trained
 minus the first step's. It prints every repeat, min/median/max of rows/s per mode, the
 fed/memory ratio per repeat and over the medians (target >= 0.9), the longest gap between
-two epochs, the seconds TensorFlow waited for fed data, and the load average.
+two epochs, the seconds TensorFlow waited for fed data (and for the first batch), the CPU
+seconds each kind of process used during ``train()``, and the load average.
 
 Exact delivery, asserted in every mode and repeat: the rows each node handed to
 TensorFlow, summed over the nodes, equal the rows fed (``rows x epochs``), and the float64
@@ -149,14 +156,18 @@ def main_fun(args, ctx):
         def on_train_end(self, logs=None):
             self.end = time.monotonic()
 
+    steps = args["steps"]  # the same on every node: DataFeed.steps_per_epoch(rows, batch, nodes)
+
     def fit(ds, per_epoch_calls):
         with strategy.scope():
             model = common.build_model(keras)
         timer = Timer()
         began = time.monotonic()
-        if per_epoch_calls:  # the fed dataset: one fit per epoch (see DataFeed.as_dataset)
+        if per_epoch_calls:  # --fit per-epoch, fed: one fit per epoch (as_dataset(per_epoch=True))
             for e in range(epochs):
                 model.fit(ds, initial_epoch=e, epochs=e + 1, verbose=0, callbacks=[timer])
+        elif args["fit"] == "steps":  # one fit, one iterator, every epoch `steps` batches on each node
+            model.fit(ds, epochs=epochs, steps_per_epoch=steps, verbose=0, callbacks=[timer])
         else:
             model.fit(ds, epochs=epochs, verbose=0, callbacks=[timer])
         return {"fit_s": timer.end - began, "timed_s": timer.end - timer.first_end, "steps": timer.steps,
@@ -168,7 +179,13 @@ def main_fun(args, ctx):
     x = np.concatenate([b[0] for b in blocks])
     y = np.concatenate([b[1] for b in blocks])
     del blocks
-    mem_ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch).prefetch(2).with_options(options)
+    if args["fit"] == "steps":
+        # Each node's batches of --batch rows are its steps (not split again by MWMS).
+        assert -(-len(y) // args["batch"]) == steps, (len(y), steps)
+        local = tf.data.Dataset.from_tensor_slices((x, y)).batch(args["batch"]).repeat().prefetch(2)
+        mem_ds = strategy.distribute_datasets_from_function(lambda _ctx: local)
+    else:
+        mem_ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch).prefetch(2).with_options(options)
     mem = fit(mem_ds, False)
     mem.update(rows=len(y) * epochs, sums=[float(x.sum(dtype=np.float64)) * epochs, float(y.sum()) * epochs])
     del mem_ds, x, y
@@ -178,17 +195,23 @@ def main_fun(args, ctx):
     # (a) fed by cluster.train(): the tf.data fast path, one epoch per dataset iteration.
     feed = ctx.get_data_feed(train_mode=True)
     sig = (tf.TensorSpec((None, IMAGE), tf.float32), tf.TensorSpec((None,), tf.int64))
-    ds = feed.as_dataset(global_batch, sig, per_epoch=True)
-    reader = ds.tfos_batches
-    reader.track_sums = True
-    fed = fit(ds, True)
+    if args["fit"] == "steps":
+        ds = feed.as_dataset(args["batch"], sig, steps_per_epoch=steps, buffer_batches=args["buffer_batches"])
+        reader = ds.tfos_batches
+        reader.track_sums = True
+        fed = fit(strategy.distribute_datasets_from_function(lambda _ctx: ds), False)
+    else:
+        ds = feed.as_dataset(global_batch, sig, per_epoch=True)
+        reader = ds.tfos_batches
+        reader.track_sums = True
+        fed = fit(ds, True)
     while not reader.ended:  # normally nothing: the last epoch ended at the end of the feed
         for _ in reader:
             pass
     sums = [0.0, 0.0]
     for s in reader.sums.values():
         sums = [a + b for a, b in zip(sums, s)]
-    fed.update(rows=sum(reader.rows.values()), rows_per_epoch=dict(reader.rows), sums=sums, wait_s=reader.wait_s,
+    fed.update(rows=sum(reader.rows.values()), rows_per_epoch=dict(reader.rows), sums=sums, wait_s=reader.wait_s, first_wait_s=reader.first_wait_s,
                buffer_bytes=reader.buffer_bytes)
     with open(os.path.join(args["out"], f"{args['tag']}-{name}.json"), "w") as f:
         json.dump({"chief": chief, "memory": mem, "fed": fed, "global_batch": global_batch}, f)
@@ -201,6 +224,34 @@ def _wait(pattern: str, n: int, timeout_s: float) -> None:
         if time.monotonic() > end:
             raise RuntimeError(f"{pattern}: {len(glob.glob(pattern))} of {n} files after {timeout_s:g} s")
         time.sleep(0.2)
+
+
+_CLASSES = (("CoarseGrainedExecutorBackend", "executor JVMs"), ("SparkSubmit", "driver JVM"),
+            ("tfos._node.tf_process", "TF processes"), ("pyspark.daemon", "Python workers"))
+
+
+def _cpu_by_class() -> dict:
+    """``{pid: (class, cpu seconds)}`` of this driver's descendant processes (psutil)."""
+    import psutil
+
+    out = {}
+    for p in psutil.Process().children(recursive=True):
+        try:
+            cmd = " ".join(p.cmdline())
+            t = p.cpu_times()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        cls = next((name for key, name in _CLASSES if key in cmd), "other")
+        out[p.pid] = (cls, t.user + t.system)
+    return out
+
+
+def _cpu_delta(before: dict, after: dict) -> dict:
+    """CPU seconds per process class between two :func:`_cpu_by_class` snapshots."""
+    delta: dict = {}
+    for pid, (cls, cpu) in after.items():
+        delta[cls] = delta.get(cls, 0.0) + cpu - (before[pid][1] if pid in before else 0.0)
+    return delta
 
 
 def _spread(values: list[float]) -> str:
@@ -219,6 +270,12 @@ def main() -> int:
     ap.add_argument("--executor-memory", default="1024m")
     ap.add_argument("--locality-wait", default="0",
                     help="spark.locality.wait (Spark's default is 3s; see docs/performance.md)")
+    ap.add_argument("--fit", choices=("steps", "per-epoch"), default="steps",
+                    help="steps: one model.fit(epochs=n, steps_per_epoch=S) in both modes, the fed dataset from "
+                         "as_dataset(steps_per_epoch=S) (default); per-epoch: one fit per epoch on "
+                         "as_dataset(per_epoch=True), the memory mode one fit(epochs=n) (the earlier version)")
+    ap.add_argument("--buffer-batches", type=int, default=None,
+                    help="as_dataset(buffer_batches=) of the fed mode (default: about 32 MB)")
     ap.add_argument("--json", default="", help="also write the figures to this JSON file")
     a = ap.parse_args()
     sources = [s for s in a.sources.split(",") if s]
@@ -229,6 +286,7 @@ def main() -> int:
     from pyspark.sql import SparkSession
 
     from tfos import TFCluster
+    from tfos.datafeed import DataFeed
 
     common.ship_by_value(common)
     load_start = os.getloadavg()
@@ -265,21 +323,30 @@ def main() -> int:
     for src in expect:  # the fed data are the very rows the nodes generate in memory
         assert expect[src][0] == mem_expect[0] and abs(expect[src][1] - mem_expect[1]) <= 1e-9 * mem_expect[1], (src, expect, mem_expect)
 
+    steps = DataFeed.steps_per_epoch(rows, a.batch, 2)
+    if a.fit == "steps":
+        node_rows = [sum(per[i] for i in range(me, parts, 2)) for me in range(2)]
+        if any(-(-n // a.batch) != steps for n in node_rows):
+            ap.error(f"--fit steps: the memory mode needs {steps} batches of {a.batch} rows on each node, but the nodes "
+                     f"hold {node_rows} rows; pick --rows/--partitions that split evenly")
     results: dict = {src: [] for src in sources}
     loads: list[float] = []
     try:
         for r in range(a.repeat):
             for src in sources:
                 tag = f"{src}{r}"
-                args = dict(out=out, tag=tag, rows=rows, parts=parts, epochs=epochs, batch=a.batch)
+                args = dict(out=out, tag=tag, rows=rows, parts=parts, epochs=epochs, batch=a.batch, fit=a.fit,
+                            steps=steps, buffer_batches=a.buffer_batches)
                 t0 = time.monotonic()
                 cluster = TFCluster.run(sc, main_fun, args, 2, 0, False, TFCluster.InputMode.SPARK,
                                         master_node="chief", progress=False)
                 try:
                     _wait(os.path.join(out, f"{tag}-*.memdone"), 2, 900)
+                    cpu0 = _cpu_by_class()
                     t1 = time.monotonic()
                     cluster.train(data[src], epochs, end_of_feed=True)
                     train_s = time.monotonic() - t1
+                    cpu = _cpu_delta(cpu0, _cpu_by_class())
                     cluster.shutdown(timeout=600)
                 finally:
                     cluster = None
@@ -288,7 +355,7 @@ def main() -> int:
                 nodes = [json.load(open(p)) for p in sorted(glob.glob(os.path.join(out, f"{tag}-*.json")))]
                 assert len(nodes) == 2, nodes
                 chief = next(n for n in nodes if n["chief"])
-                row = {"train_s": train_s, "cluster_s": total_s, "load": loads[-1]}
+                row = {"train_s": train_s, "cluster_s": total_s, "load": loads[-1], "train_cpu_s": cpu}
                 for mode, exp in (("memory", mem_expect), ("fed", expect[src])):
                     n_rows = sum(n[mode]["rows"] for n in nodes)
                     px = sum(n[mode]["sums"][0] for n in nodes)
@@ -301,6 +368,7 @@ def main() -> int:
                     row[mode] = {"rows_s": timed_rows / c["timed_s"], "fit_s": c["fit_s"], "timed_s": c["timed_s"],
                                  "steps": c["steps"], "max_gap_s": c["max_gap_s"], "gaps_s": c["gaps_s"], "rows": n_rows}
                 row["fed"]["wait_s"] = [n["fed"]["wait_s"] for n in nodes]
+                row["fed"]["first_wait_s"] = [n["fed"]["first_wait_s"] for n in nodes]
                 row["fed"]["rows_per_node"] = [n["fed"]["rows"] for n in nodes]
                 row["ratio"] = row["fed"]["rows_s"] / row["memory"]["rows_s"]
                 results[src].append(row)
@@ -308,8 +376,10 @@ def main() -> int:
                       f"fed {row['fed']['rows_s']:,.0f} rows/s, ratio {row['ratio']:.2f}; max gap between epochs "
                       f"memory {row['memory']['max_gap_s']:.3f} s, fed {row['fed']['max_gap_s']:.3f} s; fed rows per node "
                       f"{row['fed']['rows_per_node']}, TF waited {', '.join(f'{w:.1f}' for w in row['fed']['wait_s'])} s "
-                      f"for data; train() {train_s:.1f} s; verified {row['fed']['rows']:,} rows + checksums; "
-                      f"load {loads[-1]:.1f}", flush=True)
+                      f"for data ({', '.join(f'{w:.1f}' for w in row['fed']['first_wait_s'])} s of it for the first "
+                      f"batch); train() {train_s:.1f} s; verified {row['fed']['rows']:,} rows + checksums; "
+                      f"load {loads[-1]:.1f}; CPU s during train(): "
+                      + ", ".join(f"{k} {v:.1f}" for k, v in sorted(cpu.items())), flush=True)
     finally:
         sc.stop()
 
@@ -317,7 +387,7 @@ def main() -> int:
     print()
     print(f"tfos training benchmark: MNIST MLP (tf_keras), MWMS on 2 nodes (chief + worker), {a.master}; "
           f"{rows:,} rows x {epochs} epochs, batch {a.batch} per worker, {parts} partitions, repeat {a.repeat}, "
-          f"spark.locality.wait={a.locality_wait}")
+          f"spark.locality.wait={a.locality_wait}, --fit {a.fit}")
     print(f"{'source':<7} {'mode':<8} {'min rows/s':>10} {'median':>9} {'max':>9}   {'max gap between epochs (s)':>26}")
     figures: dict = {}
     for src in sources:

@@ -354,6 +354,7 @@ class DataFeed:
         per_epoch: bool = False,
         prefetch: int = 2,
         buffer_batches: Optional[int] = None,
+        steps_per_epoch: Optional[int] = None,
     ):
         """A ``tf.data.Dataset`` of whole batches from this feed (TF process, train mode).
 
@@ -375,6 +376,20 @@ class DataFeed:
         input ran out of data") when a later epoch has fewer steps, which happens whenever
         Spark assigns a node fewer partitions in that epoch. A single
         ``fit(ds, epochs=n)`` is right only when every epoch has the same number of steps.
+
+        With ``steps_per_epoch=S`` (the same on every node) one iteration covers all
+        epochs and every epoch is exactly ``S`` batches on every node, so one
+        ``model.fit(ds, epochs=n, steps_per_epoch=S)`` trains all epochs with one iterator
+        (no gap between epochs). Batches hold ``batch_size`` rows except the last ones of
+        each epoch, which are cut once the epoch's end is known and share its remaining
+        rows evenly: smaller (down to empty) on a node that got fewer than ``S x
+        batch_size`` rows in that epoch, larger on a node that got more. Every fed row is
+        handed out exactly once, in its epoch. Take ``S`` from
+        :meth:`DataFeed.steps_per_epoch` ``(rows_per_epoch, batch_size, num_nodes)``, with
+        ``batch_size`` the per-worker batch; under ``MultiWorkerMirroredStrategy`` give
+        ``model.fit`` ``strategy.distribute_datasets_from_function(lambda _: ds)`` (each
+        batch is one worker's step, not split again). A node's surplus rows of an epoch
+        are held until the epoch ends (memory: see ``tfos._data.tfdata``).
         Use it with one ``train()`` call per feed (``end_of_feed=True``, or
         ``cluster.shutdown()``): epochs are numbered per ``train()`` call.
 
@@ -397,6 +412,8 @@ class DataFeed:
             per_epoch: One epoch per iteration (see above).
             prefetch: Batches ``tf.data`` prefetches (0: none).
             buffer_batches: Batches the reader thread keeps ready (default about 32 MB).
+            steps_per_epoch: Batches per epoch on every node (see above); excludes
+                ``per_epoch`` and ``drop_remainder``.
 
         Returns:
             A ``tf.data.Dataset`` yielding tensors of the given dtypes and shapes.
@@ -408,7 +425,31 @@ class DataFeed:
         """
         from ._data.tfdata import feed_dataset
 
-        return feed_dataset(self, batch_size, output_signature, drop_remainder, per_epoch, prefetch, buffer_batches)
+        return feed_dataset(self, batch_size, output_signature, drop_remainder, per_epoch, prefetch, buffer_batches,
+                            steps_per_epoch)
+
+    @staticmethod
+    def steps_per_epoch(rows_per_epoch: int, batch_size: int, num_nodes: int) -> int:
+        """The ``steps_per_epoch`` for :meth:`as_dataset` that every node can compute alike (pure).
+
+        ``ceil(rows_per_epoch / (batch_size x num_nodes))``: the steps of an epoch when its
+        rows are spread evenly over the nodes.
+
+        Args:
+            rows_per_epoch: Rows of one epoch over all nodes (``data.count()`` on the driver,
+                passed to ``main_fun`` in its args).
+            batch_size: Rows per step on one node (the per-worker batch).
+            num_nodes: Nodes fed (e.g. ``strategy.num_replicas_in_sync`` on CPU workers).
+
+        Returns:
+            The steps per epoch (>= 1).
+
+        Raises:
+            ValueError: When an argument is < 1.
+        """
+        from ._data.tfdata import steps_per_epoch
+
+        return steps_per_epoch(rows_per_epoch, batch_size, num_nodes)
 
 def _to_columns(rows: Sequence, tensors: Sequence[str]) -> dict[str, list]:
     """``{tensor: [row[i] for row in rows]}`` for the i-th mapped tensor (TFoS ``input_mapping``)."""

@@ -1,7 +1,7 @@
 """The DataFeed -> tf.data fast path (``DataFeed.as_dataset(per_epoch=True)``,
 tfos/_data/tfdata.py) on local-cluster[2,1,1024]: a tf_keras model under
 MultiWorkerMirroredStrategy on 2 workers trains for 3 epochs (one ``fit`` per epoch on one
-dataset), from an
+dataset, or one ``fit`` over all epochs with ``as_dataset(steps_per_epoch=S)``), from an
 RDD (pickled batches) and from a DataFrame (Arrow chunks); every epoch hands TensorFlow
 exactly the fed rows (counts and checksums), with the declared shapes and dtypes."""
 
@@ -43,12 +43,20 @@ def per_epoch_fit(args, ctx):
         model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
     feed = ctx.get_data_feed()
     sig = (tf.TensorSpec((None, K), tf.float32), tf.TensorSpec((None,), tf.int64))
-    ds = feed.as_dataset(args["batch"], sig, per_epoch=True)
-    reader = ds.tfos_batches
-    reader.track_sums = True
+    steps = args.get("steps")
     losses = []
-    for epoch in range(args["epochs"]):  # one fit per epoch, one dataset for all
-        losses += model.fit(ds, initial_epoch=epoch, epochs=epoch + 1, verbose=0).history["loss"]
+    if steps:  # one fit over all epochs: every epoch is `steps` batches on every worker
+        ds = feed.as_dataset(args["batch"], sig, steps_per_epoch=steps)
+        reader = ds.tfos_batches
+        reader.track_sums = True
+        dist = strategy.distribute_datasets_from_function(lambda _ctx: ds)
+        losses += model.fit(dist, epochs=args["epochs"], steps_per_epoch=steps, verbose=0).history["loss"]
+    else:
+        ds = feed.as_dataset(args["batch"], sig, per_epoch=True)
+        reader = ds.tfos_batches
+        reader.track_sums = True
+        for epoch in range(args["epochs"]):  # one fit per epoch, one dataset for all
+            losses += model.fit(ds, initial_epoch=epoch, epochs=epoch + 1, verbose=0).history["loss"]
     while not reader.ended:
         for _ in reader:
             pass
@@ -61,6 +69,7 @@ def per_epoch_fit(args, ctx):
             "epochs_run": len(losses),
             "spec": seen,
             "batches": reader.batches_out,
+            "steps_run": int(model.optimizer.iterations.numpy()),
         }, f)
 
 
@@ -102,3 +111,27 @@ def test_per_epoch_dataset_mwms_from_dataframe(sc, tmp_path):
     cluster.train(df, num_epochs=epochs, end_of_feed=True, feed_timeout=300)
     cluster.shutdown(timeout=300)
     _check(tmp_path, n, epochs, *_expected(n))
+
+
+def test_steps_per_epoch_one_fit_mwms_uneven_partitions(sc, tmp_path):
+    """as_dataset(steps_per_epoch=S): one fit(epochs=3, steps_per_epoch=S) under MWMS on
+    partitions of unequal sizes (the workers get different rows per epoch): Keras runs
+    exactly 3 x S steps on each worker and every epoch hands TensorFlow exactly the fed rows."""
+    from tfos.datafeed import DataFeed
+
+    n, epochs, batch = 2000, 3, 40
+    sizes = [700, 100, 500, 300, 400]  # 5 partitions, unequal
+
+    def part(index, _it):
+        start = sum(sizes[:index])
+        return [_row(i) for i in range(start, start + sizes[index])]
+
+    rdd = sc.parallelize(range(5), 5).mapPartitionsWithIndex(part)
+    steps = DataFeed.steps_per_epoch(n, batch, 2)
+    args = {"out": str(tmp_path), "batch": batch, "epochs": epochs, "steps": steps}
+    cluster = TFCluster.run(sc, per_epoch_fit, args, 2, 0, input_mode=INPUT)
+    cluster.train(rdd, num_epochs=epochs, end_of_feed=True, feed_timeout=300)
+    cluster.shutdown(timeout=300)
+    _check(tmp_path, n, epochs, *_expected(n))
+    for r in (json.loads(p.read_text()) for p in tmp_path.glob("*.json")):
+        assert r["steps_run"] == epochs * steps, r

@@ -119,3 +119,28 @@ def test_result_frames_small_answers_stay_one_frame():
     assert [pickle.loads(f) for f in result_frames([])] == [[]]
     big = [b"x" * 1_000_000]
     assert [pickle.loads(f) for f in result_frames(big, 1024)] == [big]
+
+
+def test_send_frame_gathers_large_payloads_and_resumes_partial_sends():
+    """A large frame goes out with sendmsg (header, payload, tag) and arrives intact even
+    when the kernel takes it in pieces."""
+    import socket as _socket
+    import threading
+
+    from tfos._data.framing import FrameType as _FT, recv_frame, send_frame
+    from tfos._common.deadline import Deadline
+    from tfos._common.wire import DataSession
+
+    a, b = _socket.socketpair()
+    a.setsockopt(_socket.SOL_SOCKET, _socket.SO_SNDBUF, 8192)
+    payload = bytes(range(256)) * 8192  # 2 MB: many partial sends through a small buffer
+    k1, k2 = b"1" * 32, b"2" * 32
+    got = {}
+    reader = threading.Thread(target=lambda: got.update(frame=recv_frame(b, DataSession(k2, k1), Deadline(30, "frame"))))
+    reader.start()
+    send_frame(a, DataSession(k1, k2), _FT.DATA, memoryview(bytearray(payload)))
+    reader.join(30)
+    a.close()
+    b.close()
+    ftype, data = got["frame"]
+    assert ftype is _FT.DATA and bytes(data) == payload

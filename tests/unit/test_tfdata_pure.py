@@ -151,3 +151,55 @@ def test_as_dataset_whole_batches_and_per_epoch(hub):
     assert second == [list(range(10, 18)), [18, 19]]
     assert list(ds) == []
     assert ds.tfos_batches.rows == {0: 10, 1: 10}
+
+
+def test_steps_per_epoch_exact_batches_per_epoch_spreads_surplus_and_pads(hub):
+    # Epoch 0: 11 rows (surplus over 3 x 3), epoch 1: no rows on this node, epoch 2: 4 rows
+    # (short), then the end of the feed.
+    e0a, e0b, e2 = Feeder(hub, 0, 0), Feeder(hub, 1, 0), Feeder(hub, 0, 2)
+    e0a.chunk(_rows(0, 6))
+    e0a.end()
+    e0b.chunk(_rows(6, 5))
+    e0b.end()
+    e2.chunk(_rows(200, 4))
+    e2.end()
+    hub.queues["input"].put_nowait(END_OF_FEED)
+    reader = FeedBatches(DataFeed(hub, timeout_s=10), 3, COLS, steps_per_epoch=3, buffer_batches=2, track_sums=True)
+    assert reader.hold_batches == 1
+    got = [(x.shape, y.tolist()) for x, y in reader]
+    assert [y for _, y in got] == [
+        [0, 1, 2], [3, 4, 5], [6, 7, 8, 9, 10],  # the held rows of epoch 0 in its last batch
+        [], [], [],  # epoch 1: this node got no partition
+        [200, 201, 202], [203], [],  # epoch 2: 4 rows over 3 batches
+    ]
+    assert all(s[1:] == (4,) for s, _ in got)
+    assert reader.rows == {0: 11, 1: 0, 2: 4} and reader.ended
+    assert reader.sums[0][1] == float(sum(range(11))) and reader.sums[2][1] == float(sum(range(200, 204)))
+    assert e0a.frame() == (FrameType.ACK, {"rows": 6}) and e2.frame() == (FrameType.ACK, {"rows": 4})
+
+
+def test_steps_per_epoch_spreads_held_rows_evenly(hub):
+    f0, f1 = Feeder(hub, 0, 0), Feeder(hub, 0, 1)
+    f0.chunk(_rows(0, 23))  # 2 batches of 4 cut at once, the other 15 rows spread over the 2 held
+    f0.end()
+    f1.chunk(_rows(100, 16))
+    f1.end()
+    hub.queues["input"].put_nowait(END_OF_FEED)
+    reader = FeedBatches(DataFeed(hub, timeout_s=10), 4, COLS, steps_per_epoch=4, buffer_batches=4)
+    assert reader.hold_batches == 2
+    sizes = [len(y) for _, y in reader]
+    assert sizes == [4, 4, 8, 7, 4, 4, 4, 4]
+    assert reader.rows == {0: 23, 1: 16}
+
+
+def test_steps_per_epoch_argument_checks(hub):
+    feed = DataFeed(hub, timeout_s=10)
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="steps_per_epoch"):
+            FeedBatches(feed, 4, COLS, steps_per_epoch=bad)
+    with pytest.raises(ValueError, match="excludes per_epoch"):
+        FeedBatches(feed, 4, COLS, steps_per_epoch=2, per_epoch=True)
+    assert DataFeed.steps_per_epoch(30000, 128, 2) == 118
+    assert DataFeed.steps_per_epoch(256, 128, 2) == 1
+    with pytest.raises(ValueError):
+        DataFeed.steps_per_epoch(0, 128, 2)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import enum
 import json
 import socket
+import pickle
 import struct
 from typing import Any, Optional, Union
 
@@ -82,12 +83,32 @@ def send_frame(
     """
     head = _HEAD.pack(ftype.value[0], len(payload))
     tag = session.seal(ftype.value[0], payload)
-    if len(payload) < 65536:
+    if len(payload) < 65536 or not hasattr(sock, "sendmsg"):
         sock.sendall(b"".join((head, payload, tag)))
     else:
-        sock.sendall(head)
-        sock.sendall(payload)
-        sock.sendall(tag)
+        # Header, payload and tag in one system call (gather write, no copy of the payload).
+        _sendall_parts(sock, [memoryview(head), _bytes_view(payload), memoryview(tag)])
+
+
+def _bytes_view(payload: Any) -> memoryview:
+    view = memoryview(payload)
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
+def _sendall_parts(sock: socket.socket, parts: list) -> None:
+    """``sendall`` of several buffers with ``sendmsg`` (partial sends resumed; blocking)."""
+    while parts:
+        sent = sock.sendmsg(parts)
+        while sent:
+            first = len(parts[0])
+            if sent >= first:
+                sent -= first
+                parts.pop(0)
+            else:
+                parts[0] = parts[0][sent:]
+                sent = 0
+        while parts and not len(parts[0]):
+            parts.pop(0)
 
 
 def send_json(sock: socket.socket, session: DataSession, ftype: FrameType, obj: Any) -> None:
@@ -182,11 +203,22 @@ def decode_chunk(kind: ChunkKind, payload: Union[bytes, bytearray]) -> list:
     """
     if kind is ChunkKind.ARROW:
         return arrow_rows(payload)
-    if kind in (ChunkKind.PICKLED_BATCH, ChunkKind.PICKLED_ROW, ChunkKind.UTF8):
-        # PySpark's own frame formats: one decoder for them, in _spark_rawio.
-        from tfos._data.spark_rawio import decode_frame
-
-        return decode_frame(kind.value, payload)
+    # PySpark's own frame formats, decoded as _spark_rawio.decode_frame does, without
+    # importing that module: it imports pyspark, which costs the TF process seconds of CPU
+    # on its first chunk (from pyspark.zip, pyspark is compiled from source on import).
+    # Rows that need pyspark (``df.rdd`` Rows, rows pickled by value) import it when
+    # unpickled.
+    if kind is ChunkKind.PICKLED_BATCH:
+        rows = pickle.loads(payload, encoding="bytes")
+        if type(rows) is list:
+            return rows
+        if isinstance(rows, (list, tuple)):
+            return list(rows)
+        raise TypeError(f"a PICKLED_BATCH frame must hold a list of rows, not {type(rows).__name__}")
+    if kind is ChunkKind.PICKLED_ROW:
+        return [pickle.loads(payload, encoding="bytes")]
+    if kind is ChunkKind.UTF8:
+        return [str(payload, "utf-8")]
     raise ValueError(f"unknown chunk kind {kind!r}")
 
 

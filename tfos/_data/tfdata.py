@@ -22,6 +22,12 @@ asks for it. One ``model.fit(ds, initial_epoch=e, epochs=e + 1)`` per epoch on t
 dataset trains every epoch exactly once (a single ``fit(epochs=n)`` only when all epochs
 have the same number of steps: tf_keras infers them from the first epoch).
 
+With ``steps_per_epoch=S`` instead, one iteration runs over all epochs and cuts each
+epoch into exactly ``S`` batches on every node (see :meth:`FeedBatches._read_steps`), so
+one ``model.fit(ds, epochs=n, steps_per_epoch=S)`` covers all epochs with one iterator:
+no ``fit`` restart and no new iterator between epochs. All nodes must use the same
+``S``; :func:`steps_per_epoch` derives it from the rows of one epoch.
+
 Memory bound of a node (bytes): the feed queue ``(queue_chunks + 2) x chunk bytes``
 (see :mod:`tfos._data.feed_hub`), plus ``buffer_batches + 2`` batches here (the buffer, the
 batch being assembled and the one the generator hands over), plus the ``prefetch``
@@ -41,7 +47,7 @@ from tfos._data.framing import ChunkKind, arrow_rows, decode_chunk
 from tfos._data.feed_hub import END_OF_FEED, Chunk, PartitionEnd
 from tfos.errors import TFOSError
 
-__all__ = ["FeedBatches", "feed_dataset", "DEFAULT_BUFFER_BYTES"]
+__all__ = ["FeedBatches", "feed_dataset", "steps_per_epoch", "DEFAULT_BUFFER_BYTES"]
 
 log = logging.getLogger(__name__)
 
@@ -94,15 +100,26 @@ class FeedBatches:
             :data:`DEFAULT_BUFFER_BYTES` worth, 2 to 256 batches).
         track_sums: Also keep per-epoch float64 sums of every numeric column in
             :attr:`sums` (a checksum of exactly what was handed to TensorFlow).
+        steps_per_epoch: Cut every epoch of the feed into exactly this many batches
+            (one iteration then runs over all epochs; see :meth:`_read_steps`), so that
+            every node agrees on the steps of every epoch. Excludes ``per_epoch`` and
+            ``drop_remainder``.
 
     Attributes:
         rows: ``{epoch: rows handed out}`` (a Counter), for exact-delivery checks.
         sums: ``{epoch: [sum of column 0, ...]}`` when ``track_sums``.
         wait_s: Seconds the consumer (TensorFlow) waited for a batch in total.
-        buffer_bytes: Bytes of the ready-batch buffer bound (0 when a row shape is unknown).
+        first_wait_s: Seconds of ``wait_s`` spent waiting for the first batch.
+        buffer_bytes: Bytes of the ready-batch buffer bound (0 when a row shape is unknown);
+            with ``steps_per_epoch`` it includes the ``hold_batches`` batches held back
+            at the end of each epoch (not a node's surplus over ``steps_per_epoch x
+            batch_size`` rows in an epoch, which is held too).
+        hold_batches: With ``steps_per_epoch``: the last batches of each epoch, which are
+            cut only once the epoch's end is known, to spread its remaining rows evenly.
 
     Raises:
-        ValueError: For ``batch_size`` < 1, no columns, or a feed not in train mode.
+        ValueError: For ``batch_size`` < 1, no columns, a feed not in train mode,
+            ``steps_per_epoch`` < 1 or with ``per_epoch``/``drop_remainder``.
     """
 
     def __init__(
@@ -115,6 +132,7 @@ class FeedBatches:
         drop_remainder: bool = False,
         buffer_batches: Optional[int] = None,
         track_sums: bool = False,
+        steps_per_epoch: Optional[int] = None,
     ):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -137,7 +155,16 @@ class FeedBatches:
         if buffer_batches < 1:
             raise ValueError(f"buffer_batches must be >= 1, got {buffer_batches}")
         self.buffer_batches = int(buffer_batches)
-        self.buffer_bytes = row_bytes * batch_size * (self.buffer_batches + 2)
+        if steps_per_epoch is not None:
+            if isinstance(steps_per_epoch, bool) or int(steps_per_epoch) != steps_per_epoch or steps_per_epoch < 1:
+                raise ValueError(f"steps_per_epoch must be an integer >= 1, got {steps_per_epoch!r}")
+            if per_epoch or drop_remainder:
+                raise ValueError("steps_per_epoch cuts every epoch into a fixed number of batches; "
+                                 "it excludes per_epoch=True and drop_remainder=True")
+            steps_per_epoch = int(steps_per_epoch)
+        self.steps_per_epoch = steps_per_epoch
+        self.hold_batches = 0 if steps_per_epoch is None else max(1, min(steps_per_epoch, self.buffer_batches // 2))
+        self.buffer_bytes = row_bytes * batch_size * (self.buffer_batches + 2 + self.hold_batches)
         self.track_sums = track_sums
         self._out: queue.Queue = queue.Queue(maxsize=self.buffer_batches)
         self._thread: Optional[threading.Thread] = None
@@ -147,6 +174,8 @@ class FeedBatches:
         self.rows: collections.Counter = collections.Counter()
         self.sums: dict[int, list[float]] = {}
         self.wait_s = 0.0
+        self.first_wait_s = 0.0
+        self._waited_first = False
         self.batches_out = 0
 
     # ------------------------------------------------------------ reader thread
@@ -177,7 +206,10 @@ class FeedBatches:
 
     def _run(self) -> None:
         try:
-            self._read()
+            if self.steps_per_epoch is not None:
+                self._read_steps()
+            else:
+                self._read()
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer, raised there
             self._emit(exc)
 
@@ -240,6 +272,105 @@ class FeedBatches:
                 have += take
                 start += take
                 if have == size and not flush(False):
+                    return
+
+    def _read_steps(self) -> None:
+        """Reader of the ``steps_per_epoch`` mode: exactly that many batches per epoch.
+
+        Epoch ``e`` of the feed becomes ``S = steps_per_epoch`` batches, handed out in
+        order, so every node's dataset has the same steps in every epoch whatever share
+        of the partitions Spark gave it. The first ``S - hold_batches`` batches hold
+        ``batch_size`` rows; the rows of the epoch after them are held back until the
+        epoch's end is known (the first chunk of a later epoch, or the end of the feed)
+        and then spread evenly over the epoch's remaining batches: fewer than
+        ``batch_size`` rows each (down to empty batches) when the node got fewer than ``S
+        x batch_size`` rows in the epoch, more when it got more. An epoch without rows on
+        this node is ``S`` empty batches. At the end of the feed the current epoch is
+        completed; epochs after it are not known here (under MultiWorkerMirroredStrategy,
+        tf.distribute feeds empty batches to a worker whose input ended first).
+        """
+        import numpy as np
+
+        feed = self._feed
+        hub = feed._hub
+        size = self.batch_size
+        steps = self.steps_per_epoch
+        assert steps is not None
+        free = steps - self.hold_batches  # batches of an epoch cut before its end is known
+        held: collections.deque = collections.deque()  # column tuples of `epoch`, not yet handed out
+        have = 0
+        epoch = 0
+        emitted = 0  # batches of `epoch` handed out
+        empty: Optional[tuple] = None  # zero-row columns with the data's row shapes
+
+        def take(n: int) -> bool:
+            nonlocal have, emitted
+            pieces: list[tuple] = []
+            got = 0
+            while got < n:
+                piece = held[0]
+                m = len(piece[0])
+                if m <= n - got:
+                    pieces.append(held.popleft())
+                    got += m
+                else:
+                    cut = n - got
+                    pieces.append(tuple(c[:cut] for c in piece))
+                    held[0] = tuple(c[cut:] for c in piece)
+                    got += cut
+            have -= n
+            emitted += 1
+            if not pieces:
+                batch = empty if empty is not None else tuple(
+                    np.empty((0,) + (c.shape or ()), c.dtype) for c in self._cols)
+            elif len(pieces) == 1:
+                batch = pieces[0]
+            else:
+                batch = tuple(np.concatenate(c) for c in zip(*pieces))
+            return self._emit((epoch, batch))
+
+        def close_epoch() -> bool:
+            # The end of `epoch` is known: spread its held rows over its remaining batches.
+            nonlocal epoch, emitted
+            while emitted < steps:
+                left = steps - emitted
+                if not take(-(-have // left)):
+                    return False
+            epoch += 1
+            emitted = 0
+            return True
+
+        while not self._closed:
+            item = feed._take()
+            if item is END_OF_FEED:
+                feed.done_feeding = True
+                if close_epoch():
+                    self._emit(_END)
+                return
+            if isinstance(item, PartitionEnd):
+                feed._finish_partition(item.conn)
+                continue
+            if not isinstance(item, Chunk):
+                continue
+            conn = item.conn
+            cols = self._decode(conn, item.payload)
+            n = len(cols[0])
+            if n == 0:
+                continue
+            conn.rows_taken += n
+            hub.rows_taken += n
+            if empty is None:
+                empty = tuple(c[:0] for c in cols)
+            # A later epoch starts: the epochs before it are complete on this node (late
+            # rows of an earlier epoch, possible only when several feed tasks feed this
+            # node at once, count with the current one).
+            while conn.epoch > epoch:
+                if not close_epoch():
+                    return
+            held.append(cols)
+            have += n
+            while emitted < free and have >= size:
+                if not take(size):
                     return
 
     def _decode(self, conn: Any, payload: Any) -> tuple:
@@ -308,9 +439,15 @@ class FeedBatches:
                 item = self._out.get(timeout=1.0)
                 break
             except queue.Empty:
+                if self._ended:  # another iteration (e.g. tf.data's prefetch thread) took the end
+                    return _END
                 if self._thread is not None and not self._thread.is_alive() and self._out.empty():
                     raise TFOSError("the tf.data feed reader stopped without ending the feed") from None
-        self.wait_s += time.perf_counter() - began
+        waited = time.perf_counter() - began
+        self.wait_s += waited
+        if not self._waited_first:
+            self._waited_first = True
+            self.first_wait_s = waited
         return item
 
     def __iter__(self) -> Iterator:
@@ -433,6 +570,7 @@ def feed_dataset(
     per_epoch: bool = False,
     prefetch: int = 2,
     buffer_batches: Optional[int] = None,
+    steps_per_epoch: Optional[int] = None,
 ) -> Any:
     """``DataFeed`` -> ``tf.data.Dataset`` of whole batches (TF process).
 
@@ -444,8 +582,33 @@ def feed_dataset(
     """
     columns, single = columns_of(output_signature)
     reader = FeedBatches(feed, batch_size, columns, single=single, per_epoch=per_epoch,
-                         drop_remainder=drop_remainder, buffer_batches=buffer_batches)
+                         drop_remainder=drop_remainder, buffer_batches=buffer_batches,
+                         steps_per_epoch=steps_per_epoch)
     ds = reader.dataset(output_signature, prefetch)
     ds.tfos_batches = reader
     return ds
 
+
+
+def steps_per_epoch(rows_per_epoch: int, batch_size: int, num_nodes: int) -> int:
+    """Steps of one epoch that every fed node agrees on (pure; anywhere).
+
+    ``ceil(rows_per_epoch / (batch_size x num_nodes))``: the steps of an epoch when the
+    rows are spread evenly over the nodes, each node taking ``batch_size`` rows per step.
+
+    Args:
+        rows_per_epoch: Rows of one epoch over all nodes (e.g. ``data.count()`` on the
+            driver, passed to ``main_fun`` in its args).
+        batch_size: Rows per step on one node (the per-worker batch).
+        num_nodes: Nodes fed (the workers of ``MultiWorkerMirroredStrategy``).
+
+    Returns:
+        The steps (>= 1).
+
+    Raises:
+        ValueError: For ``rows_per_epoch`` < 1, ``batch_size`` < 1 or ``num_nodes`` < 1.
+    """
+    if rows_per_epoch < 1 or batch_size < 1 or num_nodes < 1:
+        raise ValueError(f"rows_per_epoch, batch_size and num_nodes must be >= 1, got "
+                         f"{rows_per_epoch}, {batch_size}, {num_nodes}")
+    return -(-int(rows_per_epoch) // (int(batch_size) * int(num_nodes)))

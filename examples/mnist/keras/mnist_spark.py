@@ -6,16 +6,17 @@ The driver reads the training images with Spark — the CSV files as an RDD of
 ``--cluster_size`` nodes (one chief, the rest workers) and calls
 ``cluster.train(data, epochs, end_of_feed=True)``. Each node runs :func:`main_fun`: it
 joins a ``MultiWorkerMirroredStrategy`` and trains the same MLP as ``mnist_tf.py`` with
-tf_keras ``model.fit`` on the rows Spark feeds it, one ``fit`` call per epoch on one
-dataset, then saves it (same outputs as ``mnist_tf.py``).
+tf_keras ``model.fit`` on the rows Spark feeds it, one ``fit`` call over all epochs,
+then saves it (same outputs as ``mnist_tf.py``).
 
 Epochs. ``cluster.train(data, n)`` feeds every partition ``n`` times, and every fed row
 carries its epoch number. The node reads the feed with
-``DataFeed.as_dataset(per_epoch=True)`` (:func:`feed_dataset`): a background thread
-turns every received chunk into numpy batches, and each iteration over the dataset is
-one epoch, ending when the first row of epoch ``e + 1`` arrives. So each ``fit`` call
-is exactly one pass over the node's share of the data, Keras prints that epoch's loss
-and accuracy, and the next epoch is already buffered. The last epoch ends at the end of the feed: ``end_of_feed=True`` ends
+``DataFeed.as_dataset(steps_per_epoch=S)`` (:func:`feed_dataset`): a background thread
+turns every received chunk into numpy batches and cuts every epoch into exactly ``S``
+batches, ``S`` computed alike on every node from the image count the driver passes in
+the args. So one ``fit(epochs=n, steps_per_epoch=S)`` trains every epoch on one
+iterator, Keras prints each epoch's loss and accuracy, and the next epoch is already
+buffered. The last epoch ends at the end of the feed: ``end_of_feed=True`` ends
 every node's feed as soon as all partitions were handed over (tfos's answer to uneven
 data in lock-step training, C12). Without it, a node that has received all its data
 could only learn that no more is coming from ``cluster.shutdown()``, which the driver
@@ -64,33 +65,39 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 # ---------------------------------------------------------------------------
 
 
-def feed_dataset(tf: Any, feed: Any, global_batch: int, shuffle_buffer: int = 0) -> Any:
-    """The node's fed rows as a per-epoch ``tf.data.Dataset`` of whole batches (TF process).
+def feed_dataset(tf: Any, feed: Any, batch_size: int, steps_per_epoch: int, shuffle_buffer: int = 0) -> Any:
+    """The node's fed rows as one ``tf.data.Dataset`` over all epochs, ``steps_per_epoch``
+    batches per epoch (TF process).
 
-    ``DataFeed.as_dataset(per_epoch=True)`` reads the feed ahead in a background thread,
-    turns every received chunk into numpy columns at once and hands TensorFlow whole
-    batches; each iteration over the dataset is one epoch of ``cluster.train(data, n)``
-    (it ends at the first row of the next epoch, which is already buffered), so one
-    ``model.fit`` per epoch on it trains on exactly that epoch. The dataset keeps the reader as
-    ``ds.tfos_batches`` (rows handed to TensorFlow per epoch).
+    ``DataFeed.as_dataset(steps_per_epoch=S)`` reads the feed ahead in a background
+    thread, turns every received chunk into numpy columns at once and hands TensorFlow
+    whole batches: exactly ``S`` per epoch of ``cluster.train(data, n)`` on every node,
+    whatever share of the partitions Spark gave the node in that epoch (the last batches
+    of an epoch share its remaining rows), so one ``model.fit(epochs=n,
+    steps_per_epoch=S)`` runs all epochs on one iterator, with no pause between epochs.
+    The dataset keeps the reader as ``ds.tfos_batches`` (rows handed to TensorFlow per
+    epoch).
 
     Args:
         tf: The tensorflow module.
         feed: The node's ``DataFeed`` (train mode).
-        global_batch: Rows per batch on this node's dataset (MultiWorkerMirroredStrategy
-            splits each batch over all replicas).
-        shuffle_buffer: Rows in a shuffle buffer (0: keep the fed order). Spark feeds the
-            partitions in the same order every epoch; reshuffling the rows on the node
-            lets every epoch see them in another order.
+        batch_size: Rows per step on this node.
+        steps_per_epoch: Batches per epoch, the same on every node
+            (``DataFeed.steps_per_epoch(rows, batch_size, nodes)``).
+        shuffle_buffer: Rows in a shuffle window (0: keep the fed order). Spark feeds the
+            partitions in the same order every epoch; the batches are reshuffled in a
+            window of about this many rows (the order of the batches, not their rows, so
+            every epoch keeps its ``S`` batches; a batch may move into a neighbouring
+            epoch within the window).
     """
     signature = (
         tf.TensorSpec((None, common.NUM_PIXELS), tf.float32),
         tf.TensorSpec((None,), tf.int64),
     )
-    ds = feed.as_dataset(global_batch, signature, per_epoch=True)
+    ds = feed.as_dataset(batch_size, signature, steps_per_epoch=steps_per_epoch)
     reader = ds.tfos_batches
     if shuffle_buffer:
-        ds = ds.unbatch().shuffle(shuffle_buffer).batch(global_batch).prefetch(2)
+        ds = ds.shuffle(max(2, shuffle_buffer // batch_size)).prefetch(2)
     ds.tfos_batches = reader
     return ds
 
@@ -104,27 +111,24 @@ def main_fun(args: argparse.Namespace, ctx: Any) -> None:
     num_workers = strategy.num_replicas_in_sync
     # MWMS splits every batch of the dataset over all replicas: batch globally so that
     # each worker processes --batch_size rows per step.
-    global_batch = args.batch_size * num_workers
     feed = ctx.get_data_feed(train_mode=True)
-    ds = feed_dataset(tf, feed, global_batch, args.shuffle_buffer)
+    # Every node computes the same steps per epoch from the rows the driver counted.
+    steps = feed.steps_per_epoch(args.rows_per_epoch, args.batch_size, num_workers)
+    ds = feed_dataset(tf, feed, args.batch_size, steps, args.shuffle_buffer)
     reader = ds.tfos_batches
+    # Each node's batches are its own steps (--batch_size rows per worker), not split again.
+    dist_ds = strategy.distribute_datasets_from_function(lambda _input_context: ds)
 
     with strategy.scope():
         model = common.build_model(keras, args.learning_rate)
     callbacks = common.keras_callbacks(keras, ctx, args) + [common.epoch_logger(keras, args.epochs)]
     began = time.monotonic()
-    # One fit call per epoch, all on the same dataset: each iteration over it is one epoch
-    # of this node's feed (it ends at the first row of the next epoch, already buffered by
-    # the reader thread), and MWMS keeps stepping (with empty batches) until every node's
-    # epoch ended. The epochs can differ in steps (Spark assigns partitions to nodes
-    # dynamically), and a single fit(epochs=n) would stop when a later epoch is shorter
-    # than the first (tf_keras infers the steps per epoch from the first). The epoch
-    # logger prints each epoch's line (steps, seconds, the gap since the previous epoch).
-    history: dict[str, list] = {}
-    for epoch in range(args.epochs):
-        result = model.fit(ds, initial_epoch=epoch, epochs=epoch + 1, verbose=0, callbacks=callbacks)
-        for key, values in result.history.items():
-            history.setdefault(key, []).extend(float(v) for v in values)
+    # One fit over all epochs on one iterator: every node's dataset has exactly `steps`
+    # batches per epoch (see feed_dataset), so the epochs of tf_keras and of the feed agree
+    # on every node. The epoch logger prints each epoch's line (steps, seconds, the gap
+    # since the previous epoch).
+    result = model.fit(dist_ds, epochs=args.epochs, steps_per_epoch=steps, verbose=0, callbacks=callbacks)
+    history = {key: [float(v) for v in values] for key, values in result.history.items()}
     train_seconds = time.monotonic() - began
     # Read anything left up to the end of the feed (normally nothing: the last epoch ended
     # there), so that every feed task ends normally.
@@ -188,6 +192,7 @@ def run(sc: Any, args: argparse.Namespace) -> Optional[dict]:
     images = data.count()
     partitions = (data if args.format == "csv" else data.rdd).getNumPartitions()
     logger.info("%d training images in %d partitions (%s)", images, partitions, args.images)
+    args.rows_per_epoch = images  # the nodes derive their steps per epoch from it
 
     began = time.monotonic()
     with TFCluster.run(
