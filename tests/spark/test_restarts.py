@@ -1,0 +1,177 @@
+"""Restarts after a lost node (issue 14), on the shared local-cluster[2,1,1024].
+
+The chaos helper (tests/spark/chaos.py) finds a node's executor JVM from the node's own
+registration and kills it by PID.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from chaos import ExecutorKiller, executor_jvm
+from conftest import assert_no_tfos_processes
+from tfos import TFCluster
+from tfos.errors import ClusterFailedError
+
+pytestmark = pytest.mark.spark
+
+TENSORFLOW = TFCluster.InputMode.TENSORFLOW
+SPARK = TFCluster.InputMode.SPARK
+
+
+def _idle_until_file(args, ctx):
+    import os
+    import time
+
+    end = time.monotonic() + 300
+    while not os.path.exists(args["release"]) and time.monotonic() < end:
+        time.sleep(0.1)
+
+
+def _dead(proc, timeout_s: float = 30.0) -> bool:
+    import psutil
+
+    end = time.monotonic() + timeout_s
+    while True:
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        if time.monotonic() >= end:
+            return False
+        time.sleep(0.1)
+
+
+def test_chaos_helper_finds_each_nodes_executor_jvm(spark_manager, tmp_path):
+    sc = spark_manager.get("local-cluster[2,1,1024]", **{"spark.app.name": "tfos-chaos-helper"})
+    assert_no_tfos_processes()
+    release = tmp_path / "release"
+    hb = 8.0
+    cluster = TFCluster.run(sc, _idle_until_file, {"release": str(release)}, 2, 0, input_mode=TENSORFLOW, heartbeat_timeout=hb)
+    try:
+        jvms = {eid: executor_jvm(cluster, eid) for eid in (0, 1)}
+        assert jvms[0].pid != jvms[1].pid
+        assert os.getpid() not in {j.pid for j in jvms.values()}  # never the driver
+        killer = ExecutorKiller(cluster, 1).start()
+        t_kill = killer.join()
+        assert killer.pid == jvms[1].pid and _dead(jvms[1])
+        assert not _dead(jvms[0], timeout_s=0)
+        with pytest.raises(ClusterFailedError) as ei:
+            cluster.shutdown(timeout=120)
+        assert time.monotonic() - t_kill < 2 * hb + 10
+        text = str(ei.value)
+        assert "worker:1 (executor 1" in text, text
+        assert any(f.executor_id == 1 and f.kind == "lost" for f in ei.value.failures), text
+    finally:
+        release.touch()
+    assert_no_tfos_processes(60.0)
+    spark_manager.stop()  # its executor is gone: the next test gets a fresh context
+
+
+# ------------------------------------------------------------------ restarts (max_restarts)
+ROWS = 12000
+PARTS = 4
+EPOCHS = 3
+
+
+def _logging_trainer(args, ctx):
+    """Reads the feed; after every batch appends ``epoch row row ...`` lines to its own log
+    (one file per attempt and node), so the rows of every acknowledged partition are on disk
+    even when the node is killed right after."""
+    import os
+    import time
+
+    feed = ctx.get_data_feed(train_mode=True)
+    path = os.path.join(args["out"], f"rows-{ctx.attempt}-{ctx.executor_id}.log")
+    with open(path, "a") as log:
+        while not feed.should_stop():
+            batch = feed.next_batch(100)
+            if not batch:
+                continue
+            origins = feed.last_origins + [(len(batch), -1, -1, 0)]
+            for (start, _part, epoch, _first), (end, *_rest) in zip(origins, origins[1:]):
+                log.write(f"{epoch} " + " ".join(str(r) for r in batch[start:end]) + "\n")
+            log.flush()
+            time.sleep(args["sleep_s"])
+
+
+def _read_rows(out) -> dict:
+    """``{(attempt, executor): {epoch: [rows]}}`` from the nodes' logs."""
+    found: dict = {}
+    for f in out.glob("rows-*.log"):
+        _, attempt, eid = f.stem.split("-")
+        per = found.setdefault((int(attempt), int(eid)), {})
+        lines = f.read_text().split("\n")[:-1]  # a last line without its newline was cut by the kill
+        for line in lines:
+            epoch, *rows = line.split()
+            per.setdefault(int(epoch), []).extend(int(r) for r in rows)
+    return found
+
+
+def _epoch_rows(found: dict, attempt: int, epoch: int) -> list:
+    return [r for (a, _e), per in found.items() if a == attempt for r in per.get(epoch, [])]
+
+
+@pytest.mark.timeout(1200)
+def test_executor_killed_mid_training_restarts_and_accounts_for_every_row(spark_manager, tmp_path, caplog):
+    """The local-cluster chaos test: worker:1's executor JVM is SIGKILLed in the second epoch;
+    with max_restarts=1 train() resumes the feed at the failed epoch on a fresh cluster,
+    and every row of every epoch is accounted for (count and checksum)."""
+    import logging
+
+    sc = spark_manager.get("local-cluster[2,1,1024]", **{"spark.app.name": "tfos-chaos-restart"})
+    assert_no_tfos_processes()
+    caplog.set_level(logging.WARNING, logger="tfos")
+    args = {"out": str(tmp_path), "sleep_s": 0.01}
+    cluster = TFCluster.run(sc, _logging_trainer, args, 2, 0, input_mode=SPARK, heartbeat_timeout=8.0,
+                            max_restarts=1, reservation_timeout=600, executor_wait_s=300)
+
+    def _victim_in_epoch_1() -> bool:
+        rows = _read_rows(tmp_path).get((0, 1), {})
+        return len(rows.get(1, [])) >= 300
+
+    killer = ExecutorKiller(cluster, 1, _victim_in_epoch_1, timeout_s=600).start()
+    cluster.train(sc.parallelize(range(ROWS), PARTS), num_epochs=EPOCHS, feed_timeout=600)
+    cluster.shutdown(timeout=600)
+    killer.join()
+
+    found = _read_rows(tmp_path)
+    assert {a for a, _ in found} == {0, 1}, sorted(found)
+    resumed = min(e for e in range(EPOCHS) if _epoch_rows(found, 1, e))
+    assert resumed >= 1, "the feed restarted from epoch 0: nothing was kept"
+    expected_sum = ROWS * (ROWS - 1) // 2
+    for epoch in range(EPOCHS):
+        # The attempt that finished the epoch fed it whole: count and checksum exact.
+        attempt = 0 if epoch < resumed else 1
+        rows = _epoch_rows(found, attempt, epoch)
+        assert len(rows) == ROWS and sum(rows) == expected_sum, (epoch, attempt, len(rows))
+        assert len(set(rows)) == ROWS
+    assert not _epoch_rows(found, 1, resumed - 1)  # nothing before the resume epoch was fed again
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "attempt 0" in r.getMessage()]
+    assert warnings and "worker:1 (executor 1" in warnings[0], warnings
+    assert_no_tfos_processes(60.0)
+    spark_manager.stop()
+
+
+def _always_raises(args, ctx):
+    raise ValueError(f"bad hyper-parameter lr={args['lr']} (attempt {ctx.attempt})")
+
+
+def test_same_exception_on_every_attempt_stops_early_with_every_cause(sc, no_leftovers):
+    from tfos.errors import RecoveryFailedError
+
+    t0 = time.monotonic()
+    with pytest.raises(RecoveryFailedError) as ei:
+        cluster = TFCluster.run(sc, _always_raises, {"lr": -1}, 2, 0, input_mode=TENSORFLOW, max_restarts=5)
+        cluster.shutdown(timeout=300)
+    err = ei.value
+    text = str(err)
+    assert [a for a, _, _ in err.attempts] == [0, 1], text  # stopped after the repeat, not after 6 attempts
+    assert "stopped early" in text and "same exception" in text, text
+    assert "attempt 0" in text and "attempt 1" in text
+    assert text.count("ValueError: bad hyper-parameter lr=-1") >= 2, text
+    assert time.monotonic() - t0 < 600
