@@ -16,7 +16,7 @@ setup(
         "cloudpickle>=3.0",
         "psutil>=5.9",
         "tqdm>=4.66",
-        # AES-GMAC tags on every data-plane frame (tfos._wire.DataSession).
+        # AES-GMAC tags on every data-plane frame (tfos._common.wire.DataSession).
         "cryptography>=42",
     ],
     extras_require={

@@ -267,7 +267,7 @@ def _marked(mark: str) -> list:
     found = []
     for p in psutil.process_iter(["pid", "cmdline"]):
         cmd = " ".join(p.info.get("cmdline") or [])
-        if not any(s in cmd for s in ("tfos._supervisor", "tfos._tf_process", CHILD_TAG)):
+        if not any(s in cmd for s in ("tfos._node.supervisor", "tfos._node.tf_process", CHILD_TAG)):
             continue
         try:
             if p.environ().get("TFOS_BENCH_DRIVER_MARK") != mark:
@@ -334,7 +334,7 @@ def driver_run(fault: str, hb: float, workdir: str, run: int, busy: str) -> tupl
 
 
 def _executors_back(sc, n: int, timeout_s: float) -> bool:
-    from tfos._spark_checks import live_executors
+    from tfos._driver.spark_checks import live_executors
 
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:

@@ -329,7 +329,7 @@ def main() -> int:
     from pyspark.sql import SparkSession
 
     from tfos import TFCluster
-    from tfos._spark_rawio import raw_frames
+    from tfos._data.spark_rawio import raw_frames
 
     load_start = os.getloadavg()
     conf = (
@@ -446,7 +446,7 @@ def main() -> int:
             spark_batch_rows = min(max_rec, max(_split(rows, parts)))
             row_bytes = IMAGE * 4 + 8 + 4
             try:  # tfos slices Spark's Arrow batches into chunks of about ARROW_CHUNK_BYTES
-                from tfos._feed_tasks import ARROW_CHUNK_BYTES
+                from tfos._data.feed_tasks import ARROW_CHUNK_BYTES
                 df_rows_per_chunk = max(1, min(spark_batch_rows, ARROW_CHUNK_BYTES // row_bytes))
             except ImportError:
                 df_rows_per_chunk = spark_batch_rows

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Unauthenticated-connection flood against the real control server and data server.
 
-Loopback only. For each plane (the driver's :class:`tfos._control_server.ControlServer` and a
-node's :class:`tfos._feed_hub.FeedHub`, both in this process) and each flood size, a separate
+Loopback only. For each plane (the driver's :class:`tfos._control.server.ControlServer` and a
+node's :class:`tfos._data.feed_hub.FeedHub`, both in this process) and each flood size, a separate
 attacker process (no key) opens N connections and keeps them open, reopening every one the
 server closes, for the whole measurement. On the control plane every flood connection
 announces a maximal frame (magic + 1 MiB length) and then stalls: the attack that used to
@@ -43,11 +43,11 @@ import psutil
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from tfos import _wire  # noqa: E402
-from tfos._control_client import ControlClient  # noqa: E402
-from tfos._control_server import ControlServer  # noqa: E402
-from tfos._data_plane import FrameType, recv_json, send_json  # noqa: E402
-from tfos._deadline import Deadline  # noqa: E402
-from tfos._feed_hub import FeedHub  # noqa: E402
+from tfos._control.client import ControlClient  # noqa: E402
+from tfos._control.server import ControlServer  # noqa: E402
+from tfos._data.framing import FrameType, recv_json, send_json  # noqa: E402
+from tfos._common.deadline import Deadline  # noqa: E402
+from tfos._data.feed_hub import FeedHub  # noqa: E402
 
 _ATTACKER = textwrap.dedent(
     r'''

@@ -3,7 +3,7 @@
 
 Times, on one core, tagging (sender) plus checking (receiver) of frames of the sizes the
 feed sends (a PySpark pickled batch of MNIST rows is about 98 KB, an Arrow chunk about
-1 MB), with :class:`tfos._wire.DataSession`, and HMAC-SHA256 over the same bytes
+1 MB), with :class:`tfos._common.wire.DataSession`, and HMAC-SHA256 over the same bytes
 (``hmac.new(...).update`` on a memoryview, no copy) for comparison. Prints GB/s (min /
 median / max of ``--repeat`` runs) and the CPU seconds both ends spend per 100,000 MNIST
 rows (784 float32 + label, about 3.1 KB each).
@@ -25,7 +25,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from tfos._wire import DataSession  # noqa: E402
+from tfos._common.wire import DataSession  # noqa: E402
 
 ROW_BYTES = 784 * 4 + 16
 

@@ -11,7 +11,7 @@ side, both nodes join a ``MultiWorkerMirroredStrategy`` and train the MLP of
     ``tf.data.Dataset.from_tensor_slices(...).batch(global batch).prefetch(2)``);
 (a) fed: on the rows that ``cluster.train(data, epochs, end_of_feed=True)`` feeds it,
     through ``DataFeed.as_dataset(per_epoch=True)`` (the tf.data fast path,
-    ``tfos/_tfdata.py``; one ``fit`` call per epoch on that one dataset, as the docstring
+    ``tfos/_data/tfdata.py``; one ``fit`` call per epoch on that one dataset, as the docstring
     of ``as_dataset`` says), from a cached RDD of ``(float32[784], int)`` rows (``rdd``:
     PySpark pickled batches) or a cached DataFrame ``image array<float>, label long``
     (``df``: Arrow chunks).

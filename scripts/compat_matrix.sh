@@ -8,7 +8,7 @@
 # Then runs, under Java 17 (which Spark 3.5 supports):
 #   1. the unit tests (tests/unit);
 #   2. a Spark smoke subset on local-cluster: PySpark's raw frame formats that tfos reads
-#      (tfos/_spark_rawio.py relies on PySpark internals), InputMode.SPARK feeding from an
+#      (tfos/_data/spark_rawio.py relies on PySpark internals), InputMode.SPARK feeding from an
 #      RDD and a DataFrame (Arrow), inference, InputMode.TENSORFLOW with MWMS, and one
 #      failure in each input mode.
 # Extra arguments go to both pytest runs (e.g. -x). Exits non-zero when a test fails.

@@ -96,7 +96,7 @@ def tfos_processes():
     found = []
     for p in psutil.process_iter(["pid", "cmdline"]):
         cmd = " ".join(p.info.get("cmdline") or [])
-        if "tfos._supervisor" in cmd or "tfos._tf_process" in cmd or "tensorboard.main" in cmd:
+        if "tfos._node.supervisor" in cmd or "tfos._node.tf_process" in cmd or "tensorboard.main" in cmd:
             try:
                 if p.environ().get("TFOS_TEST_SESSION") != session:
                     continue

@@ -14,8 +14,8 @@ from __future__ import annotations
 import functools
 from typing import Any, Dict
 
-from . import _cluster
-from ._cluster import TFCluster
+from tfos._driver import cluster as _cluster
+from ._driver.cluster import TFCluster
 from .cluster_template import InputMode
 
 __all__ = ["run", "TFCluster", "InputMode", "tf_status"]

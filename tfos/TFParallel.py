@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Optional
 
-from . import _cluster
+from tfos._driver import cluster as _cluster
 from .cluster_template import InputMode
 from .errors import ConfigurationError
 

@@ -24,9 +24,9 @@ import pickle
 import queue
 from typing import Any, Iterator, Optional, Sequence, Union
 
-from ._data_plane import FrameType, decode_chunk
-from ._deadline import Deadline
-from ._feed_hub import END_OF_FEED, Chunk, FeedConnection, FeedHub, PartitionEnd
+from ._data.framing import FrameType, decode_chunk
+from ._common.deadline import Deadline
+from ._data.feed_hub import END_OF_FEED, Chunk, FeedConnection, FeedHub, PartitionEnd
 from .errors import InferenceResultError, MalformedRowError, TFOSError
 
 __all__ = ["DataFeed", "rows_to_columns"]
@@ -362,7 +362,7 @@ class DataFeed:
         reads the feed ahead, turns every chunk into numpy columns at once (zero-copy views
         for Arrow chunks of numeric and fixed-length list columns; one stack per column for
         pickled chunks) and cuts them into batches; TensorFlow receives whole batches
-        (``tfos._tfdata.FeedBatches``, kept as ``dataset.tfos_batches``). The dataset ends
+        (``tfos._data.tfdata.FeedBatches``, kept as ``dataset.tfos_batches``). The dataset ends
         cleanly at the end of the feed. From its first iteration on, the dataset is the
         feed's only reader.
 
@@ -406,7 +406,7 @@ class DataFeed:
             ValueError: In inference mode (``train_mode=False``) or for ``batch_size`` < 1.
             MalformedRowError: (while iterating) a row that does not fit the signature.
         """
-        from ._tfdata import feed_dataset
+        from ._data.tfdata import feed_dataset
 
         return feed_dataset(self, batch_size, output_signature, drop_remainder, per_epoch, prefetch, buffer_batches)
 

@@ -22,9 +22,9 @@ import time
 import uuid
 from typing import Any, Dict, List, Optional, Tuple
 
-from . import _wire
-from ._control_client import ControlClient
-from ._control_server import ControlServer, parse_port_spec
+from tfos._common import wire as _wire
+from ._control.client import ControlClient
+from ._control.server import ControlServer, parse_port_spec
 from .errors import ConfigurationError, ControlProtocolError, ReservationTimeoutError, TFOSError
 
 __all__ = ["Reservations", "Server", "Client", "ServerAddress", "TFOS_SERVER_PORT", "TFOS_SERVER_HOST", "MAX_RETRIES", "BUFSIZE"]

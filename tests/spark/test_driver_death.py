@@ -29,7 +29,7 @@ def _marked(mark: str) -> list[tuple[int, str]]:
     found = []
     for p in psutil.process_iter(["pid", "cmdline"]):
         cmd = " ".join(p.info.get("cmdline") or [])
-        if not any(s in cmd for s in ("tfos._supervisor", "tfos._tf_process", "tfos-test-child-of-main-fun")):
+        if not any(s in cmd for s in ("tfos._node.supervisor", "tfos._node.tf_process", "tfos-test-child-of-main-fun")):
             continue
         try:
             if p.environ().get("TFOS_DRIVER_DEATH_MARK") != mark:
@@ -55,7 +55,7 @@ def _start_driver(tmp_path: Path):
     time.sleep(1.0)  # the feed is running
     procs = _marked(mark)
     kinds = " ".join(c for _, c in procs)
-    assert kinds.count("tfos._supervisor") == 2 and kinds.count("tfos._tf_process") == 2, procs
+    assert kinds.count("tfos._node.supervisor") == 2 and kinds.count("tfos._node.tf_process") == 2, procs
     assert kinds.count("tfos-test-child-of-main-fun") == 2, procs
     return proc, mark
 

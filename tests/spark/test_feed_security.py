@@ -164,7 +164,7 @@ def _count_rows(args, ctx):
 def test_rerun_of_delivered_partition_is_refused(sc, no_leftovers, tmp_path):
     """Spark running a feed task again for a partition already delivered for the same feed
     (a stage resubmission starts again at attempt 0) is refused by the node's record."""
-    from tfos._feed_tasks import make_feed_fn
+    from tfos._data.feed_tasks import make_feed_fn
     from tfos.errors import ClusterFailedError
 
     cluster = TFCluster.run(sc, _count_rows, {"out": str(tmp_path)}, 2, 0, input_mode=SPARK)

@@ -1,5 +1,5 @@
 """The DataFeed -> tf.data fast path (``DataFeed.as_dataset(per_epoch=True)``,
-tfos/_tfdata.py) on local-cluster[2,1,1024]: a tf_keras model under
+tfos/_data/tfdata.py) on local-cluster[2,1,1024]: a tf_keras model under
 MultiWorkerMirroredStrategy on 2 workers trains for 3 epochs (one ``fit`` per epoch on one
 dataset), from an
 RDD (pickled batches) and from a DataFrame (Arrow chunks); every epoch hands TensorFlow

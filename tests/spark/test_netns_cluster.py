@@ -111,7 +111,7 @@ class Bed:
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             except OSError:
                 continue
-            if "tfos._supervisor" in cmd or "tfos._tf_process" in cmd or "tensorboard.main" in cmd:
+            if "tfos._node.supervisor" in cmd or "tfos._node.tf_process" in cmd or "tensorboard.main" in cmd:
                 found.append((int(pid), cmd[:120]))
         return found
 

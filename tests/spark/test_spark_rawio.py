@@ -1,4 +1,4 @@
-"""Tests for tfos._spark_rawio on a real local-cluster SparkContext.
+"""Tests for tfos._data.spark_rawio on a real local-cluster SparkContext.
 
 Uses the shared ``local-cluster[2,1,1024]`` context (two executor JVMs with one core
 each); tfos is installed in the venv the executors use.
@@ -27,7 +27,7 @@ from pyspark.serializers import (  # noqa: E402
     UTF8Deserializer,
 )
 
-from tfos._spark_rawio import (  # noqa: E402
+from tfos._data.spark_rawio import (  # noqa: E402
     MAX_FRAME_BYTES,
     FrameKind,
     RawFrames,
@@ -125,7 +125,7 @@ def test_encode_batch_round_trip():
 
 
 def test_output_task_checks_and_closes_without_spark():
-    from tfos._spark_rawio import _OutputFrameTask
+    from tfos._data.spark_rawio import _OutputFrameTask
 
     closed = []
 

@@ -1,8 +1,8 @@
 """A fake feed task for unit tests of the node side of the data plane (no Spark).
 
-``Feeder`` opens a socketpair, runs the real mutual handshake of :mod:`tfos._wire` over it,
-registers the server end with a real :class:`~tfos._feed_hub.FeedHub` as one partition's
-:class:`~tfos._feed_hub.FeedConnection`, and reads the node's authenticated frames from the
+``Feeder`` opens a socketpair, runs the real mutual handshake of :mod:`tfos._common.wire` over it,
+registers the server end with a real :class:`~tfos._data.feed_hub.FeedHub` as one partition's
+:class:`~tfos._data.feed_hub.FeedConnection`, and reads the node's authenticated frames from the
 peer end.
 """
 
@@ -13,10 +13,10 @@ import pickle
 import socket
 import threading
 
-from tfos import _wire
-from tfos._data_plane import FrameType, recv_frame
-from tfos._deadline import Deadline
-from tfos._feed_hub import Chunk, FeedConnection, FeedHub, PartitionEnd
+from tfos._common import wire as _wire
+from tfos._data.framing import FrameType, recv_frame
+from tfos._common.deadline import Deadline
+from tfos._data.feed_hub import Chunk, FeedConnection, FeedHub, PartitionEnd
 
 
 class Feeder:

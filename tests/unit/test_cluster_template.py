@@ -1,4 +1,4 @@
-"""Unit tests of tfos.cluster_template and tfos._launch (pure: no Spark, no TensorFlow)."""
+"""Unit tests of tfos.cluster_template and tfos._node.launch (pure: no Spark, no TensorFlow)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tfos._launch import ClusterConfig
+from tfos._node.launch import ClusterConfig
 from tfos.cluster_template import (
     InputMode,
     NodeInfo,

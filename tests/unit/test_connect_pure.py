@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from tfos import _wire
-from tfos._connect_host import ControlHost, HostLaunch
-from tfos._connect_tasks import decode_failures, encode_failures, results_to_batch
-from tfos._control_client import ControlClient
+from tfos._common import wire as _wire
+from tfos._connect.host import ControlHost, HostLaunch
+from tfos._connect.tasks import decode_failures, encode_failures, results_to_batch
+from tfos._control.client import ControlClient
 from tfos.cluster_template import NodeInfo, build_template, roles_from_template
 from tfos.errors import ConfigurationError, ControlProtocolError, DeadlineExceededError, NodeFailure, TFOSError
 
@@ -59,7 +59,7 @@ def test_host_launch_validates():
 def test_host_launch_record_roundtrip_and_type_check():
     import io
 
-    from tfos._connect_host import read_host_launch, write_host_launch
+    from tfos._connect.host import read_host_launch, write_host_launch
 
     roles = tuple(roles_from_template(build_template(2, 0, None, False)))
     launch = HostLaunch("c1", b"k" * 32, roles, "127.0.0.1", 15.0, 600.0, 0)
@@ -132,7 +132,7 @@ def test_control_host_ends_the_cluster_without_a_client():
 
 def test_run_hands_a_connect_session_to_the_connect_path():
     from tfos import TFCluster
-    from tfos._connect import is_connect_session
+    from tfos._connect.client import is_connect_session
 
     class FakeConnectSession:  # looks like pyspark.sql.connect.session.SparkSession
         pass
@@ -156,5 +156,28 @@ def test_control_host_ends_the_feed_once_every_partition_was_sent():
             assert host.state.feed_closed is False
             host._dispatch({"type": "partition_sent", "cluster": "c1", "feed_id": "f", "index": index}, "p")
         assert host.state.feed_closed is True
+    finally:
+        host.server.close()
+
+
+def test_control_host_long_polls_for_tensorboard():
+    host = _host()
+    try:
+        c = ControlClient("127.0.0.1", host.server.port, host.launch.key, "c1", connect_timeout_s=5.0)
+        st = c.request("client_wait", until="tensorboard", poll_s=0.1)
+        assert st["done"] is False and st["tensorboard_url"] is None
+
+        def report_later() -> None:
+            time.sleep(0.3)
+            c2 = ControlClient("127.0.0.1", host.server.port, host.launch.key, "c1", connect_timeout_s=5.0)
+            c2.request("tensorboard", executor_id=0, url="http://127.0.0.1:6006/")
+            c2.close()
+
+        threading.Thread(target=report_later, daemon=True).start()
+        t0 = time.monotonic()
+        st = c.request("client_wait", until="tensorboard", poll_s=9.0, timeout_s=30.0)
+        assert st["done"] is True and st["tensorboard_url"] == "http://127.0.0.1:6006/"
+        assert time.monotonic() - t0 < 8.5  # answered on the report, not at the end of the poll
+        c.close()
     finally:
         host.server.close()

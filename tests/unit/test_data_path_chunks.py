@@ -13,8 +13,8 @@ import pytest
 
 pa = pytest.importorskip("pyarrow")
 
-from tfos._data_plane import arrow_rows  # noqa: E402
-from tfos._feed_tasks import arrow_slices  # noqa: E402
+from tfos._data.framing import arrow_rows  # noqa: E402
+from tfos._data.feed_tasks import arrow_slices  # noqa: E402
 from tfos.datafeed import result_frames  # noqa: E402
 
 
@@ -94,7 +94,7 @@ def test_arrow_rows_does_not_import_pandas():
     payload = _ipc(_mnist_batch(3))
     code = (
         "import sys\n"
-        "from tfos._data_plane import arrow_rows\n"
+        "from tfos._data.framing import arrow_rows\n"
         "rows = arrow_rows(bytearray(sys.stdin.buffer.read()))\n"
         "assert rows[2][1] == 2 and rows[1][0][0] == 784.0\n"
         "print('pandas' in sys.modules)\n"

@@ -1,8 +1,8 @@
 """Security of both planes against the real FeedHub, wire and control code (C20, C21).
 
-No Spark, no TensorFlow: a real :class:`tfos._feed_hub.FeedHub` on loopback, real
-handshakes (:mod:`tfos._wire`), real framing (:mod:`tfos._data_plane`), a real
-:class:`tfos._control_server.ControlServer`; raw sockets play squatters, relays and floods.
+No Spark, no TensorFlow: a real :class:`tfos._data.feed_hub.FeedHub` on loopback, real
+handshakes (:mod:`tfos._common.wire`), real framing (:mod:`tfos._data.framing`), a real
+:class:`tfos._control.server.ControlServer`; raw sockets play squatters, relays and floods.
 """
 
 from __future__ import annotations
@@ -18,15 +18,15 @@ import time
 
 import pytest
 
-import tfos._control_server as cs_mod
-import tfos._feed_hub as hub_mod
-from tfos import _wire
-from tfos._control_client import ControlClient
-from tfos._control_server import ControlServer
-from tfos._data_plane import FrameType, recv_frame, recv_json, send_frame, send_json
-from tfos._deadline import Deadline
-from tfos._feed_hub import Chunk, FeedHub, PartitionEnd
-from tfos._spark_checks import warn_key_transport
+import tfos._control.server as cs_mod
+import tfos._data.feed_hub as hub_mod
+from tfos._common import wire as _wire
+from tfos._control.client import ControlClient
+from tfos._control.server import ControlServer
+from tfos._data.framing import FrameType, recv_frame, recv_json, send_frame, send_json
+from tfos._common.deadline import Deadline
+from tfos._data.feed_hub import Chunk, FeedHub, PartitionEnd
+from tfos._driver.spark_checks import warn_key_transport
 from tfos.errors import ControlProtocolError
 
 KEY = _wire.new_key()

@@ -22,6 +22,8 @@ from pyspark.sql.types import (  # noqa: E402
 )
 
 from tfos import dfutil  # noqa: E402
+from tfos._dfutil.decode import _examples_to_tuples  # noqa: E402
+from tfos._dfutil.schema import _field_specs  # noqa: E402
 
 IMAGE = np.random.default_rng(0).random(784, dtype=np.float32).tolist()  # exactly representable as float32
 
@@ -181,12 +183,12 @@ def test_schema_aware_decoding_used_by_loadTFRecords() -> None:
     dtypes = [("vec", "array<float>"), ("x", "int")]
     records = _serialize([Row(vec=[1.0, 2.0], x=1), Row(vec=[3.0], x=None), Row(vec=[], x=2)], dtypes)
     schema = dfutil.infer_schema(tf.train.Example.FromString(records[0]))
-    fields = dfutil._field_specs(schema)
-    assert list(dfutil._examples_to_tuples(records, fields)) == [([1.0, 2.0], 1), ([3.0], None), ([], 2)]
+    fields = _field_specs(schema)
+    assert list(_examples_to_tuples(records, fields)) == [([1.0, 2.0], 1), ([3.0], None), ([], 2)]
     # A scalar column whose later record holds several values does not fit the inferred schema.
     bad = _serialize([Row(vec=[1.0, 2.0], x=[1, 2])], [("x", "array<int>"), ("vec", "array<float>")])
     with pytest.raises(ValueError, match="'x'"):
-        list(dfutil._examples_to_tuples(bad, fields))
+        list(_examples_to_tuples(bad, fields))
 
 
 def test_isLoadedDF_false_for_unregistered_objects() -> None:

@@ -1,4 +1,4 @@
-"""Unit tests of tfos._feed_tasks.choose_node and FeedPlan (pure: no Spark)."""
+"""Unit tests of tfos._data.feed_tasks.choose_node and FeedPlan (pure: no Spark)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from tfos._feed_tasks import FeedPlan, choose_node
+from tfos._data.feed_tasks import FeedPlan, choose_node
 from tfos.cluster_template import NodeInfo
 from tfos.errors import TFOSError
 

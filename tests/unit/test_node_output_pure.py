@@ -11,7 +11,7 @@ import traceback
 
 import cloudpickle
 
-from tfos._node_output import is_tf_noise, tf_noise_level
+from tfos._node.output import is_tf_noise, tf_noise_level
 
 ABSL = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
 INFO = "I0000 00:00:1796080592.555864    7250 port.cc:153] oneDNN custom operations are on."
@@ -54,7 +54,7 @@ def test_traceback_names_the_drivers_file_even_where_it_is_absent(tmp_path):
     payload = tmp_path / "payload.pkl"
     script.write_text(textwrap.dedent(f'''
         import cloudpickle
-        from tfos._user_source import with_source
+        from tfos._driver.user_source import with_source
 
         def helper(x):
             raise ValueError("bad value %s" % x)

@@ -16,7 +16,7 @@ from typing import Callable, Optional
 
 import pytest
 
-from tfos._cluster_state import ClusterState
+from tfos._driver.state import ClusterState
 from tfos.cluster_template import NodeInfo, build_template, roles_from_template
 from tfos.errors import ControlProtocolError
 from tfos.node_context import TFNodeContext

@@ -1,4 +1,4 @@
-"""Unit tests of tfos._spark_checks.plan_layout / check_static (pure: no Spark)."""
+"""Unit tests of tfos._driver.spark_checks.plan_layout / check_static (pure: no Spark)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from tfos._spark_checks import SparkLayout, check_static, plan_layout
+from tfos._driver.spark_checks import SparkLayout, check_static, plan_layout
 from tfos.cluster_template import InputMode
 from tfos.errors import ConfigurationError
 
@@ -144,7 +144,7 @@ def test_local_mode_allows_several_slots_per_executor():
 
 # ------------------------------------------------------------ resources (issue 10)
 def test_gpus_not_cores_limit_the_slots_like_spark():
-    from tfos._spark_checks import resource_slots
+    from tfos._driver.spark_checks import resource_slots
 
     conf = {"spark.executor.resource.gpu.amount": "1", "spark.task.resource.gpu.amount": "1"}
     assert resource_slots(conf) == {"gpu": 1}

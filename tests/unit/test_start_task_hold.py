@@ -7,11 +7,11 @@ import subprocess
 import sys
 import threading
 
-from tfos import _wire
-from tfos._cluster_state import ClusterState
-from tfos._control_server import ControlServer
-from tfos._launch import ClusterConfig
-from tfos._node_task import _await_registration
+from tfos._common import wire as _wire
+from tfos._driver.state import ClusterState
+from tfos._control.server import ControlServer
+from tfos._node.launch import ClusterConfig
+from tfos._node.start_task import _await_registration
 from tfos.cluster_template import InputMode, NodeInfo, build_template, roles_from_template
 
 

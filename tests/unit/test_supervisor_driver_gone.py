@@ -10,11 +10,11 @@ import time
 import cloudpickle
 import psutil
 
-from tfos import _wire
-from tfos._cluster_state import ClusterState
-from tfos._control_server import ControlServer
-from tfos._launch import ClusterConfig, NodeLaunch
-from tfos._node_task import spawn_supervisor
+from tfos._common import wire as _wire
+from tfos._driver.state import ClusterState
+from tfos._control.server import ControlServer
+from tfos._node.launch import ClusterConfig, NodeLaunch
+from tfos._node.start_task import spawn_supervisor
 from tfos.cluster_template import InputMode, build_template, roles_from_template
 
 HEARTBEAT_TIMEOUT_S = 3.0

@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
-import tfos._tf_process as tfp
-from tfos._launch import ClusterConfig, NodeLaunch
+import tfos._node.tf_process as tfp
+from tfos._node.launch import ClusterConfig, NodeLaunch
 from tfos.cluster_template import InputMode, build_template, roles_from_template
 
 

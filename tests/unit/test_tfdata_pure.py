@@ -1,4 +1,4 @@
-"""Unit tests of tfos._tfdata.FeedBatches (the DataFeed -> tf.data fast path) over a real
+"""Unit tests of tfos._data.tfdata.FeedBatches (the DataFeed -> tf.data fast path) over a real
 FeedHub whose feed connections are socketpairs (no Spark); the dataset test imports
 TensorFlow."""
 
@@ -9,9 +9,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tfos._data_plane import FrameType
-from tfos._feed_hub import END_OF_FEED, FeedHub
-from tfos._tfdata import FeedBatches
+from tfos._data.framing import FrameType
+from tfos._data.feed_hub import END_OF_FEED, FeedHub
+from tfos._data.tfdata import FeedBatches
 from tfos.datafeed import DataFeed
 from feed_fakes import Feeder as _Feeder
 from tfos.errors import MalformedRowError, TFOSError

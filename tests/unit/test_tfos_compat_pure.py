@@ -340,7 +340,7 @@ def test_tfsparknode_cluster_spec():
 )
 def test_keras_default(monkeypatch, node_env, driver, expected):
     pytest.importorskip("tf_keras")
-    from tfos._tf_process import _default_legacy_keras
+    from tfos._node.tf_process import _default_legacy_keras
 
     if node_env is None:
         monkeypatch.delenv("TF_USE_LEGACY_KERAS", raising=False)
@@ -351,7 +351,7 @@ def test_keras_default(monkeypatch, node_env, driver, expected):
 
 
 def test_empty_results_answer_an_empty_batch():
-    from tfos._feed_hub import END_OF_FEED
+    from tfos._data.feed_hub import END_OF_FEED
     from tfos.errors import InferenceResultError
 
     hub = _FakeHub()

@@ -1,4 +1,4 @@
-"""Unit tests of tfos._wire framing and the control server/client over loopback (C20).
+"""Unit tests of tfos._common.wire framing and the control server/client over loopback (C20).
 
 No Spark, no TensorFlow: a real ControlServer with a small dispatch function, real
 ControlClients, and raw sockets playing hostile peers.
@@ -18,13 +18,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import tfos._control_server as cs_mod
-from tfos import _wire
-from tfos._control_client import ControlClient
-from tfos._control_server import ControlServer, parse_port_spec
-from tfos._deadline import Deadline
-from tfos._feed_tasks import FeedPlan
-from tfos._launch import ClusterConfig, NodeLaunch
+import tfos._control.server as cs_mod
+from tfos._common import wire as _wire
+from tfos._control.client import ControlClient
+from tfos._control.server import ControlServer, parse_port_spec
+from tfos._common.deadline import Deadline
+from tfos._data.feed_tasks import FeedPlan
+from tfos._node.launch import ClusterConfig, NodeLaunch
 from tfos.cluster_template import InputMode, NodeInfo, NodeRole
 from tfos.errors import ConfigurationError, ControlProtocolError, DeadlineExceededError
 
@@ -455,7 +455,7 @@ def test_replayed_frame_rejected_on_new_and_same_connection(server, caplog):
     assert _closed_by_server(a)
     _wait_rejected(server, 2)
     assert len(server.calls) == 1
-    msgs = [r.getMessage() for r in caplog.records if r.name == "tfos._control_server" and r.levelno == logging.WARNING]
+    msgs = [r.getMessage() for r in caplog.records if r.name == "tfos._control.server" and r.levelno == logging.WARNING]
     assert sum("replayed or out-of-order frame" in m for m in msgs) == 2
     assert "(2 rejected so far)" in msgs[-1]
     _legit_roundtrip(server)

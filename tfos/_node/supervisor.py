@@ -1,4 +1,4 @@
-"""The node supervisor process: ``python -m tfos._supervisor`` (runs on an executor host).
+"""The node supervisor process: ``python -m tfos._node.supervisor`` (runs on an executor host).
 
 One supervisor per node. It is light (no TensorFlow) and:
 
@@ -29,11 +29,11 @@ import threading
 import time
 from typing import Optional
 
-from ._cluster_state import describe_exit
-from ._control_client import ControlClient
-from ._launch import NodeLaunch
-from ._node_task import _child_env, read_launch, setup_process_logging, watch_stdin_eof, write_launch
-from .errors import ControlProtocolError, DeadlineExceededError, NodeFailure
+from tfos._driver.state import describe_exit
+from tfos._control.client import ControlClient
+from tfos._node.launch import NodeLaunch
+from tfos._node.start_task import _child_env, read_launch, setup_process_logging, watch_stdin_eof, write_launch
+from tfos.errors import ControlProtocolError, DeadlineExceededError, NodeFailure
 
 log = logging.getLogger("tfos.supervisor")
 
@@ -150,7 +150,7 @@ def supervise(launch: NodeLaunch) -> int:
     # Its own process group, so that whatever main_fun starts (subprocesses, forks,
     # TensorBoard) is ended with the node: see _end_group.
     tf = subprocess.Popen(
-        [sys.executable, "-m", "tfos._tf_process"],
+        [sys.executable, "-m", "tfos._node.tf_process"],
         stdin=subprocess.PIPE,
         env=_child_env(launch),
         cwd=launch.working_dir if os.path.isdir(launch.working_dir) else None,
@@ -228,7 +228,7 @@ def supervise(launch: NodeLaunch) -> int:
 
 
 def main() -> int:
-    """Entry point of ``python -m tfos._supervisor``; returns the process exit code."""
+    """Entry point of ``python -m tfos._node.supervisor``; returns the process exit code."""
     setup_process_logging()
     launch = read_launch(sys.stdin.buffer)
     if launch.watch_pid:

@@ -1,12 +1,12 @@
 """Data-plane framing and chunk decoding (pure; used by Spark feed tasks and the TF process).
 
 A data connection goes from one Spark feed task to one node's TF process. After the
-mutual handshake (:func:`tfos._wire.server_handshake`), every frame in both directions is::
+mutual handshake (:func:`tfos._common.wire.server_handshake`), every frame in both directions is::
 
     type (1 byte) | payload length (uint64, big-endian) | payload | tag (16 bytes)
 
 where the tag authenticates type, length, payload and the frame's sequence number under
-the connection's session key for that direction (:class:`tfos._wire.DataSession`). A
+the connection's session key for that direction (:class:`tfos._common.wire.DataSession`). A
 receiver acts on a frame (decodes JSON, queues a chunk that will be unpickled, yields a
 result) only after its tag checked.
 
@@ -27,8 +27,8 @@ import socket
 import struct
 from typing import Any, Optional, Union
 
-from ._deadline import Deadline
-from ._wire import DataSession, loads_strict, recv_into
+from tfos._common.deadline import Deadline
+from tfos._common.wire import DataSession, loads_strict, recv_into
 
 __all__ = [
     "FrameType", "ChunkKind", "send_frame", "recv_frame", "send_json", "recv_json", "decode_chunk",
@@ -184,7 +184,7 @@ def decode_chunk(kind: ChunkKind, payload: Union[bytes, bytearray]) -> list:
         return arrow_rows(payload)
     if kind in (ChunkKind.PICKLED_BATCH, ChunkKind.PICKLED_ROW, ChunkKind.UTF8):
         # PySpark's own frame formats: one decoder for them, in _spark_rawio.
-        from ._spark_rawio import decode_frame
+        from tfos._data.spark_rawio import decode_frame
 
         return decode_frame(kind.value, payload)
     raise ValueError(f"unknown chunk kind {kind!r}")

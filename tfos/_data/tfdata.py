@@ -23,7 +23,7 @@ dataset trains every epoch exactly once (a single ``fit(epochs=n)`` only when al
 have the same number of steps: tf_keras infers them from the first epoch).
 
 Memory bound of a node (bytes): the feed queue ``(queue_chunks + 2) x chunk bytes``
-(see :mod:`tfos._feed_hub`), plus ``buffer_batches + 2`` batches here (the buffer, the
+(see :mod:`tfos._data.feed_hub`), plus ``buffer_batches + 2`` batches here (the buffer, the
 batch being assembled and the one the generator hands over), plus the ``prefetch``
 batches of ``tf.data``; :attr:`FeedBatches.buffer_bytes` states the part held here.
 """
@@ -37,9 +37,9 @@ import threading
 import time
 from typing import Any, Iterator, Optional, Sequence
 
-from ._data_plane import ChunkKind, arrow_rows, decode_chunk
-from ._feed_hub import END_OF_FEED, Chunk, PartitionEnd
-from .errors import TFOSError
+from tfos._data.framing import ChunkKind, arrow_rows, decode_chunk
+from tfos._data.feed_hub import END_OF_FEED, Chunk, PartitionEnd
+from tfos.errors import TFOSError
 
 __all__ = ["FeedBatches", "feed_dataset", "DEFAULT_BUFFER_BYTES"]
 
@@ -255,7 +255,7 @@ class FeedBatches:
         return self._row_columns(rows, origins)
 
     def _row_columns(self, rows: list, origins: list) -> tuple:
-        from .datafeed import rows_to_columns
+        from tfos.datafeed import rows_to_columns
 
         spec = [(c.dtype, c.shape) for c in self._cols]
         if self._single:
@@ -270,7 +270,7 @@ class FeedBatches:
         """
         import pyarrow as pa
 
-        from ._data_plane import _numeric_view
+        from tfos._data.framing import _numeric_view
 
         batches = list(pa.ipc.open_stream(pa.py_buffer(payload)))
         if len(batches) != 1 or batches[0].num_columns != len(self._cols):
@@ -388,7 +388,7 @@ def _list_view(arr: Any, n: int, width: int) -> Any:
     ``width`` numbers, or None (other lengths, nulls or non-numeric values; pure)."""
     import pyarrow as pa
 
-    from ._data_plane import _equal_steps, _numeric_view
+    from tfos._data.framing import _equal_steps, _numeric_view
 
     if pa.types.is_fixed_size_list(arr.type):
         if arr.type.list_size != width:

@@ -12,7 +12,7 @@ import math
 import time
 from typing import Callable, Optional, Type
 
-from .errors import DeadlineExceededError, TFOSError
+from tfos.errors import DeadlineExceededError, TFOSError
 
 __all__ = ["Deadline"]
 

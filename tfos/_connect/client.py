@@ -3,8 +3,8 @@
 Under Spark Connect the program is a remote client: it has no SparkContext, no RDDs, and
 executors may not be able to reach it. So nothing here listens or is dialled:
 
-* the start stage is a barrier ``mapInArrow`` (:func:`tfos._connect_tasks.make_start_fn`);
-  its task 0 starts the control host (:mod:`tfos._connect_host`), the classic control
+* the start stage is a barrier ``mapInArrow`` (:func:`tfos._connect.tasks.make_start_fn`);
+  its task 0 starts the control host (:mod:`tfos._connect.host`), the classic control
   server and cluster state moved onto an executor host, and the stage returns once every
   node registered;
 * every later client operation is a Spark job: status and stop are one-task jobs whose
@@ -25,13 +25,13 @@ import time
 import uuid
 from typing import Any, Callable, Optional, Sequence
 
-from . import _wire
-from ._connect_tasks import OP_SCHEMA, START_SCHEMA, StartSpec, decode_failures, make_infer_fn, make_op_fn, make_start_fn, make_train_fn
-from ._deadline import Deadline
-from ._feed_tasks import FeedPlan
-from ._launch import ClusterConfig
-from .cluster_template import InputMode, NodeInfo, build_cluster_spec, build_template, format_template, roles_from_template
-from .errors import ClusterFailedError, ConfigurationError, NodeFailure, TFOSError
+from tfos._common import wire as _wire
+from tfos._connect.tasks import OP_SCHEMA, START_SCHEMA, StartSpec, decode_failures, make_infer_fn, make_op_fn, make_start_fn, make_train_fn
+from tfos._common.deadline import Deadline
+from tfos._data.feed_tasks import FeedPlan
+from tfos._node.launch import ClusterConfig
+from tfos.cluster_template import InputMode, NodeInfo, build_cluster_spec, build_template, format_template, roles_from_template
+from tfos.errors import ClusterFailedError, ConfigurationError, NodeFailure, TFOSError
 
 __all__ = ["ConnectTFCluster", "run_connect", "is_connect_session", "DEFAULT_CLIENT_TIMEOUT_S"]
 
@@ -120,12 +120,13 @@ class ConnectTFCluster:
             return None
         deadline = Deadline(timeout_s, "TensorBoard to start")
         while True:
-            st = self._status("now", 0.0, "tensorboard_url()")
+            # The control host answers when TensorBoard reported its URL or its start-up
+            # error, a node failed, or the poll (at most 10 s) ended.
+            st = self._status("tensorboard", deadline.slice(10.0), "tensorboard_url()")
             if st.get("failures"):
                 raise self._fail("tensorboard_url()", self._failures(st))
-            if st.get("tensorboard_url") or deadline.expired():
+            if st.get("tensorboard_url") or st.get("done") or deadline.expired():
                 return st.get("tensorboard_url")
-            time.sleep(deadline.slice(2.0))
 
     # ------------------------------------------------------------- control jobs
     def _op(self, msg_type: str, context: str, timeout_s: float = 30.0, **fields: Any) -> dict:
@@ -187,7 +188,7 @@ class ConnectTFCluster:
             raise TFOSError(f"{what}: the cluster {self.cluster_id} was already shut down")
 
     def _plan(self, mode: str, qname: str, parts: int, feed_timeout: float, report_sent: bool = False) -> FeedPlan:
-        from ._data_plane import ChunkKind
+        from tfos._data.framing import ChunkKind
 
         if qname not in self.queues:
             raise ConfigurationError(f"qname {qname!r} is not one of the cluster's queues {self.queues}; pass queues=[...] to TFCluster.run()")
@@ -327,7 +328,7 @@ class ConnectTFCluster:
         """Stops every node, waits (bounded) for their exit, releases the control host.
 
         One control job in the common case (see ``client_teardown`` in
-        :mod:`tfos._connect_host`).
+        :mod:`tfos._connect.host`).
 
         Args:
             failed: Abort the nodes (a failure) instead of stopping them.

@@ -1,10 +1,10 @@
-"""The control host of a Spark Connect cluster: ``python -m tfos._connect_host`` (executor host).
+"""The control host of a Spark Connect cluster: ``python -m tfos._connect.host`` (executor host).
 
 Under Spark Connect the driver program is a remote client that executors may not reach, so
 the control plane cannot live in the client. The first task of the barrier start stage
 spawns this small process on its executor host. It runs what the driver runs in the
-classic path, unchanged: a :class:`~tfos._control_server.ControlServer` (same authenticated
-frames, same key) dispatching to a :class:`~tfos._cluster_state.ClusterState` (registry,
+classic path, unchanged: a :class:`~tfos._control.server.ControlServer` (same authenticated
+frames, same key) dispatching to a :class:`~tfos._driver.state.ClusterState` (registry,
 heartbeats, failures, directives). Node supervisors and TF processes talk to it exactly as
 they talk to the classic driver.
 
@@ -36,11 +36,11 @@ import threading
 import time
 from typing import IO, Optional
 
-from ._cluster_state import ClusterState
-from ._control_server import ControlServer
-from ._node_task import read_record, setup_process_logging, write_record
-from .cluster_template import NodeRole
-from .errors import ConfigurationError, ControlProtocolError, NodeFailure
+from tfos._driver.state import ClusterState
+from tfos._control.server import ControlServer
+from tfos._node.start_task import read_record, setup_process_logging, write_record
+from tfos.cluster_template import NodeRole
+from tfos.errors import ConfigurationError, ControlProtocolError, NodeFailure
 
 __all__ = ["HostLaunch", "ControlHost", "MAX_POLL_S", "write_host_launch", "read_host_launch"]
 
@@ -153,48 +153,24 @@ class ControlHost:
         if until == "workers_done":
             return all(st.is_done(r.executor_id) for r in st.roles if r.feedable)
         if until == "exited":
-            return self._all_exited()
+            return st.all_exited()
         if until == "failed":
-            return bool(st.failures)
+            return st.failed
+        if until == "tensorboard":
+            return st.tensorboard_url is not None or bool(st.tensorboard_error)
         if until == "now":
             return True
         raise ValueError(f"unknown wait condition {until!r}")
 
-    def _all_exited(self) -> bool:
-        st = self.state
-        lost = {f.executor_id for f in st.failures if f.kind == "lost"}
-        return all(e in st.exit_codes or e in lost for e in st.nodes)
-
     def _client_wait(self, until: str, poll_s: float) -> dict:
         st = self.state
-        end = time.monotonic() + max(0.0, min(poll_s, MAX_POLL_S))
-        with st._cond:
-            while True:
-                # "exited" is awaited after a failure too; any other wait ends at a failure.
-                if self._condition(until) or (st.failures and until != "exited"):
-                    break
-                left = end - time.monotonic()
-                if left <= 0:
-                    break
-                st._cond.wait(min(left, 0.5))
-            return self.status_locked(done=self._condition(until))
+        # "exited" is awaited after a failure too; any other wait ends at a failure.
+        st.wait_until(lambda: self._condition(until) or (st.failed and until != "exited"), max(0.0, min(poll_s, MAX_POLL_S)))
+        return self.status(done=self._condition(until))
 
-    def status_locked(self, done: bool) -> dict:
-        """The cluster status for the client (call with the state's lock held)."""
-        st = self.state
-        return {
-            "done": done,
-            "registered": st.all_registered(),
-            "missing": st.missing(),
-            "nodes": [n.to_dict() for n in sorted(st.nodes.values(), key=lambda n: n.executor_id)],
-            "states": {str(k): v for k, v in st.proc_state.items()},
-            "exit_codes": {str(k): v for k, v in st.exit_codes.items()},
-            "failures": [f.to_dict() for f in st.failures],
-            "tensorboard_url": st.tensorboard_url,
-            "feed_closed": st.feed_closed,
-            "stop_requested": st.stop_requested,
-            "abort": st.abort_reason,
-        }
+    def status(self, done: bool) -> dict:
+        """The cluster status for the client: ``done`` and :meth:`ClusterState.status`."""
+        return {"done": done, **self.state.status()}
 
     def _client_teardown(self, abort: bool, attribution_s: float, poll_s: float, release: bool) -> dict:
         """Stops (or aborts) every node and waits for their exit, in one request.
@@ -210,8 +186,7 @@ class ControlHost:
         status = self._client_wait("exited", poll_s)
         if status["done"] or release:
             self.released.set()
-        with st._cond:
-            return status
+        return status
 
     def _client_control(self, action: str, reason: str) -> dict:
         st = self.state
@@ -232,13 +207,16 @@ class ControlHost:
     # --------------------------------------------------------------- lifetime
     def serve(self) -> int:
         """Serves until released (and every node exited) or a reason to end; returns 0."""
-        from ._supervisor import _Watch
+        from tfos._node.supervisor import _Watch
 
         jvm = _Watch(self.launch.watch_pid)
         st = self.state
         exited_since: Optional[float] = None
         why = ""
         while True:
+            # The host's watch tick: a JVM exit and a silent client raise no event to wait
+            # on, and the liveness check is due every tick anyway (client waits are
+            # ClusterState questions, woken by its condition variable).
             time.sleep(0.5)
             st.check_liveness()
             now = time.monotonic()
@@ -248,8 +226,7 @@ class ControlHost:
             if now - self._last_client > self.launch.client_timeout_s:
                 why = f"no client operation for {self.launch.client_timeout_s:g} s (the client program went away?)"
                 break
-            with st._cond:
-                all_exited = self._all_exited()
+            all_exited = st.all_exited()
             if self.released.is_set() and (all_exited or st.abort_reason or not st.nodes):
                 # Released by the client: it fetched everything it needs.
                 if all_exited or exited_since is not None and now - exited_since > _EXIT_WAIT_S:
@@ -262,18 +239,13 @@ class ControlHost:
         if why:
             log.warning("tfos control host of %s: %s; aborting the cluster", self.launch.cluster_id, why)
             st.abort(why)
-            deadline = time.monotonic() + _EXIT_WAIT_S
-            while time.monotonic() < deadline:
-                with st._cond:
-                    if self._all_exited():
-                        break
-                time.sleep(0.2)
+            st.wait_until(st.all_exited, _EXIT_WAIT_S)
         self.server.close()
         return 0
 
 
 def main() -> int:
-    """Entry point of ``python -m tfos._connect_host``.
+    """Entry point of ``python -m tfos._connect.host``.
 
     Reads the :class:`HostLaunch` record from stdin, binds the control server, writes
     ``{"host": ..., "port": ...}`` as one JSON line to stdout for the start task, then
@@ -296,7 +268,7 @@ def main() -> int:
 
 if __name__ == "__main__":
     # Run main() of the imported module, not of __main__: the launch record unpickles
-    # as tfos._connect_host.HostLaunch, which must be the class main() checks against.
-    from tfos._connect_host import main as _main
+    # as tfos._connect.host.HostLaunch, which must be the class main() checks against.
+    from tfos._connect.host import main as _main
 
     raise SystemExit(_main())  # process entry point, not library code

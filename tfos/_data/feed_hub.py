@@ -1,7 +1,7 @@
 """The node's data server and bounded queues (runs in the TF process, InputMode.SPARK).
 
 Spark feed tasks connect here, authenticate mutually with the cluster key
-(:func:`tfos._wire.server_handshake`), announce a partition and stream its chunks in
+(:func:`tfos._common.wire.server_handshake`), announce a partition and stream its chunks in
 authenticated frames (a chunk is queued, and later unpickled, only after its tag checked). A reader thread per connection puts chunks on the named queue,
 which is bounded in chunks, so a slow TensorFlow consumer pushes back through TCP to
 the feed task. :class:`~tfos.datafeed.DataFeed` takes chunks off the queue in the main
@@ -19,11 +19,11 @@ import threading
 import time
 from typing import Optional
 
-from . import _wire
-from ._data_plane import ChunkKind, FrameType, recv_frame, recv_json, send_frame, send_json
-from ._deadline import Deadline
-from ._wire import DataSession
-from .errors import ControlProtocolError, DeadlineExceededError
+from tfos._common import wire as _wire
+from tfos._data.framing import ChunkKind, FrameType, recv_frame, recv_json, send_frame, send_json
+from tfos._common.deadline import Deadline
+from tfos._common.wire import DataSession
+from tfos.errors import ControlProtocolError, DeadlineExceededError
 
 __all__ = ["FeedHub", "FeedConnection", "Chunk", "PartitionEnd", "END_OF_FEED"]
 

@@ -15,9 +15,9 @@ import threading
 import time
 from typing import Optional
 
-from . import _wire
-from ._deadline import Deadline
-from .errors import ControlProtocolError, DeadlineExceededError
+from tfos._common import wire as _wire
+from tfos._common.deadline import Deadline
+from tfos.errors import ControlProtocolError, DeadlineExceededError
 
 __all__ = ["ControlClient"]
 

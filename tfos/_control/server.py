@@ -1,14 +1,14 @@
 """The driver's control server (driver only).
 
 One listener per cluster, bound to the driver host's address (never to every interface),
-serving authenticated request/response frames (see :mod:`tfos._wire`). Every connection
+serving authenticated request/response frames (see :mod:`tfos._common.wire`). Every connection
 starts with a MAC'd ``hello`` carrying a fresh server nonce; every client frame must carry
 that nonce, the client's own nonce (``cn``, fixed for the connection) and the next sequence
 number, so replayed frames are refused; every response carries both nonces and the
 sequence number it answers, so a client cannot be fed a response from another connection.
 
 Before a connection has sent one authenticated frame it costs at most one thread and
-:data:`tfos._wire.MAX_FIRST_FRAME_BYTES` of buffer: at most
+:data:`tfos._common.wire.MAX_FIRST_FRAME_BYTES` of buffer: at most
 :data:`MAX_UNAUTHENTICATED` such connections are kept (a new one evicts the oldest), and at
 most :data:`MAX_CONNECTIONS` in all. An authenticated message that is malformed (missing or
 mistyped fields, NaN/Infinity) is a protocol error that closes that connection only.
@@ -28,9 +28,9 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from . import _wire
-from ._deadline import Deadline
-from .errors import ConfigurationError, ControlProtocolError, DeadlineExceededError
+from tfos._common import wire as _wire
+from tfos._common.deadline import Deadline
+from tfos.errors import ConfigurationError, ControlProtocolError, DeadlineExceededError
 
 __all__ = ["ControlServer", "parse_port_spec"]
 

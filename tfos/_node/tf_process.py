@@ -1,11 +1,11 @@
-"""The TF process: ``python -m tfos._tf_process`` runs one node's ``main_fun`` (executor host).
+"""The TF process: ``python -m tfos._node.tf_process`` runs one node's ``main_fun`` (executor host).
 
 Steps, in order:
 
 1. read the launch record from the supervisor's pipe, and exit if that pipe closes
    (the supervisor died);
 2. hold a free TF port (bound, not listening, ``SO_REUSEADDR``, so gRPC can bind it meanwhile);
-3. in InputMode.SPARK on chief/master/worker nodes, start the data server (:mod:`tfos._feed_hub`);
+3. in InputMode.SPARK on chief/master/worker nodes, start the data server (:mod:`tfos._data.feed_hub`);
 4. register with the driver, then wait for the full cluster;
 5. set ``TF_CONFIG`` (always) and ``CUDA_VISIBLE_DEVICES`` (when Spark assigned GPUs);
 6. start TensorBoard on the lead node when asked;
@@ -25,15 +25,15 @@ import time
 import traceback
 from typing import Optional
 
-from ._control_client import ControlClient
-from ._deadline import Deadline
-from ._feed_hub import FeedHub
-from ._launch import NodeLaunch
-from ._node_output import TF_LOG_LEVEL_DEFAULT, NodeOutput, tf_noise_level
-from ._node_task import read_launch, setup_process_logging, watch_stdin_eof
-from .cluster_template import InputMode, NodeInfo, build_cluster_spec, tf_config_json
-from .errors import ControlProtocolError, DeadlineExceededError, NodeFailure, ReservationTimeoutError
-from .node_context import TFNodeContext, absolute_path
+from tfos._control.client import ControlClient
+from tfos._common.deadline import Deadline
+from tfos._data.feed_hub import FeedHub
+from tfos._node.launch import NodeLaunch
+from tfos._node.output import TF_LOG_LEVEL_DEFAULT, NodeOutput, tf_noise_level
+from tfos._node.start_task import read_launch, setup_process_logging, watch_stdin_eof
+from tfos.cluster_template import InputMode, NodeInfo, build_cluster_spec, tf_config_json
+from tfos.errors import ControlProtocolError, DeadlineExceededError, NodeFailure, ReservationTimeoutError
+from tfos.node_context import TFNodeContext, absolute_path
 
 log = logging.getLogger("tfos.tf_process")
 
@@ -322,7 +322,7 @@ def _event_loop(client: ControlClient, eid: int, hub: Optional[FeedHub], stop_ev
 
 
 def main() -> int:
-    """Entry point of ``python -m tfos._tf_process``; returns the exit code."""
+    """Entry point of ``python -m tfos._node.tf_process``; returns the exit code."""
     setup_process_logging()
     launch = read_launch(sys.stdin.buffer)
 
@@ -333,7 +333,7 @@ def main() -> int:
     # The supervisor is gone: never outlive it.
     watch_stdin_eof(lambda: os._exit(70), "tfos-supervisor-watch")
     if launch.watch_pid:
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the supervisor decides (see tfos._supervisor)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the supervisor decides (see tfos._node.supervisor)
     code = run_node(launch)
     for stream in (sys.stdout, sys.stderr):
         try:

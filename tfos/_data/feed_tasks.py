@@ -20,7 +20,7 @@ What a task does when the node cannot take data:
 * the node already received this partition index of this feed (Spark re-ran the task
   after a retry or a stage resubmission) -> the task raises instead of feeding twice.
 
-Every frame in both directions is authenticated (:mod:`tfos._data_plane`): a partition
+Every frame in both directions is authenticated (:mod:`tfos._data.framing`): a partition
 counts as consumed only on an authenticated ``A`` frame, and result frames are yielded
 (and later unpickled by Spark) only after their tag checked.
 """
@@ -36,13 +36,13 @@ import threading
 import time
 from typing import Any, Iterator, Optional, Union
 
-from . import _wire
-from ._control_client import ControlClient
-from ._data_plane import ChunkKind, FrameType, parse_json, recv_frame, recv_json, send_frame, send_json
-from ._deadline import Deadline
-from ._wire import DataAuthError
-from .cluster_template import NodeInfo
-from .errors import ControlProtocolError, DeadlineExceededError, FeedError, FeedTimeoutError, NodeFailure, TFOSError
+from tfos._common import wire as _wire
+from tfos._control.client import ControlClient
+from tfos._data.framing import ChunkKind, FrameType, parse_json, recv_frame, recv_json, send_frame, send_json
+from tfos._common.deadline import Deadline
+from tfos._common.wire import DataAuthError
+from tfos.cluster_template import NodeInfo
+from tfos.errors import ControlProtocolError, DeadlineExceededError, FeedError, FeedTimeoutError, NodeFailure, TFOSError
 
 __all__ = ["FeedPlan", "choose_node", "make_feed_fn", "make_arrow_feed_fn", "make_infer_fn", "arrow_slices", "FeedError"]
 
@@ -311,7 +311,7 @@ def _claim(plan: FeedPlan, node: NodeInfo, index: int, where: str) -> None:
 
 
 def _open(plan: FeedPlan, index: int) -> tuple[Optional[_Link], NodeInfo, str]:
-    from ._node_task import executor_identity, node_host
+    from tfos._node.start_task import executor_identity, node_host
 
     epoch, part = divmod(index, plan.parts_per_epoch)
     epoch += plan.first_epoch

@@ -22,8 +22,8 @@ import sys
 import threading
 from typing import Any, Optional
 
-from ._deadline import Deadline
-from .errors import ControlProtocolError, DeadlineExceededError
+from tfos._common.deadline import Deadline
+from tfos.errors import ControlProtocolError, DeadlineExceededError
 
 __all__ = ["NodeOutput", "emit", "is_tf_noise", "spark_shows_progress", "tf_noise_level", "TF_LOG_LEVEL_DEFAULT"]
 

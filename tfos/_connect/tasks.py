@@ -5,14 +5,14 @@ Every function here is a ``mapInArrow`` function: Spark Connect has no RDD API, 
 classic path gets from ``rdd.barrier()``.
 
 * :func:`make_start_fn`: the barrier start stage. Task 0 spawns the control host
-  (:mod:`tfos._connect_host`); its address reaches every task by
+  (:mod:`tfos._connect.host`); its address reaches every task by
   ``BarrierTaskContext.allGather``; every task spawns its node's supervisor (the same
-  :func:`tfos._node_task.spawn_supervisor` as the classic path) and the stage returns once
+  :func:`tfos._node.start_task.spawn_supervisor` as the classic path) and the stage returns once
   every node registered, or raises an error naming the failed node.
 * :func:`make_op_fn`: one control request from a one-task job (how the client reaches the
   control host: it never connects to an executor itself).
 * :func:`make_train_fn` / :func:`make_infer_fn`: the classic Arrow feed and inference
-  tasks (:mod:`tfos._feed_tasks`), pointed at the control host instead of the driver.
+  tasks (:mod:`tfos._data.feed_tasks`), pointed at the control host instead of the driver.
 
 Errors raised here carry a ``TFOS-FAILURES:`` line (the failures as base64 JSON), so the
 client can rebuild a :class:`~tfos.errors.ClusterFailedError` from the Spark exception
@@ -31,13 +31,13 @@ import subprocess
 import sys
 from typing import Any, Iterator, Optional
 
-from ._connect_host import HostLaunch, write_host_launch
-from ._control_client import ControlClient
-from ._deadline import Deadline
-from ._feed_tasks import ARROW_CHUNK_BYTES, FeedPlan, arrow_slices, make_arrow_feed_fn
-from ._feed_tasks import make_infer_fn as _classic_infer_fn
-from ._launch import ClusterConfig, NodeLaunch
-from .errors import ClusterFailedError, ControlProtocolError, DeadlineExceededError, NodeFailure, TFOSError
+from tfos._connect.host import HostLaunch, write_host_launch
+from tfos._control.client import ControlClient
+from tfos._common.deadline import Deadline
+from tfos._data.feed_tasks import ARROW_CHUNK_BYTES, FeedPlan, arrow_slices, make_arrow_feed_fn
+from tfos._data.feed_tasks import make_infer_fn as _classic_infer_fn
+from tfos._node.launch import ClusterConfig, NodeLaunch
+from tfos.errors import ClusterFailedError, ControlProtocolError, DeadlineExceededError, NodeFailure, TFOSError
 
 __all__ = [
     "StartSpec", "make_start_fn", "make_op_fn", "make_train_fn", "make_infer_fn",
@@ -87,7 +87,7 @@ class StartSpec:
         config: The cluster config; its driver address is a placeholder that the start
             tasks replace with the control host's.
         fn_payload: cloudpickled ``(main_fun, tf_args)``.
-        client_timeout_s: See :class:`tfos._connect_host.HostLaunch`.
+        client_timeout_s: See :class:`tfos._connect.host.HostLaunch`.
     """
 
     config: ClusterConfig
@@ -111,7 +111,7 @@ def _spawn_control_host(launch: HostLaunch) -> tuple[subprocess.Popen, dict]:
         TFOSError: The process did not report an address within :data:`_HOST_START_S`.
     """
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tfos._connect_host"],
+        [sys.executable, "-m", "tfos._connect.host"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_child_env(),
         cwd=os.getcwd(), close_fds=True, start_new_session=True,
     )
@@ -154,8 +154,8 @@ def make_start_fn(spec: StartSpec):
         import pyarrow as pa
         from pyspark import BarrierTaskContext
 
-        from ._node_task import executor_identity, node_host, spawn_supervisor
-        from .gpu_info import cuda_visible_devices
+        from tfos._node.start_task import executor_identity, node_host, spawn_supervisor
+        from tfos.gpu_info import cuda_visible_devices
 
         for _ in batches:
             pass
@@ -282,7 +282,7 @@ def _touch(plan: FeedPlan) -> None:
 def make_train_fn(plan: FeedPlan):
     """The ``mapInArrow`` function of a DataFrame train feed (client builds, tasks run).
 
-    The classic Arrow feed task (:func:`tfos._feed_tasks.make_arrow_feed_fn`) with the
+    The classic Arrow feed task (:func:`tfos._data.feed_tasks.make_arrow_feed_fn`) with the
     control host in place of the driver. Yields ``{partition: long, outcome: string}``.
     """
     feed = make_arrow_feed_fn(plan)
@@ -342,7 +342,7 @@ def make_infer_fn(plan: FeedPlan, schema_json: str):
     """The ``mapInArrow`` function of a DataFrame inference (client builds, tasks run).
 
     Feeds the partition as Arrow chunks to a node (the classic inference task,
-    :func:`tfos._feed_tasks.make_infer_fn`) and turns the node's result frames (pickled
+    :func:`tfos._data.feed_tasks.make_infer_fn`) and turns the node's result frames (pickled
     lists, read from the authenticated data connection) into record batches of the result
     schema, one row per input row, in input order.
     """

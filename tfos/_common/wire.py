@@ -20,7 +20,7 @@ Data connections (feed task -> TF process) start with a mutual handshake bound t
 sides' nonces and to the direction (:func:`server_handshake` / :func:`client_handshake`);
 the feed task sends nothing but its nonce and proof until the node has proven it holds
 the key. Every later frame carries a tag under a per-connection, per-direction session key
-and a sequence number (:class:`DataSession`, framing in :mod:`tfos._data_plane`).
+and a sequence number (:class:`DataSession`, framing in :mod:`tfos._data.framing`).
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ import socket
 import struct
 from typing import Any, Optional, Union
 
-from ._deadline import Deadline
-from .errors import ControlProtocolError
+from tfos._common.deadline import Deadline
+from tfos.errors import ControlProtocolError
 
 __all__ = [
     "MAGIC",

@@ -11,8 +11,8 @@ import dataclasses
 import os
 from typing import Optional
 
-from .cluster_template import InputMode, NodeRole
-from .errors import ConfigurationError
+from tfos.cluster_template import InputMode, NodeRole
+from tfos.errors import ConfigurationError
 
 __all__ = ["ClusterConfig", "NodeLaunch"]
 

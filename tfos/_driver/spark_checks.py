@@ -14,9 +14,9 @@ import re
 import time
 from typing import Any, Mapping, Optional
 
-from ._deadline import Deadline
-from .cluster_template import InputMode
-from .errors import ConfigurationError
+from tfos._common.deadline import Deadline
+from tfos.cluster_template import InputMode
+from tfos.errors import ConfigurationError
 
 __all__ = ["SparkLayout", "plan_layout", "resource_slots", "check_static", "check_spark", "live_executors", "busy_slots_report", "warn_key_transport"]
 

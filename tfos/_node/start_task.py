@@ -4,7 +4,7 @@ A start task does not run TensorFlow itself. It works out where it is (host, exe
 identity, GPUs), then spawns the node's *supervisor* process, which spawns the *TF
 process* that runs ``main_fun``::
 
-    Spark Python worker (start task) -> supervisor (tfos._supervisor) -> TF process (tfos._tf_process)
+    Spark Python worker (start task) -> supervisor (tfos._node.supervisor) -> TF process (tfos._node.tf_process)
 
 Why two processes:
 
@@ -28,10 +28,10 @@ import sys
 import threading
 from typing import IO, Callable, Iterable, Iterator, TypeVar
 
-from ._launch import ClusterConfig, NodeLaunch
-from .cluster_template import InputMode
-from .errors import TFOSError
-from .gpu_info import cuda_visible_devices
+from tfos._node.launch import ClusterConfig, NodeLaunch
+from tfos.cluster_template import InputMode
+from tfos.errors import TFOSError
+from tfos.gpu_info import cuda_visible_devices
 
 __all__ = ["executor_identity", "node_host", "spawn_supervisor", "make_start_task", "write_launch", "read_launch", "write_record", "read_record"]
 
@@ -189,7 +189,7 @@ def spawn_supervisor(launch: NodeLaunch) -> subprocess.Popen:
         OSError: When the process cannot be started.
     """
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tfos._supervisor"],
+        [sys.executable, "-m", "tfos._node.supervisor"],
         stdin=subprocess.PIPE,
         env=_child_env(launch),
         cwd=launch.working_dir if os.path.isdir(launch.working_dir) else None,
@@ -290,9 +290,9 @@ def _await_registration(config: ClusterConfig, executor_id: int, proc: subproces
         None once the node registered (or the driver answers that the cluster ended), else
         the supervisor's exit code.
     """
-    from ._control_client import ControlClient
-    from ._deadline import Deadline
-    from .errors import ControlProtocolError, DeadlineExceededError
+    from tfos._control.client import ControlClient
+    from tfos._common.deadline import Deadline
+    from tfos.errors import ControlProtocolError, DeadlineExceededError
 
     client = ControlClient(config.driver_host, config.driver_port, config.key, config.cluster_id, connect_timeout_s=10.0)
     deadline = Deadline(config.reservation_timeout_s, f"executor {executor_id} to register")

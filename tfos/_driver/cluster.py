@@ -1,0 +1,634 @@
+"""The driver side of a tfos cluster: ``run()`` and the :class:`TFCluster` it returns (driver only).
+
+Only this module, :mod:`tfos._driver.runtime` and :mod:`tfos._driver.spark_checks` touch the
+SparkContext. Every Spark job tfos starts runs in a thread of its own under a job group of
+this cluster, so a failure cancels exactly this cluster's jobs and nothing else.
+
+``run()`` is a handful of steps: check the arguments and Spark (:func:`_check_args`,
+:func:`check_spark`), plan the roles (:class:`DriverConfig`), start the control server
+(:class:`ClusterRuntime`), launch the nodes (:func:`_launch`, one cluster attempt) and
+await their registration (:func:`_await_registration`); then :class:`TFCluster` is built
+from what those steps made.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import os
+import time
+import uuid
+from typing import Any, Callable, Optional, Sequence
+
+from tfos._common import wire as _wire
+from tfos._node import output as _node_output
+from tfos._driver.runtime import ATTRIBUTION_S, ClusterRuntime, JobThread, Progress, install_sigterm, spark_error_text
+from tfos._control.server import ControlServer
+from tfos._common.deadline import Deadline
+from tfos._data.feed_tasks import FeedPlan, make_arrow_feed_fn, make_feed_fn, make_infer_fn
+from tfos._node.launch import ClusterConfig
+from tfos._node.start_task import launch_local_node, make_start_task
+from tfos._driver.spark_checks import busy_slots_report, check_spark
+from tfos._driver.user_source import with_source
+from tfos.cluster_template import InputMode, build_template, format_template, roles_from_template
+from tfos.errors import ClusterFailedError, ConfigurationError, DeadlineExceededError, ReservationTimeoutError
+
+__all__ = ["TFCluster", "run", "DriverConfig", "Attempt"]
+
+log = logging.getLogger("tfos.cluster")
+
+#: Seconds run() waits for the start stage before it says which slots are busy (C25).
+_BUSY_WARN_S = 8.0
+
+
+def _default_fs(sc: Any) -> str:
+    try:
+        fs = sc._jsc.hadoopConfiguration().get("fs.defaultFS") or "file://"
+    except Exception:  # noqa: BLE001 - no JVM Hadoop conf (unusual); fall back to local
+        fs = "file://"
+    from tfos.node_context import normalize_default_fs  # keeps 'hdfs://' (no host) intact (issue 11)
+
+    return normalize_default_fs(fs)
+
+
+@dataclasses.dataclass(frozen=True)
+class DriverConfig:
+    """What ``run()`` decided for one cluster, fixed for its life (driver).
+
+    Attributes:
+        node: The :class:`ClusterConfig` every node receives (cluster id, key, control
+            server address, roles, input mode, queues, ...).
+        template: ``{job: [executor ids]}``.
+        spark_ids: Executor ids of the nodes hosted by Spark tasks, in start-job
+            partition order (the others, ps nodes with ``driver_ps_nodes``, run as
+            processes on the driver host).
+        progress: Show a progress line during train()/inference().
+    """
+
+    node: ClusterConfig
+    template: dict[str, list[int]]
+    spark_ids: tuple[int, ...]
+    progress: bool = True
+
+    @property
+    def cluster_id(self) -> str:
+        """The cluster id."""
+        return self.node.cluster_id
+
+
+@dataclasses.dataclass(frozen=True)
+class Attempt:
+    """One launch of the cluster's nodes (driver).
+
+    Attributes:
+        nodes_rdd: The barrier RDD of the start tasks, one partition per Spark-hosted node.
+        start_job: The Spark job running the start tasks (it ends when the nodes end).
+    """
+
+    nodes_rdd: Any
+    start_job: JobThread
+
+
+class TFCluster:
+    """A running tfos cluster (driver side). Created by :func:`run`, not directly.
+
+    Use it as a context manager to shut it down on exit::
+
+        with TFCluster.run(sc, main_fun, args, 3, 0, input_mode=InputMode.SPARK) as cluster:
+            cluster.train(rdd, num_epochs=2)
+
+    Attributes:
+        sc: The SparkContext.
+        cluster_id: Unique id; also the Spark job group prefix.
+        input_mode: :class:`InputMode` of the cluster.
+        num_executors: Number of nodes.
+        cluster_template: ``{job: [executor ids]}``.
+        defaultFS: Spark's ``fs.defaultFS``.
+        working_dir: The driver's working directory.
+        queues: Queue names of the fed nodes.
+        progress: Show a progress line during train()/inference().
+    """
+
+    def __init__(self, sc: Any, config: DriverConfig, runtime: ClusterRuntime, attempt: Attempt) -> None:
+        """Built by :func:`run` from its steps' results; not meant to be called directly.
+
+        Args:
+            sc: The SparkContext.
+            config: What run() decided (fixed for the cluster's life).
+            runtime: The live parts: cluster state, control server, jobs, teardown.
+            attempt: The launch whose nodes all registered (start job, ``nodeRDD``).
+        """
+        self.sc = sc
+        self._config = config
+        self._runtime = runtime
+        self._state = runtime.state
+        self._attempt = attempt
+        self.cluster_id = config.cluster_id
+        self.input_mode = config.node.input_mode
+        self.num_executors = config.node.num_nodes
+        self.cluster_template = config.template
+        self.defaultFS = config.node.default_fs
+        self.working_dir = config.node.driver_working_dir
+        self.queues: list[str] = list(config.node.queues)
+        self.progress = config.progress
+
+    @property
+    def nodeRDD(self) -> Any:
+        """The barrier RDD of the start tasks, one partition per Spark-hosted node (TFoS name)."""
+        return self._attempt.nodes_rdd
+
+    # ------------------------------------------------------------- properties
+    @property
+    def cluster_info(self) -> list[dict]:
+        """TFoS-style list of registered nodes (dicts with executor_id, job_name, task_index,
+        host, port, ...)."""
+        return [n.to_dict() for n in self._state.nodes_snapshot()]
+
+    @property
+    def cluster_spec(self) -> dict[str, list[str]]:
+        """``{job: ["host:port", ...]}`` of the running cluster."""
+        return self._state.cluster_spec()
+
+    @property
+    def server(self) -> Optional[ControlServer]:
+        """The driver's control server (TFoS: the reservation server)."""
+        return self._runtime.server
+
+    @property
+    def meta(self) -> dict:
+        """Same as :attr:`cluster_meta` (TFoS set both)."""
+        return self.cluster_meta
+
+    @property
+    def cluster_meta(self) -> dict:
+        """TFoS-style cluster metadata: id, cluster_template, num_executors, default_fs,
+        working_dir (the driver's), server_addr ``(host, port)`` and release_port."""
+        cfg = self._config.node
+        return {
+            "id": self.cluster_id, "cluster_template": self.cluster_template, "num_executors": self.num_executors,
+            "default_fs": self.defaultFS, "working_dir": cfg.driver_working_dir,
+            "server_addr": (cfg.driver_host, cfg.driver_port), "release_port": cfg.release_port,
+        }
+
+    def tensorboard_url(self, timeout_s: float = 60.0) -> Optional[str]:
+        """The TensorBoard URL (``http://host:port/``), or None when TensorBoard is off or
+        failed to start (its stderr is then logged as a WARNING on the driver).
+
+        Args:
+            timeout_s: Longest wait for TensorBoard to come up, in seconds. The wait ends
+                early when TensorBoard's process exited.
+
+        Raises:
+            ClusterFailedError: When a node failed while waiting.
+        """
+        if not self._config.node.tensorboard:
+            return None
+        st = self._state
+        try:
+            if not st.wait_for_tensorboard(Deadline(timeout_s, "TensorBoard to start")):
+                raise self._runtime.fail("tensorboard_url()")
+        except DeadlineExceededError:
+            log.warning("TensorBoard did not report a URL within %g s", timeout_s)
+        if st.tensorboard_error:
+            log.warning("TensorBoard of cluster %s is not running (see the error above)", self.cluster_id)
+            return None
+        return st.tensorboard_url
+
+    # ------------------------------------------------------------- internals
+    def _feed_ids(self) -> list[int]:
+        return [n.executor_id for n in self._feed_nodes()]
+
+    def _feed_nodes(self) -> tuple:
+        return tuple(n for n in self._state.nodes_snapshot() if n.role.feedable)
+
+    def _plan(self, mode: str, qname: str, kind: Any, parts: int, feed_timeout: float, report_sent: bool = False) -> FeedPlan:
+        cfg = self._config.node
+        if qname not in self.queues:
+            raise ConfigurationError(f"qname {qname!r} is not one of the cluster's queues {self.queues}; pass queues=[...] to TFCluster.run()")
+        return FeedPlan(
+            cfg.cluster_id, cfg.key, cfg.driver_host, cfg.driver_port, self._feed_nodes(), qname, mode, kind, parts,
+            float(feed_timeout), feed_id=uuid.uuid4().hex, report_sent=report_sent,
+        )
+
+    def _await_job(self, job: JobThread, context: str, progress: Optional[Progress] = None) -> Any:
+        return self._runtime.await_job(job, context, progress, self._feed_ids)
+
+    def _progress(self, kind: str, total: int, parts: int, epochs: int, desc: str) -> Optional[Progress]:
+        """The progress line of the job of ``kind`` just started (None when off)."""
+        if not self.progress or os.environ.get("TFOS_PROGRESS", "1") == "0" or _node_output.spark_shows_progress(self.sc):
+            return None
+        return Progress(self.sc.statusTracker(), self._state, self._runtime.job_group(kind), total, parts, epochs, desc)
+    # ---------------------------------------------------------------- feeding
+    def train(self, dataRDD: Any, num_epochs: int = 1, feed_timeout: float = 600, qname: str = "input", end_of_feed: bool = False) -> None:
+        """Feeds an RDD or DataFrame to the nodes' ``DataFeed`` for ``num_epochs`` epochs (driver).
+
+        Blocks until every partition of every epoch was consumed by the TF processes, or the
+        nodes called ``DataFeed.terminate()`` (the rest is skipped quickly). An epoch is one
+        pass over every partition; epochs are fed back to back in one Spark job.
+
+        Args:
+            dataRDD: An RDD of rows (tuples, lists, numpy arrays, strings) or a Spark
+                DataFrame (fed as Arrow record batches).
+            num_epochs: Passes over the data, >= 1. (TFoS treated 0 as 10: tfos refuses it.)
+            feed_timeout: Seconds a node may accept no data before the feed fails.
+            qname: The node queue to feed.
+            end_of_feed: Also end the feed (as ``shutdown()`` does) as soon as every
+                partition has been handed to a node, instead of at ``shutdown()``. Needed
+                when workers train in lock-step (MultiWorkerMirroredStrategy) on uneven
+                data: the worker that runs out then sees the end of its dataset while the
+                others still train, and TensorFlow ends them in step (C12). No further
+                ``train()`` call is possible afterwards.
+
+        Raises:
+            ConfigurationError: Not InputMode.SPARK, ``num_epochs`` < 1, unknown ``qname``,
+                or a train() after a feed that ended.
+            ClusterFailedError: A node failed, died or stopped reading (within seconds of
+                the failure; names the node, with its remote traceback).
+        """
+        if self.input_mode != InputMode.SPARK:
+            raise ConfigurationError("train() feeds data only in InputMode.SPARK; this cluster runs InputMode.TENSORFLOW, where TensorFlow reads its own data")
+        if isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or num_epochs < 1:
+            tfos_zero = " (TFoS fed 10 epochs for 0: pass num_epochs=10 to keep that)" if num_epochs == 0 and not isinstance(num_epochs, bool) else ""
+            raise ConfigurationError(f"num_epochs must be an integer >= 1 (one epoch = one pass over every partition), got {num_epochs!r}{tfos_zero}")
+        self._runtime.check_open("train()")
+        if self._state.feed_closed:
+            raise ConfigurationError("train(): the feed already ended (an earlier train(..., end_of_feed=True)); start a new cluster to feed more data")
+        df = _as_dataframe(dataRDD)
+        if df is not None and _arrow_ok():
+            parts = df.rdd.getNumPartitions()
+            plan = self._plan("train", qname, _chunk_kind("arrow"), parts, feed_timeout, end_of_feed)
+            data = functools.reduce(lambda a, b: a.union(b), [df] * num_epochs)
+            fn = make_arrow_feed_fn(plan)
+            action: Callable[[], Any] = lambda: [tuple(r) for r in data.mapInArrow(fn, "partition long, outcome string").collect()]
+        else:
+            rdd = df.rdd if df is not None else dataRDD
+            parts = rdd.getNumPartitions()
+            data, kind = _raw_source(rdd, num_epochs)
+            plan = self._plan("train", qname, kind, parts, feed_timeout, end_of_feed)
+            fn = make_feed_fn(plan)
+            action = lambda: data.mapPartitionsWithIndex(fn).collect()
+        total = parts * num_epochs
+        if end_of_feed:
+            self._state.close_feed_when_sent(plan.feed_id, total)
+        desc = f"tfos train: {parts} partitions x {num_epochs} epoch(s) -> {len(plan.nodes)} node(s)"
+        log.info("%s", desc)
+        job = self._runtime.run_job("train", desc, action)
+        outcomes = self._await_job(job, "train()", self._progress("train", total, parts, num_epochs, "tfos train"))
+        skipped = [o for o in outcomes if o[1] in ("finished", "skipped")]
+        terminated = [o for o in outcomes if o[1] == "terminated"]
+        if terminated:
+            log.info("train(): %d of %d partitions skipped after DataFeed.terminate()", len(terminated), total)
+        if skipped:
+            log.warning(
+                "train(): %d of %d partitions were not fed because main_fun on their node had already returned "
+                "(it stopped reading without DataFeed.terminate())", len(skipped), total,
+            )
+
+    def inference(self, dataRDD: Any, feed_timeout: float = 600, qname: str = "input") -> Any:
+        """Runs inference over an RDD (or DataFrame) and returns the results (driver).
+
+        The nodes' ``main_fun`` reads batches with ``DataFeed(train_mode=False)`` (batches
+        never span partitions) and answers each with ``batch_results``. The job runs
+        eagerly under this cluster's job group, so failures surface here; the results are
+        persisted (MEMORY_AND_DISK_DESER: in memory, spilling to disk) and returned as an RDD with exactly one result per
+        input row, in input order within each partition.
+
+        Args:
+            dataRDD: An RDD of rows, or a DataFrame (its ``.rdd`` rows are fed).
+            feed_timeout: Seconds a node may go without accepting data or returning results.
+            qname: The node queue to feed.
+
+        Returns:
+            An RDD of results.
+
+        Raises:
+            ConfigurationError: Not InputMode.SPARK, or unknown ``qname``.
+            ClusterFailedError: A node failed, or returned too few/many results.
+        """
+        if self.input_mode != InputMode.SPARK:
+            raise ConfigurationError("inference() needs InputMode.SPARK")
+        self._runtime.check_open("inference()")
+        df = _as_dataframe(dataRDD)
+        rdd = df.rdd if df is not None else dataRDD
+        parts = rdd.getNumPartitions()
+        src, kind = _raw_source(rdd)
+        plan = self._plan("inference", qname, kind, parts, feed_timeout)
+        from pyspark import StorageLevel
+
+        from tfos._data.spark_rawio import raw_output_rdd
+
+        out = raw_output_rdd(src, make_infer_fn(plan))
+        # The JVM holds each result frame as one byte array either way; "deserialized"
+        # storage keeps those arrays as they are, where MEMORY_AND_DISK would copy every
+        # frame again into serialized 1 MB buffers (measured: scripts/bench_feed.py).
+        out.persist(StorageLevel.MEMORY_AND_DISK_DESER)
+        desc = f"tfos inference: {parts} partitions -> {len(plan.nodes)} node(s)"
+        # Count the result frames in the JVM: this materializes (and persists) every
+        # partition without unpickling the results again in another Python worker.
+        job = self._runtime.run_job("inference", desc, lambda: out._jrdd.count())
+        self._await_job(job, "inference()", self._progress("inference", parts, parts, 1, "tfos inference"))
+        return out
+
+    # --------------------------------------------------------------- shutdown
+    def shutdown(self, ssc: Any = None, grace_secs: float = 0, timeout: float = 259200) -> None:
+        """Ends the feed, waits for the workers' ``main_fun`` to return, stops every node (driver).
+
+        Args:
+            ssc: Ignored (TFoS's Spark Streaming context; streaming is not supported).
+            grace_secs: Extra seconds to wait after the workers finished before stopping
+                ps/evaluator nodes (TFoS compatibility; ignored when there are none).
+                Failures are caught whatever its value, because every node reports its
+                own failure.
+            timeout: Longest wait, in seconds, for the workers' ``main_fun`` to return.
+
+        Raises:
+            ClusterFailedError: Any node failed at any time (remote tracebacks included).
+            DeadlineExceededError: The workers did not finish within ``timeout``.
+        """
+        rt, st = self._runtime, self._state
+        if rt.closed:
+            rt.join_teardown()
+            return
+        try:
+            if self.input_mode == InputMode.SPARK:
+                st.close_feed()
+            deadline = Deadline(timeout, "main_fun to return on every chief/master/worker node", "a main_fun that never ends (e.g. waiting for data after terminate())")
+            if not st.wait_until_workers_done(deadline):
+                raise rt.fail("shutdown()")
+            if grace_secs and any(r.is_background for r in st.roles):
+                if st.wait_for_failure(float(grace_secs)):
+                    raise rt.fail("shutdown()")
+            rt.teardown(failed=False)
+            if st.failed:
+                raise st.error("shutdown()")
+        except BaseException:
+            if not rt.closed:
+                rt.teardown(failed=True)
+            raise
+        log.info("tfos cluster %s shut down", self.cluster_id)
+
+    def __enter__(self) -> "TFCluster":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        rt = self._runtime
+        if exc_type is None:
+            self.shutdown()
+        elif not rt.closed:
+            try:
+                rt.teardown(failed=True)
+            except Exception as texc:  # noqa: BLE001 - never mask the user's exception
+                log.warning("teardown after an error failed: %s", texc)
+        else:
+            rt.join_teardown()
+
+
+
+
+def _as_dataframe(data: Any) -> Any:
+    """``data`` if it is a DataFrame, None if it is an RDD (driver).
+
+    Raises:
+        ConfigurationError: For anything else (e.g. a Python list).
+    """
+    from pyspark import RDD
+    from pyspark.sql import DataFrame
+
+    if isinstance(data, DataFrame):
+        return data
+    if isinstance(data, RDD):
+        return None
+    raise ConfigurationError(f"expected a Spark RDD or DataFrame to feed, got {type(data).__name__}; use sc.parallelize(...) for local data")
+
+
+def _arrow_ok() -> bool:
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _chunk_kind(name: str):
+    from tfos._data.framing import ChunkKind
+
+    return ChunkKind(name)
+
+
+def _raw_source(rdd: Any, epochs: int = 1) -> tuple[Any, Any]:
+    """The RDD to feed (``epochs`` passes, unioned) and its chunk kind (driver).
+
+    RDDs stored as PySpark pickled batches are fed as raw frames (the feed task never
+    unpickles them); any other RDD is fed row by row, re-pickled in chunks (kind None).
+    """
+    from tfos._data.framing import ChunkKind
+    from tfos._data.spark_rawio import FrameKind, raw_frames, union_raw_frames
+
+    raw = raw_frames(rdd)
+    if raw is None or raw.kind != FrameKind.PICKLED_BATCH:
+        return (rdd if epochs == 1 else rdd.context.union([rdd] * epochs)), None
+    if epochs > 1:
+        raw = union_raw_frames([raw] * epochs)
+    return raw.rdd, ChunkKind.PICKLED_BATCH
+
+def run(
+    sc: Any,
+    map_fun: Callable[[Any, Any], Any],
+    tf_args: Any,
+    num_executors: int,
+    num_ps: int,
+    tensorboard: bool = False,
+    input_mode: InputMode = InputMode.TENSORFLOW,
+    log_dir: Optional[str] = None,
+    driver_ps_nodes: bool = False,
+    master_node: Optional[str] = None,
+    reservation_timeout: float = 600,
+    queues: Sequence[str] = ("input", "output", "error"),
+    eval_node: bool = False,
+    release_port: bool = True,
+    *,
+    heartbeat_timeout: float = 15.0,
+    forward_logs: str = "all",
+    progress: bool = True,
+    queue_chunks: int = 4,
+    executor_wait_s: float = 60.0,
+    handle_sigterm: bool = True,
+) -> TFCluster:
+    """Starts a TensorFlow cluster on Spark executors and runs ``map_fun`` on every node (driver).
+
+    Reserves one executor per node (a barrier stage, so all nodes are gang-scheduled),
+    gives each a role from the template (ps, then ``master_node``, then the evaluator,
+    then workers), sets ``TF_CONFIG`` and calls ``map_fun(tf_args, ctx)`` in a TF process on
+    each node. Returns once every node has registered; training then proceeds in the
+    background until :meth:`TFCluster.shutdown`.
+
+    Args:
+        sc: The SparkContext, or a Spark Connect ``SparkSession`` (then the cluster is a
+            :class:`tfos._connect.client.ConnectTFCluster` fed with DataFrames; see docs/connect.md).
+        map_fun: ``main_fun(args, ctx)``, run on every node (must be picklable by cloudpickle).
+        tf_args: Passed to ``map_fun`` unchanged: an argparse Namespace, a dict or argv list.
+        num_executors: Number of nodes (ps included).
+        num_ps: Number of parameter-server nodes.
+        tensorboard: Start TensorBoard on the chief (or worker 0).
+        input_mode: :class:`InputMode`.TENSORFLOW or .SPARK.
+        log_dir: TensorBoard log directory.
+        driver_ps_nodes: Run the ps nodes as processes on the driver host instead of
+            executors (then only ``num_executors - num_ps`` executors are needed).
+        master_node: None, 'chief' or 'master': the job name of the first non-ps node.
+        reservation_timeout: Seconds to wait for every node to register.
+        queues: Queue names of fed nodes (InputMode.SPARK).
+        eval_node: Make one node an 'evaluator'.
+        release_port: Release each node's held TF port before ``map_fun`` (set False and
+            call ``ctx.release_port()`` yourself, or use ``ctx.start_cluster_server``).
+        heartbeat_timeout: Seconds of silence after which a node is declared lost.
+        forward_logs: Whose stdout/stderr lines are shown on the driver's stderr, each
+            prefixed with its node (``[worker:0] ``): 'all' (default), 'chief' (or worker 0)
+            or 'none'. Attach a handler to the 'tfos.node' logger to get them as log
+            records instead.
+        progress: Show a progress line on the driver during train()/inference()
+            (also off with ``TFOS_PROGRESS=0``).
+        queue_chunks: Bound of each node's input queue, in chunks.
+        executor_wait_s: Longest wait for Spark executors to register before launching.
+        handle_sigterm: Let a SIGTERM to the driver tear the cluster down as Ctrl-C does,
+            then exit (status 143) with a logged message. tfos installs its handler only
+            from the main thread and only while SIGTERM has its default disposition (a
+            handler of yours, or of your framework, is never replaced), and removes it
+            when the last cluster is shut down. Without it, SIGTERM kills the driver
+            outright and the nodes end themselves ``heartbeat_timeout`` later.
+
+    Returns:
+        The running :class:`TFCluster`.
+
+    Raises:
+        ConfigurationError: Bad arguments or Spark configuration (C01, C05, C13, C14,
+            dynamic allocation), before anything is launched.
+        ReservationTimeoutError: Not every node registered within ``reservation_timeout``.
+        ClusterFailedError: A node failed while the cluster was forming.
+    """
+    from tfos._connect.client import is_connect_session, run_connect
+
+    if is_connect_session(sc):  # Spark Connect client: see tfos/_connect/client.py and docs/connect.md
+        return run_connect(  # type: ignore[return-value]
+            sc, map_fun, tf_args, num_executors, num_ps, tensorboard, input_mode, log_dir, driver_ps_nodes, master_node,
+            reservation_timeout, queues, eval_node, release_port, heartbeat_timeout=heartbeat_timeout,
+            forward_logs=forward_logs, progress=progress, queue_chunks=queue_chunks, executor_wait_s=executor_wait_s,
+        )
+    input_mode, queues, payload = _check_args(map_fun, tf_args, input_mode, queues)
+    template = build_template(num_executors, num_ps, master_node, eval_node)
+    roles = roles_from_template(template)
+    spark_ids = tuple(r.executor_id for r in roles if not (driver_ps_nodes and r.job_name == "ps"))
+    check_spark(sc, len(spark_ids), input_mode, wait_s=min(executor_wait_s, reservation_timeout))
+
+    cluster_id = f"tfos-{uuid.uuid4().hex[:12]}"
+    log.info("tfos cluster %s: %s (input mode %s)", cluster_id, format_template(template), input_mode.name)
+    key = _wire.new_key()
+    runtime = ClusterRuntime(sc, cluster_id, roles, heartbeat_timeout, key, sc.getConf().get("spark.driver.host", "127.0.0.1"))
+    install_sigterm(handle_sigterm)
+    try:
+        node_config = ClusterConfig(
+            cluster_id=cluster_id, key=key, driver_host=str(runtime.server.host), driver_port=runtime.server.port,
+            input_mode=input_mode, roles=tuple(roles), default_fs=_default_fs(sc),
+            heartbeat_interval_s=min(1.0, heartbeat_timeout / 4), heartbeat_timeout_s=float(heartbeat_timeout),
+            reservation_timeout_s=float(reservation_timeout), release_port=release_port, queues=queues,
+            queue_chunks=queue_chunks, tensorboard=bool(tensorboard), log_dir=log_dir, forward_logs=forward_logs,
+            local_master=str(sc.master).split("[", 1)[0] == "local",
+        )
+        config = DriverConfig(node_config, template, spark_ids, progress)
+        deadline = Deadline(
+            reservation_timeout, f"all {num_executors} nodes to register",
+            "too few free Spark task slots (another job holds executors), executors that cannot reach the "
+            "driver's control port, or node processes failing at start-up (see the executor logs)",
+        )
+        attempt = _launch(sc, runtime, config, payload)
+        _await_registration(runtime, attempt, input_mode, deadline)
+    except BaseException:
+        if not runtime.closed:
+            runtime.teardown(failed=True)
+        raise
+    log.info("tfos cluster %s: all %d nodes registered: %s", cluster_id, num_executors, runtime.state.cluster_spec())
+    return TFCluster(sc, config, runtime, attempt)
+
+
+def _check_args(map_fun: Any, tf_args: Any, input_mode: Any, queues: Sequence[str]) -> tuple[InputMode, tuple[str, ...], bytes]:
+    """Checks run()'s arguments; returns the input mode, the queue names and the pickled
+    ``(map_fun, tf_args)`` the nodes receive (driver).
+
+    Raises:
+        ConfigurationError: For a map_fun that is not callable, bad queue names, or
+            ``map_fun``/``tf_args`` that cloudpickle cannot pickle.
+    """
+    if not callable(map_fun):
+        raise ConfigurationError("map_fun must be callable as map_fun(args, ctx)")
+    mode = InputMode(int(input_mode))
+    if isinstance(queues, str) or not all(isinstance(q, str) and q for q in queues):
+        raise ConfigurationError(f"queues must be a list of queue names such as ['input', 'output'], got {queues!r}")
+    names = tuple(queues)
+    if mode == InputMode.SPARK and not names:
+        raise ConfigurationError("InputMode.SPARK needs at least one queue (the default is ['input', 'output', 'error'])")
+    import cloudpickle
+
+    try:
+        payload = cloudpickle.dumps((with_source(map_fun), tf_args))  # file names for tracebacks
+    except Exception as exc:  # noqa: BLE001 - pickling errors come in many types
+        raise ConfigurationError(f"map_fun and tf_args must be picklable with cloudpickle to reach the nodes: {exc}") from exc
+    return mode, names, payload
+
+
+def _launch(sc: Any, runtime: ClusterRuntime, config: DriverConfig, payload: bytes) -> Attempt:
+    """Launches every node once: the driver-hosted ones as local processes, the others as
+    the barrier start job (driver). Returns at once; see :func:`_await_registration`."""
+    for r in config.node.roles:
+        if r.executor_id not in config.spark_ids:
+            runtime.local_nodes.append(launch_local_node(config.node, r.executor_id, payload, os.getcwd()))
+    start_fn = make_start_task(config.node, list(config.spark_ids), payload)
+    n = len(config.spark_ids)
+    nodes_rdd = sc.parallelize(range(n), n).barrier().mapPartitionsWithIndex(start_fn)
+    start_job = runtime.run_job("start", f"tfos start: {format_template(config.template)}", nodes_rdd.collect)
+    return Attempt(nodes_rdd, start_job)
+
+
+def _await_registration(runtime: ClusterRuntime, attempt: Attempt, input_mode: InputMode, deadline: Deadline) -> None:
+    """Waits for every node of ``attempt`` to register; raises on failure or expiry (driver).
+
+    A question to the cluster state, woken by every registration, failure and by the end of
+    the start job. When the start stage still waits after ``_BUSY_WARN_S``, a WARNING names
+    the executors and jobs holding the slots (C25); the timeout error names them too.
+
+    Raises:
+        ClusterFailedError: A node failed, or the start job ended first.
+        ReservationTimeoutError: ``deadline`` expired first.
+    """
+    state, start, cluster_id = runtime.state, attempt.start_job, runtime.cluster_id
+    tf_mode = input_mode == InputMode.TENSORFLOW
+    t0 = time.monotonic()
+    warned = False
+    busy = ""
+    while True:
+        # A start job that ended (error, or in TENSORFLOW mode every node already exited)
+        # ends the wait too. The 1 s tick only times the busy-slots warning below.
+        outcome = state.wait_until_registered(deadline, lambda: start.error is not None or (start.done.is_set() and tf_mode), tick_s=1.0)
+        if outcome == "registered":
+            return
+        if outcome == "failed":
+            raise runtime.fail("run()")
+        if outcome == "stopped":
+            # The node's own failure report names the real cause: give it a moment.
+            if state.wait_until(lambda: state.failed or state.all_registered(), ATTRIBUTION_S) and state.all_registered() and not state.failed:
+                return
+            if state.failed:
+                raise runtime.fail("run()")
+            what = spark_error_text(start.error) if start.error is not None else "the start tasks returned early"
+            etype = type(start.error).__name__ if start.error is not None else "StartJobEnded"
+            runtime.teardown(failed=True)
+            raise ClusterFailedError(cluster_id, [state.make_failure(state.missing()[0] if state.missing() else 0, "spark", etype, what)], "run()") from start.error
+        if outcome == "expired":
+            missing = state.missing()
+            busy = busy_slots_report(runtime.sc, cluster_id) or busy
+            runtime.teardown(failed=True)
+            raise deadline.error(ReservationTimeoutError, f"executor ids {missing} never registered" + (f"; {busy}" if busy else ""))
+        if not warned and time.monotonic() - t0 >= _BUSY_WARN_S:
+            busy = busy_slots_report(runtime.sc, cluster_id)
+            if busy:
+                warned = True
+                log.warning("tfos cluster %s: the start stage has waited %.0f s for task slots: %s", cluster_id, time.monotonic() - t0, busy)

@@ -1,0 +1,6 @@
+"""Executor plane: the processes of one node.
+
+``start_task`` (the Spark task that starts a node), ``launch`` (what the driver hands a
+node), ``supervisor`` (watches the TF process, heartbeats), ``tf_process`` (runs
+``main_fun``), ``output`` (forwards the node's stdout/stderr to the driver).
+"""
