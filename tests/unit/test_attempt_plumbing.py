@@ -7,12 +7,12 @@ import io
 
 import pytest
 
-import tfos._node_task as node_task
-from tfos import _wire
-from tfos._cluster_state import ClusterState
-from tfos._control_server import ControlServer
-from tfos._launch import ClusterConfig, NodeLaunch
-from tfos._tf_process import run_node
+import tfos._node.start_task as node_task
+from tfos._common import wire as _wire
+from tfos._driver.state import ClusterState
+from tfos._control.server import ControlServer
+from tfos._node.launch import ClusterConfig, NodeLaunch
+from tfos._node.tf_process import run_node
 from tfos.cluster_template import InputMode, build_template, roles_from_template
 from tfos.errors import ConfigurationError
 from tfos.node_context import TFNodeContext

@@ -13,7 +13,7 @@ from tfos.errors import ClusterFailedError, NodeFailure, RecoveryFailedError
 
 def _tb(line: int, func: str = "main_fun", path: str = "/home/me/train.py") -> str:
     return ("Traceback (most recent call last):\n"
-            '  File "/venv/tfos/_tf_process.py", line 260, in run_node\n    main_fun(tf_args, ctx)\n'
+            '  File "/venv/tfos/_node/tf_process.py", line 260, in run_node\n    main_fun(tf_args, ctx)\n'
             f'  File "{path}", line {line}, in {func}\n    raise ValueError("bad")\n')
 
 
