@@ -1,26 +1,28 @@
 """The driver side of a tfos cluster: ``run()`` and the :class:`TFCluster` it returns (driver only).
 
-Only this module (and :mod:`tfos._spark_checks`) touches the SparkContext. Every Spark job
-tfos starts runs in a thread of its own under a job group of this cluster, so a failure
-cancels exactly this cluster's jobs and nothing else.
+Only this module, :mod:`tfos._cluster_runtime` and :mod:`tfos._spark_checks` touch the
+SparkContext. Every Spark job tfos starts runs in a thread of its own under a job group of
+this cluster, so a failure cancels exactly this cluster's jobs and nothing else.
+
+``run()`` is a handful of steps: check the arguments and Spark (:func:`_check_args`,
+:func:`check_spark`), plan the roles (:class:`DriverConfig`), start the control server
+(:class:`ClusterRuntime`), launch the nodes (:func:`_launch`, one cluster attempt) and
+await their registration (:func:`_await_registration`); then :class:`TFCluster` is built
+from what those steps made.
 """
 
 from __future__ import annotations
 
-import atexit
+import dataclasses
 import functools
 import logging
 import os
-import signal
-import sys
-import threading
 import time
 import uuid
-import weakref
 from typing import Any, Callable, Optional, Sequence
 
 from . import _node_output, _wire
-from ._cluster_state import ClusterState
+from ._cluster_runtime import ATTRIBUTION_S, ClusterRuntime, JobThread, Progress, install_sigterm, spark_error_text
 from ._control_server import ControlServer
 from ._deadline import Deadline
 from ._feed_tasks import FeedPlan, make_arrow_feed_fn, make_feed_fn, make_infer_fn
@@ -29,21 +31,14 @@ from ._node_task import launch_local_node, make_start_task
 from ._spark_checks import busy_slots_report, check_spark
 from ._user_source import with_source
 from .cluster_template import InputMode, build_template, format_template, roles_from_template
-from .errors import ClusterFailedError, ConfigurationError, DeadlineExceededError, ReservationTimeoutError, TFOSError, is_root_cause
+from .errors import ClusterFailedError, ConfigurationError, DeadlineExceededError, ReservationTimeoutError
 
-__all__ = ["TFCluster", "run"]
+__all__ = ["TFCluster", "run", "DriverConfig", "Attempt"]
 
 log = logging.getLogger("tfos.cluster")
 
-#: Seconds to wait for nodes to exit after a stop directive.
-_STOP_TIMEOUT_S = 45.0
-#: Seconds to let the failed nodes' own reports (their root causes) arrive after a first
-#: failure (e.g. a feed task's report of a broken connection) before raising.
-_ATTRIBUTION_S = 5.0
 #: Seconds run() waits for the start stage before it says which slots are busy (C25).
 _BUSY_WARN_S = 8.0
-#: Seconds after the last train() job for every fed node to send its final row counter.
-_FINAL_COUNT_S = 3.0
 
 
 def _default_fs(sc: Any) -> str:
@@ -56,49 +51,42 @@ def _default_fs(sc: Any) -> str:
     return normalize_default_fs(fs)
 
 
-class _JobThread:
-    """Runs one Spark action in a thread under a job group (driver)."""
+@dataclasses.dataclass(frozen=True)
+class DriverConfig:
+    """What ``run()`` decided for one cluster, fixed for its life (driver).
 
-    def __init__(self, sc: Any, group: str, description: str, action: Callable[[], Any], on_done: Callable[[], None] = lambda: None):
-        from pyspark import InheritableThread
+    Attributes:
+        node: The :class:`ClusterConfig` every node receives (cluster id, key, control
+            server address, roles, input mode, queues, ...).
+        template: ``{job: [executor ids]}``.
+        spark_ids: Executor ids of the nodes hosted by Spark tasks, in start-job
+            partition order (the others, ps nodes with ``driver_ps_nodes``, run as
+            processes on the driver host).
+        progress: Show a progress line during train()/inference().
+    """
 
-        self.sc, self.group = sc, group
-        self.result: Any = None
-        self.error: Optional[BaseException] = None
-        self.done = threading.Event()
-        self.cancelled = False
+    node: ClusterConfig
+    template: dict[str, list[int]]
+    spark_ids: tuple[int, ...]
+    progress: bool = True
 
-        def _run() -> None:
-            try:
-                sc.setJobGroup(group, description, interruptOnCancel=True)
-                self.result = action()
-            except BaseException as exc:  # noqa: BLE001 - handed to the waiting driver thread
-                self.error = exc
-            finally:
-                self.done.set()
-                on_done()  # wakes the driver thread waiting on the cluster state
-
-        self.thread = InheritableThread(target=_run, name=f"tfos-job-{group}", daemon=True)
-        self.thread.start()
-
-    def cancel(self) -> None:
-        """Cancels this job group only (never other jobs of the application)."""
-        if self.done.is_set() or self.cancelled:
-            return  # nothing left to cancel: Spark would WARN 'Failed to cancel job group'
-        self.cancelled = True
-        try:
-            self.sc.cancelJobGroup(self.group)
-        except Exception as exc:  # noqa: BLE001 - the context may already be stopping
-            log.debug("cancelJobGroup(%s) failed: %s", self.group, exc)
+    @property
+    def cluster_id(self) -> str:
+        """The cluster id."""
+        return self.node.cluster_id
 
 
-def _spark_error_text(exc: BaseException) -> str:
-    text = str(exc)
-    for marker in ("FeedError: ", "FeedTimeoutError: ", "TFOSError: "):
-        if marker in text:
-            line = text.split(marker, 1)[1].splitlines()[0]
-            return marker + line
-    return text.splitlines()[0][:500] if text else type(exc).__name__
+@dataclasses.dataclass(frozen=True)
+class Attempt:
+    """One launch of the cluster's nodes (driver).
+
+    Attributes:
+        nodes_rdd: The barrier RDD of the start tasks, one partition per Spark-hosted node.
+        start_job: The Spark job running the start tasks (it ends when the nodes end).
+    """
+
+    nodes_rdd: Any
+    start_job: JobThread
 
 
 class TFCluster:
@@ -119,47 +107,43 @@ class TFCluster:
         working_dir: The driver's working directory.
     """
 
-    def __init__(self) -> None:  # populated by run()
-        self.sc: Any = None
-        self.cluster_id = ""
-        self.input_mode = InputMode.TENSORFLOW
-        self.num_executors = 0
-        self.cluster_template: dict[str, list[int]] = {}
-        self.defaultFS = "file://"
-        self.working_dir = os.getcwd()
-        self.queues: list[str] = []
-        self.progress = True
-        self._state: Optional[ClusterState] = None
-        self._server: Optional[ControlServer] = None
-        self._config: Optional[ClusterConfig] = None
-        self._start_job: Optional[_JobThread] = None
-        self._jobs: list[_JobThread] = []
-        self._local_nodes: list = []
-        self._closed = False
-        self._feed_seq = 0
-        self._liveness_stop = threading.Event()
-        self._teardown_thread: Optional[threading.Thread] = None
-        #: The barrier RDD of the start tasks, one partition per Spark-hosted node (TFoS name).
-        self.nodeRDD: Any = None
+    def __init__(self, sc: Any, config: DriverConfig, runtime: ClusterRuntime, attempt: Attempt) -> None:
+        """Built by :func:`run` from its steps' results; not meant to be called directly."""
+        self.sc = sc
+        self._config = config
+        self._runtime = runtime
+        self._state = runtime.state
+        self._attempt = attempt
+        self.cluster_id = config.cluster_id
+        self.input_mode = config.node.input_mode
+        self.num_executors = config.node.num_nodes
+        self.cluster_template = config.template
+        self.defaultFS = config.node.default_fs
+        self.working_dir = config.node.driver_working_dir
+        self.queues: list[str] = list(config.node.queues)
+        self.progress = config.progress
+
+    @property
+    def nodeRDD(self) -> Any:
+        """The barrier RDD of the start tasks, one partition per Spark-hosted node (TFoS name)."""
+        return self._attempt.nodes_rdd
 
     # ------------------------------------------------------------- properties
     @property
     def cluster_info(self) -> list[dict]:
         """TFoS-style list of registered nodes (dicts with executor_id, job_name, task_index,
         host, port, ...)."""
-        assert self._state is not None
         return [n.to_dict() for n in self._state.nodes_snapshot()]
 
     @property
     def cluster_spec(self) -> dict[str, list[str]]:
         """``{job: ["host:port", ...]}`` of the running cluster."""
-        assert self._state is not None
         return self._state.cluster_spec()
 
     @property
     def server(self) -> Optional[ControlServer]:
-        """The driver's control server (TFoS: the reservation server); None once shut down."""
-        return self._server
+        """The driver's control server (TFoS: the reservation server)."""
+        return self._runtime.server
 
     @property
     def meta(self) -> dict:
@@ -170,12 +154,11 @@ class TFCluster:
     def cluster_meta(self) -> dict:
         """TFoS-style cluster metadata: id, cluster_template, num_executors, default_fs,
         working_dir (the driver's), server_addr ``(host, port)`` and release_port."""
-        cfg = self._config
+        cfg = self._config.node
         return {
             "id": self.cluster_id, "cluster_template": self.cluster_template, "num_executors": self.num_executors,
-            "default_fs": self.defaultFS, "working_dir": cfg.driver_working_dir if cfg else self.working_dir,
-            "server_addr": (cfg.driver_host, cfg.driver_port) if cfg else None,
-            "release_port": cfg.release_port if cfg else True,
+            "default_fs": self.defaultFS, "working_dir": cfg.driver_working_dir,
+            "server_addr": (cfg.driver_host, cfg.driver_port), "release_port": cfg.release_port,
         }
 
     def tensorboard_url(self, timeout_s: float = 60.0) -> Optional[str]:
@@ -189,13 +172,12 @@ class TFCluster:
         Raises:
             ClusterFailedError: When a node failed while waiting.
         """
-        assert self._state is not None and self._config is not None
-        if not self._config.tensorboard:
+        if not self._config.node.tensorboard:
             return None
         st = self._state
         try:
-            if not st.wait(lambda: st.tensorboard_url is not None or bool(st.tensorboard_error), Deadline(timeout_s, "TensorBoard to start")):
-                raise self._fail("tensorboard_url()")
+            if not st.wait_for_tensorboard(Deadline(timeout_s, "TensorBoard to start")):
+                raise self._runtime.fail("tensorboard_url()")
         except DeadlineExceededError:
             log.warning("TensorBoard did not report a URL within %g s", timeout_s)
         if st.tensorboard_error:
@@ -204,117 +186,14 @@ class TFCluster:
         return st.tensorboard_url
 
     # ------------------------------------------------------------- internals
-    def _fail(self, context: str) -> ClusterFailedError:
-        """The error to raise for a failed cluster; starts the teardown (driver).
-
-        Report first, tear down second: every node is told to abort at once, the error is
-        built as soon as the failed nodes have reported their root causes (bounded by
-        ``_ATTRIBUTION_S``), and the rest of the teardown (waiting for the healthy nodes'
-        processes, bounded) goes on in a background thread that logs its outcome.
-        """
-        assert self._state is not None
-        st = self._state
-        self._cancel_jobs()
-        since = time.monotonic()
-        if not st.wait_until(st.failed_nodes_reported, _ATTRIBUTION_S):
-            log.info("tfos cluster %s: not every failed node reported its cause within %g s", self.cluster_id, _ATTRIBUTION_S)
-        # Only consequences so far (e.g. Spark killed a healthy node's barrier task because
-        # another host's executor vanished with its node supervisor): a node that has gone
-        # silent is then the likely cause; wait until every live node is heard from, or the
-        # silent one is declared lost (at most heartbeat_timeout), so the error names it.
-        if not st.has_root_cause():
-            st.wait_until(lambda: st.has_root_cause() or st.heard_from_live_nodes_since(since), st.heartbeat_timeout_s + 2.0)
-        st.abort("the cluster failed")
-        err = st.error(context)
-        self._teardown_async()
-        return err
-
-    def _cancel_jobs(self) -> None:
-        for job in list(self._jobs):
-            if not job.done.is_set():
-                job.cancel()
-
-    def _check_open(self, what: str) -> None:
-        if self._closed:
-            raise TFOSError(f"{what}: the cluster {self.cluster_id} was already shut down")
-        assert self._state is not None
-        if self._state.failed:
-            raise self._fail(what)
-
-    def _on_first_failure(self, failure: Any) -> None:
-        # Runs on a control-server thread. The cluster cannot recover. For a root cause,
-        # direct every node to abort now (before the cancellation below kills their Spark
-        # tasks, so those kills are recognised as consequences). A consequence first (a
-        # feed task saw a node fail or stop reading) leaves the nodes running for the
-        # attribution wait in _fail(), so that the node can still report what happened to
-        # it (e.g. main_fun raising 1.5 s into a feed_timeout of 1 s). Then cancel only
-        # this cluster's job groups.
-        assert self._state is not None
-        if is_root_cause(failure):
-            self._state.abort(f"node {failure.node_name} failed")
-        self._cancel_jobs()
-
-    def _liveness_loop(self) -> None:
-        assert self._state is not None
-        while not self._liveness_stop.wait(1.0):
-            self._state.check_liveness()
-
-    def _run_job(self, kind: str, description: str, action: Callable[[], Any]) -> _JobThread:
-        self._feed_seq += 1
-        assert self._state is not None
-        job = _JobThread(self.sc, f"{self.cluster_id}-{kind}-{self._feed_seq}", description, action, self._state.poke)
-        self._jobs.append(job)
-        return job
-
-    def _await_job(self, job: _JobThread, context: str, progress: Optional["_Progress"] = None) -> Any:
-        """Waits for a feed/inference job, failing fast on any node failure (driver).
-
-        The wait is a question to the cluster state (woken by every report and by the job's
-        end), with a tick of 0.5 s to move the progress line.
-        """
-        assert self._state is not None
-        st = self._state
-        ok = False
-        try:
-            while not job.done.is_set():
-                st.wait_until(lambda: job.done.is_set() or st.failed, 0.5 if progress else 5.0)
-                if st.failed:
-                    raise self._fail(context)
-                if progress:
-                    progress.update()
-            if job.error is not None:
-                # The node's own failure report carries the real cause: give it a moment.
-                if st.wait_until(lambda: st.failed, _ATTRIBUTION_S):
-                    raise self._fail(context)
-                text = _spark_error_text(job.error)
-                st.abort("a Spark job of the cluster failed")
-                self._teardown_async()
-                raise ClusterFailedError(self.cluster_id, [st.make_failure(st.roles[0].executor_id, "spark", type(job.error).__name__, text)], context) from job.error
-            ok = True
-            if progress:
-                progress.finish(self._feed_ids())
-            return job.result
-        except BaseException as exc:
-            if not isinstance(exc, TFOSError) and not self._closed:
-                # Ctrl-C (or SIGTERM, see _install_sigterm) while a job runs: tear the
-                # cluster down before the interruption propagates.
-                log.warning("tfos cluster %s: %s during %s; tearing the cluster down", self.cluster_id, type(exc).__name__, context)
-                self._teardown(failed=True)
-            raise
-        finally:
-            if progress and not ok:
-                progress.abandon()
-
     def _feed_ids(self) -> list[int]:
         return [n.executor_id for n in self._feed_nodes()]
 
     def _feed_nodes(self) -> tuple:
-        assert self._state is not None
         return tuple(n for n in self._state.nodes_snapshot() if n.role.feedable)
 
     def _plan(self, mode: str, qname: str, kind: Any, parts: int, feed_timeout: float, report_sent: bool = False) -> FeedPlan:
-        assert self._config is not None
-        cfg = self._config
+        cfg = self._config.node
         if qname not in self.queues:
             raise ConfigurationError(f"qname {qname!r} is not one of the cluster's queues {self.queues}; pass queues=[...] to TFCluster.run()")
         return FeedPlan(
@@ -322,13 +201,14 @@ class TFCluster:
             float(feed_timeout), feed_id=uuid.uuid4().hex, report_sent=report_sent,
         )
 
-    def _progress(self, job_group_prefix: str, total: int, parts: int, epochs: int, desc: str) -> Optional["_Progress"]:
+    def _await_job(self, job: JobThread, context: str, progress: Optional[Progress] = None) -> Any:
+        return self._runtime.await_job(job, context, progress, self._feed_ids)
+
+    def _progress(self, kind: str, total: int, parts: int, epochs: int, desc: str) -> Optional[Progress]:
+        """The progress line of the job of ``kind`` just started (None when off)."""
         if not self.progress or os.environ.get("TFOS_PROGRESS", "1") == "0" or _node_output.spark_shows_progress(self.sc):
             return None
-        assert self._state is not None
-        group = f"{self.cluster_id}-{job_group_prefix}-{self._feed_seq}"
-        return _Progress(self.sc.statusTracker(), self._state, group, total, parts, epochs, desc)
-
+        return Progress(self.sc.statusTracker(), self._state, self._runtime.job_group(kind), total, parts, epochs, desc)
     # ---------------------------------------------------------------- feeding
     def train(self, dataRDD: Any, num_epochs: int = 1, feed_timeout: float = 600, qname: str = "input", end_of_feed: bool = False) -> None:
         """Feeds an RDD or DataFrame to the nodes' ``DataFeed`` for ``num_epochs`` epochs (driver).
@@ -361,8 +241,7 @@ class TFCluster:
         if isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or num_epochs < 1:
             tfos_zero = " (TFoS fed 10 epochs for 0: pass num_epochs=10 to keep that)" if num_epochs == 0 and not isinstance(num_epochs, bool) else ""
             raise ConfigurationError(f"num_epochs must be an integer >= 1 (one epoch = one pass over every partition), got {num_epochs!r}{tfos_zero}")
-        self._check_open("train()")
-        assert self._state is not None
+        self._runtime.check_open("train()")
         if self._state.feed_closed:
             raise ConfigurationError("train(): the feed already ended (an earlier train(..., end_of_feed=True)); start a new cluster to feed more data")
         df = _as_dataframe(dataRDD)
@@ -384,7 +263,7 @@ class TFCluster:
             self._state.close_feed_when_sent(plan.feed_id, total)
         desc = f"tfos train: {parts} partitions x {num_epochs} epoch(s) -> {len(plan.nodes)} node(s)"
         log.info("%s", desc)
-        job = self._run_job("train", desc, action)
+        job = self._runtime.run_job("train", desc, action)
         outcomes = self._await_job(job, "train()", self._progress("train", total, parts, num_epochs, "tfos train"))
         skipped = [o for o in outcomes if o[1] in ("finished", "skipped")]
         terminated = [o for o in outcomes if o[1] == "terminated"]
@@ -419,7 +298,7 @@ class TFCluster:
         """
         if self.input_mode != InputMode.SPARK:
             raise ConfigurationError("inference() needs InputMode.SPARK")
-        self._check_open("inference()")
+        self._runtime.check_open("inference()")
         df = _as_dataframe(dataRDD)
         rdd = df.rdd if df is not None else dataRDD
         parts = rdd.getNumPartitions()
@@ -437,7 +316,7 @@ class TFCluster:
         desc = f"tfos inference: {parts} partitions -> {len(plan.nodes)} node(s)"
         # Count the result frames in the JVM: this materializes (and persists) every
         # partition without unpickling the results again in another Python worker.
-        job = self._run_job("inference", desc, lambda: out._jrdd.count())
+        job = self._runtime.run_job("inference", desc, lambda: out._jrdd.count())
         self._await_job(job, "inference()", self._progress("inference", parts, parts, 1, "tfos inference"))
         return out
 
@@ -457,265 +336,44 @@ class TFCluster:
             ClusterFailedError: Any node failed at any time (remote tracebacks included).
             DeadlineExceededError: The workers did not finish within ``timeout``.
         """
-        if self._closed:
-            self._join_teardown()
+        rt, st = self._runtime, self._state
+        if rt.closed:
+            rt.join_teardown()
             return
-        assert self._state is not None
-        st = self._state
         try:
             if self.input_mode == InputMode.SPARK:
                 st.close_feed()
-            workers = [r.executor_id for r in st.roles if r.feedable]
             deadline = Deadline(timeout, "main_fun to return on every chief/master/worker node", "a main_fun that never ends (e.g. waiting for data after terminate())")
-            if not st.wait(lambda: all(st.is_done(e) for e in workers), deadline):
-                raise self._fail("shutdown()")
+            if not st.wait_until_workers_done(deadline):
+                raise rt.fail("shutdown()")
             if grace_secs and any(r.is_background for r in st.roles):
-                try:
-                    st.wait(lambda: False, Deadline(float(grace_secs), "grace period"))
-                except DeadlineExceededError:
-                    pass
-                if st.failed:
-                    raise self._fail("shutdown()")
-            self._teardown(failed=False)
+                if st.wait_for_failure(float(grace_secs)):
+                    raise rt.fail("shutdown()")
+            rt.teardown(failed=False)
             if st.failed:
                 raise st.error("shutdown()")
         except BaseException:
-            if not self._closed:
-                self._teardown(failed=True)
+            if not rt.closed:
+                rt.teardown(failed=True)
             raise
         log.info("tfos cluster %s shut down", self.cluster_id)
-
-    def _teardown(self, failed: bool) -> None:
-        """Stops every node, waits (bounded) for their processes, closes the server (driver).
-
-        Synchronous; also joins a teardown already running in the background.
-        """
-        if self._closed:
-            self._join_teardown()
-            return
-        self._closed = True
-        self._teardown_now(failed)
-
-    def _teardown_async(self) -> None:
-        """Starts the teardown after a failure in a background thread (driver); its outcome
-        is logged, and :meth:`shutdown`, ``__exit__`` and interpreter exit join it."""
-        if self._closed:
-            return
-        self._closed = True
-        t = threading.Thread(target=self._teardown_now, args=(True,), name=f"{self.cluster_id}-teardown", daemon=True)
-        self._teardown_thread = t
-        t.start()
-
-    def _join_teardown(self, timeout_s: float = _STOP_TIMEOUT_S + 15.0) -> None:
-        t = self._teardown_thread
-        if t is not None and t is not threading.current_thread():
-            t.join(timeout_s)
-            if t.is_alive():
-                log.warning("tfos cluster %s: teardown still running after %g s", self.cluster_id, timeout_s)
-
-    def _teardown_now(self, failed: bool) -> None:
-        st = self._state
-        assert st is not None
-        t0 = time.monotonic()
-        if failed:
-            st.abort("the cluster failed")
-        else:
-            st.request_stop()
-        alive: list[int] = []
-        try:
-            alive = st.wait_until_exited(list(st.nodes), _STOP_TIMEOUT_S)
-            if alive:
-                log.warning("tfos cluster %s: nodes %s did not report their exit in %g s", self.cluster_id, alive, _STOP_TIMEOUT_S)
-        finally:
-            for job in self._jobs:
-                if not job.done.wait(0 if failed else 10.0):
-                    job.cancel()
-                    job.done.wait(10.0)
-            for proc in self._local_nodes:
-                try:
-                    proc.wait(10.0)
-                except Exception:  # noqa: BLE001 - subprocess.TimeoutExpired
-                    proc.kill()
-                if proc.stdin is not None:
-                    proc.stdin.close()
-            self._liveness_stop.set()
-            if self._server is not None:
-                self._server.close()
-            _forget(self)
-        level = logging.INFO if not alive else logging.WARNING
-        log.log(level, "tfos cluster %s torn down in %.1f s%s", self.cluster_id, time.monotonic() - t0,
-                f" ({len(alive)} node(s) did not report their exit)" if alive else ": every node process exited")
 
     def __enter__(self) -> "TFCluster":
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
+        rt = self._runtime
         if exc_type is None:
             self.shutdown()
-        elif not self._closed:
+        elif not rt.closed:
             try:
-                self._teardown(failed=True)
+                rt.teardown(failed=True)
             except Exception as texc:  # noqa: BLE001 - never mask the user's exception
                 log.warning("teardown after an error failed: %s", texc)
         else:
-            self._join_teardown()
+            rt.join_teardown()
 
 
-class _Progress:
-    """The progress line of one feed/inference job on the driver's stderr (tqdm)."""
-
-    def __init__(self, tracker: Any, state: ClusterState, group: str, total: int, parts: int, epochs: int, desc: str):
-        from tqdm import tqdm
-
-        self._tracker, self._state, self._group = tracker, state, group
-        self._total, self._parts, self._epochs = total, parts, epochs
-        self._bar = tqdm(total=total, desc=desc, unit="part", file=sys.stderr, mininterval=0.5 if sys.stderr.isatty() else 10.0, leave=True)
-        self._t0, self._rows0 = time.monotonic(), state.rows_consumed()
-
-    def _done_parts(self) -> int:
-        done = 0
-        for jid in self._tracker.getJobIdsForGroup(self._group):
-            info = self._tracker.getJobInfo(jid)
-            for sid in info.stageIds if info else ():
-                s = self._tracker.getStageInfo(sid)
-                if s:
-                    done += s.numCompletedTasks
-        return min(done, self._total)
-
-    def _show(self, done: int) -> None:
-        rows = self._state.rows_consumed() - self._rows0
-        rate = rows / max(1e-6, time.monotonic() - self._t0)
-        epoch = min(self._epochs, done // max(1, self._parts) + 1)
-        self._bar.set_postfix_str(f"epoch {epoch}/{self._epochs}, {rows:,} rows, {rate:,.0f} rows/s", refresh=False)
-        self._bar.update(done - self._bar.n)
-
-    def update(self) -> None:
-        """Moves the line to the job's completed tasks and the nodes' row counters."""
-        if not self._bar.disable and self._bar.n < self._total:
-            self._show(self._done_parts())
-
-    def finish(self, feed_nodes: Sequence[int]) -> None:
-        """Closes the line at 100 % with the exact row count: waits (bounded) for one
-        counter report from every fed node sent after the job ended."""
-        if not self._state.wait_for_counters(feed_nodes, _FINAL_COUNT_S):
-            log.debug("not every node sent its final row counter within %g s", _FINAL_COUNT_S)
-        self._show(self._total)
-        self._bar.close()
-
-    def abandon(self) -> None:
-        """Removes the line without a final refresh (after an error: no stale line)."""
-        self._bar.leave = False
-        self._bar.close()
-
-
-_open_clusters: "weakref.WeakSet[TFCluster]" = weakref.WeakSet()
-_sigterm_lock = threading.Lock()
-_sigterm_installed = False
-
-
-def _on_sigterm(signum: int, frame: Any) -> None:
-    """SIGTERM handler installed by :func:`_install_sigterm` (driver main thread)."""
-    global _sigterm_installed
-    ids = [c.cluster_id for c in list(_open_clusters)]
-    if not ids:  # every cluster is gone: behave as if tfos had never been here
-        with _sigterm_lock:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            _sigterm_installed = False
-        os.kill(os.getpid(), signal.SIGTERM)
-        return
-    log.error("tfos: the driver received SIGTERM; tearing down cluster(s) %s as for Ctrl-C, then exiting", ", ".join(ids) or "(none)")
-    with _sigterm_lock:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the driver at once
-        _sigterm_installed = False
-    raise SystemExit(128 + signal.SIGTERM)
-
-
-def _install_sigterm(enabled: bool) -> None:
-    """Chains the cluster teardown to SIGTERM, only where nobody else handles it (driver).
-
-    Installed only when ``enabled``, in the main thread, and when SIGTERM still has its
-    default disposition (the user and their framework did not install a handler), and
-    removed again when the last cluster is torn down. The handler raises ``SystemExit``
-    in the main thread, which runs the same teardown as Ctrl-C (the ``except`` blocks of
-    the blocking call, the context manager, or the atexit hook below).
-    """
-    global _sigterm_installed
-    if not enabled or threading.current_thread() is not threading.main_thread():
-        return
-    with _sigterm_lock:
-        if _sigterm_installed or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-            return
-        signal.signal(signal.SIGTERM, _on_sigterm)
-        _sigterm_installed = True
-
-
-def _forget(cluster: TFCluster) -> None:
-    global _sigterm_installed
-    _open_clusters.discard(cluster)
-    if _open_clusters or threading.current_thread() is not threading.main_thread():
-        return
-    with _sigterm_lock:
-        if _sigterm_installed and signal.getsignal(signal.SIGTERM) is _on_sigterm:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            _sigterm_installed = False
-
-
-@atexit.register
-def _teardown_at_exit() -> None:
-    """Interpreter exit with clusters still open (no shutdown(), no ``with``; e.g. after
-    SIGTERM or Ctrl-C outside a tfos call): tear them down, bounded (driver)."""
-    for cluster in list(_open_clusters):
-        try:
-            if cluster._closed:
-                cluster._join_teardown()
-            else:
-                log.warning("tfos cluster %s still running at interpreter exit; tearing it down", cluster.cluster_id)
-                cluster._teardown(failed=True)
-        except Exception as exc:  # noqa: BLE001 - best effort at exit
-            log.warning("teardown of %s at exit failed: %s", cluster.cluster_id, exc)
-
-
-def _await_registration(cluster: TFCluster, deadline: Deadline) -> None:
-    """Waits for every node to register (run()); raises on failure or expiry (driver).
-
-    A question to the cluster state, woken by every registration, failure and by the end of
-    the start job. When the start stage still waits after ``_BUSY_WARN_S``, a WARNING names
-    the executors and jobs holding the slots (C25); the timeout error names them too.
-    """
-    state, start = cluster._state, cluster._start_job
-    assert state is not None and start is not None
-    tf_mode = cluster.input_mode == InputMode.TENSORFLOW
-    t0 = time.monotonic()
-    warned = False
-    busy = ""
-    while True:
-        # A start job that ended (error, or in TENSORFLOW mode every node already exited)
-        # ends the wait too.
-        outcome = state.wait_until_registered(deadline, lambda: start.error is not None or (start.done.is_set() and tf_mode), tick_s=1.0)
-        if outcome == "registered":
-            return
-        if outcome == "failed":
-            raise cluster._fail("run()")
-        if outcome == "stopped":
-            # The node's own failure report names the real cause: give it a moment.
-            if state.wait_until(lambda: state.failed or state.all_registered(), _ATTRIBUTION_S) and state.all_registered() and not state.failed:
-                return
-            if state.failed:
-                raise cluster._fail("run()")
-            what = _spark_error_text(start.error) if start.error is not None else "the start tasks returned early"
-            etype = type(start.error).__name__ if start.error is not None else "StartJobEnded"
-            cluster._teardown(failed=True)
-            raise ClusterFailedError(cluster.cluster_id, [state.make_failure(state.missing()[0] if state.missing() else 0, "spark", etype, what)], "run()") from start.error
-        if outcome == "expired":
-            missing = state.missing()
-            busy = busy_slots_report(cluster.sc, cluster.cluster_id) or busy
-            cluster._teardown(failed=True)
-            raise deadline.error(ReservationTimeoutError, f"executor ids {missing} never registered" + (f"; {busy}" if busy else ""))
-        if not warned and time.monotonic() - t0 >= _BUSY_WARN_S:
-            busy = busy_slots_report(cluster.sc, cluster.cluster_id)
-            if busy:
-                warned = True
-                log.warning("tfos cluster %s: the start stage has waited %.0f s for task slots: %s", cluster.cluster_id, time.monotonic() - t0, busy)
 
 
 def _as_dataframe(data: Any) -> Any:
@@ -763,7 +421,6 @@ def _raw_source(rdd: Any, epochs: int = 1) -> tuple[Any, Any]:
     if epochs > 1:
         raw = union_raw_frames([raw] * epochs)
     return raw.rdd, ChunkKind.PICKLED_BATCH
-
 
 def run(
     sc: Any,
@@ -847,73 +504,121 @@ def run(
             reservation_timeout, queues, eval_node, release_port, heartbeat_timeout=heartbeat_timeout,
             forward_logs=forward_logs, progress=progress, queue_chunks=queue_chunks, executor_wait_s=executor_wait_s,
         )
-    if not callable(map_fun):
-        raise ConfigurationError("map_fun must be callable as map_fun(args, ctx)")
-    input_mode = InputMode(int(input_mode))
+    input_mode, queues, payload = _check_args(map_fun, tf_args, input_mode, queues)
     template = build_template(num_executors, num_ps, master_node, eval_node)
     roles = roles_from_template(template)
-    spark_ids = [r.executor_id for r in roles if not (driver_ps_nodes and r.job_name == "ps")]
-    if isinstance(queues, str) or not all(isinstance(q, str) and q for q in queues):
-        raise ConfigurationError(f"queues must be a list of queue names such as ['input', 'output'], got {queues!r}")
-    queues = tuple(queues)
-    if input_mode == InputMode.SPARK and not queues:
-        raise ConfigurationError("InputMode.SPARK needs at least one queue (the default is ['input', 'output', 'error'])")
+    spark_ids = tuple(r.executor_id for r in roles if not (driver_ps_nodes and r.job_name == "ps"))
     check_spark(sc, len(spark_ids), input_mode, wait_s=min(executor_wait_s, reservation_timeout))
 
-    import cloudpickle
-
-    cluster = TFCluster()
-    cluster.sc = sc
-    cluster.cluster_id = f"tfos-{uuid.uuid4().hex[:12]}"
-    cluster.input_mode = input_mode
-    cluster.num_executors = num_executors
-    cluster.cluster_template = template
-    cluster.defaultFS = _default_fs(sc)
-    cluster.queues = list(queues)
-    cluster.progress = progress
-    log.info("tfos cluster %s: %s (input mode %s)", cluster.cluster_id, format_template(template), input_mode.name)
-
+    cluster_id = f"tfos-{uuid.uuid4().hex[:12]}"
+    log.info("tfos cluster %s: %s (input mode %s)", cluster_id, format_template(template), input_mode.name)
     key = _wire.new_key()
-    state = ClusterState(cluster.cluster_id, roles, heartbeat_timeout, on_failure=cluster._on_first_failure)
-    cluster._state = state
-    driver_host = sc.getConf().get("spark.driver.host", "127.0.0.1")
-    server = ControlServer(key, state.handle, host=driver_host)
-    cluster._server = server
-    config = ClusterConfig(
-        cluster_id=cluster.cluster_id, key=key, driver_host=str(server.host), driver_port=server.port,
-        input_mode=input_mode, roles=tuple(roles), default_fs=cluster.defaultFS,
-        heartbeat_interval_s=min(1.0, heartbeat_timeout / 4), heartbeat_timeout_s=float(heartbeat_timeout),
-        reservation_timeout_s=float(reservation_timeout), release_port=release_port, queues=queues,
-        queue_chunks=queue_chunks, tensorboard=bool(tensorboard), log_dir=log_dir, forward_logs=forward_logs,
-        local_master=str(sc.master).split("[", 1)[0] == "local",
-    )
-    cluster._config = config
-    _open_clusters.add(cluster)
-    _install_sigterm(handle_sigterm)
-    threading.Thread(target=cluster._liveness_loop, name=f"{cluster.cluster_id}-liveness", daemon=True).start()
+    runtime = ClusterRuntime(sc, cluster_id, roles, heartbeat_timeout, key, sc.getConf().get("spark.driver.host", "127.0.0.1"))
+    install_sigterm(handle_sigterm)
     try:
-        try:
-            payload = cloudpickle.dumps((with_source(map_fun), tf_args))  # file names for tracebacks
-        except Exception as exc:  # noqa: BLE001 - pickling errors come in many types
-            raise ConfigurationError(f"map_fun and tf_args must be picklable with cloudpickle to reach the nodes: {exc}") from exc
-        for r in roles:
-            if r.executor_id not in spark_ids:
-                cluster._local_nodes.append(launch_local_node(config, r.executor_id, payload, os.getcwd()))
-        start_fn = make_start_task(config, spark_ids, payload)
-        n = len(spark_ids)
-        nodes_rdd = sc.parallelize(range(n), n).barrier().mapPartitionsWithIndex(start_fn)
-        cluster.nodeRDD = nodes_rdd
-        desc = f"tfos start: {format_template(template)}"
-        cluster._start_job = cluster._run_job("start", desc, nodes_rdd.collect)
+        node_config = ClusterConfig(
+            cluster_id=cluster_id, key=key, driver_host=str(runtime.server.host), driver_port=runtime.server.port,
+            input_mode=input_mode, roles=tuple(roles), default_fs=_default_fs(sc),
+            heartbeat_interval_s=min(1.0, heartbeat_timeout / 4), heartbeat_timeout_s=float(heartbeat_timeout),
+            reservation_timeout_s=float(reservation_timeout), release_port=release_port, queues=queues,
+            queue_chunks=queue_chunks, tensorboard=bool(tensorboard), log_dir=log_dir, forward_logs=forward_logs,
+            local_master=str(sc.master).split("[", 1)[0] == "local",
+        )
+        config = DriverConfig(node_config, template, spark_ids, progress)
         deadline = Deadline(
             reservation_timeout, f"all {num_executors} nodes to register",
             "too few free Spark task slots (another job holds executors), executors that cannot reach the "
             "driver's control port, or node processes failing at start-up (see the executor logs)",
         )
-        _await_registration(cluster, deadline)
+        attempt = _launch(sc, runtime, config, payload)
+        _await_registration(runtime, attempt, input_mode, deadline)
     except BaseException:
-        if not cluster._closed:
-            cluster._teardown(failed=True)
+        if not runtime.closed:
+            runtime.teardown(failed=True)
         raise
-    log.info("tfos cluster %s: all %d nodes registered: %s", cluster.cluster_id, num_executors, state.cluster_spec())
-    return cluster
+    log.info("tfos cluster %s: all %d nodes registered: %s", cluster_id, num_executors, runtime.state.cluster_spec())
+    return TFCluster(sc, config, runtime, attempt)
+
+
+def _check_args(map_fun: Any, tf_args: Any, input_mode: Any, queues: Sequence[str]) -> tuple[InputMode, tuple[str, ...], bytes]:
+    """Checks run()'s arguments; returns the input mode, the queue names and the pickled
+    ``(map_fun, tf_args)`` the nodes receive (driver).
+
+    Raises:
+        ConfigurationError: For a map_fun that is not callable, bad queue names, or
+            ``map_fun``/``tf_args`` that cloudpickle cannot pickle.
+    """
+    if not callable(map_fun):
+        raise ConfigurationError("map_fun must be callable as map_fun(args, ctx)")
+    mode = InputMode(int(input_mode))
+    if isinstance(queues, str) or not all(isinstance(q, str) and q for q in queues):
+        raise ConfigurationError(f"queues must be a list of queue names such as ['input', 'output'], got {queues!r}")
+    names = tuple(queues)
+    if mode == InputMode.SPARK and not names:
+        raise ConfigurationError("InputMode.SPARK needs at least one queue (the default is ['input', 'output', 'error'])")
+    import cloudpickle
+
+    try:
+        payload = cloudpickle.dumps((with_source(map_fun), tf_args))  # file names for tracebacks
+    except Exception as exc:  # noqa: BLE001 - pickling errors come in many types
+        raise ConfigurationError(f"map_fun and tf_args must be picklable with cloudpickle to reach the nodes: {exc}") from exc
+    return mode, names, payload
+
+
+def _launch(sc: Any, runtime: ClusterRuntime, config: DriverConfig, payload: bytes) -> Attempt:
+    """Launches every node once: the driver-hosted ones as local processes, the others as
+    the barrier start job (driver). Returns at once; see :func:`_await_registration`."""
+    for r in config.node.roles:
+        if r.executor_id not in config.spark_ids:
+            runtime.local_nodes.append(launch_local_node(config.node, r.executor_id, payload, os.getcwd()))
+    start_fn = make_start_task(config.node, list(config.spark_ids), payload)
+    n = len(config.spark_ids)
+    nodes_rdd = sc.parallelize(range(n), n).barrier().mapPartitionsWithIndex(start_fn)
+    start_job = runtime.run_job("start", f"tfos start: {format_template(config.template)}", nodes_rdd.collect)
+    return Attempt(nodes_rdd, start_job)
+
+
+def _await_registration(runtime: ClusterRuntime, attempt: Attempt, input_mode: InputMode, deadline: Deadline) -> None:
+    """Waits for every node of ``attempt`` to register; raises on failure or expiry (driver).
+
+    A question to the cluster state, woken by every registration, failure and by the end of
+    the start job. When the start stage still waits after ``_BUSY_WARN_S``, a WARNING names
+    the executors and jobs holding the slots (C25); the timeout error names them too.
+
+    Raises:
+        ClusterFailedError: A node failed, or the start job ended first.
+        ReservationTimeoutError: ``deadline`` expired first.
+    """
+    state, start, cluster_id = runtime.state, attempt.start_job, runtime.cluster_id
+    tf_mode = input_mode == InputMode.TENSORFLOW
+    t0 = time.monotonic()
+    warned = False
+    busy = ""
+    while True:
+        # A start job that ended (error, or in TENSORFLOW mode every node already exited)
+        # ends the wait too. The 1 s tick only times the busy-slots warning below.
+        outcome = state.wait_until_registered(deadline, lambda: start.error is not None or (start.done.is_set() and tf_mode), tick_s=1.0)
+        if outcome == "registered":
+            return
+        if outcome == "failed":
+            raise runtime.fail("run()")
+        if outcome == "stopped":
+            # The node's own failure report names the real cause: give it a moment.
+            if state.wait_until(lambda: state.failed or state.all_registered(), ATTRIBUTION_S) and state.all_registered() and not state.failed:
+                return
+            if state.failed:
+                raise runtime.fail("run()")
+            what = spark_error_text(start.error) if start.error is not None else "the start tasks returned early"
+            etype = type(start.error).__name__ if start.error is not None else "StartJobEnded"
+            runtime.teardown(failed=True)
+            raise ClusterFailedError(cluster_id, [state.make_failure(state.missing()[0] if state.missing() else 0, "spark", etype, what)], "run()") from start.error
+        if outcome == "expired":
+            missing = state.missing()
+            busy = busy_slots_report(runtime.sc, cluster_id) or busy
+            runtime.teardown(failed=True)
+            raise deadline.error(ReservationTimeoutError, f"executor ids {missing} never registered" + (f"; {busy}" if busy else ""))
+        if not warned and time.monotonic() - t0 >= _BUSY_WARN_S:
+            busy = busy_slots_report(runtime.sc, cluster_id)
+            if busy:
+                warned = True
+                log.warning("tfos cluster %s: the start stage has waited %.0f s for task slots: %s", cluster_id, time.monotonic() - t0, busy)

@@ -194,6 +194,21 @@ class ClusterState:
                 if e not in self.exit_codes and not any(f.executor_id == e and f.kind == "lost" for f in self.failures)
             ]
 
+    def registered_ids(self) -> list[int]:
+        """Executor ids of the registered nodes, ascending."""
+        with self._cond:
+            return sorted(self.nodes)
+
+    def feedable_ids(self) -> list[int]:
+        """Executor ids of the chief/master/worker nodes (those that run the training)."""
+        return [r.executor_id for r in self.roles if r.feedable]
+
+    def all_exited(self) -> bool:
+        """True when every registered node's processes reported their exit or were lost."""
+        with self._cond:
+            lost = {f.executor_id for f in self.failures if f.kind == "lost"}
+            return all(e in self.exit_codes or e in lost for e in self.nodes)
+
     def poke(self) -> None:
         """Wakes every waiter (e.g. a Spark job the driver waits for ended)."""
         with self._cond:
@@ -341,6 +356,69 @@ class ClusterState:
                     return False
                 self._cond.wait(deadline.slice(_MAX_POLL_S))
             return True
+
+    def wait_for_failure(self, timeout_s: float) -> bool:
+        """Waits up to ``timeout_s`` for a failure to be recorded (e.g. a failed node's own
+        report, which usually trails its failed Spark task by a moment).
+
+        Returns:
+            True when the cluster has failed.
+        """
+        return self.wait_until(lambda: self.failed, timeout_s)
+
+    def wait_for_event_or_failure(self, event: threading.Event, timeout_s: float) -> bool:
+        """Waits up to ``timeout_s`` for ``event`` (e.g. a Spark job's end) or a failure.
+
+        The setter of ``event`` must call :meth:`poke` to end the wait early.
+
+        Returns:
+            Whether ``event`` is set.
+        """
+        self.wait_until(lambda: event.is_set() or self.failed, timeout_s)
+        return event.is_set()
+
+    def wait_for_root_causes(self, attribution_s: float, silent_s: float) -> bool:
+        """After a failure, waits for the failed nodes to report their root causes (driver).
+
+        First up to ``attribution_s`` for every failed node's own report
+        (:meth:`failed_nodes_reported`). When only consequences were recorded by then (e.g.
+        Spark killed a healthy node's barrier task because another host's executor vanished
+        with its node supervisor), a node that has gone silent is the likely cause: then
+        waits up to ``silent_s`` more (about the heartbeat timeout) until a root cause
+        arrives or every live node is heard from, so that the silent one is declared lost
+        and the error names it.
+
+        Returns:
+            True when every failed node reported within ``attribution_s``.
+        """
+        since = time.monotonic()
+        reported = self.wait_until(self.failed_nodes_reported, attribution_s)
+        if not self.has_root_cause():
+            self.wait_until(lambda: self.has_root_cause() or self.heard_from_live_nodes_since(since), silent_s)
+        return reported
+
+    def wait_until_workers_done(self, deadline: Deadline) -> bool:
+        """Waits for ``main_fun`` to end on every chief/master/worker node (see :meth:`is_done`).
+
+        Returns:
+            True when all are done, False when a failure was recorded first.
+
+        Raises:
+            DeadlineExceededError: When ``deadline`` expires first.
+        """
+        workers = self.feedable_ids()
+        return self.wait(lambda: all(self.is_done(e) for e in workers), deadline)
+
+    def wait_for_tensorboard(self, deadline: Deadline) -> bool:
+        """Waits for the TensorBoard node to report its URL or its start-up error.
+
+        Returns:
+            True when it reported, False when a failure was recorded first.
+
+        Raises:
+            DeadlineExceededError: When ``deadline`` expires first.
+        """
+        return self.wait(lambda: self.tensorboard_url is not None or bool(self.tensorboard_error), deadline)
 
     def wait_until_registered(self, deadline: Deadline, stop_waiting: Callable[[], bool], tick_s: float = 5.0) -> str:
         """Waits for every node to register (driver's ``run()``).
@@ -571,6 +649,24 @@ class ClusterState:
     def cluster_spec(self) -> dict[str, list[str]]:
         """The cluster spec of the registered nodes."""
         return build_cluster_spec(self.nodes_snapshot())
+
+    def status(self) -> dict:
+        """A consistent snapshot of the cluster for a client (JSON-ready): registered,
+        missing, nodes, states, exit_codes, failures, tensorboard_url, feed_closed,
+        stop_requested, abort."""
+        with self._cond:
+            return {
+                "registered": self.all_registered(),
+                "missing": self.missing(),
+                "nodes": [n.to_dict() for n in sorted(self.nodes.values(), key=lambda n: n.executor_id)],
+                "states": {str(k): v for k, v in self.proc_state.items()},
+                "exit_codes": {str(k): v for k, v in self.exit_codes.items()},
+                "failures": [f.to_dict() for f in self.failures],
+                "tensorboard_url": self.tensorboard_url,
+                "feed_closed": self.feed_closed,
+                "stop_requested": self.stop_requested,
+                "abort": self.abort_reason,
+            }
 
     def rows_consumed(self) -> int:
         """Total rows the TF processes have taken from their feeds (from heartbeats)."""

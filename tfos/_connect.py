@@ -120,12 +120,13 @@ class ConnectTFCluster:
             return None
         deadline = Deadline(timeout_s, "TensorBoard to start")
         while True:
-            st = self._status("now", 0.0, "tensorboard_url()")
+            # The control host answers when TensorBoard reported its URL or its start-up
+            # error, a node failed, or the poll (at most 10 s) ended.
+            st = self._status("tensorboard", deadline.slice(10.0), "tensorboard_url()")
             if st.get("failures"):
                 raise self._fail("tensorboard_url()", self._failures(st))
-            if st.get("tensorboard_url") or deadline.expired():
+            if st.get("tensorboard_url") or st.get("done") or deadline.expired():
                 return st.get("tensorboard_url")
-            time.sleep(deadline.slice(2.0))
 
     # ------------------------------------------------------------- control jobs
     def _op(self, msg_type: str, context: str, timeout_s: float = 30.0, **fields: Any) -> dict:

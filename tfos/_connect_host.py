@@ -153,48 +153,24 @@ class ControlHost:
         if until == "workers_done":
             return all(st.is_done(r.executor_id) for r in st.roles if r.feedable)
         if until == "exited":
-            return self._all_exited()
+            return st.all_exited()
         if until == "failed":
-            return bool(st.failures)
+            return st.failed
+        if until == "tensorboard":
+            return st.tensorboard_url is not None or bool(st.tensorboard_error)
         if until == "now":
             return True
         raise ValueError(f"unknown wait condition {until!r}")
 
-    def _all_exited(self) -> bool:
-        st = self.state
-        lost = {f.executor_id for f in st.failures if f.kind == "lost"}
-        return all(e in st.exit_codes or e in lost for e in st.nodes)
-
     def _client_wait(self, until: str, poll_s: float) -> dict:
         st = self.state
-        end = time.monotonic() + max(0.0, min(poll_s, MAX_POLL_S))
-        with st._cond:
-            while True:
-                # "exited" is awaited after a failure too; any other wait ends at a failure.
-                if self._condition(until) or (st.failures and until != "exited"):
-                    break
-                left = end - time.monotonic()
-                if left <= 0:
-                    break
-                st._cond.wait(min(left, 0.5))
-            return self.status_locked(done=self._condition(until))
+        # "exited" is awaited after a failure too; any other wait ends at a failure.
+        st.wait_until(lambda: self._condition(until) or (st.failed and until != "exited"), max(0.0, min(poll_s, MAX_POLL_S)))
+        return self.status(done=self._condition(until))
 
-    def status_locked(self, done: bool) -> dict:
-        """The cluster status for the client (call with the state's lock held)."""
-        st = self.state
-        return {
-            "done": done,
-            "registered": st.all_registered(),
-            "missing": st.missing(),
-            "nodes": [n.to_dict() for n in sorted(st.nodes.values(), key=lambda n: n.executor_id)],
-            "states": {str(k): v for k, v in st.proc_state.items()},
-            "exit_codes": {str(k): v for k, v in st.exit_codes.items()},
-            "failures": [f.to_dict() for f in st.failures],
-            "tensorboard_url": st.tensorboard_url,
-            "feed_closed": st.feed_closed,
-            "stop_requested": st.stop_requested,
-            "abort": st.abort_reason,
-        }
+    def status(self, done: bool) -> dict:
+        """The cluster status for the client: ``done`` and :meth:`ClusterState.status`."""
+        return {"done": done, **self.state.status()}
 
     def _client_teardown(self, abort: bool, attribution_s: float, poll_s: float, release: bool) -> dict:
         """Stops (or aborts) every node and waits for their exit, in one request.
@@ -210,8 +186,7 @@ class ControlHost:
         status = self._client_wait("exited", poll_s)
         if status["done"] or release:
             self.released.set()
-        with st._cond:
-            return status
+        return status
 
     def _client_control(self, action: str, reason: str) -> dict:
         st = self.state
@@ -239,6 +214,9 @@ class ControlHost:
         exited_since: Optional[float] = None
         why = ""
         while True:
+            # The host's watch tick: a JVM exit and a silent client raise no event to wait
+            # on, and the liveness check is due every tick anyway (client waits are
+            # ClusterState questions, woken by its condition variable).
             time.sleep(0.5)
             st.check_liveness()
             now = time.monotonic()
@@ -248,8 +226,7 @@ class ControlHost:
             if now - self._last_client > self.launch.client_timeout_s:
                 why = f"no client operation for {self.launch.client_timeout_s:g} s (the client program went away?)"
                 break
-            with st._cond:
-                all_exited = self._all_exited()
+            all_exited = st.all_exited()
             if self.released.is_set() and (all_exited or st.abort_reason or not st.nodes):
                 # Released by the client: it fetched everything it needs.
                 if all_exited or exited_since is not None and now - exited_since > _EXIT_WAIT_S:
@@ -262,12 +239,7 @@ class ControlHost:
         if why:
             log.warning("tfos control host of %s: %s; aborting the cluster", self.launch.cluster_id, why)
             st.abort(why)
-            deadline = time.monotonic() + _EXIT_WAIT_S
-            while time.monotonic() < deadline:
-                with st._cond:
-                    if self._all_exited():
-                        break
-                time.sleep(0.2)
+            st.wait_until(st.all_exited, _EXIT_WAIT_S)
         self.server.close()
         return 0
 

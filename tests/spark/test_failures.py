@@ -280,7 +280,7 @@ def test_nothing_left_behind_after_success_and_failure(sc, tmp_path):
     pids = [n["pid"] for n in info]
     assert all(p > 0 for p in ports) and len(set(ports)) == 4
     assert _listening_ports([n["data_port"] for n in info]), "data servers should listen while the cluster runs"
-    server_port = cluster._server.port
+    server_port = cluster.server.port
     cluster.train(sc.parallelize(range(500), 4), num_epochs=1)
     cluster.shutdown()
     assert sum(int((out / f"sum{e}").read_text()) for e in (0, 1)) == sum(range(500))
@@ -292,7 +292,7 @@ def test_nothing_left_behind_after_success_and_failure(sc, tmp_path):
     cluster = TFCluster.run(sc, _raise_at_once, None, 2, 0, input_mode=SPARK)
     info = cluster.cluster_info
     ports = [n["port"] for n in info] + [n["data_port"] for n in info]
-    server_port = cluster._server.port
+    server_port = cluster.server.port
     with pytest.raises(ClusterFailedError) as ei:
         cluster.train(sc.parallelize(range(500), 4), num_epochs=1)
     assert "KeyError" in str(ei.value) and "leftover-test failure" in str(ei.value)
@@ -330,7 +330,7 @@ def test_control_server_binds_driver_host_and_port_range(sc, no_leftovers, monke
     monkeypatch.setenv("TFOS_SERVER_PORT", f"{base}-{base + 40}")
     out_of_range = []
     with TFCluster.run(sc, _idle, {"wait": 0.5}, 2, 0, input_mode=TENSORFLOW) as cluster:
-        host, port = cluster._server.host, cluster._server.port
+        host, port = cluster.server.host, cluster.server.port
         assert host == "127.0.0.1"
         assert base <= port <= base + 40, (port, base)
         mine = [c for c in psutil.Process().net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN and c.laddr.port == port]

@@ -57,7 +57,7 @@ _DRIVER = textwrap.dedent(
     total = sum(int(open(os.path.join(out_dir, f"{tag}-sum{e}")).read()) for e in (0, 1))
     ports = [n["port"] for n in info] + [n["data_port"] for n in info]
     with open(out_path, "w") as f:
-        json.dump({"total": total, "ports": ports, "server_port": cluster._server.port, "t0": t0, "t1": t1}, f)
+        json.dump({"total": total, "ports": ports, "server_port": cluster.server.port, "t0": t0, "t1": t1}, f)
     sc.stop()
     """
 )

@@ -539,3 +539,111 @@ def test_only_root_causes_are_logged_as_errors(caplog):
     infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
     assert len(errors) == 1 and "RuntimeError: boom" in errors[0]
     assert any("FeedError: partition 3: the node failed" in m for m in infos)
+
+
+# ------------------------------------------------------ driver questions (issue 13)
+def test_registered_feedable_and_exited_ids():
+    st = _state()  # ps:0 (executor 0), worker:0 (1), worker:1 (2)
+    assert st.registered_ids() == [] and st.all_exited()  # nobody registered: nothing to wait for
+    assert st.feedable_ids() == [1, 2]
+    _register(st, _node(2))
+    _register(st, _node(0))
+    assert st.registered_ids() == [0, 2]
+    assert not st.all_exited()
+    _req(st, "status", executor_id=0, state="exited", code=0)
+    assert not st.all_exited()
+    st.record_failure(st.make_failure(2, "lost", "NodeLost", "no heartbeat for 16 s"))
+    assert st.all_exited()  # a lost node counts as gone
+
+
+def test_wait_for_failure_is_woken_by_the_report_and_times_out_without_one():
+    st = _state()
+    _register_all(st)
+    assert st.wait_for_failure(0.05) is False
+    threading.Timer(0.1, lambda: _fail(st, 2, "exception", "ValueError", "bad value")).start()
+    t0 = time.monotonic()
+    assert st.wait_for_failure(30.0) is True
+    assert time.monotonic() - t0 < 20.0  # woken by the report, not by the 30 s timeout
+
+
+def test_wait_for_event_or_failure_answers_whether_the_event_is_set():
+    st = _state()
+    _register_all(st)
+    done = threading.Event()
+    assert st.wait_for_event_or_failure(done, 0.05) is False
+
+    def end_job():
+        done.set()
+        st.poke()
+
+    threading.Timer(0.1, end_job).start()
+    t0 = time.monotonic()
+    assert st.wait_for_event_or_failure(done, 30.0) is True
+    assert time.monotonic() - t0 < 20.0
+    other = threading.Event()
+    threading.Timer(0.1, lambda: _fail(st, 1, "exception", "RuntimeError", "boom")).start()
+    assert st.wait_for_event_or_failure(other, 30.0) is False  # ended by the failure
+    assert st.failed
+
+
+def test_wait_for_root_causes_returns_once_the_failed_node_reported():
+    st = _state()
+    _register_all(st)
+    _fail(st, 2, "feed", "FeedError", "lost the data connection while feeding partition 3")
+    threading.Timer(0.1, lambda: _fail(st, 2, "exception", "MemoryError", "cannot allocate")).start()
+    t0 = time.monotonic()
+    assert st.wait_for_root_causes(30.0, 30.0) is True
+    assert time.monotonic() - t0 < 20.0
+    assert [f.error_type for f in st.error("train()").failures] == ["MemoryError"]
+
+
+def test_wait_for_root_causes_gives_up_after_its_bounds():
+    st = _state()
+    _register_all(st)
+    _fail(st, 1, "feed", "FeedTimeoutError", "worker:0 accepted no data for 1 s")
+    t0 = time.monotonic()
+    # worker:0 never reports and the other nodes send no heartbeat: both bounds expire
+    assert st.wait_for_root_causes(0.1, 0.1) is False
+    assert time.monotonic() - t0 >= 0.2
+    assert [f.error_type for f in st.error("train()").failures] == ["FeedTimeoutError"]
+
+
+def test_wait_until_workers_done_ignores_the_ps_and_raises_at_the_deadline():
+    st = _state()
+    _register_all(st)
+    with pytest.raises(DeadlineExceededError, match="workers"):
+        st.wait_until_workers_done(Deadline(0.05, "workers to finish"))
+    _req(st, "status", executor_id=1, state="finished")
+    threading.Timer(0.1, lambda: _req(st, "status", executor_id=2, state="finished")).start()
+    assert st.wait_until_workers_done(Deadline(30.0, "workers to finish")) is True
+    assert st.proc_state[0] == "registered"  # the ps still serves
+    st2 = _state()
+    _register_all(st2)
+    threading.Timer(0.1, lambda: _fail(st2, 1, "exception", "ValueError", "bad value")).start()
+    assert st2.wait_until_workers_done(Deadline(30.0, "workers to finish")) is False
+
+
+def test_wait_for_tensorboard_url_or_error():
+    st = _state()
+    threading.Timer(0.1, lambda: _req(st, "tensorboard", executor_id=1, url="http://10.0.0.1:6006/")).start()
+    assert st.wait_for_tensorboard(Deadline(30.0, "TensorBoard to start")) is True
+    assert st.tensorboard_url == "http://10.0.0.1:6006/"
+    st2 = _state()
+    _req(st2, "tensorboard", executor_id=1, url="", error="ModuleNotFoundError: No module named 'tensorboard'")
+    assert st2.wait_for_tensorboard(Deadline(30.0, "TensorBoard to start")) is True
+    with pytest.raises(DeadlineExceededError):
+        _state().wait_for_tensorboard(Deadline(0.05, "TensorBoard to start"))
+
+
+def test_status_is_a_json_ready_snapshot():
+    st = _state()
+    _register(st, _node(1))
+    _req(st, "status", executor_id=1, state="exited", code=0)
+    st.close_feed()
+    s = st.status()
+    assert s["registered"] is False and s["missing"] == [0, 2]
+    assert [n["executor_id"] for n in s["nodes"]] == [1]
+    assert s["states"] == {"0": "pending", "1": "registered", "2": "pending"}
+    assert s["exit_codes"] == {"1": 0}
+    assert s["failures"] == [] and s["tensorboard_url"] is None
+    assert (s["feed_closed"], s["stop_requested"], s["abort"]) == (True, False, "")

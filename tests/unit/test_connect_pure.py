@@ -158,3 +158,26 @@ def test_control_host_ends_the_feed_once_every_partition_was_sent():
         assert host.state.feed_closed is True
     finally:
         host.server.close()
+
+
+def test_control_host_long_polls_for_tensorboard():
+    host = _host()
+    try:
+        c = ControlClient("127.0.0.1", host.server.port, host.launch.key, "c1", connect_timeout_s=5.0)
+        st = c.request("client_wait", until="tensorboard", poll_s=0.1)
+        assert st["done"] is False and st["tensorboard_url"] is None
+
+        def report_later() -> None:
+            time.sleep(0.3)
+            c2 = ControlClient("127.0.0.1", host.server.port, host.launch.key, "c1", connect_timeout_s=5.0)
+            c2.request("tensorboard", executor_id=0, url="http://127.0.0.1:6006/")
+            c2.close()
+
+        threading.Thread(target=report_later, daemon=True).start()
+        t0 = time.monotonic()
+        st = c.request("client_wait", until="tensorboard", poll_s=9.0, timeout_s=30.0)
+        assert st["done"] is True and st["tensorboard_url"] == "http://127.0.0.1:6006/"
+        assert time.monotonic() - t0 < 8.5  # answered on the report, not at the end of the poll
+        c.close()
+    finally:
+        host.server.close()

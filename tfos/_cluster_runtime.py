@@ -1,0 +1,419 @@
+"""The live parts of one driver-side cluster: jobs, failure handling, teardown (driver only).
+
+:class:`ClusterRuntime` owns what exists while a cluster runs: its :class:`ClusterState`,
+the control server, the Spark jobs it started (each in a :class:`JobThread` under a job
+group of this cluster), the node processes on the driver host and the liveness thread.
+It turns a failure into a :class:`ClusterFailedError` that names the node and tears the
+cluster down, and it chains that teardown to SIGTERM and interpreter exit.
+:class:`tfos._cluster.TFCluster` is the public face over it.
+
+Every wait here is a question to the cluster state with a deadline, woken by its
+condition variable (every report, and the end of each Spark job, notifies it).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+import weakref
+from typing import Any, Callable, Optional, Sequence
+
+from ._cluster_state import ClusterState
+from ._control_server import ControlServer
+from .cluster_template import NodeRole
+from .errors import ClusterFailedError, NodeFailure, TFOSError, is_root_cause
+
+__all__ = ["ClusterRuntime", "JobThread", "Progress", "spark_error_text"]
+
+log = logging.getLogger("tfos.cluster")
+
+#: Seconds to wait for nodes to exit after a stop directive.
+STOP_TIMEOUT_S = 45.0
+#: Seconds to let the failed nodes' own reports (their root causes) arrive after a first
+#: failure (e.g. a feed task's report of a broken connection) before raising.
+ATTRIBUTION_S = 5.0
+#: Seconds after the last train() job for every fed node to send its final row counter.
+FINAL_COUNT_S = 3.0
+
+
+class JobThread:
+    """Runs one Spark action in a thread under a job group (driver).
+
+    Attributes:
+        result: The action's return value once it succeeded.
+        error: The exception it raised, or None.
+        done: Set when the action ended (either way).
+    """
+
+    def __init__(self, sc: Any, group: str, description: str, action: Callable[[], Any], on_done: Callable[[], None] = lambda: None):
+        from pyspark import InheritableThread
+
+        self.sc, self.group = sc, group
+        self.result: Any = None
+        self.error: Optional[BaseException] = None
+        self.done = threading.Event()
+        self.cancelled = False
+
+        def _run() -> None:
+            try:
+                sc.setJobGroup(group, description, interruptOnCancel=True)
+                self.result = action()
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiting driver thread
+                self.error = exc
+            finally:
+                self.done.set()
+                on_done()  # wakes the driver thread waiting on the cluster state
+
+        self.thread = InheritableThread(target=_run, name=f"tfos-job-{group}", daemon=True)
+        self.thread.start()
+
+    def cancel(self) -> None:
+        """Cancels this job group only (never other jobs of the application)."""
+        if self.done.is_set() or self.cancelled:
+            return  # nothing left to cancel: Spark would WARN 'Failed to cancel job group'
+        self.cancelled = True
+        try:
+            self.sc.cancelJobGroup(self.group)
+        except Exception as exc:  # noqa: BLE001 - the context may already be stopping
+            log.debug("cancelJobGroup(%s) failed: %s", self.group, exc)
+
+
+def spark_error_text(exc: BaseException) -> str:
+    """The line of a Spark job's error that says what failed (tfos's own error when the
+    task raised one), at most 500 characters (pure)."""
+    text = str(exc)
+    for marker in ("FeedError: ", "FeedTimeoutError: ", "TFOSError: "):
+        if marker in text:
+            line = text.split(marker, 1)[1].splitlines()[0]
+            return marker + line
+    return text.splitlines()[0][:500] if text else type(exc).__name__
+
+
+class ClusterRuntime:
+    """The live parts of one cluster on the driver; created by :func:`tfos._cluster.run`.
+
+    Creating it creates the cluster state, starts the control server (bound to
+    ``driver_host``, on a free port) and the liveness thread, and registers the cluster
+    for teardown at SIGTERM and interpreter exit.
+
+    Args:
+        sc: The SparkContext.
+        cluster_id: The cluster id (also the prefix of its Spark job groups).
+        roles: One role per executor id.
+        heartbeat_timeout_s: Seconds of silence after which a node is declared lost.
+        key: The cluster's 32-byte HMAC key.
+        driver_host: Address the control server binds to.
+    """
+
+    def __init__(self, sc: Any, cluster_id: str, roles: Sequence[NodeRole], heartbeat_timeout_s: float, key: bytes, driver_host: str):
+        self.sc = sc
+        self.cluster_id = cluster_id
+        self.state = ClusterState(cluster_id, roles, heartbeat_timeout_s, on_failure=self._on_first_failure)
+        self.server = ControlServer(key, self.state.handle, host=driver_host)
+        #: Every Spark job this cluster started, in order.
+        self.jobs: list[JobThread] = []
+        #: Node processes on the driver host (``driver_ps_nodes=True``).
+        self.local_nodes: list = []
+        self._job_seq = 0
+        self._closed = False
+        self._liveness_stop = threading.Event()
+        self._teardown_thread: Optional[threading.Thread] = None
+        _open_clusters.add(self)
+        threading.Thread(target=self._liveness_loop, name=f"{cluster_id}-liveness", daemon=True).start()
+
+    @property
+    def closed(self) -> bool:
+        """True once the teardown started (shut down, failed, or interrupted)."""
+        return self._closed
+
+    # ------------------------------------------------------------------ jobs
+    def run_job(self, kind: str, description: str, action: Callable[[], Any]) -> JobThread:
+        """Starts ``action`` as a Spark job under the job group ``<cluster id>-<kind>-<n>``."""
+        self._job_seq += 1
+        job = JobThread(self.sc, self.job_group(kind), description, action, self.state.poke)
+        self.jobs.append(job)
+        return job
+
+    def job_group(self, kind: str) -> str:
+        """The job group of the last job of ``kind`` started (or about to be)."""
+        return f"{self.cluster_id}-{kind}-{self._job_seq}"
+
+    def next_job_group(self, kind: str) -> str:
+        """The job group the next :meth:`run_job` of ``kind`` will use."""
+        return f"{self.cluster_id}-{kind}-{self._job_seq + 1}"
+
+    def cancel_jobs(self) -> None:
+        """Cancels every job of this cluster that still runs."""
+        for job in list(self.jobs):
+            if not job.done.is_set():
+                job.cancel()
+
+    def await_job(self, job: JobThread, context: str, progress: Optional["Progress"] = None, feed_ids: Callable[[], Sequence[int]] = list) -> Any:
+        """Waits for a feed/inference job, failing fast on any node failure (driver).
+
+        The wait is a question to the cluster state (woken by every report and by the job's
+        end), with a tick of 0.5 s to move the progress line.
+
+        Returns:
+            The job's result.
+
+        Raises:
+            ClusterFailedError: A node failed, or the job failed (then names the Spark error).
+        """
+        st = self.state
+        ok = False
+        try:
+            while not st.wait_for_event_or_failure(job.done, 0.5 if progress else 5.0):
+                if progress:
+                    progress.update()
+            if st.failed:
+                raise self.fail(context)
+            if job.error is not None:
+                # The node's own failure report carries the real cause: give it a moment.
+                if st.wait_for_failure(ATTRIBUTION_S):
+                    raise self.fail(context)
+                text = spark_error_text(job.error)
+                st.abort("a Spark job of the cluster failed")
+                self.teardown_async()
+                raise ClusterFailedError(self.cluster_id, [st.make_failure(st.roles[0].executor_id, "spark", type(job.error).__name__, text)], context) from job.error
+            ok = True
+            if progress:
+                progress.finish(feed_ids())
+            return job.result
+        except BaseException as exc:
+            if not isinstance(exc, TFOSError) and not self._closed:
+                # Ctrl-C (or SIGTERM, see _install_sigterm) while a job runs: tear the
+                # cluster down before the interruption propagates.
+                log.warning("tfos cluster %s: %s during %s; tearing the cluster down", self.cluster_id, type(exc).__name__, context)
+                self.teardown(failed=True)
+            raise
+        finally:
+            if progress and not ok:
+                progress.abandon()
+
+    # -------------------------------------------------------------- failures
+    def fail(self, context: str) -> ClusterFailedError:
+        """The error to raise for a failed cluster; starts the teardown (driver).
+
+        Report first, tear down second: every node is told to abort at once, the error is
+        built as soon as the failed nodes have reported their root causes (bounded by
+        ``ATTRIBUTION_S``), and the rest of the teardown (waiting for the healthy nodes'
+        processes, bounded) goes on in a background thread that logs its outcome.
+        """
+        st = self.state
+        self.cancel_jobs()
+        if not st.wait_for_root_causes(ATTRIBUTION_S, st.heartbeat_timeout_s + 2.0):
+            log.info("tfos cluster %s: not every failed node reported its cause within %g s", self.cluster_id, ATTRIBUTION_S)
+        st.abort("the cluster failed")
+        err = st.error(context)
+        self.teardown_async()
+        return err
+
+    def check_open(self, what: str) -> None:
+        """Raises when the cluster was shut down or has failed.
+
+        Raises:
+            TFOSError: After shutdown.
+            ClusterFailedError: When a node failed.
+        """
+        if self._closed:
+            raise TFOSError(f"{what}: the cluster {self.cluster_id} was already shut down")
+        if self.state.failed:
+            raise self.fail(what)
+
+    def _on_first_failure(self, failure: NodeFailure) -> None:
+        # Runs on a control-server thread. The cluster cannot recover. For a root cause,
+        # direct every node to abort now (before the cancellation below kills their Spark
+        # tasks, so those kills are recognised as consequences). A consequence first (a
+        # feed task saw a node fail or stop reading) leaves the nodes running for the
+        # attribution wait in fail(), so that the node can still report what happened to
+        # it (e.g. main_fun raising 1.5 s into a feed_timeout of 1 s). Then cancel only
+        # this cluster's job groups.
+        if is_root_cause(failure):
+            self.state.abort(f"node {failure.node_name} failed")
+        self.cancel_jobs()
+
+    def _liveness_loop(self) -> None:
+        while not self._liveness_stop.wait(1.0):
+            self.state.check_liveness()
+
+    # -------------------------------------------------------------- teardown
+    def teardown(self, failed: bool) -> None:
+        """Stops every node, waits (bounded) for their processes, closes the server (driver).
+
+        Synchronous; also joins a teardown already running in the background.
+        """
+        if self._closed:
+            self.join_teardown()
+            return
+        self._closed = True
+        self._teardown_now(failed)
+
+    def teardown_async(self) -> None:
+        """Starts the teardown after a failure in a background thread (driver); its outcome
+        is logged, and ``shutdown()``, ``__exit__`` and interpreter exit join it."""
+        if self._closed:
+            return
+        self._closed = True
+        t = threading.Thread(target=self._teardown_now, args=(True,), name=f"{self.cluster_id}-teardown", daemon=True)
+        self._teardown_thread = t
+        t.start()
+
+    def join_teardown(self, timeout_s: float = STOP_TIMEOUT_S + 15.0) -> None:
+        """Waits up to ``timeout_s`` for a background teardown (none: returns at once)."""
+        t = self._teardown_thread
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout_s)
+            if t.is_alive():
+                log.warning("tfos cluster %s: teardown still running after %g s", self.cluster_id, timeout_s)
+
+    def _teardown_now(self, failed: bool) -> None:
+        st = self.state
+        t0 = time.monotonic()
+        if failed:
+            st.abort("the cluster failed")
+        else:
+            st.request_stop()
+        alive: list[int] = []
+        try:
+            alive = st.wait_until_exited(st.registered_ids(), STOP_TIMEOUT_S)
+            if alive:
+                log.warning("tfos cluster %s: nodes %s did not report their exit in %g s", self.cluster_id, alive, STOP_TIMEOUT_S)
+        finally:
+            for job in self.jobs:
+                if not job.done.wait(0 if failed else 10.0):
+                    job.cancel()
+                    job.done.wait(10.0)
+            for proc in self.local_nodes:
+                try:
+                    proc.wait(10.0)
+                except Exception:  # noqa: BLE001 - subprocess.TimeoutExpired
+                    proc.kill()
+                if proc.stdin is not None:
+                    proc.stdin.close()
+            self._liveness_stop.set()
+            self.server.close()
+            _forget(self)
+        level = logging.INFO if not alive else logging.WARNING
+        log.log(level, "tfos cluster %s torn down in %.1f s%s", self.cluster_id, time.monotonic() - t0,
+                f" ({len(alive)} node(s) did not report their exit)" if alive else ": every node process exited")
+
+
+class Progress:
+    """The progress line of one feed/inference job on the driver's stderr (tqdm)."""
+
+    def __init__(self, tracker: Any, state: ClusterState, group: str, total: int, parts: int, epochs: int, desc: str):
+        from tqdm import tqdm
+
+        self._tracker, self._state, self._group = tracker, state, group
+        self._total, self._parts, self._epochs = total, parts, epochs
+        self._bar = tqdm(total=total, desc=desc, unit="part", file=sys.stderr, mininterval=0.5 if sys.stderr.isatty() else 10.0, leave=True)
+        self._t0, self._rows0 = time.monotonic(), state.rows_consumed()
+
+    def _done_parts(self) -> int:
+        done = 0
+        for jid in self._tracker.getJobIdsForGroup(self._group):
+            info = self._tracker.getJobInfo(jid)
+            for sid in info.stageIds if info else ():
+                s = self._tracker.getStageInfo(sid)
+                if s:
+                    done += s.numCompletedTasks
+        return min(done, self._total)
+
+    def _show(self, done: int) -> None:
+        rows = self._state.rows_consumed() - self._rows0
+        rate = rows / max(1e-6, time.monotonic() - self._t0)
+        epoch = min(self._epochs, done // max(1, self._parts) + 1)
+        self._bar.set_postfix_str(f"epoch {epoch}/{self._epochs}, {rows:,} rows, {rate:,.0f} rows/s", refresh=False)
+        self._bar.update(done - self._bar.n)
+
+    def update(self) -> None:
+        """Moves the line to the job's completed tasks and the nodes' row counters."""
+        if not self._bar.disable and self._bar.n < self._total:
+            self._show(self._done_parts())
+
+    def finish(self, feed_nodes: Sequence[int]) -> None:
+        """Closes the line at 100 % with the exact row count: waits (bounded) for one
+        counter report from every fed node sent after the job ended."""
+        if not self._state.wait_for_counters(feed_nodes, FINAL_COUNT_S):
+            log.debug("not every node sent its final row counter within %g s", FINAL_COUNT_S)
+        self._show(self._total)
+        self._bar.close()
+
+    def abandon(self) -> None:
+        """Removes the line without a final refresh (after an error: no stale line)."""
+        self._bar.leave = False
+        self._bar.close()
+
+
+# ------------------------------------------------------- SIGTERM and interpreter exit
+_open_clusters: "weakref.WeakSet[ClusterRuntime]" = weakref.WeakSet()
+_sigterm_lock = threading.Lock()
+_sigterm_installed = False
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    """SIGTERM handler installed by :func:`install_sigterm` (driver main thread)."""
+    global _sigterm_installed
+    ids = [c.cluster_id for c in list(_open_clusters)]
+    if not ids:  # every cluster is gone: behave as if tfos had never been here
+        with _sigterm_lock:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            _sigterm_installed = False
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+    log.error("tfos: the driver received SIGTERM; tearing down cluster(s) %s as for Ctrl-C, then exiting", ", ".join(ids) or "(none)")
+    with _sigterm_lock:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the driver at once
+        _sigterm_installed = False
+    raise SystemExit(128 + signal.SIGTERM)
+
+
+def install_sigterm(enabled: bool) -> None:
+    """Chains the cluster teardown to SIGTERM, only where nobody else handles it (driver).
+
+    Installed only when ``enabled``, in the main thread, and when SIGTERM still has its
+    default disposition (the user and their framework did not install a handler), and
+    removed again when the last cluster is torn down. The handler raises ``SystemExit``
+    in the main thread, which runs the same teardown as Ctrl-C (the ``except`` blocks of
+    the blocking call, the context manager, or the atexit hook below).
+    """
+    global _sigterm_installed
+    if not enabled or threading.current_thread() is not threading.main_thread():
+        return
+    with _sigterm_lock:
+        if _sigterm_installed or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+            return
+        signal.signal(signal.SIGTERM, _on_sigterm)
+        _sigterm_installed = True
+
+
+def _forget(cluster: ClusterRuntime) -> None:
+    global _sigterm_installed
+    _open_clusters.discard(cluster)
+    if _open_clusters or threading.current_thread() is not threading.main_thread():
+        return
+    with _sigterm_lock:
+        if _sigterm_installed and signal.getsignal(signal.SIGTERM) is _on_sigterm:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            _sigterm_installed = False
+
+
+@atexit.register
+def _teardown_at_exit() -> None:
+    """Interpreter exit with clusters still open (no shutdown(), no ``with``; e.g. after
+    SIGTERM or Ctrl-C outside a tfos call): tear them down, bounded (driver)."""
+    for cluster in list(_open_clusters):
+        try:
+            if cluster.closed:
+                cluster.join_teardown()
+            else:
+                log.warning("tfos cluster %s still running at interpreter exit; tearing it down", cluster.cluster_id)
+                cluster.teardown(failed=True)
+        except Exception as exc:  # noqa: BLE001 - best effort at exit
+            log.warning("teardown of %s at exit failed: %s", cluster.cluster_id, exc)
