@@ -181,3 +181,77 @@ def test_same_exception_on_every_attempt_stops_early_with_every_cause(sc, no_lef
     assert "attempt 0" in text and "attempt 1" in text
     assert text.count("ValueError: bad hyper-parameter lr=-1") >= 2, text
     assert time.monotonic() - t0 < 600
+
+
+def _tf_mode_trainer(args, ctx):
+    """InputMode.TENSORFLOW: a checkpointed counter of 'epochs'; attempt 0 dies mid-way
+    on worker:1 (its TF process is killed)."""
+    import json
+    import os
+    import signal
+    import time
+
+    ckpt = os.path.join(args["out"], f"ckpt-{ctx.executor_id}.json")
+    start = json.load(open(ckpt))["epoch"] if os.path.exists(ckpt) else 0
+    with open(os.path.join(args["out"], f"start-{ctx.attempt}-{ctx.executor_id}"), "w") as f:
+        f.write(str(start))
+    for epoch in range(start, args["epochs"]):
+        if ctx.attempt == 0 and ctx.executor_id == 1 and epoch == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(0.3)
+        with open(ckpt + ".tmp", "w") as f:
+            json.dump({"epoch": epoch + 1}, f)
+        os.replace(ckpt + ".tmp", ckpt)
+
+
+@needs_restarts
+def test_tensorflow_mode_restart_is_transparent(sc, tmp_path, no_leftovers, caplog):
+    import json
+    import logging
+
+    caplog.set_level(logging.WARNING, logger="tfos")
+    cluster = TFCluster.run(sc, _tf_mode_trainer, {"out": str(tmp_path), "epochs": 6}, 2, 0, input_mode=TENSORFLOW,
+                            max_restarts=2)
+    cluster.shutdown(timeout=600)  # returns: attempt 1 finished
+    assert cluster.attempt == 1
+    for eid in (0, 1):
+        assert json.loads((tmp_path / f"ckpt-{eid}.json").read_text()) == {"epoch": 6}
+    assert (tmp_path / "start-1-1").read_text() == "2"  # attempt 1 resumed worker:1 at its checkpoint
+    text = " ".join(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+    assert "attempt 0 failed" in text and "worker:1 (executor 1" in text and "SIGKILL" in text, text
+
+
+def _infer_main(args, ctx):
+    import os
+    import signal
+
+    from tfos import TFNode
+
+    feed = TFNode.DataFeed(ctx.mgr, train_mode=False)
+    seen = 0
+    while not feed.should_stop():
+        batch = feed.next_batch(50)
+        if not batch:
+            continue
+        seen += len(batch)
+        if ctx.attempt == 0 and ctx.executor_id == 1 and seen > 600:
+            os.kill(os.getpid(), signal.SIGKILL)
+        feed.batch_results([(ctx.attempt, x * 2) for x in batch])
+
+
+@needs_restarts
+def test_inference_reruns_only_missing_partitions(sc, no_leftovers):
+    cluster = TFCluster.run(sc, _infer_main, {}, 2, 0, input_mode=SPARK, max_restarts=1)
+    try:
+        rdd = sc.parallelize(range(2000), 8)
+        out = cluster.inference(rdd)
+        parts = out.glom().collect()
+    finally:
+        cluster.shutdown(timeout=300)
+    assert cluster.attempt == 1
+    assert len(parts) == 8
+    values = [v for p in parts for (_, v) in p]
+    assert values == [2 * x for x in range(2000)]  # one result per row, in input order
+    by_attempt = [{a for (a, _) in p} for p in parts]
+    assert all(len(s) == 1 for s in by_attempt), by_attempt  # a partition comes from one attempt
+    assert {0} in by_attempt and {1} in by_attempt, by_attempt  # some kept, some re-run
