@@ -294,7 +294,7 @@ class RecoveryFailedError(ClusterFailedError):
     """A cluster started with ``max_restarts`` failed on its last attempt; raised on the driver.
 
     Either the restart budget is spent, or tfos stopped early because no restart can fix the
-    failure (see :mod:`tfos._restart`). A :class:`ClusterFailedError`, so code that catches
+    failure (see :mod:`tfos._driver.restart`). A :class:`ClusterFailedError`, so code that catches
     that keeps working: :attr:`failures` are the *last* attempt's root causes, and
     :attr:`attempts` holds every attempt's.
 

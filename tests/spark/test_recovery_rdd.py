@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tfos._recovery import assemble, cached_partitions, prune
+from tfos._driver.recovery import assemble, cached_partitions, prune
 
 pytestmark = pytest.mark.spark
 

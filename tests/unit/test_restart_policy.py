@@ -7,7 +7,7 @@ import pickle
 
 import pytest
 
-from tfos._restart import AttemptOutcome, FeedResume, InferenceLedger, RestartPolicy, failure_signature
+from tfos._driver.restart import AttemptOutcome, FeedResume, InferenceLedger, RestartPolicy, failure_signature
 from tfos.errors import ClusterFailedError, NodeFailure, RecoveryFailedError
 
 

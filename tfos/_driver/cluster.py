@@ -29,7 +29,7 @@ from tfos._common.deadline import Deadline
 from tfos._data.feed_tasks import FeedPlan, make_arrow_feed_fn, make_feed_fn, make_infer_fn
 from tfos._node.launch import ClusterConfig
 from tfos._node.start_task import launch_local_node, make_start_task
-from tfos._restart import AttemptOutcome, FeedResume, InferenceLedger, RestartPolicy
+from tfos._driver.restart import AttemptOutcome, FeedResume, InferenceLedger, RestartPolicy
 from tfos._driver.spark_checks import busy_slots_report, check_spark, live_executors
 from tfos._driver.user_source import with_source
 from tfos.cluster_template import InputMode, build_template, format_template, roles_from_template
@@ -381,7 +381,7 @@ class TFCluster:
         from pyspark import StorageLevel
 
         from tfos._data.spark_rawio import raw_output_rdd
-        from tfos._recovery import assemble, cached_partitions, prune
+        from tfos._driver.recovery import assemble, cached_partitions, prune
 
         # With max_restarts, each attempt's results RDD stays persisted; a restart computes
         # only the partitions whose results no attempt holds, and the RDD returned reads
@@ -749,7 +749,7 @@ class _Launcher:
 
 class _Recovery:
     """The restarts of one ``run(..., max_restarts=N)`` (driver): the policy of
-    :mod:`tfos._restart` applied to each failed attempt, and the next attempt's launch."""
+    :mod:`tfos._driver.restart` applied to each failed attempt, and the next attempt's launch."""
 
     def __init__(self, launcher: _Launcher, max_restarts: int):
         self.launcher = launcher
@@ -776,7 +776,7 @@ class _Recovery:
         Args:
             err: The attempt's error (its root causes and consequences are recorded).
             context: What the driver was doing, e.g. 'train()'.
-            progressed: See :class:`tfos._restart.AttemptOutcome`.
+            progressed: See :class:`tfos._driver.restart.AttemptOutcome`.
 
         Returns:
             The new attempt's config, runtime and launch.

@@ -47,7 +47,7 @@ import dataclasses
 import re
 from typing import Iterable, Optional, Sequence
 
-from .errors import NodeFailure, RecoveryFailedError, root_causes
+from tfos.errors import NodeFailure, RecoveryFailedError, root_causes
 
 __all__ = [
     "NON_RETRYABLE",
