@@ -661,6 +661,7 @@ def run(
         payload=payload, heartbeat_timeout_s=float(heartbeat_timeout),
         driver_host=sc.getConf().get("spark.driver.host", "127.0.0.1"), progress=progress,
         reservation_timeout_s=float(reservation_timeout), executor_wait_s=float(executor_wait_s),
+        handle_sigterm=handle_sigterm,
         node_settings=dict(
             default_fs=_default_fs(sc), heartbeat_interval_s=min(1.0, heartbeat_timeout / 4),
             heartbeat_timeout_s=float(heartbeat_timeout), reservation_timeout_s=float(reservation_timeout),
@@ -698,6 +699,7 @@ class _Launcher:
     reservation_timeout_s: float = 600.0
     executor_wait_s: float = 60.0
     node_settings: dict = dataclasses.field(default_factory=dict)
+    handle_sigterm: bool = True
 
     def cluster_id(self, k: int) -> str:
         """The cluster id of attempt ``k``."""
@@ -713,6 +715,10 @@ class _Launcher:
         cluster_id = self.cluster_id(k)
         key = _wire.new_key()
         runtime = ClusterRuntime(self.sc, cluster_id, self.roles, self.heartbeat_timeout_s, key, self.driver_host)
+        if k:
+            # The failed attempt's teardown removed tfos's SIGTERM handler when it was the
+            # last open cluster: chain it again for the new one (same rules as in run()).
+            install_sigterm(self.handle_sigterm)
         try:
             node_config = ClusterConfig(
                 cluster_id=cluster_id, key=key, driver_host=str(runtime.server.host), driver_port=runtime.server.port,
