@@ -415,6 +415,8 @@ class TFCluster:
                             owner[i] = len(sources)
                         ledger.record_all(held)
                         sources.append(out)
+                    else:
+                        out.unpersist()  # holds nothing worth keeping
                     progressed = progressed or bool(held)
                 self._restart_or_raise(err, "inference()", progressed)
                 log.warning("inference(): attempt %d runs the %d partition(s) whose results were not returned", self.attempt, len(ledger.missing()))
