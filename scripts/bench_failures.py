@@ -19,6 +19,16 @@ One fault per run is injected on worker:1 (executor 1) after it consumed its fir
 * ``driver-term``: the same with SIGTERM; the time is until the driver exited (after its
   teardown) and every such process is gone.
 
+* ``restart``: restart time, failure to resumed training (``TFCluster.run(...,
+  max_restarts=1)``, InputMode.SPARK, ``train()`` over 3 epochs): the bench SIGKILLs the
+  executor JVM of worker:1 once it consumed its first batch; the time is until every
+  node of the new attempt (``ctx.attempt == 1``, on whatever executors Spark offers: the
+  standalone Worker relaunches the killed one) has read its first batch of the resumed
+  feed. It includes failure detection, the teardown, Spark relaunching the executor,
+  the new barrier stage, node start-up and registration.
+* ``restart-tf``: the same in InputMode.TENSORFLOW; the time is until ``main_fun`` of
+  attempt 1 started on every node.
+
 For the first three, the latency is ``time.time()`` when ``train()`` raised minus the fault
 time (same host, so one clock). For each fault the bench prints the median and max over ``--runs`` runs and
 the ratio to TensorFlowOnSpark's default ``feed_timeout`` (600 s), the time a TFoS feed task
@@ -27,7 +37,7 @@ waits on a dead node before it fails.
 Usage::
 
     python scripts/bench_failures.py [--runs 5] [--heartbeat-timeout 10] [--busy compute|slow-feed]
-        [--only exception,tf-kill,jvm-kill,driver-kill,driver-term] [--driver-runs 3]
+        [--only exception,tf-kill,jvm-kill,driver-kill,driver-term,restart,restart-tf] [--driver-runs 3]
 """
 
 from __future__ import annotations
@@ -47,7 +57,8 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("TFOS_PROGRESS", "0")
 
 TFOS_FEED_TIMEOUT_S = 600.0
-FAULTS = ("exception", "tf-kill", "jvm-kill", "driver-kill", "driver-term")
+FAULTS = ("exception", "tf-kill", "jvm-kill", "driver-kill", "driver-term", "restart", "restart-tf")
+RESTARTS = ("restart", "restart-tf")
 CHILD_TAG = "tfos-bench-child-of-main-fun"
 
 
@@ -178,6 +189,77 @@ def one_run(sc, fault: str, hb: float, workdir: str, run: int, busy: str) -> tup
     raise RuntimeError(f"{fault}: train() returned without an error")
 
 
+def _stamp(path: str, text: str) -> None:
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
+
+
+def restart_main(args, ctx):
+    """The ``restart``/``restart-tf`` node: stamps when this attempt resumed (first batch
+    read, or main_fun started in InputMode.TENSORFLOW), then trains slowly; worker:1 of
+    attempt 0 writes its TF process's pid for the bench to find its executor JVM."""
+    import os
+    import time
+
+    out = args["out"]
+    tag = f"{ctx.attempt}-{ctx.executor_id}"
+    if args["mode"] == "tf":
+        _stamp(os.path.join(out, f"resumed-{tag}"), repr(time.time()))
+        if ctx.attempt == 0 and ctx.executor_id == 1:
+            _stamp(os.path.join(out, "victim"), str(os.getpid()))
+        end = time.monotonic() + args["train_s"]
+        while time.monotonic() < end:
+            time.sleep(0.05)
+        return
+    feed = ctx.get_data_feed(train_mode=True)
+    first = True
+    while not feed.should_stop():
+        batch = feed.next_batch(100)
+        if first and batch:
+            first = False
+            _stamp(os.path.join(out, f"resumed-{tag}"), repr(time.time()))
+            if ctx.attempt == 0 and ctx.executor_id == 1:
+                _stamp(os.path.join(out, "victim"), str(os.getpid()))
+        time.sleep(0.01)
+
+
+def restart_run(sc, fault: str, hb: float, workdir: str, run: int) -> tuple[float, str]:
+    """One ``max_restarts=1`` cluster, one executor JVM killed; returns (seconds from the
+    kill to every node of attempt 1 resumed, the WARNING-style summary line)."""
+    from tfos import TFCluster
+
+    out = os.path.join(workdir, f"{fault}-{run}")
+    os.makedirs(out)
+    mode = "tf" if fault == "restart-tf" else "spark"
+    args = {"out": out, "mode": mode, "train_s": 20.0}
+    input_mode = TFCluster.InputMode.TENSORFLOW if mode == "tf" else TFCluster.InputMode.SPARK
+    cluster = TFCluster.run(
+        sc, restart_main, args, 2, 0, input_mode=input_mode, heartbeat_timeout=hb, progress=False,
+        executor_wait_s=300, reservation_timeout=300, max_restarts=1,
+    )
+    killed: dict = {}
+
+    def _kill() -> None:
+        pid = int(_wait_file(os.path.join(out, "victim"), 300.0))
+        jvm = _java_ancestor(pid)
+        if "CoarseGrainedExecutorBackend" not in " ".join(jvm.cmdline()):
+            raise RuntimeError(f"pid {jvm.pid} is not an executor JVM")
+        killed["t"] = time.time()
+        jvm.send_signal(signal.SIGKILL)
+
+    killer = threading.Thread(target=_kill, daemon=True)
+    killer.start()
+    try:
+        if mode == "spark":
+            cluster.train(sc.parallelize(range(200000), 8), num_epochs=3, feed_timeout=TFOS_FEED_TIMEOUT_S)
+        cluster.shutdown(timeout=600)
+    finally:
+        killer.join(10.0)
+    stamps = [float(_wait_file(os.path.join(out, f"resumed-1-{e}"), 10.0)) for e in (0, 1)]
+    return max(stamps) - killed["t"], f"attempt 1 resumed on both nodes ({mode} mode)"
+
+
 def _marked(mark: str) -> list:
     """Node processes and main_fun children of the driver program tagged ``mark``."""
     import psutil
@@ -297,11 +379,14 @@ def main(argv=None) -> int:
                         sc.stop()
                         sc = _new_context("tfos-bench-failures")
                         fresh += 1
-                    secs, line = one_run(sc, fault, a.heartbeat_timeout, workdir, run, a.busy)
+                    if fault in RESTARTS:
+                        secs, line = restart_run(sc, fault, a.heartbeat_timeout, workdir, run)
+                    else:
+                        secs, line = one_run(sc, fault, a.heartbeat_timeout, workdir, run, a.busy)
                     results.setdefault(fault, []).append(secs)
                     samples.setdefault(fault, line)
                     print(f"{fault:10s} run {run + 1}: {secs:6.2f} s   {line[:150]}", flush=True)
-                    if fault == "jvm-kill":
+                    if fault == "jvm-kill" or fault in RESTARTS:
                         if _executors_back(sc, 2, 90.0):
                             relaunched += 1
     finally:
@@ -310,7 +395,21 @@ def main(argv=None) -> int:
 
     hb = a.heartbeat_timeout
     targets = {"exception": 5.0, "tf-kill": 5.0, "jvm-kill": 5.0, "driver-kill": hb + 5.0, "driver-term": hb + 5.0}
+    load = os.getloadavg()
     print()
+    print(f"machine: {os.cpu_count()} CPUs, load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1 / 5 / 15 min) at the end")
+    restarts = [f for f in faults if f in RESTARTS]
+    faults = [f for f in faults if f not in RESTARTS]
+    if restarts:
+        print(f"Restart time: seconds from the executor JVM kill to every node of attempt 1 resumed "
+              f"(max_restarts=1, local-cluster[2,1,1024], heartbeat_timeout={hb:g} s)")
+        print(f"{'mode':<13}{'runs':>5}{'median s':>10}{'min s':>8}{'max s':>8}")
+        for fault in restarts:
+            xs = results[fault]
+            print(f"{fault:<13}{len(xs):>5}{statistics.median(xs):>10.2f}{min(xs):>8.2f}{max(xs):>8.2f}")
+        print()
+    if not faults:
+        return 0
     print(f"Seconds from fault to the driver's ClusterFailedError (driver-*: to every node process gone), "
           f"local-cluster[2,1,1024], healthy node busy: {a.busy}, heartbeat_timeout={hb:g} s, "
           f"feed_timeout={TFOS_FEED_TIMEOUT_S:g} s; target met by the median")

@@ -9,6 +9,7 @@
 #   sudo scripts/netns_cluster.sh cut 1       # link of worker host 1 down (host unreachable, processes live)
 #   sudo scripts/netns_cluster.sh heal 1      # link of worker host 1 up again
 #   sudo scripts/netns_cluster.sh kill-worker 1   # SIGKILL every process of worker host 1 (host crash)
+#   sudo scripts/netns_cluster.sh add-worker  # one more worker host (N+1) on the running bed; prints its line
 #   sudo scripts/netns_cluster.sh down        # stop what "up" started (by PID), delete namespaces/veths/bridge
 #
 # Layout (SUBNET=10.77.0 by default; a /24 that must not be in use on the machine):
@@ -130,6 +131,50 @@ make_host() {  # make_host TAG NS IP
   record host "$tag" "$ns" "$ip" "$hv"
 }
 
+start_worker() {  # start_worker I: the Spark worker of host I (1 core, WORKER_MEMORY)
+  local i=$1
+  mkdir -p "$DIR/work/w$i"
+  start_in_ns "$(worker_ns "$i")" "$(worker_ip "$i")" "worker$i" "$DIR/logs/worker$i.log" \
+    "$SPARK_HOME/bin/spark-class" org.apache.spark.deploy.worker.Worker "$MASTER_URL" \
+    --host "$(worker_ip "$i")" --cores 1 --memory "$WORKER_MEMORY" --work-dir "$DIR/work/w$i" > /dev/null
+}
+
+await_workers() {  # await_workers I...: until each worker logged its registration (or WAIT_S)
+  local deadline=$((SECONDS + WAIT_S)) missing i
+  while :; do
+    missing=""
+    for i in "$@"; do
+      grep -q "Successfully registered with master" "$DIR/logs/worker$i.log" 2>/dev/null || missing+=" $i"
+    done
+    [[ -z "$missing" ]] && return 0
+    if ((SECONDS > deadline)); then
+      log "worker(s)$missing did not register within $WAIT_S s; see $DIR/logs/worker*.log"
+      false
+    fi
+    sleep 0.5
+  done
+}
+
+add_worker() {  # one more worker host on the running bed: host N+1 (N: hosts made so far, dead ones included)
+  [[ -f "$STATE" ]] && grep -q '^master ' "$STATE" || die "not up (no master in $STATE); run '$0 up N' first"
+  preflight
+  local last=0 kind tag i
+  while read -r kind tag _; do
+    if [[ "$kind" == host && "$tag" == w* ]] && ((${tag#w} > last)); then last=${tag#w}; fi
+  done < "$STATE"
+  i=$((last + 1))
+  ((i <= 200)) || die "at most 200 workers"
+  [[ ! -e "/run/netns/$(worker_ns "$i")" ]] || die "namespace $(worker_ns "$i") exists but is not in $STATE"
+  if ip link show "$(host_veth "w$i")" > /dev/null 2>&1; then die "link $(host_veth "w$i") exists but is not in $STATE"; fi
+  SPARK_HOME="$(spark_home)"; export SPARK_HOME
+  # Everything is recorded before it is made: on failure, 'down' removes the partial host.
+  make_host "w$i" "$(worker_ns "$i")" "$(worker_ip "$i")"
+  start_worker "$i"
+  await_workers "$i"
+  record added "$i"
+  echo "worker $i $(worker_ns "$i") $(worker_ip "$i")"
+}
+
 up() {
   local n=${1:-}
   [[ "$n" =~ ^[1-9][0-9]*$ ]] || die "usage: $0 up N   (N >= 1 workers)"
@@ -173,25 +218,8 @@ up() {
     false
   fi
   record master "$MASTER_URL"
-  for ((i = 1; i <= n; i++)); do
-    mkdir -p "$DIR/work/w$i"
-    start_in_ns "$(worker_ns "$i")" "$(worker_ip "$i")" "worker$i" "$DIR/logs/worker$i.log" \
-      "$SPARK_HOME/bin/spark-class" org.apache.spark.deploy.worker.Worker "$MASTER_URL" \
-      --host "$(worker_ip "$i")" --cores 1 --memory "$WORKER_MEMORY" --work-dir "$DIR/work/w$i" > /dev/null
-  done
-  local deadline=$((SECONDS + WAIT_S)) missing
-  while :; do
-    missing=""
-    for ((i = 1; i <= n; i++)); do
-      grep -q "Successfully registered with master" "$DIR/logs/worker$i.log" 2>/dev/null || missing+=" $i"
-    done
-    [[ -z "$missing" ]] && break
-    if ((SECONDS > deadline)); then
-      log "worker(s)$missing did not register within $WAIT_S s; see $DIR/logs/worker*.log"
-      false
-    fi
-    sleep 0.5
-  done
+  for ((i = 1; i <= n; i++)); do start_worker "$i"; done
+  await_workers $(seq 1 "$n")
   trap - ERR
   record up "$n"
   echo "master $MASTER_URL"
@@ -324,5 +352,6 @@ case "${1:-}" in
   cut) cut "${2:-}" ;;
   heal) heal "${2:-}" ;;
   kill-worker) kill_worker "${2:-}" ;;
-  *) echo "usage: $0 up N | down | status | cut I | heal I | kill-worker I" >&2; exit 2 ;;
+  add-worker) add_worker ;;
+  *) echo "usage: $0 up N | down | status | cut I | heal I | kill-worker I | add-worker" >&2; exit 2 ;;
 esac

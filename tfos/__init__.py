@@ -26,6 +26,7 @@ from .errors import (
     FeedTimeoutError,
     MalformedRowError,
     NodeFailedError,
+    RecoveryFailedError,
     ReservationTimeoutError,
     TFOSError,
 )
@@ -44,6 +45,7 @@ __all__ = [
     "ConfigurationError",
     "ReservationTimeoutError",
     "ClusterFailedError",
+    "RecoveryFailedError",
     "NodeFailedError",
     "FeedTimeoutError",
     "FeedError",

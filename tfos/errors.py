@@ -16,6 +16,7 @@ Hierarchy::
     ├── InferenceResultError      (also ValueError): main_fun returned too few/many results
     ├── NodeFailedError           : one node failed (exception, lost, or killed)
     └── ClusterFailedError        : the aggregate raised to the user on the driver
+        └── RecoveryFailedError   : every attempt of a cluster with max_restarts failed
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ __all__ = [
     "InferenceResultError",
     "NodeFailedError",
     "ClusterFailedError",
+    "RecoveryFailedError",
     "NodeFailure",
     "is_root_cause",
     "root_causes",
@@ -285,4 +287,50 @@ class ClusterFailedError(TFOSError):
             lines.append(f"- [{first.kind}] {names}: {first.error_type}: {first.message}")
             if first.traceback:
                 lines.extend("    " + ln for ln in first.traceback.rstrip().splitlines())
+        return "\n".join(lines)
+
+
+class RecoveryFailedError(ClusterFailedError):
+    """A cluster started with ``max_restarts`` failed on its last attempt; raised on the driver.
+
+    Either the restart budget is spent, or tfos stopped early because no restart can fix the
+    failure (see :mod:`tfos._driver.restart`). A :class:`ClusterFailedError`, so code that catches
+    that keeps working: :attr:`failures` are the *last* attempt's root causes, and
+    :attr:`attempts` holds every attempt's.
+
+    Args:
+        cluster_id: The id of the cluster's last attempt.
+        attempts: One ``(attempt, root causes, context)`` per failed attempt, in order; the
+            context says what the driver was doing (e.g. 'train()').
+        reason: Why no further attempt was made, e.g. 'the restart budget (2) is spent'.
+
+    Attributes:
+        attempts: As given (lists of :class:`NodeFailure`).
+        reason: As given.
+    """
+
+    def __init__(self, cluster_id: str, attempts: Sequence[tuple[int, Sequence[NodeFailure], str]], reason: str):
+        recorded = [(int(a), list(fs), str(c)) for a, fs, c in attempts]
+        last = recorded[-1] if recorded else (0, [], "")
+        super().__init__(cluster_id, last[1], last[2])
+        self.args = (cluster_id, recorded, reason)
+        self.attempts = recorded
+        self.reason = reason
+
+    def __str__(self) -> str:
+        n = len(self.attempts)
+        lines = [f"tfos cluster {self.cluster_id} failed on all {n} attempt(s); {self.reason}"]
+        shown: set[tuple[str, str, str]] = set()
+        for attempt, failures, context in self.attempts:
+            causes = root_causes(failures)
+            where = f" during {context}" if context else ""
+            lines.append(f"attempt {attempt}{where}: {len(causes)} root cause(s)")
+            for group in _group_failures(causes):
+                first = group[0]
+                names = ", ".join(f.node_name for f in group)
+                lines.append(f"- [{first.kind}] {names}: {first.error_type}: {first.message}")
+                sig = (first.kind, first.error_type, first.message)
+                if first.traceback and sig not in shown:  # each distinct traceback once
+                    shown.add(sig)
+                    lines.extend("    " + ln for ln in first.traceback.rstrip().splitlines())
         return "\n".join(lines)

@@ -109,6 +109,13 @@ class TFNodeContext:
         on_serving: Called (no arguments) by :func:`tfos.tf_server.run_server_and_wait` once
             the node's server is up: tells the driver that this node only serves from now
             on, so ``shutdown()`` does not wait for its ``main_fun`` (set by the TF process).
+        attempt: Which attempt of the cluster this is: 0 for the first, ``k`` for the
+            ``k``-th restart (``TFCluster.run(..., max_restarts=N)`` starts a fresh cluster
+            after a node failure, at most N times). Every node of one attempt sees the same
+            number. ``main_fun`` should restore its state from its checkpoint when
+            ``attempt > 0`` (e.g. ``tf.keras.callbacks.BackupAndRestore`` does so by itself
+            whenever its backup directory holds a backup); the model directory must be on
+            storage every executor reaches, since a restart may run on other executors.
     """
 
     def __init__(
@@ -125,7 +132,10 @@ class TFNodeContext:
         port: int = 0,
         stop_event: Optional[threading.Event] = None,
         on_serving: Optional[Callable[[], None]] = None,
+        attempt: int = 0,
     ):
+        if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 0:
+            raise ValueError(f"attempt must be an int >= 0, got {attempt!r}")
         self.executor_id = executor_id
         self.worker_num = executor_id  # TFoS's name for executor_id
         self.job_name = job_name
@@ -141,9 +151,12 @@ class TFNodeContext:
         #: Set when the driver asks this node to stop (``cluster.shutdown()``).
         self.stop_event = stop_event or threading.Event()
         self.on_serving = on_serving
+        #: 0 for the cluster's first attempt, k after the k-th restart.
+        self.attempt = attempt
 
     def __repr__(self) -> str:
-        return f"TFNodeContext({self.job_name}:{self.task_index}, executor {self.executor_id}, {self.num_workers} workers)"
+        again = f", attempt {self.attempt}" if self.attempt else ""
+        return f"TFNodeContext({self.job_name}:{self.task_index}, executor {self.executor_id}, {self.num_workers} workers{again})"
 
     @property
     def reserved_port_socket(self) -> Optional[socket.socket]:

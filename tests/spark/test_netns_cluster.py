@@ -10,7 +10,9 @@ within 2 x ``heartbeat_timeout``.
 Needs root and ``ip netns`` (skipped otherwise). Run alone with ``pytest -m netns``; see
 docs/reliability.md ("Multi-host test bed"). The module brings the bed up once (about a
 minute on a loaded machine) and always takes it down, even when a test or the bring-up
-fails; the second to last test cuts one host's link (and heals it), the last kills the other host.
+fails; the failure tests come last: one cuts a host's link (and heals it), the next kills the
+other host, and the restart test then adds hosts 3 and 4 (``netns_cluster.sh add-worker``)
+and loses a third host with ``max_restarts=1``.
 """
 
 from __future__ import annotations
@@ -462,3 +464,86 @@ def test_killed_host_is_named_fast(bed, bed_sc, tmp_path):
     processes SIGKILLed) while InputMode.SPARK feeds both hosts."""
     _lost_host_case(bed, bed_sc, tmp_path, "kill-worker", 1, SPARK)
     bed.assert_no_tfos_processes(hosts=[2])
+
+
+# --------------------------------------------------------------------------- restarts (issue 14)
+def gd_main(args, ctx):
+    """Deterministic full-batch gradient descent on a fixed least-squares problem, with a
+    checkpoint (weights, epoch) per epoch on the shared file system, keyed by the node's
+    role so that a restart on another host resumes it. Writes the final loss."""
+    import json
+    import os
+    import time
+
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(256, 8))
+    y = x @ rng.normal(size=8) + 0.1 * rng.normal(size=256)
+    name = f"{ctx.job_name}{ctx.task_index}"
+    ckpt = os.path.join(args["out"], f"ckpt-{name}.json")
+    w, start = np.zeros(8), 0
+    if os.path.exists(ckpt):
+        saved = json.load(open(ckpt))
+        w, start = np.array(saved["w"]), saved["epoch"]
+    _write_json(os.path.join(args["out"], f"start-{ctx.attempt}-{name}.json"), {"epoch": start, "host": ctx.host})
+    for epoch in range(start, args["epochs"]):
+        w = w - args["lr"] * (2.0 / len(y)) * (x.T @ (x @ w - y))
+        _write_json(ckpt, {"w": w.tolist(), "epoch": epoch + 1})
+        time.sleep(args["epoch_s"])
+    _write_json(os.path.join(args["out"], f"final-{name}.json"), {"loss": float(np.mean((x @ w - y) ** 2)), "attempt": ctx.attempt})
+
+
+def _gd_run(sc, out: Path, max_restarts: int, kill=None):
+    out.mkdir()
+    args = {"out": str(out), "epochs": 80, "lr": 0.01, "epoch_s": 0.25}
+    cluster = TFCluster.run(sc, gd_main, args, HOSTS, 0, False, TENSORFLOW, master_node="chief",
+                            reservation_timeout=300, heartbeat_timeout=HEARTBEAT_S, max_restarts=max_restarts,
+                            executor_wait_s=240)
+    if kill is not None:
+        kill(cluster)
+    cluster.shutdown(timeout=SHUTDOWN_TIMEOUT_S)
+    finals = {p.stem[len("final-"):]: json.loads(p.read_text()) for p in out.glob("final-*.json")}
+    return cluster, finals
+
+
+def test_restart_on_a_third_host_matches_an_uninterrupted_run(bed, bed_sc, tmp_path, caplog):
+    """After the crash test (host 1 dead): host 3 joins, an uninterrupted run gives the
+    reference loss; host 4 joins as a spare, a second run loses the host of worker:0
+    mid-training, and with max_restarts=1 it finishes on the spare host with the same loss."""
+    import logging
+
+    caplog.set_level(logging.WARNING, logger="tfos")
+    bed.sh("add-worker", timeout_s=300.0)
+    bed.load()
+    _wait_executors(bed_sc, HOSTS, 240.0)
+    _, reference = _gd_run(bed_sc, tmp_path / "reference", 0)
+    assert set(reference) == {"chief0", "worker0"}, reference
+
+    bed.sh("add-worker", timeout_s=300.0)  # the spare host: the app holds spark.cores.max executors already
+    bed.load()
+    lost: dict = {}
+
+    def kill_worker_host(cluster) -> None:
+        [victim] = [n for n in cluster.cluster_info if n["job_name"] == "worker"]
+        [index] = [i for i, h in bed.hosts.items() if h["ip"] == victim["host"]]
+        ckpt = tmp_path / "restarted" / "ckpt-worker0.json"
+        end = time.monotonic() + 240
+        while time.monotonic() < end and not (ckpt.exists() and json.loads(ckpt.read_text())["epoch"] >= 10):
+            time.sleep(0.2)
+        bed.sh("kill-worker", str(index))
+        lost.update(host=victim["host"], index=index, t=time.monotonic())
+
+    t0 = time.monotonic()
+    cluster, finals = _gd_run(bed_sc, tmp_path / "restarted", 1, kill_worker_host)
+    print(f"restart across hosts: run took {time.monotonic() - t0:.1f} s; host {lost['host']} killed "
+          f"{lost['t'] - t0:.1f} s in; finals {finals}; reference {reference}")
+    assert cluster.attempt == 1
+    assert set(finals) == {"chief0", "worker0"} and all(f["attempt"] == 1 for f in finals.values()), finals
+    for name, ref in reference.items():
+        assert abs(finals[name]["loss"] - ref["loss"]) <= 1e-9 * max(1.0, ref["loss"]), (name, finals[name], ref)
+    restarted = json.loads((tmp_path / "restarted" / "start-1-worker0.json").read_text())
+    assert restarted["epoch"] >= 10 and restarted["host"] != lost["host"], restarted  # resumed, elsewhere
+    text = " ".join(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+    assert f"host {lost['host']})" in text and "attempt 0 failed" in text, text
+    bed.assert_no_tfos_processes(hosts=[i for i in bed.hosts if i != lost["index"]])

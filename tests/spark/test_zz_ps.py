@@ -168,9 +168,9 @@ def test_tf1_driver_ps_nodes_with_evaluator(spark_manager, mnist_tfr, tmp_path, 
     local = []
     real_launch = tfos._driver.cluster.launch_local_node
 
-    def spy(config, executor_id, payload, cwd):
+    def spy(config, executor_id, payload, cwd, *rest):  # rest: the attempt (issue 14)
         local.append(executor_id)
-        return real_launch(config, executor_id, payload, cwd)
+        return real_launch(config, executor_id, payload, cwd, *rest)
 
     monkeypatch.setattr(tfos._driver.cluster, "launch_local_node", spy)
     steps = 400

@@ -54,7 +54,7 @@ def test_simple_errors_pickle_with_message(cls):
 
 def test_every_exported_error_is_covered():
     exported = {getattr(errors, n) for n in errors.__all__ if isinstance(getattr(errors, n), type) and issubclass(getattr(errors, n), BaseException)}
-    assert exported == set(SIMPLE) | {NodeFailedError, ClusterFailedError}  # FeedError is public too
+    assert exported == set(SIMPLE) | {NodeFailedError, ClusterFailedError, errors.RecoveryFailedError}  # FeedError is public too
 
 
 def test_hierarchy_builtin_bases():

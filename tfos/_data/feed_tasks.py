@@ -79,6 +79,11 @@ class FeedPlan:
         report_sent: Tell the driver when each partition has been handed over (sent or
             skipped), so it can end the feed of every node as soon as all are
             (``train(..., end_of_feed=True)``).
+        first_epoch: Epoch number of the job's first epoch (a feed resumed after a
+            restart starts at the failed epoch; rows keep their epoch numbers).
+        report_done: Tell the driver each partition the node acknowledged (consumed or
+            skipped after ``terminate()``), so a restart knows where to resume
+            (``max_restarts``).
     """
 
     cluster_id: str
@@ -93,6 +98,8 @@ class FeedPlan:
     feed_timeout_s: float = 600.0
     feed_id: str = ""
     report_sent: bool = False
+    first_epoch: int = 0
+    report_done: bool = False
 
     def __post_init__(self) -> None:
         if not self.nodes:
@@ -307,6 +314,7 @@ def _open(plan: FeedPlan, index: int) -> tuple[Optional[_Link], NodeInfo, str]:
     from tfos._node.start_task import executor_identity, node_host
 
     epoch, part = divmod(index, plan.parts_per_epoch)
+    epoch += plan.first_epoch
     key, _ = executor_identity()
     host = node_host(plan.driver_host, plan.driver_port)
     node, how = choose_node(plan.nodes, index, key, host)
@@ -405,10 +413,24 @@ def _notify_sent(plan: FeedPlan, index: int) -> None:
         log.warning("could not tell the driver that partition %d was sent: %s", index, exc)
 
 
+def _notify_done(plan: FeedPlan, index: int) -> None:
+    """Tells the driver the node acknowledged partition ``index`` (restarts resume after it)."""
+    if not plan.report_done:
+        return
+    try:
+        c = _client(plan)
+        c.request("partition_done", feed_id=plan.feed_id, index=index, timeout_s=10.0)
+        c.close()
+    except (OSError, ControlProtocolError, DeadlineExceededError) as exc:
+        log.warning("could not tell the driver that partition %d was consumed: %s", index, exc)
+
+
 def _feed_partition(plan: FeedPlan, index: int, frames: Iterator[Any]) -> tuple[int, str]:
     link, node, state = _open(plan, index)
     if link is None:
         _notify_sent(plan, index)
+        if state == "terminated":
+            _notify_done(plan, index)
         return index, state
     try:
         try:
@@ -422,6 +444,7 @@ def _feed_partition(plan: FeedPlan, index: int, frames: Iterator[Any]) -> tuple[
         except (ConnectionError, OSError) as exc:
             return index, _node_gone(plan, node, link.where, exc)
         if state in ("ok", "terminated"):
+            _notify_done(plan, index)
             return index, state
         if state == "finished":
             log.warning("%s: main_fun returned before the partition was consumed", link.where)

@@ -29,10 +29,11 @@ from tfos._common.deadline import Deadline
 from tfos._data.feed_tasks import FeedPlan, make_arrow_feed_fn, make_feed_fn, make_infer_fn
 from tfos._node.launch import ClusterConfig
 from tfos._node.start_task import launch_local_node, make_start_task
-from tfos._driver.spark_checks import busy_slots_report, check_spark
+from tfos._driver.restart import AttemptOutcome, FeedResume, InferenceLedger, RestartPolicy
+from tfos._driver.spark_checks import busy_slots_report, check_spark, live_executors
 from tfos._driver.user_source import with_source
 from tfos.cluster_template import InputMode, build_template, format_template, roles_from_template
-from tfos.errors import ClusterFailedError, ConfigurationError, DeadlineExceededError, ReservationTimeoutError
+from tfos.errors import ClusterFailedError, ConfigurationError, DeadlineExceededError, NodeFailure, RecoveryFailedError, ReservationTimeoutError
 
 __all__ = ["TFCluster", "run", "DriverConfig", "Attempt"]
 
@@ -110,7 +111,7 @@ class TFCluster:
         progress: Show a progress line during train()/inference().
     """
 
-    def __init__(self, sc: Any, config: DriverConfig, runtime: ClusterRuntime, attempt: Attempt) -> None:
+    def __init__(self, sc: Any, config: DriverConfig, runtime: ClusterRuntime, attempt: Attempt, recovery: Optional["_Recovery"] = None) -> None:
         """Built by :func:`run` from its steps' results; not meant to be called directly.
 
         Args:
@@ -118,12 +119,16 @@ class TFCluster:
             config: What run() decided (fixed for the cluster's life).
             runtime: The live parts: cluster state, control server, jobs, teardown.
             attempt: The launch whose nodes all registered (start job, ``nodeRDD``).
+            recovery: The restarts of ``run(..., max_restarts=N)`` (None when N is 0);
+                after a restart, ``config``, ``runtime`` and ``attempt`` are the new
+                attempt's.
         """
         self.sc = sc
         self._config = config
         self._runtime = runtime
         self._state = runtime.state
         self._attempt = attempt
+        self._recovery = recovery
         self.cluster_id = config.cluster_id
         self.input_mode = config.node.input_mode
         self.num_executors = config.node.num_nodes
@@ -195,6 +200,35 @@ class TFCluster:
             return None
         return st.tensorboard_url
 
+    @property
+    def attempt(self) -> int:
+        """The running attempt: 0, or ``k`` after the ``k``-th restart (``max_restarts``)."""
+        return self._recovery.attempt if self._recovery is not None else 0
+
+    # -------------------------------------------------------------- restarts
+    def _progressed(self) -> Optional[bool]:
+        """Whether the running attempt made progress the driver can see (rows consumed in
+        InputMode.SPARK); None when it cannot tell (InputMode.TENSORFLOW)."""
+        if self.input_mode != InputMode.SPARK:
+            return None
+        return self._state.rows_consumed() > 0
+
+    def _restart_or_raise(self, err: ClusterFailedError, context: str, progressed: Optional[bool]) -> None:
+        """After a failed attempt: starts the next one (this object then drives it), or
+        raises (driver).
+
+        Raises:
+            ClusterFailedError: ``err`` itself when restarts are off.
+            RecoveryFailedError: No further attempt (budget spent, or stopped early).
+        """
+        rec = self._recovery
+        if rec is None or isinstance(err, RecoveryFailedError):
+            raise err
+        self._runtime.join_teardown()  # the failed attempt's processes are gone (bounded)
+        config, runtime, attempt = rec.after_failure(err, context, progressed)
+        self._config, self._runtime, self._state, self._attempt = config, runtime, runtime.state, attempt
+        self.cluster_id = config.cluster_id
+
     # ------------------------------------------------------------- internals
     def _feed_ids(self) -> list[int]:
         return [n.executor_id for n in self._feed_nodes()]
@@ -202,13 +236,14 @@ class TFCluster:
     def _feed_nodes(self) -> tuple:
         return tuple(n for n in self._state.nodes_snapshot() if n.role.feedable)
 
-    def _plan(self, mode: str, qname: str, kind: Any, parts: int, feed_timeout: float, report_sent: bool = False) -> FeedPlan:
+    def _plan(self, mode: str, qname: str, kind: Any, parts: int, feed_timeout: float, report_sent: bool = False, first_epoch: int = 0) -> FeedPlan:
         cfg = self._config.node
         if qname not in self.queues:
             raise ConfigurationError(f"qname {qname!r} is not one of the cluster's queues {self.queues}; pass queues=[...] to TFCluster.run()")
         return FeedPlan(
             cfg.cluster_id, cfg.key, cfg.driver_host, cfg.driver_port, self._feed_nodes(), qname, mode, kind, parts,
             float(feed_timeout), feed_id=uuid.uuid4().hex, report_sent=report_sent,
+            first_epoch=first_epoch, report_done=self._recovery is not None,
         )
 
     def _await_job(self, job: JobThread, context: str, progress: Optional[Progress] = None) -> Any:
@@ -251,30 +286,61 @@ class TFCluster:
         if isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or num_epochs < 1:
             tfos_zero = " (TFoS fed 10 epochs for 0: pass num_epochs=10 to keep that)" if num_epochs == 0 and not isinstance(num_epochs, bool) else ""
             raise ConfigurationError(f"num_epochs must be an integer >= 1 (one epoch = one pass over every partition), got {num_epochs!r}{tfos_zero}")
-        self._runtime.check_open("train()")
-        if self._state.feed_closed:
-            raise ConfigurationError("train(): the feed already ended (an earlier train(..., end_of_feed=True)); start a new cluster to feed more data")
         df = _as_dataframe(dataRDD)
+        parts = (df.rdd if df is not None else dataRDD).getNumPartitions()
+        # With max_restarts, the partitions the nodes acknowledged are recorded, and a restart
+        # feeds again from the first epoch not acknowledged in full (none lost, some twice).
+        resume = FeedResume(num_epochs, parts) if self._recovery is not None else None
+        first = 0
+        while True:
+            plan: Optional[FeedPlan] = None
+            try:
+                self._runtime.check_open("train()")
+                if self._state.feed_closed:
+                    raise ConfigurationError("train(): the feed already ended (an earlier train(..., end_of_feed=True)); start a new cluster to feed more data")
+                plan, action = self._train_job(df, dataRDD, num_epochs - first, first, feed_timeout, qname, end_of_feed)
+                self._train_await(plan, action, parts, num_epochs - first, end_of_feed)
+                return
+            except ClusterFailedError as err:
+                progressed = self._progressed()
+                if resume is not None and plan is not None:
+                    for index in self._state.partitions_done(plan.feed_id):
+                        resume.record_index(index)
+                self._restart_or_raise(err, "train()", progressed)
+                assert resume is not None
+                first = resume.restart()
+                if resume.epochs_left == 0:
+                    log.warning("train(): every partition of every epoch was consumed before the failure; nothing left to feed on attempt %d", self.attempt)
+                    return
+                log.warning("train(): attempt %d resumes the feed at epoch %d of %d (epochs numbered from 0)", self.attempt, first, num_epochs)
+
+    def _train_job(self, df: Any, dataRDD: Any, epochs: int, first_epoch: int, feed_timeout: float, qname: str, end_of_feed: bool) -> tuple[FeedPlan, Callable[[], Any]]:
+        """The plan and Spark action of one train() feed job: ``epochs`` epochs back to back,
+        numbered from ``first_epoch`` (driver)."""
         if df is not None and _arrow_ok():
             parts = df.rdd.getNumPartitions()
-            plan = self._plan("train", qname, _chunk_kind("arrow"), parts, feed_timeout, end_of_feed)
-            data = functools.reduce(lambda a, b: a.union(b), [df] * num_epochs)
+            plan = self._plan("train", qname, _chunk_kind("arrow"), parts, feed_timeout, end_of_feed, first_epoch)
+            data = functools.reduce(lambda a, b: a.union(b), [df] * epochs)
             fn = make_arrow_feed_fn(plan)
             action: Callable[[], Any] = lambda: [tuple(r) for r in data.mapInArrow(fn, "partition long, outcome string").collect()]
         else:
             rdd = df.rdd if df is not None else dataRDD
             parts = rdd.getNumPartitions()
-            data, kind = _raw_source(rdd, num_epochs)
-            plan = self._plan("train", qname, kind, parts, feed_timeout, end_of_feed)
+            data, kind = _raw_source(rdd, epochs)
+            plan = self._plan("train", qname, kind, parts, feed_timeout, end_of_feed, first_epoch)
             fn = make_feed_fn(plan)
             action = lambda: data.mapPartitionsWithIndex(fn).collect()
-        total = parts * num_epochs
+        return plan, action
+
+    def _train_await(self, plan: FeedPlan, action: Callable[[], Any], parts: int, epochs: int, end_of_feed: bool) -> None:
+        """Runs one train() feed job and waits for it (driver)."""
+        total = parts * epochs
         if end_of_feed:
             self._state.close_feed_when_sent(plan.feed_id, total)
-        desc = f"tfos train: {parts} partitions x {num_epochs} epoch(s) -> {len(plan.nodes)} node(s)"
+        desc = f"tfos train: {parts} partitions x {epochs} epoch(s) -> {len(plan.nodes)} node(s)"
         log.info("%s", desc)
         job = self._runtime.run_job("train", desc, action)
-        outcomes = self._await_job(job, "train()", self._progress("train", total, parts, num_epochs, "tfos train"))
+        outcomes = self._await_job(job, "train()", self._progress("train", total, parts, epochs, "tfos train"))
         skipped = [o for o in outcomes if o[1] in ("finished", "skipped")]
         terminated = [o for o in outcomes if o[1] == "terminated"]
         if terminated:
@@ -308,27 +374,59 @@ class TFCluster:
         """
         if self.input_mode != InputMode.SPARK:
             raise ConfigurationError("inference() needs InputMode.SPARK")
-        self._runtime.check_open("inference()")
         df = _as_dataframe(dataRDD)
         rdd = df.rdd if df is not None else dataRDD
         parts = rdd.getNumPartitions()
         src, kind = _raw_source(rdd)
-        plan = self._plan("inference", qname, kind, parts, feed_timeout)
         from pyspark import StorageLevel
 
         from tfos._data.spark_rawio import raw_output_rdd
+        from tfos._driver.recovery import assemble, cached_partitions, prune
 
-        out = raw_output_rdd(src, make_infer_fn(plan))
-        # The JVM holds each result frame as one byte array either way; "deserialized"
-        # storage keeps those arrays as they are, where MEMORY_AND_DISK would copy every
-        # frame again into serialized 1 MB buffers (measured: scripts/bench_feed.py).
-        out.persist(StorageLevel.MEMORY_AND_DISK_DESER)
-        desc = f"tfos inference: {parts} partitions -> {len(plan.nodes)} node(s)"
-        # Count the result frames in the JVM: this materializes (and persists) every
-        # partition without unpickling the results again in another Python worker.
-        job = self._runtime.run_job("inference", desc, lambda: out._jrdd.count())
-        self._await_job(job, "inference()", self._progress("inference", parts, parts, 1, "tfos inference"))
-        return out
+        # With max_restarts, each attempt's results RDD stays persisted; a restart computes
+        # only the partitions whose results no attempt holds, and the RDD returned reads
+        # every partition from the attempt that holds it, in input order.
+        ledger = InferenceLedger(parts)
+        sources: list = []
+        owner = [0] * parts
+        while True:
+            todo = ledger.missing()
+            out = None
+            try:
+                self._runtime.check_open("inference()")
+                plan = self._plan("inference", qname, kind, parts, feed_timeout)
+                out = raw_output_rdd(src, make_infer_fn(plan))
+                # The JVM holds each result frame as one byte array either way; "deserialized"
+                # storage keeps those arrays as they are, where MEMORY_AND_DISK would copy every
+                # frame again into serialized 1 MB buffers (measured: scripts/bench_feed.py).
+                out.persist(StorageLevel.MEMORY_AND_DISK_DESER)
+                target = out if len(todo) == parts else prune(out, todo)
+                desc = f"tfos inference: {len(todo)} partitions -> {len(plan.nodes)} node(s)"
+                # Count the result frames in the JVM: this materializes (and persists) every
+                # partition without unpickling the results again in another Python worker.
+                job = self._runtime.run_job("inference", desc, lambda: target._jrdd.count())
+                self._await_job(job, "inference()", self._progress("inference", len(todo), len(todo), 1, "tfos inference"))
+            except ClusterFailedError as err:
+                progressed = self._progressed()
+                if self._recovery is not None and out is not None:
+                    held = cached_partitions(out) & set(todo)
+                    if held:
+                        for i in held:
+                            owner[i] = len(sources)
+                        ledger.record_all(held)
+                        sources.append(out)
+                    else:
+                        out.unpersist()  # holds nothing worth keeping
+                    progressed = progressed or bool(held)
+                self._restart_or_raise(err, "inference()", progressed)
+                log.warning("inference(): attempt %d runs the %d partition(s) whose results were not returned", self.attempt, len(ledger.missing()))
+                continue
+            if not sources:
+                return out
+            for i in todo:
+                owner[i] = len(sources)
+            sources.append(out)
+            return assemble(sources, owner)
 
     # --------------------------------------------------------------- shutdown
     def shutdown(self, ssc: Any = None, grace_secs: float = 0, timeout: float = 259200) -> None:
@@ -340,33 +438,52 @@ class TFCluster:
                 ps/evaluator nodes (TFoS compatibility; ignored when there are none).
                 Failures are caught whatever its value, because every node reports its
                 own failure.
-            timeout: Longest wait, in seconds, for the workers' ``main_fun`` to return.
+            timeout: Longest wait, in seconds, for the workers' ``main_fun`` to return
+                (over every attempt, with ``max_restarts``).
+
+        With ``max_restarts``, a node failure while waiting starts a fresh attempt (see
+        :func:`run`), and this returns when the last attempt finished.
 
         Raises:
-            ClusterFailedError: Any node failed at any time (remote tracebacks included).
+            ClusterFailedError: Any node failed at any time (remote tracebacks included);
+                a :class:`~tfos.errors.RecoveryFailedError` listing every attempt's root
+                causes when restarts were allowed.
             DeadlineExceededError: The workers did not finish within ``timeout``.
         """
-        rt, st = self._runtime, self._state
-        if rt.closed:
-            rt.join_teardown()
-            return
-        try:
-            if self.input_mode == InputMode.SPARK:
-                st.close_feed()
-            deadline = Deadline(timeout, "main_fun to return on every chief/master/worker node", "a main_fun that never ends (e.g. waiting for data after terminate())")
-            if not st.wait_until_workers_done(deadline):
-                raise rt.fail("shutdown()")
-            if grace_secs and any(r.is_background for r in st.roles):
-                if st.wait_for_failure(float(grace_secs)):
+        deadline = Deadline(timeout, "main_fun to return on every chief/master/worker node", "a main_fun that never ends (e.g. waiting for data after terminate())")
+        while True:
+            rt, st = self._runtime, self._state
+            if rt.closed:
+                rt.join_teardown()
+                return
+            trained = False
+            try:
+                if self.input_mode == InputMode.SPARK:
+                    st.close_feed()
+                if not st.wait_until_workers_done(deadline):
                     raise rt.fail("shutdown()")
-            rt.teardown(failed=False)
-            if st.failed:
-                raise st.error("shutdown()")
-        except BaseException:
-            if not rt.closed:
-                rt.teardown(failed=True)
-            raise
-        log.info("tfos cluster %s shut down", self.cluster_id)
+                trained = True
+                if grace_secs and any(r.is_background for r in st.roles):
+                    if st.wait_for_failure(float(grace_secs)):
+                        raise rt.fail("shutdown()")
+                rt.teardown(failed=False)
+                if st.failed:
+                    raise st.error("shutdown()")
+            except ClusterFailedError as err:
+                if not rt.closed:
+                    rt.teardown(failed=True)
+                if trained:  # every worker's main_fun had returned: nothing to train again
+                    raise
+                # With max_restarts: a fresh attempt (InputMode.SPARK: its feed is already
+                # closed, so main_fun restores its checkpoint and ends); else raises.
+                self._restart_or_raise(err, "shutdown()", self._progressed())
+                continue
+            except BaseException:
+                if not rt.closed:
+                    rt.teardown(failed=True)
+                raise
+            log.info("tfos cluster %s shut down", self.cluster_id)
+            return
 
     def __enter__(self) -> "TFCluster":
         return self
@@ -454,6 +571,7 @@ def run(
     queue_chunks: int = 4,
     executor_wait_s: float = 60.0,
     handle_sigterm: bool = True,
+    max_restarts: int = 0,
 ) -> TFCluster:
     """Starts a TensorFlow cluster on Spark executors and runs ``map_fun`` on every node (driver).
 
@@ -496,6 +614,19 @@ def run(
             handler of yours, or of your framework, is never replaced), and removes it
             when the last cluster is shut down. Without it, SIGTERM kills the driver
             outright and the nodes end themselves ``heartbeat_timeout`` later.
+        max_restarts: Restarts allowed after a node failure (exception in ``main_fun``,
+            a TF process killed, an executor or host lost). 0 (default): none, the failure
+            is raised. N > 0: the cluster is torn down and a fresh one started (a new
+            barrier stage on whatever executors Spark offers; ``ctx.attempt`` tells
+            ``main_fun`` to restore its checkpoint) up to N times, each failed attempt
+            logged as a WARNING with its root causes; then a ``RecoveryFailedError`` lists
+            every attempt's. A failure no restart can fix stops early (a
+            ``ConfigurationError``, or the same exception again at the first step; see
+            docs/reliability.md "Recovery"). InputMode.TENSORFLOW: transparent,
+            ``shutdown()`` returns when the last attempt finished. InputMode.SPARK:
+            ``train()`` resumes the feed at the first epoch not consumed in full (rows
+            can be fed twice, none is lost); ``inference()`` re-runs only the partitions
+            whose results were not returned.
 
     Returns:
         The running :class:`TFCluster`.
@@ -504,11 +635,14 @@ def run(
         ConfigurationError: Bad arguments or Spark configuration (C01, C05, C13, C14,
             dynamic allocation), before anything is launched.
         ReservationTimeoutError: Not every node registered within ``reservation_timeout``.
-        ClusterFailedError: A node failed while the cluster was forming.
+        ClusterFailedError: A node failed while the cluster was forming
+            (``RecoveryFailedError`` with ``max_restarts`` when no attempt formed).
     """
     from tfos._connect.client import is_connect_session, run_connect
 
     if is_connect_session(sc):  # Spark Connect client: see tfos/_connect/client.py and docs/connect.md
+        if max_restarts:
+            raise ConfigurationError("max_restarts is not available under Spark Connect (docs/connect.md); use a classic SparkContext")
         return run_connect(  # type: ignore[return-value]
             sc, map_fun, tf_args, num_executors, num_ps, tensorboard, input_mode, log_dir, driver_ps_nodes, master_node,
             reservation_timeout, queues, eval_node, release_port, heartbeat_timeout=heartbeat_timeout,
@@ -520,34 +654,167 @@ def run(
     spark_ids = tuple(r.executor_id for r in roles if not (driver_ps_nodes and r.job_name == "ps"))
     check_spark(sc, len(spark_ids), input_mode, wait_s=min(executor_wait_s, reservation_timeout))
 
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise ConfigurationError(f"max_restarts must be an integer >= 0, got {max_restarts!r}")
     cluster_id = f"tfos-{uuid.uuid4().hex[:12]}"
     log.info("tfos cluster %s: %s (input mode %s)", cluster_id, format_template(template), input_mode.name)
-    key = _wire.new_key()
-    runtime = ClusterRuntime(sc, cluster_id, roles, heartbeat_timeout, key, sc.getConf().get("spark.driver.host", "127.0.0.1"))
+    launcher = _Launcher(
+        sc=sc, base_id=cluster_id, roles=tuple(roles), template=template, spark_ids=spark_ids, input_mode=input_mode,
+        payload=payload, heartbeat_timeout_s=float(heartbeat_timeout),
+        driver_host=sc.getConf().get("spark.driver.host", "127.0.0.1"), progress=progress,
+        reservation_timeout_s=float(reservation_timeout), executor_wait_s=float(executor_wait_s),
+        handle_sigterm=handle_sigterm,
+        node_settings=dict(
+            default_fs=_default_fs(sc), heartbeat_interval_s=min(1.0, heartbeat_timeout / 4),
+            heartbeat_timeout_s=float(heartbeat_timeout), reservation_timeout_s=float(reservation_timeout),
+            release_port=release_port, queues=queues, queue_chunks=queue_chunks, tensorboard=bool(tensorboard),
+            log_dir=log_dir, forward_logs=forward_logs, local_master=str(sc.master).split("[", 1)[0] == "local",
+        ),
+    )
     install_sigterm(handle_sigterm)
-    try:
-        node_config = ClusterConfig(
-            cluster_id=cluster_id, key=key, driver_host=str(runtime.server.host), driver_port=runtime.server.port,
-            input_mode=input_mode, roles=tuple(roles), default_fs=_default_fs(sc),
-            heartbeat_interval_s=min(1.0, heartbeat_timeout / 4), heartbeat_timeout_s=float(heartbeat_timeout),
-            reservation_timeout_s=float(reservation_timeout), release_port=release_port, queues=queues,
-            queue_chunks=queue_chunks, tensorboard=bool(tensorboard), log_dir=log_dir, forward_logs=forward_logs,
-            local_master=str(sc.master).split("[", 1)[0] == "local",
-        )
-        config = DriverConfig(node_config, template, spark_ids, progress)
-        deadline = Deadline(
-            reservation_timeout, f"all {num_executors} nodes to register",
-            "too few free Spark task slots (another job holds executors), executors that cannot reach the "
-            "driver's control port, or node processes failing at start-up (see the executor logs)",
-        )
-        attempt = _launch(sc, runtime, config, payload)
-        _await_registration(runtime, attempt, input_mode, deadline)
-    except BaseException:
-        if not runtime.closed:
-            runtime.teardown(failed=True)
-        raise
-    log.info("tfos cluster %s: all %d nodes registered: %s", cluster_id, num_executors, runtime.state.cluster_spec())
-    return TFCluster(sc, config, runtime, attempt)
+    if max_restarts == 0:
+        config, runtime, attempt = launcher.start(0)
+        return TFCluster(sc, config, runtime, attempt)
+    recovery = _Recovery(launcher, max_restarts)
+    config, runtime, attempt = recovery.first()
+    return TFCluster(sc, config, runtime, attempt, recovery)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Launcher:
+    """Starts attempt ``k`` of a cluster: control server, node launch, registration (driver).
+
+    Every attempt gets a new cluster id (``<id>-r<k>`` after the first), a new key and a new
+    control server, and a new barrier stage on whatever executors Spark offers then.
+    """
+
+    sc: Any
+    base_id: str
+    roles: tuple
+    template: dict
+    spark_ids: tuple[int, ...]
+    input_mode: InputMode
+    payload: bytes = dataclasses.field(repr=False)
+    heartbeat_timeout_s: float = 15.0
+    driver_host: str = "127.0.0.1"
+    progress: bool = True
+    reservation_timeout_s: float = 600.0
+    executor_wait_s: float = 60.0
+    node_settings: dict = dataclasses.field(default_factory=dict)
+    handle_sigterm: bool = True
+
+    def cluster_id(self, k: int) -> str:
+        """The cluster id of attempt ``k``."""
+        return self.base_id if k == 0 else f"{self.base_id}-r{k}"
+
+    def start(self, k: int) -> tuple[DriverConfig, ClusterRuntime, Attempt]:
+        """Launches attempt ``k`` and waits until every node registered.
+
+        Raises:
+            ClusterFailedError: A node failed while the cluster was forming.
+            ReservationTimeoutError: Not every node registered within the reservation timeout.
+        """
+        cluster_id = self.cluster_id(k)
+        key = _wire.new_key()
+        runtime = ClusterRuntime(self.sc, cluster_id, self.roles, self.heartbeat_timeout_s, key, self.driver_host)
+        if k:
+            # The failed attempt's teardown removed tfos's SIGTERM handler when it was the
+            # last open cluster: chain it again for the new one (same rules as in run()).
+            install_sigterm(self.handle_sigterm)
+        try:
+            node_config = ClusterConfig(
+                cluster_id=cluster_id, key=key, driver_host=str(runtime.server.host), driver_port=runtime.server.port,
+                input_mode=self.input_mode, roles=self.roles, **self.node_settings,
+            )
+            config = DriverConfig(node_config, self.template, self.spark_ids, self.progress)
+            deadline = Deadline(
+                self.reservation_timeout_s, f"all {len(self.roles)} nodes to register",
+                "too few free Spark task slots (another job holds executors), executors that cannot reach the "
+                "driver's control port, or node processes failing at start-up (see the executor logs)",
+            )
+            attempt = _launch(self.sc, runtime, config, self.payload, k)
+            _await_registration(runtime, attempt, self.input_mode, deadline)
+        except BaseException:
+            if not runtime.closed:
+                runtime.teardown(failed=True)
+            raise
+        log.info("tfos cluster %s: all %d nodes registered: %s", cluster_id, len(self.roles), runtime.state.cluster_spec())
+        return config, runtime, attempt
+
+    def await_executors(self) -> None:
+        """Before a restart: waits (at most ``executor_wait_s``) until Spark has as many live
+        executors as the cluster has Spark-hosted nodes (a lost executor is being replaced)."""
+        if str(self.sc.master).startswith("local") and not str(self.sc.master).startswith("local-cluster"):
+            return
+        deadline = Deadline(self.executor_wait_s, f"{len(self.spark_ids)} Spark executors")
+        have = live_executors(self.sc)
+        while have < len(self.spark_ids) and not deadline.expired():
+            time.sleep(deadline.slice(0.5))  # executor registration has no event to wait on from Python
+            have = live_executors(self.sc)
+        if have < len(self.spark_ids):
+            log.warning("restart: %d of %d executors after %g s; launching anyway", have, len(self.spark_ids), self.executor_wait_s)
+
+
+class _Recovery:
+    """The restarts of one ``run(..., max_restarts=N)`` (driver): the policy of
+    :mod:`tfos._driver.restart` applied to each failed attempt, and the next attempt's launch."""
+
+    def __init__(self, launcher: _Launcher, max_restarts: int):
+        self.launcher = launcher
+        self.policy = RestartPolicy(max_restarts)
+        #: The running (or last) attempt.
+        self.attempt = 0
+
+    def first(self) -> tuple[DriverConfig, ClusterRuntime, Attempt]:
+        """Starts attempt 0; a node failure while it forms counts as its failure.
+
+        Raises:
+            ReservationTimeoutError: Attempt 0 never formed (no restart: the same slots
+                would be missing again).
+            RecoveryFailedError: No attempt formed and no restart is left.
+        """
+        try:
+            return self.launcher.start(0)
+        except ClusterFailedError as err:
+            return self.after_failure(err, "run()", False)
+
+    def after_failure(self, err: ClusterFailedError, context: str, progressed: Optional[bool]) -> tuple[DriverConfig, ClusterRuntime, Attempt]:
+        """Records the running attempt's failure and starts the next attempt that forms.
+
+        Args:
+            err: The attempt's error (its root causes and consequences are recorded).
+            context: What the driver was doing, e.g. 'train()'.
+            progressed: See :class:`tfos._driver.restart.AttemptOutcome`.
+
+        Returns:
+            The new attempt's config, runtime and launch.
+
+        Raises:
+            RecoveryFailedError: No further attempt (budget spent, or stopped early).
+        """
+        while True:
+            outcome = AttemptOutcome(self.attempt, tuple(err.failures) + tuple(err.consequences), context, progressed, err.cluster_id)
+            decision = self.policy.record(outcome)
+            if not decision.restart:
+                log.warning("tfos cluster %s: attempt %d failed during %s: %s; no restart: %s",
+                            err.cluster_id, self.attempt, context, outcome.summary(), decision.reason)
+                raise self.policy.error(decision.reason) from err
+            log.warning("tfos cluster %s: attempt %d failed during %s: %s; starting attempt %d (%s)",
+                        err.cluster_id, self.attempt, context, outcome.summary(), decision.next_attempt, decision.reason)
+            self.attempt = decision.next_attempt
+            self.launcher.await_executors()
+            t0 = time.monotonic()
+            try:
+                started = self.launcher.start(self.attempt)
+                log.warning("tfos cluster %s: attempt %d running (%.1f s to launch and register)",
+                            started[0].cluster_id, self.attempt, time.monotonic() - t0)
+                return started
+            except ClusterFailedError as exc:
+                err, context, progressed = exc, "run()", False
+            except ReservationTimeoutError as exc:
+                r = self.launcher.roles[0]
+                failure = NodeFailure(r.executor_id, r.job_name, r.task_index, "", "spark", "ReservationTimeoutError", str(exc).splitlines()[0])
+                err, context, progressed = ClusterFailedError(self.launcher.cluster_id(self.attempt), [failure], "run()"), "run()", False
 
 
 def _check_args(map_fun: Any, tf_args: Any, input_mode: Any, queues: Sequence[str]) -> tuple[InputMode, tuple[str, ...], bytes]:
@@ -575,13 +842,14 @@ def _check_args(map_fun: Any, tf_args: Any, input_mode: Any, queues: Sequence[st
     return mode, names, payload
 
 
-def _launch(sc: Any, runtime: ClusterRuntime, config: DriverConfig, payload: bytes) -> Attempt:
+def _launch(sc: Any, runtime: ClusterRuntime, config: DriverConfig, payload: bytes, attempt: int = 0) -> Attempt:
     """Launches every node once: the driver-hosted ones as local processes, the others as
-    the barrier start job (driver). Returns at once; see :func:`_await_registration`."""
+    the barrier start job (driver). Returns at once; see :func:`_await_registration`.
+    ``attempt`` reaches every node's ``main_fun`` as ``ctx.attempt``."""
     for r in config.node.roles:
         if r.executor_id not in config.spark_ids:
-            runtime.local_nodes.append(launch_local_node(config.node, r.executor_id, payload, os.getcwd()))
-    start_fn = make_start_task(config.node, list(config.spark_ids), payload)
+            runtime.local_nodes.append(launch_local_node(config.node, r.executor_id, payload, os.getcwd(), attempt))
+    start_fn = make_start_task(config.node, list(config.spark_ids), payload, attempt)
     n = len(config.spark_ids)
     nodes_rdd = sc.parallelize(range(n), n).barrier().mapPartitionsWithIndex(start_fn)
     start_job = runtime.run_job("start", f"tfos start: {format_template(config.template)}", nodes_rdd.collect)

@@ -106,6 +106,8 @@ class ClusterState:
         self.hosts: dict[int, str] = {}
         #: feed id -> (partitions expected, partitions handed over) for end_of_feed feeds.
         self._sent: dict[str, tuple[int, set]] = {}
+        #: feed id -> job partition indices a node acknowledged (restarts resume after them).
+        self._done: dict[str, set[int]] = {}
         self._claimed: dict[str, dict[int, str]] = {}  # issue 9: feed id -> partition index -> node
         #: Queues each node's main_fun had terminated (DataFeed.terminate()) when it returned.
         self.terminated_queues: dict[int, list[str]] = {}
@@ -277,6 +279,18 @@ class ClusterState:
                     self.feed_closed = True
                     self._cond.notify_all()
         return {"ok": True}
+
+    # --- issue 14 (restarts): partitions the nodes acknowledged, per feed ---
+    def _on_partition_done(self, body: dict, peer: str) -> dict:
+        feed_id, index = str(body["feed_id"]), int(body["index"])
+        with self._cond:
+            self._done.setdefault(feed_id, set()).add(index)
+        return {"ok": True}
+
+    def partitions_done(self, feed_id: str) -> set[int]:
+        """Job partition indices of feed ``feed_id`` that a node acknowledged (a copy)."""
+        with self._cond:
+            return set(self._done.get(feed_id, ()))
 
     # --- issue 9 (security): the driver's record of partitions handed to a node, per feed ---
     def _on_claim_partition(self, body: dict, peer: str) -> dict:

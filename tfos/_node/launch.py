@@ -131,6 +131,8 @@ class NodeLaunch:
         fn_payload: ``cloudpickle`` of ``(main_fun, tf_args)``; only ever unpickled from
             the local pipe written by the Spark task, never from the network.
         cuda_visible_devices: GPU ids for ``CUDA_VISIBLE_DEVICES`` or None to leave as is.
+        attempt: The cluster attempt this node belongs to (0 first, k after the k-th
+            restart); it reaches ``main_fun`` as ``ctx.attempt``.
     """
 
     config: ClusterConfig
@@ -143,6 +145,11 @@ class NodeLaunch:
     python_path: tuple[str, ...]
     fn_payload: bytes = dataclasses.field(repr=False)
     cuda_visible_devices: Optional[str] = None
+    attempt: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.attempt, bool) or not isinstance(self.attempt, int) or self.attempt < 0:
+            raise ConfigurationError(f"attempt must be an int >= 0, got {self.attempt!r}")
 
     @property
     def node_name(self) -> str:

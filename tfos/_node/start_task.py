@@ -210,7 +210,7 @@ def _reap(proc: subprocess.Popen) -> None:
             _children.remove(proc)
 
 
-def make_start_task(config: ClusterConfig, executor_ids: Iterable[int], fn_payload: bytes):
+def make_start_task(config: ClusterConfig, executor_ids: Iterable[int], fn_payload: bytes, attempt: int = 0):
     """Builds the start-job partition function (driver side; the result runs in Spark tasks).
 
     Args:
@@ -218,12 +218,14 @@ def make_start_task(config: ClusterConfig, executor_ids: Iterable[int], fn_paylo
         executor_ids: The executor id of each start-job partition, in partition order
             (ps ids are absent when ``driver_ps_nodes``).
         fn_payload: cloudpickled ``(main_fun, tf_args)``.
+        attempt: The cluster attempt (0 first, k after the k-th restart): ``ctx.attempt``.
 
     Returns:
         A function ``(partition_index, iterator) -> iterator`` for ``mapPartitionsWithIndex``
         that yields one ``(executor_id, outcome)`` tuple.
     """
     ids = tuple(executor_ids)
+    attempt = int(attempt)
 
     def _start_node(index: int, _rows: Iterator) -> Iterator[tuple[int, str]]:
         from pyspark import TaskContext
@@ -251,6 +253,7 @@ def make_start_task(config: ClusterConfig, executor_ids: Iterable[int], fn_paylo
             python_path=tuple(sys.path),
             fn_payload=fn_payload,
             cuda_visible_devices=cuda_visible_devices(resources),
+            attempt=attempt,
         )
         proc = spawn_supervisor(launch)
         if not foreground:
@@ -314,11 +317,11 @@ def _await_registration(config: ClusterConfig, executor_id: int, proc: subproces
         client.close()
 
 
-def launch_local_node(config: ClusterConfig, executor_id: int, fn_payload: bytes, working_dir: str) -> subprocess.Popen:
+def launch_local_node(config: ClusterConfig, executor_id: int, fn_payload: bytes, working_dir: str, attempt: int = 0) -> subprocess.Popen:
     """Starts a node on the driver host (``driver_ps_nodes=True``); runs on the driver.
 
     The supervisor watches the driver process and the stdin pipe, so it stops when the
-    driver goes away.
+    driver goes away. ``attempt`` is the cluster attempt (``ctx.attempt``; 0 first).
     """
     role = config.roles[executor_id]
     launch = NodeLaunch(
@@ -332,6 +335,7 @@ def launch_local_node(config: ClusterConfig, executor_id: int, fn_payload: bytes
         python_path=tuple(sys.path),
         fn_payload=fn_payload,
         cuda_visible_devices=None,
+        attempt=int(attempt),
     )
     return spawn_supervisor(launch)
 

@@ -237,6 +237,7 @@ def run_node(launch: NodeLaunch) -> int:
             executor_id=eid, job_name=role.job_name, task_index=role.task_index, cluster_spec=spec,
             defaultFS=cfg.default_fs, working_dir=cfg.driver_working_dir or launch.working_dir, mgr=hub, tmp_socket=port_sock,
             host=launch.host, port=me.port, stop_event=stop_event, on_serving=_report_serving,
+            attempt=launch.attempt,
         )
 
         def _on_stop() -> None:
@@ -262,7 +263,7 @@ def run_node(launch: NodeLaunch) -> int:
             ctx.release_port()
         _default_legacy_keras(cfg.tf_use_legacy_keras)
         main_fun, tf_args = cloudpickle.loads(launch.fn_payload)  # from the local pipe, not the network
-        log.info("tfos node %s: starting main_fun", launch.node_name)
+        log.info("tfos node %s: starting main_fun%s", launch.node_name, f" (attempt {launch.attempt})" if launch.attempt else "")
         try:
             main_fun(tf_args, ctx)
         except SystemExit as exc:

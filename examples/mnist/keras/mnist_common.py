@@ -38,6 +38,9 @@ OUTPUT_NAME = "probabilities"
 #: Files and directories a training run writes under ``--model_dir``.
 KERAS_FILE = "model.keras"
 CHECKPOINT_DIR = "checkpoints"
+#: Training state for restarts (``TFCluster.run(..., max_restarts=N)``): model, optimizer and
+#: epoch, written at the end of every epoch by ``BackupAndRestore``.
+BACKUP_DIR = "backup"
 TENSORBOARD_DIR = "tensorboard"
 SUMMARY_FILE = "train_summary.json"
 STATS_DIR = "stats"
@@ -397,14 +400,27 @@ def node_path(ctx: Any, path: str) -> str:
 
 
 def keras_callbacks(keras: Any, ctx: Any, args: argparse.Namespace) -> list:
-    """Checkpoint (every epoch) and TensorBoard callbacks under ``--model_dir`` (TF process).
+    """Backup, checkpoint (every epoch) and TensorBoard callbacks under ``--model_dir`` (TF process).
+
+    ``BackupAndRestore`` makes a restarted cluster (``TFCluster.run(..., max_restarts=N)``;
+    ``ctx.attempt > 0``) resume where the failed attempt's last finished epoch left off: at
+    the end of every epoch it saves the model, the optimizer and the epoch number in
+    ``--model_dir/backup``, and at the start of ``fit`` it restores them when a backup is
+    there (then ``fit`` starts at the next epoch). The backup is kept after training
+    (``delete_checkpoint=False``: ``mnist_spark.py`` calls ``fit`` once per epoch), so the
+    driver removes it before a fresh run. ``--model_dir`` must be on storage every executor
+    reaches: a restart may run on other executors.
 
     Under MultiWorkerMirroredStrategy tf_keras lets every worker run these callbacks
     (they involve collectives) and keeps only the chief's files: the other workers
     write to temporary directories.
     """
     model_dir = node_path(ctx, args.model_dir)
+    if getattr(ctx, "attempt", 0):
+        print(f"{ctx.job_name}:{ctx.task_index}: attempt {ctx.attempt}: restoring the training state from "
+              f"{os.path.join(model_dir, BACKUP_DIR)}", flush=True)
     return [
+        keras.callbacks.BackupAndRestore(os.path.join(model_dir, BACKUP_DIR), delete_checkpoint=False),
         keras.callbacks.ModelCheckpoint(
             os.path.join(model_dir, CHECKPOINT_DIR, "epoch-{epoch:02d}"), save_weights_only=True
         ),

@@ -178,6 +178,7 @@ def run(sc: Any, args: argparse.Namespace) -> Optional[dict]:
         args.export_dir,
         os.path.join(args.model_dir, common.KERAS_FILE),
         os.path.join(args.model_dir, common.CHECKPOINT_DIR),
+        os.path.join(args.model_dir, common.BACKUP_DIR),  # a fresh run must not restore an old backup
         os.path.join(args.model_dir, common.TENSORBOARD_DIR),
         os.path.join(args.model_dir, common.SUMMARY_FILE),
         os.path.join(args.model_dir, common.STATS_DIR),

@@ -47,6 +47,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--learning_rate", type=float, default=1e-3, help="Adam learning rate")
     p.add_argument("--shuffle_buffer", type=int, default=10000,
                    help="examples in each worker's shuffle buffer (0: read the files in order)")
+    p.add_argument("--max_restarts", type=int, default=0,
+                   help="restart the cluster up to N times after a node failure; training resumes from "
+                        "--model_dir/backup (BackupAndRestore)")
     args = p.parse_args(argv)
     if args.test_images is None:
         args.test_images = os.path.join(os.path.dirname(args.images.rstrip("/")), "test")
@@ -152,6 +155,7 @@ def run(sc: Any, args: argparse.Namespace) -> Optional[dict]:
         args.export_dir,
         os.path.join(args.model_dir, common.KERAS_FILE),
         os.path.join(args.model_dir, common.CHECKPOINT_DIR),
+        os.path.join(args.model_dir, common.BACKUP_DIR),  # a fresh run must not restore an old backup
         os.path.join(args.model_dir, common.TENSORBOARD_DIR),
         os.path.join(args.model_dir, common.SUMMARY_FILE),
     ])
@@ -160,6 +164,7 @@ def run(sc: Any, args: argparse.Namespace) -> Optional[dict]:
         sc, main_fun, args, args.cluster_size, num_ps=0, tensorboard=args.tensorboard,
         input_mode=TFCluster.InputMode.TENSORFLOW, master_node="chief",
         log_dir=os.path.join(args.model_dir, common.TENSORBOARD_DIR), progress=args.progress,
+        max_restarts=args.max_restarts,
     ) as cluster:
         if args.tensorboard:
             common.check_tensorboard(cluster.tensorboard_url())
