@@ -26,7 +26,7 @@ from tfos._node import output as _node_output
 from tfos._driver.runtime import ATTRIBUTION_S, ClusterRuntime, JobThread, Progress, install_sigterm, spark_error_text
 from tfos._control.server import ControlServer
 from tfos._common.deadline import Deadline
-from tfos._data.feed_tasks import FeedPlan, make_arrow_feed_fn, make_feed_fn, make_infer_fn
+from tfos._data.feed_tasks import FeedPlan, make_arrow_feed_fn, make_feed_fn, make_infer_fn, spark_schema_for_feed
 from tfos._node.launch import ClusterConfig
 from tfos._node.start_task import launch_local_node, make_start_task
 from tfos._driver.spark_checks import busy_slots_report, check_spark
@@ -259,7 +259,7 @@ class TFCluster:
             parts = df.rdd.getNumPartitions()
             plan = self._plan("train", qname, _chunk_kind("arrow"), parts, feed_timeout, end_of_feed)
             data = functools.reduce(lambda a, b: a.union(b), [df] * num_epochs)
-            fn = make_arrow_feed_fn(plan)
+            fn = make_arrow_feed_fn(plan, spark_schema_for_feed(df.schema))  # UDT columns (ML vectors) need it
             action: Callable[[], Any] = lambda: [tuple(r) for r in data.mapInArrow(fn, "partition long, outcome string").collect()]
         else:
             rdd = df.rdd if df is not None else dataRDD
