@@ -109,6 +109,7 @@ def test_struct_columns_are_rows_and_maps_are_dicts_as_in_df_rdd():
     assert rows.column_names == ("s", "n", "m", "b")
     s0 = rows[0][0]
     assert isinstance(s0, Row) and s0 == Row(a=1.0, b=2.0) and s0.asDict() == {"a": 1.0, "b": 2.0}
+    assert s0.__fields__ == ["a", "b"] and s0.b == 2.0  # as df.rdd's Rows
     assert rows[1][0] is None and rows[2][0].a is None
     assert rows[0][1] == Row(p=Row(q=1)) and isinstance(rows[0][1].p, Row) and rows[1][1].p is None
     assert [r[2] for r in rows] == [{"x": 1, "y": 2}, None, {}]

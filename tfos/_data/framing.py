@@ -316,13 +316,15 @@ def _converter(t: Any, spark_type: Any = None) -> Optional[Any]:
         fields = getattr(spark_type, "fields", None)
         fields = fields if fields is not None and len(fields) == len(names) else None
         convs = [_converter(t.field(i).type, fields[i].dataType if fields else None) for i in range(t.num_fields)]
-        make = Row(*names)
 
         def convert_struct(v: Any) -> Any:
             if v is None:
                 return None
             vals = list(v.values()) if len(v) == len(names) else [v.get(n) for n in names]
-            return make(*[x if c is None else c(x) for c, x in zip(convs, vals)])
+            # As PySpark builds the Rows of df.rdd: a tuple of the values plus the field names.
+            row = Row(*[x if c is None else c(x) for c, x in zip(convs, vals)])
+            row.__fields__ = names
+            return row
 
         return convert_struct
     if _is_list_type(t):
