@@ -208,3 +208,36 @@ def test_feed_batches_refuse_a_null_image_naming_the_column(hub):
     hub.queues["input"].put_nowait(END_OF_FEED)
     with pytest.raises(MalformedRowError, match=r"partition 5 \(epoch 0\), row 1: column 0 \('img'\): null value"):
         list(FeedBatches(DataFeed(hub, timeout_s=10), 2, [(np.float32, (2, 3)), (np.int64, ())]))
+
+
+def test_arrow_column_path_views_nested_arrays_and_dense_vectors_without_copies(hub):
+    """FeedBatches' Arrow column path: nested lists and dense vectors are views of the chunk."""
+    imgs = np.arange(3 * 6, dtype=np.float32).reshape(3, 2, 3)
+    nested = pa.RecordBatch.from_arrays([pa.array(imgs.tolist(), pa.list_(pa.list_(pa.float32())))], ["img"])
+    reader = FeedBatches(DataFeed(hub, timeout_s=10), 2, [(np.float32, (2, 3))])
+    (img,) = reader._arrow_columns(_ipc(nested))
+    assert img.shape == (3, 2, 3) and img.dtype == np.float32 and img.tolist() == imgs.tolist()
+    assert not img.flags.writeable and img.base is not None  # a view, not a copy
+
+    dense = _vector_batch([DenseVector([0.5, 1.5, 2.5]), DenseVector([3.0, 4.0, 5.0])])
+    reader = FeedBatches(DataFeed(hub, timeout_s=10), 2, [(np.float64, (3,)), (np.int64, ())])
+    vec, label = reader._arrow_columns(_ipc(dense))
+    assert vec.dtype == np.float64 and vec.tolist() == [[0.5, 1.5, 2.5], [3.0, 4.0, 5.0]] and not vec.flags.writeable
+    assert label.tolist() == [0, 1]
+    from tfos._data.framing import arrow_vector_ndarray
+
+    piece = _vector_batch([DenseVector([i, i + 0.5]) for i in range(5)]).slice(2, 2)  # offset 2, as arrow_slices cuts
+    assert arrow_vector_ndarray(piece.column(0), piece.schema, 0).tolist() == [[2.0, 2.5], [3.0, 3.5]]
+    # sparse vectors, or vectors without the schema metadata: the row path decides
+    assert reader._arrow_columns(_ipc(_vector_batch([DenseVector([1.0, 2.0, 3.0]), SparseVector(3, [0], [1.0])]))) is None
+    assert reader._arrow_columns(_ipc(dense.replace_schema_metadata(None))) is None
+
+
+def test_feed_batches_densify_sparse_vectors_through_rows(hub):
+    f = Feeder(hub, KEY, 0, "train", 0, "arrow")
+    f.arrow(_vector_batch([DenseVector([1.0, 2.0, 3.0]), SparseVector(3, [2], [9.0]), DenseVector([4.0, 5.0, 6.0])]))
+    f.end()
+    hub.queues["input"].put_nowait(END_OF_FEED)
+    got = list(FeedBatches(DataFeed(hub, timeout_s=10), 3, [(np.float32, (3,)), (np.int64, ())]))
+    assert len(got) == 1 and got[0][0].dtype == np.float32
+    assert got[0][0].tolist() == [[1.0, 2.0, 3.0], [0.0, 0.0, 9.0], [4.0, 5.0, 6.0]] and got[0][1].tolist() == [0, 1, 2]

@@ -33,7 +33,7 @@ from tfos._common.wire import DataSession, loads_strict, recv_into
 __all__ = [
     "FrameType", "ChunkKind", "send_frame", "recv_frame", "send_json", "recv_json", "decode_chunk",
     "MAX_DATA_FRAME_BYTES", "MAX_CONTROL_DATA_FRAME_BYTES",
-    "arrow_rows", "arrow_ndarray", "ArrowRows", "SPARK_SCHEMA_KEY",
+    "arrow_rows", "arrow_ndarray", "arrow_vector_ndarray", "ArrowRows", "SPARK_SCHEMA_KEY",
 ]
 
 _HEAD = struct.Struct(">BQ")
@@ -348,6 +348,42 @@ def _converter(t: Any, spark_type: Any = None) -> Optional[Any]:
         # Spark's TimestampType: df.rdd gives naive datetimes in the process's local time zone.
         return lambda v: None if v is None else v.astimezone().replace(tzinfo=None)
     return None
+
+
+def arrow_vector_ndarray(arr: Any, schema: Any, index: int) -> Any:
+    """A zero-copy ``(n, size)`` float64 view of a column of dense Spark ML vectors, or None (pure).
+
+    Args:
+        arr: Column ``index`` of an Arrow chunk: the ``VectorUDT`` struct
+            ``{type, size, indices, values}`` Spark sends.
+        schema: The chunk's Arrow schema; its metadata (:data:`SPARK_SCHEMA_KEY`) must name
+            the column's type ``pyspark.ml.linalg.VectorUDT``.
+        index: The column's index.
+
+    Returns:
+        The view, or None when the column is not a vector column, or holds a null, a sparse
+        vector or vectors of different sizes.
+    """
+    import numpy as np
+    import pyarrow as pa
+
+    if not pa.types.is_struct(arr.type) or arr.null_count or len(arr) == 0:
+        return None
+    text = (schema.metadata or {}).get(SPARK_SCHEMA_KEY)
+    if not text:
+        return None
+    fields = json.loads(text).get("fields", [])
+    if index >= len(fields):
+        return None
+    ftype = fields[index].get("type")
+    if not isinstance(ftype, dict) or ftype.get("pyClass") != "pyspark.ml.linalg.VectorUDT":
+        return None
+    kinds, _size, _indices, values = arr.flatten()
+    kind = _numeric_view(kinds, 0, len(kinds))
+    if kind is None or not bool((kind == 1).all()):
+        return None
+    view = arrow_ndarray(values)
+    return None if view is None or view.dtype != np.float64 else view
 
 
 def arrow_ndarray(arr: Any) -> Any:
