@@ -277,7 +277,7 @@ class FeedBatches:
             return None
         batch = batches[0]
         n = batch.num_rows
-        out = []
+        out: list = []
         for arr, col in zip(batch.columns, self._cols):
             t = arr.type
             if pa.types.is_integer(t) or pa.types.is_floating(t):
