@@ -279,13 +279,14 @@ def _touch(plan: FeedPlan) -> None:
         client.close()
 
 
-def make_train_fn(plan: FeedPlan):
+def make_train_fn(plan: FeedPlan, spark_schema_json: Optional[str] = None):
     """The ``mapInArrow`` function of a DataFrame train feed (client builds, tasks run).
 
     The classic Arrow feed task (:func:`tfos._data.feed_tasks.make_arrow_feed_fn`) with the
     control host in place of the driver. Yields ``{partition: long, outcome: string}``.
+    ``spark_schema_json``: as for ``make_arrow_feed_fn`` (UDT columns such as ML vectors).
     """
-    feed = make_arrow_feed_fn(plan)
+    feed = make_arrow_feed_fn(plan, spark_schema_json)
 
     def _train(batches: Iterator[Any]) -> Iterator[Any]:
         _touch(plan)

@@ -38,13 +38,16 @@ from typing import Any, Iterator, Optional, Union
 
 from tfos._common import wire as _wire
 from tfos._control.client import ControlClient
-from tfos._data.framing import ChunkKind, FrameType, parse_json, recv_frame, recv_json, send_frame, send_json
+from tfos._data.framing import (
+    SPARK_SCHEMA_KEY, ChunkKind, FrameType, parse_json, recv_frame, recv_json, send_frame, send_json,
+)
 from tfos._common.deadline import Deadline
 from tfos._common.wire import DataAuthError
 from tfos.cluster_template import NodeInfo
 from tfos.errors import ControlProtocolError, DeadlineExceededError, FeedError, FeedTimeoutError, NodeFailure, TFOSError
 
-__all__ = ["FeedPlan", "choose_node", "make_feed_fn", "make_arrow_feed_fn", "make_infer_fn", "arrow_slices", "FeedError"]
+__all__ = ["FeedPlan", "choose_node", "make_feed_fn", "make_arrow_feed_fn", "make_infer_fn", "arrow_slices", "FeedError",
+           "spark_schema_for_feed"]
 
 log = logging.getLogger(__name__)
 
@@ -477,12 +480,20 @@ def make_feed_fn(plan: FeedPlan):
     return _feed
 
 
-def make_arrow_feed_fn(plan: FeedPlan):
+def make_arrow_feed_fn(plan: FeedPlan, spark_schema_json: Optional[str] = None):
     """The ``mapInArrow`` function of a DataFrame train feed (driver builds, task runs).
 
     Each Arrow record batch is sent as one IPC stream chunk; the function yields one record
     batch ``{partition: int64, outcome: string}``.
+
+    Args:
+        plan: The feed plan.
+        spark_schema_json: The DataFrame's Spark schema (``df.schema.json()``), put into
+            every chunk's Arrow schema metadata (:data:`tfos._data.framing.SPARK_SCHEMA_KEY`)
+            so the node can decode UDT columns (Spark ML vectors), whose Arrow form is a bare
+            struct. None (the default) when no column needs it (see :func:`spark_schema_for_feed`).
     """
+    meta = {SPARK_SCHEMA_KEY: spark_schema_json.encode("utf-8")} if spark_schema_json else None
 
     def _feed(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
@@ -496,6 +507,8 @@ def make_arrow_feed_fn(plan: FeedPlan):
         def frames() -> Iterator[Any]:
             for b in batches:
                 for piece in arrow_slices(b, ARROW_CHUNK_BYTES):
+                    if meta is not None:
+                        piece = piece.replace_schema_metadata(meta)
                     sink = pa.BufferOutputStream()
                     with pa.ipc.new_stream(sink, piece.schema) as w:
                         w.write_batch(piece)
@@ -505,6 +518,28 @@ def make_arrow_feed_fn(plan: FeedPlan):
         yield pa.RecordBatch.from_pydict({"partition": pa.array([index], pa.int64()), "outcome": pa.array([outcome])})
 
     return _feed
+
+
+def spark_schema_for_feed(schema: Any) -> Optional[str]:
+    """The Spark schema JSON a DataFrame feed must carry, or None (driver; pure).
+
+    Only schemas with a user-defined type (``VectorUDT``, ``MatrixUDT``...) anywhere need it:
+    every other Spark SQL type decodes from its Arrow type alone.
+    """
+    from pyspark.sql.types import ArrayType, MapType, StructType, UserDefinedType
+
+    def has_udt(t: Any) -> bool:
+        if isinstance(t, UserDefinedType):
+            return True
+        if isinstance(t, StructType):
+            return any(has_udt(f.dataType) for f in t.fields)
+        if isinstance(t, ArrayType):
+            return has_udt(t.elementType)
+        if isinstance(t, MapType):
+            return has_udt(t.keyType) or has_udt(t.valueType)
+        return False
+
+    return schema.json() if has_udt(schema) else None
 
 
 def arrow_slices(batch: Any, target_bytes: int = ARROW_CHUNK_BYTES) -> list:

@@ -34,6 +34,7 @@ from tfos._common.wire import DataSession, loads_strict, recv_into
 __all__ = [
     "FrameType", "ChunkKind", "send_frame", "recv_frame", "send_json", "recv_json", "decode_chunk",
     "MAX_DATA_FRAME_BYTES", "MAX_CONTROL_DATA_FRAME_BYTES",
+    "arrow_rows", "arrow_ndarray", "arrow_vector_ndarray", "ArrowRows", "SPARK_SCHEMA_KEY",
 ]
 
 _HEAD = struct.Struct(">BQ")
@@ -195,8 +196,9 @@ def decode_chunk(kind: ChunkKind, payload: Union[bytes, bytearray]) -> list:
         payload: The frame payload.
 
     Returns:
-        The rows. Arrow chunks become tuples, one per row, with list columns of equal
-        length turned into numpy arrays of shape ``(length,)``.
+        The rows. Arrow chunks become tuples, one per row, holding the values of
+        ``df.rdd`` (see :func:`arrow_rows`; numeric array columns of one shape per chunk
+        become numpy arrays).
 
     Raises:
         ValueError: For a payload that does not decode as announced.
@@ -222,32 +224,236 @@ def decode_chunk(kind: ChunkKind, payload: Union[bytes, bytearray]) -> list:
     raise ValueError(f"unknown chunk kind {kind!r}")
 
 
+#: Arrow schema metadata key under which a DataFrame feed task puts the DataFrame's Spark
+#: schema (JSON) when a column needs it to decode (Spark ML vectors and other UDTs: Spark's
+#: Arrow batches carry a UDT as its bare SQL struct, without metadata).
+SPARK_SCHEMA_KEY = b"tfos.spark_schema"
+
+
+class ArrowRows(list):
+    """The rows of one Arrow chunk (a list of tuples) with the chunk's column names."""
+
+    column_names: tuple = ()
+
+
 def arrow_rows(payload: Union[bytes, bytearray]) -> list:
-    """Decodes an Arrow IPC stream chunk into a list of row tuples (TF process side)."""
+    """Decodes an Arrow IPC stream chunk into a list of row tuples (TF process side).
+
+    Every value is the Python value the same row of ``df.rdd`` holds (see the table in
+    docs/datafeed.md): exact integers, ``None`` for nulls, ``Row`` for structs, ``dict``
+    for maps, ``bytearray`` for binary, naive local ``datetime`` for timestamps,
+    ``DenseVector``/``SparseVector`` (or the value of any other UDT) when the chunk's
+    schema metadata names the column's UDT (:data:`SPARK_SCHEMA_KEY`). One exception,
+    for speed: a column of numeric arrays (nested to any depth) without nulls at any
+    level whose arrays all have the same shape in the chunk gives each row as a
+    read-only numpy array of that shape and of the Arrow dtype (a zero-copy view of
+    ``payload``; the same numbers, none converted).
+
+    Returns:
+        An :class:`ArrowRows` list of tuples, one per row.
+
+    Raises:
+        ValueError: For a payload that is not an Arrow IPC stream.
+    """
     import pyarrow as pa
 
     reader = pa.ipc.open_stream(pa.py_buffer(payload))
     batches = list(reader)
+    out = ArrowRows()
+    out.column_names = tuple(reader.schema.names)
     if not batches:
-        return []
+        return out
     if len(batches) == 1:
         # Zero copy: the columns are views of ``payload`` (combine_chunks() would copy them
         # into Arrow's allocator, which keeps the freed memory mapped).
         columns = list(batches[0].columns)
     else:
         columns = [col.combine_chunks() for col in pa.Table.from_batches(batches).itercolumns()]
+    spark_types = _spark_types(reader.schema)
     cols = []
-    for arr in columns:
-        t = arr.type
-        if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-            rows = _equal_length_rows(arr) if arr.null_count == 0 else None
-            cols.append(rows if rows is not None else arr.to_pylist())
-        elif pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
+    for i, arr in enumerate(columns):
+        spark_type = spark_types[i] if spark_types is not None else None
+        cols.append(_column_values(arr, spark_type))
+    out.extend(zip(*cols))
+    return out
+
+
+def _spark_types(schema: Any) -> Optional[list]:
+    """The Spark ``DataType`` of every column from the chunk's schema metadata, or None."""
+    meta = schema.metadata or {}
+    text = meta.get(SPARK_SCHEMA_KEY)
+    if not text:
+        return None
+    from pyspark.sql.types import StructType
+
+    st = StructType.fromJson(json.loads(text))
+    if len(st.fields) != len(schema.names):
+        raise ValueError(
+            f"the Arrow chunk has {len(schema.names)} columns but its Spark schema has {len(st.fields)}"
+        )
+    return [f.dataType for f in st.fields]
+
+
+def _column_values(arr: Any, spark_type: Any) -> list:
+    """One column of an Arrow chunk as the list of its rows' Python values (pure)."""
+    import pyarrow as pa
+
+    t = arr.type
+    if spark_type is None or not _is_udt(spark_type):
+        if pa.types.is_integer(t) or pa.types.is_floating(t):
             view = _numeric_view(arr, 0, len(arr))
-            cols.append(view.tolist() if view is not None else arr.to_pylist())
+            if view is not None:
+                return view.tolist()
+        elif _is_list_type(t):
+            nd = arrow_ndarray(arr)
+            if nd is not None:
+                return list(nd)
+    values = arr.to_pylist()
+    conv = _converter(t, spark_type)
+    return values if conv is None else [conv(v) for v in values]
+
+
+def _is_list_type(t: Any) -> bool:
+    import pyarrow as pa
+
+    return bool(pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t))
+
+
+def _is_udt(spark_type: Any) -> bool:
+    return hasattr(spark_type, "deserialize") and hasattr(spark_type, "sqlType")
+
+
+def _converter(t: Any, spark_type: Any = None) -> Optional[Any]:
+    """A function from ``Array.to_pylist()`` values of Arrow type ``t`` to the values of
+    ``df.rdd`` (None when they are already the same; pure).
+
+    Args:
+        t: The Arrow type.
+        spark_type: The Spark ``DataType`` of the same value when known (needed for UDTs).
+    """
+    import pyarrow as pa
+
+    if spark_type is not None and _is_udt(spark_type):
+        udt = spark_type
+        inner = _converter(t, udt.sqlType())
+
+        def convert_udt(v: Any) -> Any:
+            return None if v is None else udt.deserialize(inner(v) if inner is not None else v)
+
+        return convert_udt
+    if pa.types.is_struct(t):
+        from pyspark.sql import Row
+
+        names = [t.field(i).name for i in range(t.num_fields)]
+        fields = getattr(spark_type, "fields", None)
+        fields = fields if fields is not None and len(fields) == len(names) else None
+        convs = [_converter(t.field(i).type, fields[i].dataType if fields else None) for i in range(t.num_fields)]
+
+        def convert_struct(v: Any) -> Any:
+            if v is None:
+                return None
+            vals = list(v.values()) if len(v) == len(names) else [v.get(n) for n in names]
+            # As PySpark builds the Rows of df.rdd: a tuple of the values plus the field names.
+            row = Row(*[x if c is None else c(x) for c, x in zip(convs, vals)])
+            row.__fields__ = names
+            return row
+
+        return convert_struct
+    if _is_list_type(t):
+        elem = _converter(t.value_type, getattr(spark_type, "elementType", None))
+        if elem is None:
+            return None
+        return lambda v: None if v is None else [elem(x) for x in v]
+    if pa.types.is_map(t):
+        kc = _converter(t.key_type, getattr(spark_type, "keyType", None))
+        vc = _converter(t.item_type, getattr(spark_type, "valueType", None))
+
+        def convert_map(v: Any) -> Any:
+            if v is None:
+                return None
+            return {(k if kc is None else kc(k)): (x if vc is None else vc(x)) for k, x in v}
+
+        return convert_map
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
+        return lambda v: None if v is None else bytearray(v)
+    if pa.types.is_timestamp(t) and t.tz is not None:
+        # Spark's TimestampType: df.rdd gives naive datetimes in the process's local time zone.
+        return lambda v: None if v is None else v.astimezone().replace(tzinfo=None)
+    return None
+
+
+def arrow_vector_ndarray(arr: Any, schema: Any, index: int) -> Any:
+    """A zero-copy ``(n, size)`` float64 view of a column of dense Spark ML vectors, or None (pure).
+
+    Args:
+        arr: Column ``index`` of an Arrow chunk: the ``VectorUDT`` struct
+            ``{type, size, indices, values}`` Spark sends.
+        schema: The chunk's Arrow schema; its metadata (:data:`SPARK_SCHEMA_KEY`) must name
+            the column's type ``pyspark.ml.linalg.VectorUDT``.
+        index: The column's index.
+
+    Returns:
+        The view, or None when the column is not a vector column, or holds a null, a sparse
+        vector or vectors of different sizes.
+    """
+    import numpy as np
+    import pyarrow as pa
+
+    if not pa.types.is_struct(arr.type) or arr.null_count or len(arr) == 0:
+        return None
+    text = (schema.metadata or {}).get(SPARK_SCHEMA_KEY)
+    if not text:
+        return None
+    fields = json.loads(text).get("fields", [])
+    if index >= len(fields):
+        return None
+    ftype = fields[index].get("type")
+    if not isinstance(ftype, dict) or ftype.get("pyClass") != "pyspark.ml.linalg.VectorUDT":
+        return None
+    kinds, _size, _indices, values = arr.flatten()
+    kind = _numeric_view(kinds, 0, len(kinds))
+    if kind is None or not bool((kind == 1).all()):
+        return None
+    view = arrow_ndarray(values)
+    return None if view is None or view.dtype != np.float64 else view
+
+
+def arrow_ndarray(arr: Any) -> Any:
+    """A zero-copy numpy view of a (nested) list column of numbers, or None (pure).
+
+    Args:
+        arr: An Arrow array of ``n`` rows: list, large list or fixed-size list, nested
+            to any depth, with integer or floating-point leaves.
+
+    Returns:
+        A read-only array of shape ``(n, d1, ..., dk)`` and the leaves' dtype, or None when
+        a list or leaf is null at any level, the lists of one level differ in length, the
+        leaves are not numbers, or a level below an empty list has no length to read.
+    """
+    shape = [len(arr)]
+    cur, lo, hi = arr, 0, len(arr)
+    while _is_list_type(cur.type):
+        if cur.null_count:
+            return None
+        count = hi - lo
+        if hasattr(cur.type, "list_size"):
+            width = cur.type.list_size
+            base = cur.offset + lo
+            lo, hi = base * width, (base + count) * width
         else:
-            cols.append(arr.to_pylist())
-    return list(zip(*cols)) if cols else []
+            if count == 0:
+                return None
+            offsets = _numeric_view(cur.offsets, lo, hi + 1)
+            if offsets is None or not _equal_steps(offsets):  # pragma: no cover - offsets never have nulls
+                return None
+            width = int(offsets[1] - offsets[0])
+            lo, hi = int(offsets[0]), int(offsets[-1])
+        shape.append(width)
+        cur = cur.values
+    flat = _numeric_view(cur, lo, hi)
+    if flat is None:
+        return None
+    return flat.reshape(shape)
 
 
 def _numeric_view(arr: Any, start: int, stop: int) -> Any:
@@ -270,38 +476,6 @@ def _numeric_view(arr: Any, start: int, stop: int) -> Any:
     if stop <= start:
         return np.empty(0, dtype)
     return np.frombuffer(arr.buffers()[1], dtype=dtype, count=stop - start, offset=(arr.offset + start) * dtype.itemsize)
-
-
-def _equal_length_rows(arr: Any) -> Optional[list]:
-    """Rows of a list column as numpy arrays when every list has the same length (pure).
-
-    Args:
-        arr: An Arrow list, large list or fixed-size list array without nulls.
-
-    Returns:
-        One numpy array of shape ``(length,)`` per row (views of the chunk's buffer where
-        possible), or None when the lists differ in length.
-    """
-    import pyarrow as pa
-
-    n = len(arr)
-    if n == 0:
-        return []
-    if pa.types.is_fixed_size_list(arr.type):
-        width = arr.type.list_size
-        start = arr.offset * width
-    else:
-        offsets = _numeric_view(arr.offsets, 0, n + 1)
-        if offsets is None:  # pragma: no cover - offsets never have nulls
-            offsets = arr.offsets.to_numpy(zero_copy_only=False)
-        if not _equal_steps(offsets):
-            return None
-        start = int(offsets[0])
-        width = int(offsets[1] - offsets[0])
-    flat = _numeric_view(arr.values, start, start + n * width)
-    if flat is None:
-        flat = arr.flatten().to_numpy(zero_copy_only=False)
-    return list(flat.reshape(n, width))
 
 
 def _equal_steps(offsets: Any) -> bool:

@@ -401,14 +401,14 @@ class FeedBatches:
         """
         import pyarrow as pa
 
-        from tfos._data.framing import _numeric_view
+        from tfos._data.framing import _numeric_view, arrow_ndarray, arrow_vector_ndarray
 
         batches = list(pa.ipc.open_stream(pa.py_buffer(payload)))
         if len(batches) != 1 or batches[0].num_columns != len(self._cols):
             return None
         batch = batches[0]
         n = batch.num_rows
-        out = []
+        out: list = []
         for arr, col in zip(batch.columns, self._cols):
             t = arr.type
             if pa.types.is_integer(t) or pa.types.is_floating(t):
@@ -420,8 +420,17 @@ class FeedBatches:
                     return None
                 view = _list_view(arr, n, col.width)
                 if view is None:
+                    # C24: nested numeric lists (e.g. array<array<float>> images) -> (n, d1, ..., dk)
+                    view = arrow_ndarray(arr)
+                    if view is None or view.shape[1:] != col.shape:
+                        return None
+                else:
+                    view = view.reshape((n,) + col.shape)
+            elif pa.types.is_struct(t) and col.shape is not None and len(col.shape) == 1:
+                # C24: a column of dense Spark ML vectors -> (n, size) (sparse ones: slow path)
+                view = arrow_vector_ndarray(arr, batch.schema, len(out))
+                if view is None or view.shape[1:] != col.shape:
                     return None
-                view = view.reshape((n,) + col.shape)
             else:
                 return None
             if view is None:

@@ -1,0 +1,243 @@
+"""C24: rows decoded from Arrow chunks (``cluster.train(df)``) carry the values of ``df.rdd``;
+the column paths (``rows_to_columns``, ``FeedBatches``) give n-D arrays for nested numeric
+arrays and vectors and refuse nulls naming the column. Arrow tables are built here, no Spark
+(pyspark is imported for ``Row`` and the ML vector types only)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+
+import numpy as np
+import pytest
+
+pa = pytest.importorskip("pyarrow")
+
+from pyspark.ml.linalg import DenseVector, SparseVector, VectorUDT  # noqa: E402
+from pyspark.sql import Row  # noqa: E402
+from pyspark.sql.types import (  # noqa: E402
+    ArrayType, DoubleType, LongType, MapType, StringType, StructField, StructType,
+)
+
+from tfos._data.feed_hub import END_OF_FEED, FeedHub  # noqa: E402
+from tfos._data.feed_tasks import spark_schema_for_feed  # noqa: E402
+from tfos._data.framing import SPARK_SCHEMA_KEY, arrow_ndarray, arrow_rows  # noqa: E402
+from tfos._data.tfdata import FeedBatches  # noqa: E402
+from tfos.datafeed import DataFeed, rows_to_columns  # noqa: E402
+from tfos.errors import MalformedRowError  # noqa: E402
+from feed_fakes import Feeder  # noqa: E402
+
+KEY = b"k" * 32
+
+#: The Arrow struct Spark sends for a VectorUDT column (its sqlType).
+VEC_ARROW = pa.struct([
+    pa.field("type", pa.int8(), nullable=False), pa.field("size", pa.int32()),
+    pa.field("indices", pa.list_(pa.field("element", pa.int32(), nullable=False))),
+    pa.field("values", pa.list_(pa.field("element", pa.float64(), nullable=False))),
+])
+
+
+def _ipc(batch) -> bytearray:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as w:
+        w.write_batch(batch)
+    return bytearray(sink.getvalue().to_pybytes())
+
+
+def _col(arr, name="c") -> list:
+    return [r[0] for r in arrow_rows(_ipc(pa.RecordBatch.from_arrays([arr], [name])))]
+
+
+# ------------------------------------------------------------ nested numeric arrays
+def test_smallest_c24_image_row_is_a_2x3_array():
+    got = _col(pa.array([[[0.0, 0.0, 0.0], [1.0, 1.0, 1.0]]], pa.list_(pa.list_(pa.float32()))))
+    assert len(got) == 1 and isinstance(got[0], np.ndarray)
+    assert got[0].shape == (2, 3) and got[0].dtype == np.float32
+    assert got[0].tolist() == [[0.0, 0.0, 0.0], [1.0, 1.0, 1.0]]
+    assert not got[0].flags.writeable  # a view of the received chunk
+    cols = rows_to_columns([(got[0],)], [(np.float32, (2, 3))])
+    assert cols[0].shape == (1, 2, 3) and cols[0].dtype == np.float32
+
+
+def test_nested_views_of_a_slice_and_of_fixed_size_lists():
+    imgs = np.arange(5 * 2 * 3, dtype=np.float64).reshape(5, 2, 3)
+    nested = pa.array(imgs.tolist(), pa.list_(pa.list_(pa.float64())))
+    batch = pa.RecordBatch.from_arrays([nested], ["img"]).slice(2, 3)
+    got = [r[0] for r in arrow_rows(_ipc(batch))]
+    assert [g.tolist() for g in got] == imgs[2:].tolist()
+    fixed = pa.array(imgs.tolist(), pa.list_(pa.list_(pa.float64(), 3), 2))
+    view = arrow_ndarray(fixed.slice(1, 3))
+    assert view.shape == (3, 2, 3) and view.tolist() == imgs[1:4].tolist()
+    assert arrow_ndarray(pa.array([[[1, 2]], [[3, 4]]], pa.large_list(pa.list_(pa.int64())))).dtype == np.int64
+
+
+@pytest.mark.parametrize(
+    ("arr", "want"),
+    [
+        # ragged inner lists: lists, as df.rdd
+        (pa.array([[[1.0], [2.0, 3.0]], [[4.0], [5.0, 6.0]]], pa.list_(pa.list_(pa.float64()))),
+         [[[1.0], [2.0, 3.0]], [[4.0], [5.0, 6.0]]]),
+        # a null inner list / a null leaf: lists with None, never NaN
+        (pa.array([[[1.0, 2.0], None], [[3.0, 4.0], [5.0, 6.0]]], pa.list_(pa.list_(pa.float64()))),
+         [[[1.0, 2.0], None], [[3.0, 4.0], [5.0, 6.0]]]),
+        (pa.array([[[1.0, None]], [[3.0, 4.0]]], pa.list_(pa.list_(pa.float64()))), [[[1.0, None]], [[3.0, 4.0]]]),
+        # strings and booleans: lists
+        (pa.array([[["a"]], [["b"]]], pa.list_(pa.list_(pa.string()))), [[["a"]], [["b"]]]),
+        (pa.array([[True, False], [False, True]]), [[True, False], [False, True]]),
+    ],
+)
+def test_nested_arrays_that_are_not_dense_numbers_stay_rdd_lists(arr, want):
+    got = _col(arr)
+    assert not any(isinstance(g, np.ndarray) for g in got)
+    assert got == want
+
+
+def test_int64_list_with_a_null_keeps_every_integer_exact():
+    got = _col(pa.array([[2**60 + 1, None], [7, 2**63 - 1]], pa.list_(pa.int64())))
+    assert got == [[1152921504606846977, None], [7, 9223372036854775807]]
+    assert type(got[0][0]) is int and got[0][1] is None
+
+
+# --------------------------------------------------------------- structs and maps
+def test_struct_columns_are_rows_and_maps_are_dicts_as_in_df_rdd():
+    struct = pa.array([{"a": 1.0, "b": 2.0}, None, {"a": None, "b": 4.0}],
+                      pa.struct([("a", pa.float64()), ("b", pa.float64())]))
+    nested = pa.array([{"p": {"q": 1}}, {"p": None}, None], pa.struct([("p", pa.struct([("q", pa.int64())]))]))
+    m = pa.array([[("x", 1), ("y", 2)], None, []], pa.map_(pa.string(), pa.int64()))
+    binary = pa.array([b"\x00\x01", None, b""], pa.binary())
+    rows = arrow_rows(_ipc(pa.RecordBatch.from_arrays([struct, nested, m, binary], ["s", "n", "m", "b"])))
+    assert rows.column_names == ("s", "n", "m", "b")
+    s0 = rows[0][0]
+    assert isinstance(s0, Row) and s0 == Row(a=1.0, b=2.0) and s0.asDict() == {"a": 1.0, "b": 2.0}
+    assert s0.__fields__ == ["a", "b"] and s0.b == 2.0  # as df.rdd's Rows
+    assert rows[1][0] is None and rows[2][0].a is None
+    assert rows[0][1] == Row(p=Row(q=1)) and isinstance(rows[0][1].p, Row) and rows[1][1].p is None
+    assert [r[2] for r in rows] == [{"x": 1, "y": 2}, None, {}]
+    assert [r[3] for r in rows] == [bytearray(b"\x00\x01"), None, bytearray(b"")]
+    assert type(rows[0][3]) is bytearray
+
+
+def test_timestamps_with_a_zone_become_naive_local_datetimes():
+    instant = datetime.datetime(2024, 5, 1, 12, 30, tzinfo=datetime.timezone.utc)
+    got = _col(pa.array([instant, None], pa.timestamp("us", tz="UTC")))
+    assert got == [instant.astimezone().replace(tzinfo=None), None] and got[0].tzinfo is None
+
+
+# ------------------------------------------------------------------- ML vectors
+def _vector_batch(vectors: list):
+    udt = VectorUDT()
+    structs = [None if v is None else dict(zip(("type", "size", "indices", "values"), udt.serialize(v)))
+               for v in vectors]
+    schema = StructType([StructField("features", VectorUDT()), StructField("label", LongType())])
+    batch = pa.RecordBatch.from_arrays([pa.array(structs, VEC_ARROW), pa.array(range(len(vectors)), pa.int64())],
+                                       ["features", "label"])
+    json_text = spark_schema_for_feed(schema)
+    assert json_text is not None and json.loads(json_text) == schema.jsonValue()
+    return batch.replace_schema_metadata({SPARK_SCHEMA_KEY: json_text.encode()})
+
+
+def test_vector_columns_are_dense_and_sparse_vectors():
+    vectors = [DenseVector([0.5, 1.5, 2.5]), SparseVector(3, [1], [7.0]), None]
+    rows = arrow_rows(_ipc(_vector_batch(vectors)))
+    got = [r[0] for r in rows]
+    assert type(got[0]) is DenseVector and got[0] == vectors[0]
+    assert type(got[1]) is SparseVector and got[1] == vectors[1]
+    assert got[2] is None and [r[1] for r in rows] == [0, 1, 2]
+    cols = rows_to_columns(rows[:2], [(np.float32, (3,)), (np.int64, ())])
+    assert cols[0].dtype == np.float32 and cols[0].tolist() == [[0.5, 1.5, 2.5], [0.0, 7.0, 0.0]]
+
+
+def test_without_the_schema_a_vector_is_its_struct_as_a_row():
+    batch = _vector_batch([DenseVector([1.0])]).replace_schema_metadata(None)
+    (got,) = [r[0] for r in arrow_rows(_ipc(batch))]
+    assert got == Row(type=1, size=None, indices=None, values=[1.0])
+
+
+def test_feed_schema_is_sent_only_for_udt_columns():
+    plain = StructType([StructField("x", ArrayType(ArrayType(DoubleType()))),
+                        StructField("m", MapType(StringType(), LongType()))])
+    assert spark_schema_for_feed(plain) is None
+    nested = StructType([StructField("vs", ArrayType(VectorUDT()))])
+    assert spark_schema_for_feed(nested) == nested.json()
+
+
+# --------------------------------------------------------------- nulls on columns
+def test_rows_to_columns_refuses_nulls_naming_the_column():
+    rows = arrow_rows(_ipc(pa.RecordBatch.from_arrays(
+        [pa.array([[1.0, 2.0], [3.0, None]], pa.list_(pa.float64())), pa.array([1, 2], pa.int64())], ["x", "y"])))
+    with pytest.raises(MalformedRowError, match=r"row 1: column 0 \('x'\): null value where a dense float32 tensor"):
+        rows_to_columns(rows, [(np.float32, (2,)), (np.int64, ())], [(0, 3, 0, 0)])
+    rows = arrow_rows(_ipc(pa.RecordBatch.from_arrays([pa.array([1, None], pa.int64())], ["y"])))
+    with pytest.raises(MalformedRowError, match=r"partition 3 \(epoch 0\), row 1: column 0 \('y'\): null value"):
+        rows_to_columns(rows, [(np.int64, ())], [(0, 3, 0, 0)])
+    # a real NaN is a value, not a null
+    got = rows_to_columns([(float("nan"),), (1.0,)], [(np.float64, ())])
+    assert np.isnan(got[0][0]) and got[0][1] == 1.0
+
+
+# --------------------------------------------------------------- FeedBatches path
+@pytest.fixture
+def hub():
+    h = FeedHub("127.0.0.1", KEY, ("input",), 64, "worker:0 (executor 1, host 127.0.0.1)")
+    yield h
+    h.close()
+
+
+def test_feed_batches_give_batch_2_3_float32_for_an_image_column(hub):
+    imgs = np.arange(4 * 6, dtype=np.float64).reshape(4, 2, 3)
+    batch = pa.RecordBatch.from_arrays(
+        [pa.array(imgs.tolist(), pa.list_(pa.list_(pa.float64()))), pa.array(range(4), pa.int64())], ["img", "y"])
+    f = Feeder(hub, KEY, 0, "train", 0, "arrow")
+    f.arrow(batch)
+    f.end()
+    hub.queues["input"].put_nowait(END_OF_FEED)
+    got = list(FeedBatches(DataFeed(hub, timeout_s=10), 3, [(np.float32, (2, 3)), (np.int64, ())]))
+    assert [b[0].shape for b in got] == [(3, 2, 3), (1, 2, 3)]
+    assert all(b[0].dtype == np.float32 for b in got)
+    assert np.concatenate([b[0] for b in got]).tolist() == imgs.tolist()
+    assert np.concatenate([b[1] for b in got]).tolist() == [0, 1, 2, 3]
+
+
+def test_feed_batches_refuse_a_null_image_naming_the_column(hub):
+    batch = pa.RecordBatch.from_arrays(
+        [pa.array([[[0.0] * 3] * 2, None], pa.list_(pa.list_(pa.float64()))), pa.array([0, 1], pa.int64())],
+        ["img", "y"])
+    f = Feeder(hub, KEY, 5, "train", 0, "arrow")
+    f.arrow(batch)
+    f.end()
+    hub.queues["input"].put_nowait(END_OF_FEED)
+    with pytest.raises(MalformedRowError, match=r"partition 5 \(epoch 0\), row 1: column 0 \('img'\): null value"):
+        list(FeedBatches(DataFeed(hub, timeout_s=10), 2, [(np.float32, (2, 3)), (np.int64, ())]))
+
+
+def test_arrow_column_path_views_nested_arrays_and_dense_vectors_without_copies(hub):
+    """FeedBatches' Arrow column path: nested lists and dense vectors are views of the chunk."""
+    imgs = np.arange(3 * 6, dtype=np.float32).reshape(3, 2, 3)
+    nested = pa.RecordBatch.from_arrays([pa.array(imgs.tolist(), pa.list_(pa.list_(pa.float32())))], ["img"])
+    reader = FeedBatches(DataFeed(hub, timeout_s=10), 2, [(np.float32, (2, 3))])
+    (img,) = reader._arrow_columns(_ipc(nested))
+    assert img.shape == (3, 2, 3) and img.dtype == np.float32 and img.tolist() == imgs.tolist()
+    assert not img.flags.writeable and img.base is not None  # a view, not a copy
+
+    dense = _vector_batch([DenseVector([0.5, 1.5, 2.5]), DenseVector([3.0, 4.0, 5.0])])
+    reader = FeedBatches(DataFeed(hub, timeout_s=10), 2, [(np.float64, (3,)), (np.int64, ())])
+    vec, label = reader._arrow_columns(_ipc(dense))
+    assert vec.dtype == np.float64 and vec.tolist() == [[0.5, 1.5, 2.5], [3.0, 4.0, 5.0]] and not vec.flags.writeable
+    assert label.tolist() == [0, 1]
+    from tfos._data.framing import arrow_vector_ndarray
+
+    piece = _vector_batch([DenseVector([i, i + 0.5]) for i in range(5)]).slice(2, 2)  # offset 2, as arrow_slices cuts
+    assert arrow_vector_ndarray(piece.column(0), piece.schema, 0).tolist() == [[2.0, 2.5], [3.0, 3.5]]
+    # sparse vectors, or vectors without the schema metadata: the row path decides
+    assert reader._arrow_columns(_ipc(_vector_batch([DenseVector([1.0, 2.0, 3.0]), SparseVector(3, [0], [1.0])]))) is None
+    assert reader._arrow_columns(_ipc(dense.replace_schema_metadata(None))) is None
+
+
+def test_feed_batches_densify_sparse_vectors_through_rows(hub):
+    f = Feeder(hub, KEY, 0, "train", 0, "arrow")
+    f.arrow(_vector_batch([DenseVector([1.0, 2.0, 3.0]), SparseVector(3, [2], [9.0]), DenseVector([4.0, 5.0, 6.0])]))
+    f.end()
+    hub.queues["input"].put_nowait(END_OF_FEED)
+    got = list(FeedBatches(DataFeed(hub, timeout_s=10), 3, [(np.float32, (3,)), (np.int64, ())]))
+    assert len(got) == 1 and got[0][0].dtype == np.float32
+    assert got[0][0].tolist() == [[1.0, 2.0, 3.0], [0.0, 0.0, 9.0], [4.0, 5.0, 6.0]] and got[0][1].tolist() == [0, 1, 2]
