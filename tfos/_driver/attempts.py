@@ -96,8 +96,10 @@ class _Launcher:
         """The cluster id of attempt ``k``."""
         return self.base_id if k == 0 else f"{self.base_id}-r{k}"
 
-    def start(self, k: int) -> tuple[DriverConfig, ClusterRuntime, Attempt]:
-        """Launches attempt ``k`` and waits until every node registered.
+    def start(self, k: int, outer: Optional[Deadline] = None) -> tuple[DriverConfig, ClusterRuntime, Attempt]:
+        """Launches attempt ``k`` and waits until every node registered, at most the
+        reservation timeout (and at most what is left of ``outer``, e.g. shutdown()'s
+        ``timeout``, when given).
 
         Raises:
             ClusterFailedError: A node failed while the cluster was forming.
@@ -117,7 +119,8 @@ class _Launcher:
             )
             config = DriverConfig(node_config, self.template, self.spark_ids, self.progress)
             deadline = Deadline(
-                self.reservation_timeout_s, f"all {len(self.roles)} nodes to register",
+                min(self.reservation_timeout_s, outer.remaining()) if outer is not None else self.reservation_timeout_s,
+                f"all {len(self.roles)} nodes to register",
                 "too few free Spark task slots (another job holds executors), executors that cannot reach the "
                 "driver's control port, or node processes failing at start-up (see the executor logs)",
             )
@@ -130,12 +133,14 @@ class _Launcher:
         log.info("tfos cluster %s: all %d nodes registered: %s", cluster_id, len(self.roles), runtime.state.cluster_spec())
         return config, runtime, attempt
 
-    def await_executors(self) -> None:
-        """Before a restart: waits (at most ``executor_wait_s``) until Spark has as many live
-        executors as the cluster has Spark-hosted nodes (a lost executor is being replaced)."""
+    def await_executors(self, outer: Optional[Deadline] = None) -> None:
+        """Before a restart: waits (at most ``executor_wait_s``, and at most what is left of
+        ``outer``) until Spark has as many live executors as the cluster has Spark-hosted
+        nodes (a lost executor is being replaced)."""
         if str(self.sc.master).startswith("local") and not str(self.sc.master).startswith("local-cluster"):
             return
-        deadline = Deadline(self.executor_wait_s, f"{len(self.spark_ids)} Spark executors")
+        wait_s = min(self.executor_wait_s, outer.remaining()) if outer is not None else self.executor_wait_s
+        deadline = Deadline(wait_s, f"{len(self.spark_ids)} Spark executors")
         have = live_executors(self.sc)
         while have < len(self.spark_ids) and not deadline.expired():
             time.sleep(deadline.slice(0.5))  # executor registration has no event to wait on from Python
@@ -167,13 +172,16 @@ class _Recovery:
         except ClusterFailedError as err:
             return self.after_failure(err, "run()", False)
 
-    def after_failure(self, err: ClusterFailedError, context: str, progressed: Optional[bool]) -> tuple[DriverConfig, ClusterRuntime, Attempt]:
+    def after_failure(self, err: ClusterFailedError, context: str, progressed: Optional[bool],
+                      outer: Optional[Deadline] = None) -> tuple[DriverConfig, ClusterRuntime, Attempt]:
         """Records the running attempt's failure and starts the next attempt that forms.
 
         Args:
             err: The attempt's error (its root causes and consequences are recorded).
             context: What the driver was doing, e.g. 'train()'.
             progressed: See :class:`tfos._driver.restart.AttemptOutcome`.
+            outer: The caller's own deadline (shutdown()'s ``timeout``): waiting for executors
+                and for the next attempt's registration never goes past it.
 
         Returns:
             The new attempt's config, runtime and launch.
@@ -191,10 +199,10 @@ class _Recovery:
             log.warning("tfos cluster %s: attempt %d failed during %s: %s; starting attempt %d (%s)",
                         err.cluster_id, self.attempt, context, outcome.summary(), decision.next_attempt, decision.reason)
             self.attempt = decision.next_attempt
-            self.launcher.await_executors()
+            self.launcher.await_executors(outer)
             t0 = time.monotonic()
             try:
-                started = self.launcher.start(self.attempt)
+                started = self.launcher.start(self.attempt, outer)
                 log.warning("tfos cluster %s: attempt %d running (%.1f s to launch and register)",
                             started[0].cluster_id, self.attempt, time.monotonic() - t0)
                 return started
@@ -252,8 +260,12 @@ def _await_registration(runtime: ClusterRuntime, attempt: Attempt, input_mode: I
                 raise runtime.fail("run()")
             what = spark_error_text(start.error) if start.error is not None else "the start tasks returned early"
             etype = type(start.error).__name__ if start.error is not None else "StartJobEnded"
+            kind = "spark"
+            if "ExecutorLostFailure" in what:  # Spark's text names its executor and host
+                kind, etype = "lost", "ExecutorLost"
+                what = f"a Spark executor was lost while the cluster formed: {what}"
             runtime.teardown(failed=True)
-            raise ClusterFailedError(cluster_id, [state.make_failure(state.missing()[0] if state.missing() else 0, "spark", etype, what)], "run()") from start.error
+            raise ClusterFailedError(cluster_id, [state.make_failure(state.missing()[0] if state.missing() else 0, kind, etype, what)], "run()") from start.error
         if outcome == "expired":
             missing = state.missing()
             busy = busy_slots_report(runtime.sc, cluster_id) or busy

@@ -21,7 +21,7 @@ import uuid
 from typing import Any, Callable, Optional, Sequence
 
 from tfos._node import output as _node_output
-from tfos._driver.runtime import ClusterRuntime, JobThread, Progress, install_sigterm
+from tfos._driver.runtime import ClusterRuntime, JobThread, Progress, install_sigterm, restarting
 from tfos._control.server import ControlServer
 from tfos._common.deadline import Deadline
 from tfos._data.feed_tasks import FeedPlan, make_arrow_feed_fn, make_feed_fn, make_infer_fn, spark_schema_for_feed
@@ -169,7 +169,8 @@ class TFCluster:
             return None
         return self._state.rows_consumed() > 0
 
-    def _restart_or_raise(self, err: ClusterFailedError, context: str, progressed: Optional[bool]) -> None:
+    def _restart_or_raise(self, err: ClusterFailedError, context: str, progressed: Optional[bool],
+                          outer: Optional[Deadline] = None) -> None:
         """After a failed attempt: starts the next one (this object then drives it), or
         raises (driver).
 
@@ -180,8 +181,13 @@ class TFCluster:
         rec = self._recovery
         if rec is None or isinstance(err, RecoveryFailedError):
             raise err
-        self._runtime.join_teardown()  # the failed attempt's processes are gone (bounded)
-        config, runtime, attempt = rec.after_failure(err, context, progressed)
+        base_id = rec.launcher.base_id
+        restarting(base_id, True, rec.launcher.handle_sigterm)  # SIGTERM between attempts: as Ctrl-C
+        try:
+            self._runtime.join_teardown()  # the failed attempt's processes are gone (bounded)
+            config, runtime, attempt = rec.after_failure(err, context, progressed, outer)
+        finally:
+            restarting(base_id, False, rec.launcher.handle_sigterm)
         self._config, self._runtime, self._state, self._attempt = config, runtime, runtime.state, attempt
         self.cluster_id = config.cluster_id
 
@@ -432,7 +438,7 @@ class TFCluster:
                     raise
                 # With max_restarts: a fresh attempt (InputMode.SPARK: its feed is already
                 # closed, so main_fun restores its checkpoint and ends); else raises.
-                self._restart_or_raise(err, "shutdown()", self._progressed())
+                self._restart_or_raise(err, "shutdown()", self._progressed(), deadline)
                 continue
             except BaseException:
                 if not rt.closed:

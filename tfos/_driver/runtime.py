@@ -91,7 +91,14 @@ def spark_error_text(exc: BaseException) -> str:
         if marker in text:
             line = text.split(marker, 1)[1].splitlines()[0]
             return marker + line
-    return text.splitlines()[0][:500] if text else type(exc).__name__
+    lines = text.splitlines()
+    if lines and lines[0].startswith("An error occurred while calling"):
+        # Py4JJavaError: the first line names only the py4j call; Spark's reason follows.
+        for marker in ("ExecutorLostFailure", "Job aborted due to stage failure", "SparkException: "):
+            for line in lines[1:]:
+                if marker in line:
+                    return line.strip()[:500]
+    return lines[0][:500] if text else type(exc).__name__
 
 
 class ClusterRuntime:
@@ -353,6 +360,9 @@ class Progress:
 
 # ------------------------------------------------------- SIGTERM and interpreter exit
 _open_clusters: "weakref.WeakSet[ClusterRuntime]" = weakref.WeakSet()
+#: Base ids of clusters between two attempts of ``max_restarts`` (no runtime open, but the
+#: driver is still running the cluster): SIGTERM must still end it as Ctrl-C would.
+_restarting: set[str] = set()
 _sigterm_lock = threading.Lock()
 _sigterm_installed = False
 
@@ -360,7 +370,7 @@ _sigterm_installed = False
 def _on_sigterm(signum: int, frame: Any) -> None:
     """SIGTERM handler installed by :func:`install_sigterm` (driver main thread)."""
     global _sigterm_installed
-    ids = [c.cluster_id for c in list(_open_clusters)]
+    ids = [c.cluster_id for c in list(_open_clusters)] + [f"{b} (between attempts)" for b in sorted(_restarting)]
     if not ids:  # every cluster is gone: behave as if tfos had never been here
         with _sigterm_lock:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -393,10 +403,30 @@ def install_sigterm(enabled: bool) -> None:
         _sigterm_installed = True
 
 
+def restarting(base_id: str, between: bool, handle_sigterm: bool) -> None:
+    """Marks a cluster as between two attempts (``between=True``) or not (driver).
+
+    While marked, tfos's SIGTERM handler stays installed (and is installed again if the
+    failed attempt's teardown removed it) and ends the driver with ``SystemExit(143)`` and
+    an ERROR line, as it does while an attempt runs, instead of the default SIGTERM death.
+    """
+    if between:
+        _restarting.add(base_id)
+        install_sigterm(handle_sigterm)
+    else:
+        _restarting.discard(base_id)
+        if not _open_clusters and threading.current_thread() is threading.main_thread():
+            global _sigterm_installed
+            with _sigterm_lock:
+                if _sigterm_installed and not _restarting and signal.getsignal(signal.SIGTERM) is _on_sigterm:
+                    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                    _sigterm_installed = False
+
+
 def _forget(cluster: ClusterRuntime) -> None:
     global _sigterm_installed
     _open_clusters.discard(cluster)
-    if _open_clusters or threading.current_thread() is not threading.main_thread():
+    if _open_clusters or _restarting or threading.current_thread() is not threading.main_thread():
         return
     with _sigterm_lock:
         if _sigterm_installed and signal.getsignal(signal.SIGTERM) is _on_sigterm:
