@@ -185,6 +185,15 @@ class TFCluster:
         self._config, self._runtime, self._state, self._attempt = config, runtime, runtime.state, attempt
         self.cluster_id = config.cluster_id
 
+    def _chief_name(self) -> Optional[str]:
+        """'job:task' of the node whose checkpoint report is required: the chief/master,
+        else worker 0 (None when neither is fed)."""
+        roles = [(r.job_name, r.task_index) for r in self._config.node.roles]
+        for job, index in roles:
+            if job in ("chief", "master"):
+                return f"{job}:{index}"
+        return "worker:0" if ("worker", 0) in roles else None
+
     # ------------------------------------------------------------- internals
     def _feed_ids(self) -> list[int]:
         return [n.executor_id for n in self._feed_nodes()]
@@ -246,7 +255,10 @@ class TFCluster:
         parts = (df.rdd if df is not None else dataRDD).getNumPartitions()
         # With max_restarts, the partitions the nodes acknowledged are recorded, and a restart
         # feeds again from the first epoch not acknowledged in full (none lost, some twice).
-        resume = FeedResume(num_epochs, parts) if self._recovery is not None else None
+        # ctx.report_checkpoint(epochs) reports count for this train() call: the feed never
+        # resumes later than the nodes' checkpoint (see FeedResume).
+        resume = FeedResume(num_epochs, parts, self._chief_name()) if self._recovery is not None else None
+        self._state.clear_checkpoints()
         first = 0
         while True:
             plan: Optional[FeedPlan] = None
@@ -262,13 +274,18 @@ class TFCluster:
                 if resume is not None and plan is not None:
                     for index in self._state.partitions_done(plan.feed_id):
                         resume.record_index(index)
+                if resume is not None:
+                    for node, epochs in self._state.checkpoints().items():
+                        resume.record_checkpoint(node, epochs)
                 self._restart_or_raise(err, "train()", progressed)
                 assert resume is not None
                 first = resume.restart()
                 if resume.epochs_left == 0:
                     log.warning("train(): every partition of every epoch was consumed before the failure; nothing left to feed on attempt %d", self.attempt)
                     return
-                log.warning("train(): attempt %d resumes the feed at epoch %d of %d (epochs numbered from 0)", self.attempt, first, num_epochs)
+                ckpt = resume.checkpointed_epochs
+                log.warning("train(): attempt %d resumes the feed at epoch %d of %d (epochs numbered from 0; %s)", self.attempt, first, num_epochs,
+                            "no checkpoint reported" if ckpt is None else f"checkpoint reported after {ckpt} epoch(s)")
 
     def _train_job(self, df: Any, dataRDD: Any, epochs: int, first_epoch: int, feed_timeout: float, qname: str, end_of_feed: bool) -> tuple[FeedPlan, Callable[[], Any]]:
         """The plan and Spark action of one train() feed job: ``epochs`` epochs back to back,
