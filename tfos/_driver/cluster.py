@@ -279,12 +279,14 @@ class TFCluster:
                         resume.record_checkpoint(node, epochs)
                 self._restart_or_raise(err, "train()", progressed)
                 assert resume is not None
+                consumed = resume.first_unconsumed()
                 first = resume.restart()
                 if resume.epochs_left == 0:
                     log.warning("train(): every partition of every epoch was consumed before the failure; nothing left to feed on attempt %d", self.attempt)
                     return
                 ckpt = resume.checkpointed_epochs
-                log.warning("train(): attempt %d resumes the feed at epoch %d of %d (epochs numbered from 0; %s)", self.attempt, first, num_epochs,
+                log.warning("train(): attempt %d resumes the feed at epoch %d of %d (epochs numbered from 0; every row of %d epoch(s) consumed; %s)",
+                            self.attempt, first, num_epochs, consumed,
                             "no checkpoint reported" if ckpt is None else f"checkpoint reported after {ckpt} epoch(s)")
 
     def _train_job(self, df: Any, dataRDD: Any, epochs: int, first_epoch: int, feed_timeout: float, qname: str, end_of_feed: bool) -> tuple[FeedPlan, Callable[[], Any]]:

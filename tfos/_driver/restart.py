@@ -331,6 +331,10 @@ class FeedResume:
         """True when every partition of ``epoch`` was consumed."""
         return all((epoch, p) in self._consumed for p in range(self.parts_per_epoch))
 
+    def first_unconsumed(self) -> int:
+        """The first epoch with a partition not consumed (``num_epochs`` when none)."""
+        return next((e for e in range(self.num_epochs) if not self.epoch_complete(e)), self.num_epochs)
+
     def resume_epoch(self, checkpointed_epochs: Optional[int] = None) -> int:
         """The epoch a new attempt's feed starts at (``num_epochs`` when all were consumed).
 
@@ -339,7 +343,7 @@ class FeedResume:
                 to the start of this epoch), when known; the feed never resumes later
                 than that. Default: :attr:`checkpointed_epochs` (the recorded reports).
         """
-        first = next((e for e in range(self.num_epochs) if not self.epoch_complete(e)), self.num_epochs)
+        first = self.first_unconsumed()
         if checkpointed_epochs is None:
             checkpointed_epochs = self.checkpointed_epochs
         if checkpointed_epochs is not None:
