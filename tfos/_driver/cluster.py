@@ -242,7 +242,10 @@ class TFCluster:
 
         Blocks until every partition of every epoch was consumed by the TF processes, or the
         nodes called ``DataFeed.terminate()`` (the rest is skipped quickly). An epoch is one
-        pass over every partition; epochs are fed back to back in one Spark job.
+        pass over every partition; epochs are fed back to back in one Spark job. With
+        ``max_restarts``, a restart resumes the feed at ``min(first epoch not consumed in
+        full, epochs of the nodes' reported checkpoint)`` (``ctx.report_checkpoint``;
+        none lost, rows after the checkpoint fed again).
 
         Args:
             dataRDD: An RDD of rows (tuples, lists, numpy arrays, strings) or a Spark
@@ -460,7 +463,10 @@ class TFCluster:
                 (over every attempt, with ``max_restarts``).
 
         With ``max_restarts``, a node failure while waiting starts a fresh attempt (see
-        :func:`run`), and this returns when the last attempt finished.
+        :func:`run`), and this returns when the last attempt finished. In InputMode.SPARK,
+        when the nodes reported a checkpoint (``ctx.report_checkpoint``) holding fewer
+        epochs than the last ``train()`` call fed, the new attempt is fed those epochs again
+        before its feed is closed.
 
         Raises:
             ClusterFailedError: Any node failed at any time (remote tracebacks included);
