@@ -327,7 +327,7 @@ class TFCluster:
         consumed = resume.first_unconsumed()
         first = resume.restart()
         if resume.epochs_left == 0:
-            log.warning("%s: every partition of every epoch was consumed and checkpointed before the failure; nothing left to feed on attempt %d", context, self.attempt)
+            log.warning("%s: every partition of every epoch was consumed (and is in the reported checkpoint, if any) before the failure; nothing left to feed on attempt %d", context, self.attempt)
             return first
         ckpt = resume.checkpointed_epochs
         log.warning("train(): attempt %d resumes the feed at epoch %d of %d (epochs numbered from 0; every row of %d epoch(s) consumed; %s)",
