@@ -19,7 +19,7 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["export_saved_model", "disable_auto_shard", "is_gpu_available"]
+__all__ = ["export_saved_model", "disable_auto_shard", "is_gpu_available", "checkpoint_callback"]
 
 
 def _is_keras3_model(model: Any) -> bool:
@@ -164,3 +164,43 @@ def is_gpu_available() -> bool:
     import tensorflow as tf
 
     return len(tf.config.list_physical_devices("GPU")) > 0
+
+
+def checkpoint_callback(report: Any, keras: Any = None) -> Any:
+    """A Keras callback that reports every finished epoch's checkpoint to the driver (TF process).
+
+    Its ``on_epoch_end(epoch)`` calls ``report(epoch + 1)``: "the checkpoint holds the
+    first ``epoch + 1`` epochs". Usually reached as ``ctx.checkpoint_callback()``, which
+    passes ``ctx.report_checkpoint`` (see :meth:`tfos.node_context.TFNodeContext.report_checkpoint`
+    for what the driver does with it).
+
+    Ordering: Keras runs the callbacks of ``fit(callbacks=[...])`` in list order, so put
+    this callback **after** the ``BackupAndRestore`` (or ``ModelCheckpoint``) that saves the
+    epoch: the report must follow the save it describes, never precede it. A failure
+    between the save and the report then only makes the feed resume one epoch early
+    (rows fed again, none lost). Use it with ``BackupAndRestore``'s default
+    ``save_freq="epoch"``; with ``fit(initial_epoch=...)`` the epochs are counted from 0 of
+    the ``train()`` call, as Keras counts them.
+
+    Args:
+        report: Called with the epochs checkpointed, an int >= 1.
+        keras: The Keras module whose ``callbacks.Callback`` to subclass (``tf_keras`` or
+            ``keras``); default ``tf.keras`` (which is ``tf_keras`` when
+            ``TF_USE_LEGACY_KERAS=1``, as tfos sets in the TF process when tf_keras is
+            installed).
+
+    Returns:
+        A ``keras.callbacks.Callback`` instance.
+    """
+    if keras is None:
+        import tensorflow as tf
+
+        keras = tf.keras
+
+    class _ReportCheckpoint(keras.callbacks.Callback):  # type: ignore[misc, name-defined]
+        """Reports ``epoch + 1`` at every epoch end (after the callbacks listed before it)."""
+
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            report(int(epoch) + 1)
+
+    return _ReportCheckpoint()

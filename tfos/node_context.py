@@ -133,6 +133,7 @@ class TFNodeContext:
         stop_event: Optional[threading.Event] = None,
         on_serving: Optional[Callable[[], None]] = None,
         attempt: int = 0,
+        on_checkpoint: Optional[Callable[[int], None]] = None,
     ):
         if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 0:
             raise ValueError(f"attempt must be an int >= 0, got {attempt!r}")
@@ -153,6 +154,8 @@ class TFNodeContext:
         self.on_serving = on_serving
         #: 0 for the cluster's first attempt, k after the k-th restart.
         self.attempt = attempt
+        #: Sends a checkpoint report to the driver (set by the TF process); see report_checkpoint().
+        self.on_checkpoint = on_checkpoint
 
     def __repr__(self) -> str:
         again = f", attempt {self.attempt}" if self.attempt else ""
@@ -178,6 +181,61 @@ class TFNodeContext:
                 self.tmp_socket.close()
             finally:
                 self.tmp_socket = None
+
+    def report_checkpoint(self, epochs: int) -> None:
+        """Tells the driver that this node's checkpoint holds the first ``epochs`` epochs
+        of the running ``train()`` call (TF process; InputMode.SPARK with ``max_restarts``).
+
+        Call it right after the checkpoint of an epoch end was written (or use
+        :meth:`checkpoint_callback`). When a node fails, the restarted ``train()`` resumes the
+        feed at ``min(first epoch not fully consumed, checkpointed epochs)``, so a
+        ``main_fun`` whose ``DataFeed``/``as_dataset`` read ahead of its checkpoint gets
+        every row after the checkpoint again. The driver keeps each node's latest report
+        for the whole ``train()`` call (over every attempt) and uses the minimum over the
+        nodes; the chief (chief/master, else worker 0) must have reported for any report to
+        count (it writes the checkpoint under MultiWorkerMirroredStrategy). Epochs are
+        numbered from 0 per ``train()`` call (as the feed numbers them); reports made
+        outside a ``train()`` call are forgotten when the next one starts. Without
+        ``max_restarts`` the report is recorded and has no effect.
+
+        Blocks for one request to the driver (at most about 10 s, with one reconnect).
+
+        Args:
+            epochs: Epochs the checkpoint holds, an int >= 0 (``epoch + 1`` at a Keras
+                ``on_epoch_end(epoch)``).
+
+        Raises:
+            TypeError: ``epochs`` is not an int (bool refused).
+            ValueError: ``epochs`` < 0.
+            TFOSError: This context belongs to no running cluster (no driver to report to).
+            ConnectionError, DeadlineExceededError: The driver could not be reached or did
+                not answer in time.
+        """
+        if isinstance(epochs, bool) or not isinstance(epochs, int):
+            raise TypeError(f"report_checkpoint(epochs): epochs must be an int, got {type(epochs).__name__} {epochs!r}")
+        if epochs < 0:
+            raise ValueError(f"report_checkpoint(epochs): epochs must be >= 0, got {epochs}")
+        if self.on_checkpoint is None:
+            from .errors import TFOSError
+
+            raise TFOSError(f"report_checkpoint(): {self!r} belongs to no running tfos cluster")
+        self.on_checkpoint(int(epochs))
+
+    def checkpoint_callback(self, keras: Any = None) -> Any:
+        """A Keras callback calling :meth:`report_checkpoint` with ``epoch + 1`` at every
+        epoch end (TF process). List it **after** ``BackupAndRestore`` in ``fit(callbacks=...)``:
+        Keras runs callbacks in list order and the report must follow the save.
+
+        Args:
+            keras: ``tf_keras`` or ``keras`` (default ``tf.keras``); see
+                :func:`tfos.compat.checkpoint_callback`.
+
+        Returns:
+            A ``keras.callbacks.Callback``.
+        """
+        from .compat import checkpoint_callback
+
+        return checkpoint_callback(self.report_checkpoint, keras)
 
     def get_data_feed(self, train_mode: bool = True, qname_in: str = "input", qname_out: str = "output", input_mapping: Optional[dict] = None):
         """A :class:`~tfos.datafeed.DataFeed` on this node's queues (InputMode.SPARK).

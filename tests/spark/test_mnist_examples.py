@@ -157,3 +157,76 @@ def test_mnist_spark_then_inference(mnist_data, tmp_path, no_leftovers):
     _, labels = _read_csv_dir(os.path.join(mnist_data, "csv", "test"))
     np.testing.assert_array_equal(pairs[:, 0], labels)  # one line per row, in input order
     assert float(np.mean(pairs[:, 0] == pairs[:, 1])) == pytest.approx(accuracy, abs=1e-4)
+
+
+def _executor_jvm_hosting_a_node(root_pid: int):
+    """An executor JVM started (indirectly) by process ``root_pid`` that hosts a tfos TF
+    process, or None. Only descendants of our own subprocess are considered."""
+    import psutil
+
+    try:
+        procs = psutil.Process(root_pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return None
+    for p in procs:
+        try:
+            if "tfos._node.tf_process" not in " ".join(p.cmdline()):
+                continue
+            for parent in p.parents():
+                if parent.name().startswith("java") and "CoarseGrainedExecutorBackend" in " ".join(parent.cmdline()):
+                    return parent
+        except psutil.NoSuchProcess:
+            continue
+    return None
+
+
+def test_mnist_spark_restart_resumes_at_the_checkpointed_epoch(mnist_data, tmp_path, no_leftovers):
+    """mnist_spark.py --max_restarts 1: an executor JVM hosting a node is SIGKILLed once
+    epoch 2 of 6 is saved; the feed resumes at the checkpoint the nodes reported (also when
+    the failure is noticed only by shutdown(), after the whole feed was read ahead), every
+    epoch from there is fed in full again, the restarted fit starts there (or after a newer
+    save the dying node made without reporting it), and the model is as good."""
+    import signal
+
+    model_dir = str(tmp_path / "model")
+    export_dir = str(tmp_path / "export")
+    cmd = [sys.executable, os.path.join(EXAMPLES, "keras", "mnist_spark.py"), "--master", MASTER,
+           "--images", os.path.join(mnist_data, "csv", "train"), "--epochs", "6", "--batch_size", "32",
+           "--model_dir", model_dir, "--export_dir", export_dir, "--max_restarts", "1"]
+    log_path = tmp_path / "out.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, cwd=str(tmp_path), env=_env(), stdout=log, stderr=subprocess.STDOUT, text=True)
+        try:
+            end = time.monotonic() + RUN_TIMEOUT_S
+            killed = None
+            while proc.poll() is None and time.monotonic() < end and killed is None:
+                if glob.glob(os.path.join(model_dir, "checkpoints", "epoch-02.index")):
+                    jvm = _executor_jvm_hosting_a_node(proc.pid)
+                    if jvm is not None:
+                        jvm.send_signal(signal.SIGKILL)
+                        killed = jvm.pid
+                time.sleep(0.1)
+            assert killed, f"no executor killed:\n{log_path.read_text()[-4000:]}"
+            proc.wait(max(1.0, end - time.monotonic()) + 2 * RUN_TIMEOUT_S)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(30)
+    out = log_path.read_text()
+    assert proc.returncode == 0, out[-6000:]
+    m = re.search(r"attempt 1 resumes the feed at epoch (\d+) of 6 \(epochs numbered from 0; every row of (\d+) epoch\(s\) "
+                  r"consumed; checkpoint reported after (\d+) epoch\(s\)\)", out)
+    assert m, out[-6000:]
+    resumed, checkpointed = int(m.group(1)), int(m.group(3))
+    assert resumed == checkpointed >= 2, m.group(0)
+    # The feed resumed at the reported checkpoint; fit restored it, or a newer save of a node
+    # that died before its report arrived (1-based in the print).
+    starts = re.findall(r"(\w+:\d+): attempt 1 resumed at epoch (\d+); the feed resumed at epoch (\d+)", out)
+    assert len(starts) == 2 and all(int(a) >= int(b) == resumed + 1 for _, a, b in starts), (starts, out[-4000:])
+    print("restart:", m.group(0), starts)
+    # Attempt 1 was fed every row of every epoch from the resumed one (late rows of an epoch,
+    # when Spark runs its feed tasks out of order, count with the next one: the total is exact).
+    per_epoch = [int(v) for v in re.findall(r"^rows trained per epoch \(all nodes\): \[([0-9, ]+)\]", out, re.MULTILINE)[-1].split(",")]
+    assert per_epoch[:resumed] == [0] * resumed and sum(per_epoch) == NUM_TRAIN * (6 - resumed), per_epoch
+    assert _number(r"^final train accuracy: ([0-9.]+)", out) >= MIN_ACCURACY
+    assert _check_exports(model_dir, export_dir, os.path.join(mnist_data, "csv", "test")) >= MIN_ACCURACY

@@ -255,3 +255,134 @@ def test_inference_reruns_only_missing_partitions(sc, no_leftovers):
     by_attempt = [{a for (a, _) in p} for p in parts]
     assert all(len(s) == 1 for s in by_attempt), by_attempt  # a partition comes from one attempt
     assert {0} in by_attempt and {1} in by_attempt, by_attempt  # some kept, some re-run
+
+
+# ----------------------------------------------- checkpoint reports (ctx.report_checkpoint)
+CK_ROWS = 8000
+CK_PARTS = 4
+CK_EPOCHS = 7
+CK_AHEAD = 3  # the trainer trains epoch e once it has read rows of epoch e + CK_AHEAD
+
+
+def _read_ahead_trainer(args, ctx):
+    """ps:0 waits to be stopped. worker:0 is one model that reads the feed CK_AHEAD epochs
+    ahead of its training (as as_dataset's prefetch does, exaggerated): it buffers rows by
+    their epoch, "trains" epoch e (appends its rows to trained-<attempt>.log) only when it
+    reads rows of epoch e + CK_AHEAD (or at the end of the feed), then checkpoints
+    (ckpt.json holds the epochs trained) and reports it with ctx.report_checkpoint. A
+    restarted attempt restores the checkpoint; rows of epochs already in it are counted
+    as 'stale' (there should be none: the feed resumes at the checkpoint)."""
+    import json
+    import os
+    import time
+
+    if ctx.job_name == "ps":
+        ctx.stop_event.wait(900)
+        return
+    out = args["out"]
+    ckpt = os.path.join(out, "ckpt.json")
+    done = json.load(open(ckpt))["epochs"] if os.path.exists(ckpt) else 0
+    with open(os.path.join(out, f"start-{ctx.attempt}"), "w") as f:
+        f.write(str(done))
+    feed = ctx.get_data_feed(train_mode=True)
+    buffered: dict = {}
+    stale = 0
+
+    def _train_through(last: int) -> int:
+        nonlocal done
+        while done <= last:
+            with open(os.path.join(out, f"trained-{ctx.attempt}.log"), "a") as log:
+                log.write(f"{done} " + " ".join(str(r) for r in buffered.pop(done, [])) + "\n")
+            with open(ckpt + ".tmp", "w") as f:  # save, then report (the callback's order)
+                json.dump({"epochs": done + 1}, f)
+            os.replace(ckpt + ".tmp", ckpt)
+            ctx.report_checkpoint(done + 1)
+            done += 1
+        return done
+
+    with open(os.path.join(out, f"read-{ctx.attempt}.log"), "a") as log:
+        while not feed.should_stop():
+            batch = feed.next_batch(100)
+            if not batch:
+                continue
+            origins = feed.last_origins + [(len(batch), -1, -1, 0)]
+            for (start, _part, epoch, _first), (end, *_rest) in zip(origins, origins[1:]):
+                rows = batch[start:end]
+                log.write(f"{epoch} " + " ".join(str(r) for r in rows) + "\n")
+                if epoch < done:
+                    stale += len(rows)
+                else:
+                    buffered.setdefault(epoch, []).extend(rows)
+                _train_through(epoch - CK_AHEAD)
+            log.flush()
+            time.sleep(args["sleep_s"])
+    _train_through(args["epochs"] - 1)
+    with open(os.path.join(out, f"stale-{ctx.attempt}"), "w") as f:
+        f.write(str(stale))
+
+
+def _epoch_lines(path) -> dict:
+    """``{epoch: [rows]}`` from a read/trained log (a last line without newline was cut)."""
+    per: dict = {}
+    if path.exists():
+        for line in path.read_text().split("\n")[:-1]:
+            epoch, *rows = line.split()
+            per.setdefault(int(epoch), []).extend(int(r) for r in rows)
+    return per
+
+
+@needs_restarts
+@pytest.mark.timeout(1200)
+def test_restart_resumes_the_feed_at_the_reported_checkpoint(spark_manager, tmp_path, caplog):
+    """A trainer that reads 3 epochs ahead of its checkpoint loses its executor JVM mid-epoch;
+    with max_restarts=1 the feed resumes at the checkpointed epoch (not at the first epoch
+    not consumed), and every row of every epoch after the checkpoint is trained in attempt 1
+    (count, checksum, uniqueness); training completes."""
+    import json
+    import logging
+    import re
+
+    sc = spark_manager.get("local-cluster[2,1,1024]", **{"spark.app.name": "tfos-chaos-checkpoint"})
+    assert_no_tfos_processes()
+    caplog.set_level(logging.WARNING, logger="tfos")
+    args = {"out": str(tmp_path), "sleep_s": 0.01, "epochs": CK_EPOCHS}
+    cluster = TFCluster.run(sc, _read_ahead_trainer, args, 2, 1, input_mode=SPARK, heartbeat_timeout=8.0,
+                            max_restarts=1, reservation_timeout=600, executor_wait_s=300)
+    worker = [n["executor_id"] for n in cluster.cluster_info if n["job_name"] == "worker"][0]
+
+    def _mid_epoch_4_with_checkpoint_2() -> bool:
+        # Checkpoint after 2 epochs while epochs 2 and 3 were read in full (read ahead).
+        if not (tmp_path / "ckpt.json").exists() or json.loads((tmp_path / "ckpt.json").read_text())["epochs"] != 2:
+            return False
+        read = _epoch_lines(tmp_path / "read-0.log")
+        return len(read.get(3, [])) == CK_ROWS and len(read.get(4, [])) >= 300
+
+    killer = ExecutorKiller(cluster, worker, _mid_epoch_4_with_checkpoint_2, timeout_s=600).start()
+    cluster.train(sc.parallelize(range(CK_ROWS), CK_PARTS), num_epochs=CK_EPOCHS, feed_timeout=600)
+    cluster.shutdown(timeout=600)
+    killer.join()
+    assert cluster.attempt == 1
+
+    restored = int((tmp_path / "start-1").read_text())
+    read0, read1 = _epoch_lines(tmp_path / "read-0.log"), _epoch_lines(tmp_path / "read-1.log")
+    trained0, trained1 = _epoch_lines(tmp_path / "trained-0.log"), _epoch_lines(tmp_path / "trained-1.log")
+    assert restored >= 2, restored
+    # The feed resumed exactly at the checkpoint: attempt 1 read nothing before it...
+    assert min(read1) == restored, sorted(read1)
+    assert (tmp_path / "stale-1").read_text() == "0"
+    # ... although attempt 0 had read that epoch (and the next) in full: without the report
+    # the feed would have resumed later and those rows would never have been trained.
+    for e in (restored, restored + 1):
+        assert sorted(read0.get(e, [])) == list(range(CK_ROWS)), (e, len(read0.get(e, [])))
+    expected_sum = CK_ROWS * (CK_ROWS - 1) // 2
+    for epoch in range(CK_EPOCHS):
+        rows = (trained0 if epoch < restored else trained1).get(epoch, [])
+        assert len(rows) == CK_ROWS and sum(rows) == expected_sum and len(set(rows)) == CK_ROWS, (epoch, restored, len(rows))
+    assert json.loads((tmp_path / "ckpt.json").read_text()) == {"epochs": CK_EPOCHS}  # training completed
+    text = " ".join(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+    m = re.search(r"attempt 1 resumes the feed at epoch (\d+) of 7 \(epochs numbered from 0; every row of (\d+) epoch\(s\) consumed; "
+                  r"checkpoint reported after (\d+) epoch\(s\)\)", text)
+    assert m, text
+    assert int(m.group(1)) == int(m.group(3)) == restored and int(m.group(2)) > restored, m.group(0)
+    assert_no_tfos_processes(60.0)
+    spark_manager.stop()

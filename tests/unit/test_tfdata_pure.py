@@ -192,6 +192,25 @@ def test_steps_per_epoch_spreads_held_rows_evenly(hub):
     assert reader.rows == {0: 23, 1: 16}
 
 
+def test_steps_per_epoch_counts_from_the_resumed_feeds_first_epoch(hub):
+    # A restarted train() fed epochs 2 and 3 of 4 (first_epoch=2): S batches for each of
+    # them only, no empty batches for epochs 0 and 1 (a fit resumed after 2 epochs runs 2 x S
+    # steps). This node's first chunk is of epoch 3: epoch 2 is S empty batches.
+    f3 = _Feeder(hub, KEY, 0, "train", 3, first_epoch=2)
+    f3.chunk(_rows(300, 8))
+    f3.end()
+    hub.queues["input"].put_nowait(END_OF_FEED)
+    reader = FeedBatches(DataFeed(hub, timeout_s=10), 4, COLS, steps_per_epoch=2, buffer_batches=2)
+    got = [y.tolist() for _, y in reader]
+    assert got == [[], [], [300, 301, 302, 303], [304, 305, 306, 307]]
+    assert reader.rows == {2: 0, 3: 8}
+
+
+def test_feed_header_first_epoch_checked(hub):
+    with pytest.raises(ValueError, match="first_epoch"):
+        _Feeder(hub, KEY, 0, "train", 1, first_epoch=2)
+
+
 def test_steps_per_epoch_argument_checks(hub):
     feed = DataFeed(hub, timeout_s=10)
     for bad in (0, -1, 1.5, True):

@@ -54,6 +54,8 @@ class FeedConnection:
     Attributes:
         partition: Partition index within the epoch.
         epoch: 0-based epoch.
+        first_epoch: The first epoch of the feed job this partition belongs to (> 0 when
+            a restarted ``train()`` resumed its feed there; 0 otherwise).
         mode: 'train' or 'inference'.
         kind: The :class:`ChunkKind` of the data frames.
         rows_taken: Rows of this partition handed to ``main_fun`` so far.
@@ -66,6 +68,9 @@ class FeedConnection:
         self.session = session
         self.partition = int(header["partition"])
         self.epoch = int(header.get("epoch", 0))
+        self.first_epoch = int(header.get("first_epoch", 0))
+        if not 0 <= self.first_epoch <= self.epoch:
+            raise ValueError(f"bad feed header: first_epoch {self.first_epoch!r} for epoch {self.epoch!r}")
         self.mode = str(header["mode"])
         self.kind = ChunkKind(header["kind"])
         self.qname = str(header["qname"])

@@ -164,7 +164,7 @@ class _Link:
             send_json(self.sock, self.session, FrameType.HEADER, {
                 "qname": plan.qname, "mode": plan.mode, "partition": partition, "epoch": epoch,
                 "kind": (plan.kind or ChunkKind.PICKLED_BATCH).value, "feed_timeout": plan.feed_timeout_s,
-                "feed_id": plan.feed_id, "index": index,
+                "feed_id": plan.feed_id, "index": index, "first_epoch": plan.first_epoch,
             })
             ftype, status = recv_json(self.sock, self.session, hs)
         except BaseException:

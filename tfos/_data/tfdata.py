@@ -285,7 +285,10 @@ class FeedBatches:
         and then spread evenly over the epoch's remaining batches: fewer than
         ``batch_size`` rows each (down to empty batches) when the node got fewer than ``S
         x batch_size`` rows in the epoch, more when it got more. An epoch without rows on
-        this node is ``S`` empty batches. At the end of the feed the current epoch is
+        this node is ``S`` empty batches. Epochs are counted from the feed job's first
+        epoch (a restarted ``train()`` resumes its feed at epoch ``c > 0``: the dataset
+        then holds ``S`` batches for each of the epochs ``c..n-1``, as a ``fit`` resumed
+        after ``c`` checkpointed epochs expects). At the end of the feed the current epoch is
         completed; epochs after it are not known here (under MultiWorkerMirroredStrategy,
         tf.distribute feeds empty batches to a worker whose input ended first).
         """
@@ -300,6 +303,7 @@ class FeedBatches:
         held: collections.deque = collections.deque()  # column tuples of `epoch`, not yet handed out
         have = 0
         epoch = 0
+        started = False  # `epoch` set to the feed job's first epoch (from the first chunk)
         emitted = 0  # batches of `epoch` handed out
         empty: Optional[tuple] = None  # zero-row columns with the data's row shapes
 
@@ -361,6 +365,10 @@ class FeedBatches:
             hub.rows_taken += n
             if empty is None:
                 empty = tuple(c[:0] for c in cols)
+            if not started:
+                # A feed resumed after a restart starts at its first epoch, not at 0.
+                started = True
+                epoch = conn.first_epoch
             # A later epoch starts: the epochs before it are complete on this node (late
             # rows of an earlier epoch, possible only when several feed tasks feed this
             # node at once, count with the current one).

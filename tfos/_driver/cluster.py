@@ -13,6 +13,7 @@ this cluster, so a failure cancels exactly this cluster's jobs and nothing else.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -45,6 +46,20 @@ def _default_fs(sc: Any) -> str:
     from tfos.node_context import normalize_default_fs  # keeps 'hdfs://' (no host) intact (issue 11)
 
     return normalize_default_fs(fs)
+
+
+@dataclasses.dataclass
+class _TrainCall:
+    """One ``train()`` call, as a restart feeds it again (driver)."""
+
+    df: Any
+    data: Any
+    num_epochs: int
+    parts: int
+    feed_timeout: float
+    qname: str
+    end_of_feed: bool
+    resume: Optional[FeedResume]
 
 
 class TFCluster:
@@ -85,6 +100,8 @@ class TFCluster:
         self._state = runtime.state
         self._attempt = attempt
         self._recovery = recovery
+        #: The last train() call, kept with max_restarts for a restart noticed by shutdown().
+        self._last_train: Optional[_TrainCall] = None
         self.cluster_id = config.cluster_id
         self.input_mode = config.node.input_mode
         self.num_executors = config.node.num_nodes
@@ -191,6 +208,15 @@ class TFCluster:
         self._config, self._runtime, self._state, self._attempt = config, runtime, runtime.state, attempt
         self.cluster_id = config.cluster_id
 
+    def _chief_name(self) -> Optional[str]:
+        """'job:task' of the node whose checkpoint report is required: the chief/master,
+        else worker 0 (None when neither is fed)."""
+        roles = [(r.job_name, r.task_index) for r in self._config.node.roles]
+        for job, index in roles:
+            if job in ("chief", "master"):
+                return f"{job}:{index}"
+        return "worker:0" if ("worker", 0) in roles else None
+
     # ------------------------------------------------------------- internals
     def _feed_ids(self) -> list[int]:
         return [n.executor_id for n in self._feed_nodes()]
@@ -222,7 +248,10 @@ class TFCluster:
 
         Blocks until every partition of every epoch was consumed by the TF processes, or the
         nodes called ``DataFeed.terminate()`` (the rest is skipped quickly). An epoch is one
-        pass over every partition; epochs are fed back to back in one Spark job.
+        pass over every partition; epochs are fed back to back in one Spark job. With
+        ``max_restarts``, a restart resumes the feed at ``min(first epoch not consumed in
+        full, epochs of the nodes' reported checkpoint)`` (``ctx.report_checkpoint``;
+        none lost, rows after the checkpoint fed again).
 
         Args:
             dataRDD: An RDD of rows (tuples, lists, numpy arrays, strings) or a Spark
@@ -252,29 +281,65 @@ class TFCluster:
         parts = (df.rdd if df is not None else dataRDD).getNumPartitions()
         # With max_restarts, the partitions the nodes acknowledged are recorded, and a restart
         # feeds again from the first epoch not acknowledged in full (none lost, some twice).
-        resume = FeedResume(num_epochs, parts) if self._recovery is not None else None
-        first = 0
+        # ctx.report_checkpoint(epochs) reports count for this train() call: the feed never
+        # resumes later than the nodes' checkpoint (see FeedResume).
+        resume = FeedResume(num_epochs, parts, self._chief_name()) if self._recovery is not None else None
+        self._state.clear_checkpoints()
+        self._last_train = None
+        call = _TrainCall(df, dataRDD, num_epochs, parts, feed_timeout, qname, end_of_feed, resume)
+        self._feed_epochs(call, 0)
+        if resume is not None:
+            # A failure noticed later by shutdown() may re-feed the epochs after the checkpoint.
+            self._last_train = call
+
+    def _feed_epochs(self, call: "_TrainCall", first: int) -> None:
+        """Feeds epochs ``first..num_epochs-1`` of ``call``, restarting on failures (driver)."""
+        num_epochs, resume = call.num_epochs, call.resume
         while True:
             plan: Optional[FeedPlan] = None
             try:
                 self._runtime.check_open("train()")
                 if self._state.feed_closed:
                     raise ConfigurationError("train(): the feed already ended (an earlier train(..., end_of_feed=True)); start a new cluster to feed more data")
-                plan, action = self._train_job(df, dataRDD, num_epochs - first, first, feed_timeout, qname, end_of_feed)
-                self._train_await(plan, action, parts, num_epochs - first, end_of_feed)
+                plan, action = self._train_job(call.df, call.data, num_epochs - first, first, call.feed_timeout, call.qname, call.end_of_feed)
+                self._train_await(plan, action, call.parts, num_epochs - first, call.end_of_feed)
+                if resume is not None:
+                    for index in self._state.partitions_done(plan.feed_id):
+                        resume.record_index(index)
                 return
             except ClusterFailedError as err:
                 progressed = self._progressed()
                 if resume is not None and plan is not None:
                     for index in self._state.partitions_done(plan.feed_id):
                         resume.record_index(index)
+                failed_state = self._state
                 self._restart_or_raise(err, "train()", progressed)
+                # Read after the failed attempt's teardown joined: its last reports are in.
+                self._record_checkpoints(resume, failed_state)
                 assert resume is not None
-                first = resume.restart()
-                if resume.epochs_left == 0:
-                    log.warning("train(): every partition of every epoch was consumed before the failure; nothing left to feed on attempt %d", self.attempt)
+                first = self._resume_feed(resume, "train()")
+                if first >= num_epochs:
                     return
-                log.warning("train(): attempt %d resumes the feed at epoch %d of %d (epochs numbered from 0)", self.attempt, first, num_epochs)
+
+    def _record_checkpoints(self, resume: Optional[FeedResume], state: Any) -> None:
+        """Folds an attempt's checkpoint reports (its ``ClusterState``) into ``resume`` (driver)."""
+        if resume is not None:
+            for node, epochs in state.checkpoints().items():
+                resume.record_checkpoint(node, epochs)
+
+    def _resume_feed(self, resume: FeedResume, context: str) -> int:
+        """After a restart: the epoch the feed resumes at (logged); ``num_epochs`` when
+        nothing is left to feed (driver)."""
+        consumed = resume.first_unconsumed()
+        first = resume.restart()
+        if resume.epochs_left == 0:
+            log.warning("%s: every partition of every epoch was consumed (and is in the reported checkpoint, if any) before the failure; nothing left to feed on attempt %d", context, self.attempt)
+            return first
+        ckpt = resume.checkpointed_epochs
+        log.warning("train(): attempt %d resumes the feed at epoch %d of %d (epochs numbered from 0; every row of %d epoch(s) consumed; %s)",
+                    self.attempt, first, resume.num_epochs, consumed,
+                    "no checkpoint reported" if ckpt is None else f"checkpoint reported after {ckpt} epoch(s)")
+        return first
 
     def _train_job(self, df: Any, dataRDD: Any, epochs: int, first_epoch: int, feed_timeout: float, qname: str, end_of_feed: bool) -> tuple[FeedPlan, Callable[[], Any]]:
         """The plan and Spark action of one train() feed job: ``epochs`` epochs back to back,
@@ -404,7 +469,10 @@ class TFCluster:
                 (over every attempt, with ``max_restarts``).
 
         With ``max_restarts``, a node failure while waiting starts a fresh attempt (see
-        :func:`run`), and this returns when the last attempt finished.
+        :func:`run`), and this returns when the last attempt finished. In InputMode.SPARK,
+        when the nodes reported a checkpoint (``ctx.report_checkpoint``) holding fewer
+        epochs than the last ``train()`` call fed, the new attempt is fed those epochs again
+        before its feed is closed.
 
         Raises:
             ClusterFailedError: Any node failed at any time (remote tracebacks included);
@@ -436,9 +504,23 @@ class TFCluster:
                     rt.teardown(failed=True)
                 if trained:  # every worker's main_fun had returned: nothing to train again
                     raise
-                # With max_restarts: a fresh attempt (InputMode.SPARK: its feed is already
-                # closed, so main_fun restores its checkpoint and ends); else raises.
-                self._restart_or_raise(err, "shutdown()", self._progressed(), deadline)
+                # With max_restarts: a fresh attempt; else raises. InputMode.SPARK: when the
+                # nodes reported a checkpoint older than the last train()'s epochs, those
+                # epochs are fed again first; then the feed is closed (main_fun restores its
+                # checkpoint, trains what is fed and ends).
+                last = self._last_train
+                progressed = self._progressed()
+                self._restart_or_raise(err, "shutdown()", progressed, deadline)
+                self._record_checkpoints(last.resume if last is not None else None, st)
+                if last is not None and last.resume is not None and last.resume.checkpointed_epochs is not None:
+                    first = self._resume_feed(last.resume, "shutdown()")
+                    if first < last.num_epochs:
+                        try:
+                            self._feed_epochs(last, first)
+                        except ClusterFailedError:
+                            if not self._runtime.closed:
+                                self._runtime.teardown(failed=True)
+                            raise
                 continue
             except BaseException:
                 if not rt.closed:

@@ -243,8 +243,15 @@ class FeedResume:
     twice are exactly those of the resume epoch and later epochs that the failed attempt
     had already delivered (epochs are fed back to back, so the next epoch's first
     partitions can be among them). Consumed means handed to ``main_fun`` by ``DataFeed``,
-    not trained on: a ``main_fun`` that reads ahead of its last checkpoint should report
-    that checkpoint (``checkpointed_epochs``) so the feed resumes there.
+    not trained on: a ``main_fun`` that reads ahead of its last checkpoint reports that
+    checkpoint (``ctx.report_checkpoint(epochs)``, recorded with :meth:`record_checkpoint`)
+    and the feed resumes at ``min(first epoch not consumed, checkpointed epochs)``, so every
+    row of every epoch after the checkpoint is fed again.
+
+    Which report counts (:attr:`checkpointed_epochs`): the minimum over every node's
+    latest report, where the ``chief`` node (when set) counts as 0 until it has reported.
+    Under MultiWorkerMirroredStrategy the chief writes the checkpoint; a worker's report
+    can arrive before the chief's file is complete, so the chief's own report is required.
 
     Args:
         num_epochs: Epochs the ``train()`` call feeds, >= 1.
@@ -254,14 +261,48 @@ class FeedResume:
         ValueError: Bad sizes.
     """
 
-    def __init__(self, num_epochs: int, parts_per_epoch: int):
+    def __init__(self, num_epochs: int, parts_per_epoch: int, chief: Optional[str] = None):
         if num_epochs < 1 or parts_per_epoch < 1:
             raise ValueError(f"need num_epochs >= 1 and parts_per_epoch >= 1, got {num_epochs}, {parts_per_epoch}")
         self.num_epochs = num_epochs
         self.parts_per_epoch = parts_per_epoch
+        #: The node whose report is required (e.g. 'chief:0'); None: any node's counts.
+        self.chief = chief
         #: The first epoch the current attempt's feed job covers.
         self.first_epoch = 0
         self._consumed: set[tuple[int, int]] = set()
+        #: node name ('job:index') -> its latest checkpoint report, over every attempt.
+        self._checkpoints: dict[str, int] = {}
+
+    def record_checkpoint(self, node: str, epochs: int) -> None:
+        """Records ``node``'s latest checkpoint report: its checkpoint holds the first
+        ``epochs`` epochs of this ``train()`` call (a later report of the node replaces it,
+        also across attempts).
+
+        Args:
+            node: The node's name, ``'job:task_index'`` (the same on every attempt).
+            epochs: Epochs checkpointed, an int >= 0 (values above ``num_epochs`` count as
+                ``num_epochs``).
+
+        Raises:
+            ValueError: ``epochs`` not an int >= 0.
+        """
+        if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
+            raise ValueError(f"checkpointed epochs must be an int >= 0, got {epochs!r}")
+        self._checkpoints[str(node)] = min(epochs, self.num_epochs)
+
+    @property
+    def checkpointed_epochs(self) -> Optional[int]:
+        """Epochs the nodes' checkpoint holds, from their reports; None when no node reported.
+
+        The minimum over every node's latest report; when :attr:`chief` is set and has not
+        reported while others have, 0 (its checkpoint is unknown).
+        """
+        if not self._checkpoints:
+            return None
+        if self.chief is not None and self.chief not in self._checkpoints:
+            return 0
+        return min(self._checkpoints.values())
 
     def record_index(self, index: int) -> None:
         """Records partition ``index`` of the current feed job as consumed.
@@ -290,15 +331,21 @@ class FeedResume:
         """True when every partition of ``epoch`` was consumed."""
         return all((epoch, p) in self._consumed for p in range(self.parts_per_epoch))
 
+    def first_unconsumed(self) -> int:
+        """The first epoch with a partition not consumed (``num_epochs`` when none)."""
+        return next((e for e in range(self.num_epochs) if not self.epoch_complete(e)), self.num_epochs)
+
     def resume_epoch(self, checkpointed_epochs: Optional[int] = None) -> int:
         """The epoch a new attempt's feed starts at (``num_epochs`` when all were consumed).
 
         Args:
             checkpointed_epochs: Epochs the nodes' last checkpoint holds (training restores
                 to the start of this epoch), when known; the feed never resumes later
-                than that.
+                than that. Default: :attr:`checkpointed_epochs` (the recorded reports).
         """
-        first = next((e for e in range(self.num_epochs) if not self.epoch_complete(e)), self.num_epochs)
+        first = self.first_unconsumed()
+        if checkpointed_epochs is None:
+            checkpointed_epochs = self.checkpointed_epochs
         if checkpointed_epochs is not None:
             first = min(first, max(0, int(checkpointed_epochs)))
         return first

@@ -117,6 +117,8 @@ class ClusterState:
         self.counter_reports: dict[int, int] = {}
         #: stderr of a TensorBoard that failed to start ('' while none failed).
         self.tensorboard_error = ""
+        #: Latest checkpoint report per node: epochs of the running train() its checkpoint holds.
+        self._checkpoints: dict[int, int] = {}
 
     # ----------------------------------------------------------------- queries
     def role(self, executor_id: int) -> NodeRole:
@@ -291,6 +293,31 @@ class ClusterState:
         """Job partition indices of feed ``feed_id`` that a node acknowledged (a copy)."""
         with self._cond:
             return set(self._done.get(feed_id, ()))
+
+    # --- checkpoint reports (ctx.report_checkpoint): where a restarted train() resumes ---
+    def _on_checkpoint(self, body: dict, peer: str) -> dict:
+        """``{"executor_id": int, "epochs": int >= 0}``: the node's checkpoint holds the first
+        ``epochs`` epochs of the running train() call (a later report replaces it)."""
+        eid, epochs = body["executor_id"], body["epochs"]
+        if isinstance(eid, bool) or not isinstance(eid, int):
+            raise ControlProtocolError(f"checkpoint: executor_id must be an int, got {eid!r}")
+        self.role(eid)
+        if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
+            raise ControlProtocolError(f"checkpoint from executor {eid}: epochs must be an int >= 0, got {epochs!r}")
+        with self._cond:
+            self._checkpoints[eid] = epochs
+        log.info("tfos node %s: checkpoint holds %d epoch(s) of the running train()", self.node_name(eid), epochs)
+        return {"ok": True}
+
+    def checkpoints(self) -> dict[str, int]:
+        """``{node name ('job:task'): epochs}``: each node's latest checkpoint report (a copy)."""
+        with self._cond:
+            return {f"{self.roles[eid].job_name}:{self.roles[eid].task_index}": n for eid, n in self._checkpoints.items()}
+
+    def clear_checkpoints(self) -> None:
+        """Forgets the checkpoint reports (a new train() call numbers its epochs from 0)."""
+        with self._cond:
+            self._checkpoints.clear()
 
     # --- issue 9 (security): the driver's record of partitions handed to a node, per feed ---
     def _on_claim_partition(self, body: dict, peer: str) -> dict:

@@ -233,11 +233,15 @@ def run_node(launch: NodeLaunch) -> int:
             # run_server_and_wait(): this node only serves now (shutdown() must not wait for it).
             client.request("status", executor_id=eid, state="serving", timeout_s=10.0)
 
+        def _report_checkpoint(epochs: int) -> None:
+            # ctx.report_checkpoint(): where a restarted train() resumes its feed (idempotent).
+            client.request("checkpoint", executor_id=eid, epochs=epochs, timeout_s=10.0)
+
         ctx = TFNodeContext(
             executor_id=eid, job_name=role.job_name, task_index=role.task_index, cluster_spec=spec,
             defaultFS=cfg.default_fs, working_dir=cfg.driver_working_dir or launch.working_dir, mgr=hub, tmp_socket=port_sock,
             host=launch.host, port=me.port, stop_event=stop_event, on_serving=_report_serving,
-            attempt=launch.attempt,
+            attempt=launch.attempt, on_checkpoint=_report_checkpoint,
         )
 
         def _on_stop() -> None:

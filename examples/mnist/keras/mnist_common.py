@@ -276,7 +276,10 @@ def print_training_report(args: argparse.Namespace, seconds: float) -> Optional[
     if summary is None:
         print(f"  (no run summary in {args.model_dir}; see the chief's log)")
         return None
-    for i, (loss, acc) in enumerate(zip(summary["history"]["loss"], summary["history"]["accuracy"])):
+    first = int(summary.get("first_epoch", 0))  # > 0 when the last attempt restored a backup
+    if first:
+        print(f"  attempt {summary.get('attempt', 0)} restored the backup of epochs 1-{first} and trained the rest:")
+    for i, (loss, acc) in enumerate(zip(summary["history"]["loss"], summary["history"]["accuracy"]), start=first):
         print(f"  epoch {i + 1}: loss {loss:.4f}, train accuracy {acc:.4f}")
     print(f"final train accuracy: {summary['history']['accuracy'][-1]:.4f}")
     if summary.get("test"):
@@ -407,8 +410,10 @@ def keras_callbacks(keras: Any, ctx: Any, args: argparse.Namespace) -> list:
     the end of every epoch it saves the model, the optimizer and the epoch number in
     ``--model_dir/backup``, and at the start of ``fit`` it restores them when a backup is
     there (then ``fit`` starts at the next epoch). The backup is kept after training
-    (``delete_checkpoint=False``: ``mnist_spark.py`` calls ``fit`` once per epoch), so the
-    driver removes it before a fresh run. ``--model_dir`` must be on storage every executor
+    (``delete_checkpoint=False``: an attempt restarted after ``fit`` returned finds the
+    finished training), so the driver removes it before a fresh run. In InputMode.SPARK
+    ``mnist_spark.py`` lists ``ctx.checkpoint_callback()`` after these callbacks so the
+    driver learns each saved epoch and a restarted feed resumes there. ``--model_dir`` must be on storage every executor
     reaches: a restart may run on other executors.
 
     Under MultiWorkerMirroredStrategy tf_keras lets every worker run these callbacks

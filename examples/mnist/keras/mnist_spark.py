@@ -23,6 +23,13 @@ could only learn that no more is coming from ``cluster.shutdown()``, which the d
 cannot call while the other node, waiting for this one in the
 MultiWorkerMirroredStrategy collectives, still has rows to consume.
 
+Restarts. ``--max_restarts N`` passes ``max_restarts=N`` to ``TFCluster.run``: after a
+node failure a fresh cluster starts, ``BackupAndRestore`` makes ``fit`` resume after the
+last saved epoch ``c``, and ``ctx.checkpoint_callback()`` (listed after it) has reported
+``c`` to the driver, so the restarted ``train()`` feeds exactly epochs ``c..n-1``: although
+the reader had read ahead of the checkpoint, ``fit``'s remaining ``(n - c) * S`` steps
+match the resumed feed (see ``docs/reliability.md``, "Recovery").
+
 Run it with plain Python (it starts its own ``local-cluster[2,1,1024]``) or with
 ``spark-submit`` (see ``examples/mnist/README.md``)::
 
@@ -54,6 +61,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--learning_rate", type=float, default=1e-3, help="Adam learning rate")
     p.add_argument("--shuffle_buffer", type=int, default=10000,
                    help="rows each node reshuffles per epoch (0: train in the fed order)")
+    p.add_argument("--max_restarts", type=int, default=0,
+                   help="restart the cluster after a node failure at most this many times; training and the feed "
+                        "resume at the last checkpointed epoch (TFCluster.run(..., max_restarts=N))")
     args = p.parse_args(argv)
     if args.images is None:
         args.images = f"data/mnist/{args.format}/train"
@@ -121,7 +131,12 @@ def main_fun(args: argparse.Namespace, ctx: Any) -> None:
 
     with strategy.scope():
         model = common.build_model(keras, args.learning_rate)
-    callbacks = common.keras_callbacks(keras, ctx, args) + [common.epoch_logger(keras, args.epochs)]
+    # Restarts: BackupAndRestore (first in keras_callbacks) saves every epoch end and, on a
+    # restarted attempt, makes fit start after the last saved epoch c. The checkpoint
+    # callback, listed after it, then reports c to the driver (ctx.report_checkpoint), so a
+    # restarted train() feeds exactly epochs c..n-1 although the reader had read ahead:
+    # fit's (n - c) * steps batches match the resumed feed.
+    callbacks = common.keras_callbacks(keras, ctx, args) + [ctx.checkpoint_callback(keras), common.epoch_logger(keras, args.epochs)]
     began = time.monotonic()
     # One fit over all epochs on one iterator: every node's dataset has exactly `steps`
     # batches per epoch (see feed_dataset), so the epochs of tf_keras and of the feed agree
@@ -129,6 +144,7 @@ def main_fun(args: argparse.Namespace, ctx: Any) -> None:
     # since the previous epoch).
     result = model.fit(dist_ds, epochs=args.epochs, steps_per_epoch=steps, verbose=0, callbacks=callbacks)
     history = {key: [float(v) for v in values] for key, values in result.history.items()}
+    first_epoch = args.epochs - len(history.get("loss", []))  # > 0 after a restart (restored)
     train_seconds = time.monotonic() - began
     # Read anything left up to the end of the feed (normally nothing: the last epoch ended
     # there), so that every feed task ends normally.
@@ -136,6 +152,9 @@ def main_fun(args: argparse.Namespace, ctx: Any) -> None:
     while not reader.ended:
         marker_rows += sum(len(batch[1]) for batch in reader)
     rows = [reader.rows[e] for e in range(args.epochs)]
+    if ctx.attempt:
+        print(f"{ctx.job_name}:{ctx.task_index}: attempt {ctx.attempt} resumed at epoch {first_epoch + 1}; "
+              f"the feed resumed at epoch {min([e for e in range(args.epochs) if rows[e]] or [args.epochs]) + 1}", flush=True)
     print(f"{ctx.job_name}:{ctx.task_index} trained on {sum(rows)} rows "
           f"({', '.join(str(r) for r in rows)} per epoch); "
           f"{marker_rows} rows left unread at the end of the feed; waited {reader.wait_s:.1f} s for data", flush=True)
@@ -150,6 +169,8 @@ def main_fun(args: argparse.Namespace, ctx: Any) -> None:
         common.write_json(tf, os.path.join(model_dir, common.SUMMARY_FILE), {
             "mode": "spark",
             "history": history,
+            "first_epoch": first_epoch,
+            "attempt": ctx.attempt,
             "test": None,
             "train_seconds": train_seconds,
             "workers": num_workers,
@@ -200,6 +221,7 @@ def run(sc: Any, args: argparse.Namespace) -> Optional[dict]:
         sc, main_fun, args, args.cluster_size, num_ps=0, tensorboard=args.tensorboard,
         input_mode=TFCluster.InputMode.SPARK, master_node="chief",
         log_dir=os.path.join(args.model_dir, common.TENSORBOARD_DIR), progress=args.progress,
+        max_restarts=args.max_restarts,
     ) as cluster:
         if args.tensorboard:
             common.check_tensorboard(cluster.tensorboard_url())
