@@ -105,17 +105,19 @@ def _early_return_or_count(args, ctx):
         seen.extend(feed.next_batch(100))
         if len(seen) >= args["need"]:
             break
+        time.sleep(0.02)  # a slower consumer spreads the feed tasks over seconds: the squatter has time to bind
     _touch(os.path.join(args["out"], "rows1"), f"{len(seen)} {len(set(seen))}")
 
 
-def test_squatter_on_released_data_port_gets_nothing(sc, no_leftovers, tmp_path):
+def _squat_once(sc, tmp_path):
+    """One cluster whose node 0 returns after 5 rows while a squatter takes its released data
+    port; returns what the squatter logged (it may lose the race for the port under load)."""
     marker = tmp_path / "unpickled-by-someone"
     log_path = tmp_path / "squatter.log"
     stop = tmp_path / "stop"
     script = tmp_path / "squatter.py"
     script.write_text(_SQUATTER)
     n, parts = 24000, 24
-    per_part = n // parts
     cluster = TFCluster.run(sc, _early_return_or_count, {"out": str(tmp_path), "need": n}, 2, 0, input_mode=SPARK)
     squatter = None
     try:
@@ -139,16 +141,29 @@ def test_squatter_on_released_data_port_gets_nothing(sc, no_leftovers, tmp_path)
         if squatter is not None:
             squatter.wait(30)
     lines = log_path.read_text().splitlines() if log_path.exists() else []
-    conns = [int(x.split()[1]) for x in lines if x.startswith("conn ")]
-    assert "bound" in lines, "the squatter never got the released port; the test did not exercise C21"
-    assert conns, "no feed task reached the squatter; the test did not exercise C21"
+    return lines, [int(x.split()[1]) for x in lines if x.startswith("conn ")], marker, n // parts
+
+
+def test_squatter_on_released_data_port_gets_nothing(sc, no_leftovers, tmp_path):
+    # The squatter must win the race for node 0's released port before the feed tasks of
+    # executor 0 are done; on a loaded machine it can lose it, and then the run proves
+    # nothing: try again (at most 3 clusters), every run's security assertions still hold.
+    for attempt in range(3):
+        run_dir = tmp_path / f"run{attempt}"
+        run_dir.mkdir()
+        lines, conns, marker, per_part = _squat_once(sc, run_dir)
+        assert not marker.exists()  # nothing the squatter sent was unpickled, in any run
+        if "bound" in lines and conns:
+            break
+    assert "bound" in lines, "the squatter never got the released port in 3 runs; the test did not exercise C21"
+    assert conns, "no feed task reached the squatter in 3 runs; the test did not exercise C21"
     # every feed task sent the squatter a nonce and a proof bound to its nonce (68 bytes), nothing else
     assert set(conns) == {68}, conns
     # nothing the squatter sent was unpickled anywhere (driver, executors, TF processes)
     assert not marker.exists()
     # the partitions the squatter was offered went to the real node 1, each row once
-    assert (tmp_path / "rows0").read_text() == "5"
-    got, distinct = (int(x) for x in (tmp_path / "rows1").read_text().split())
+    assert (run_dir / "rows0").read_text() == "5"
+    got, distinct = (int(x) for x in (run_dir / "rows1").read_text().split())
     assert got == distinct, "a row was fed twice"
     assert got >= len(conns) * per_part
 
