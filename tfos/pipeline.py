@@ -10,25 +10,43 @@ DataFrame with the ``output_mapping`` columns::
         .setClusterSize(2).setEpochs(2).setExportDir("/tmp/export").setFeedTimeout(900)
     model = est.fit(df)
     preds = model.setInputMapping({"image": "x"}).setOutputMapping({"y": "prediction"}).transform(df)
+
+Both are Spark ML persistable (``MLWritable``/``MLReadable``), alone or as pipeline stages::
+
+    Pipeline(stages=[assembler, est]).fit(df).write().overwrite().save(path)
+    PipelineModel.load(path).transform(df)
+
+A saved stage is a directory: ``metadata/`` (Spark's JSON of every param, set and default,
+plus tfos's ``tfosFormat``/``args``) and, for a ``TFEstimator`` (or args that are not plain
+JSON), ``code/``: ``train_fn``/``export_fn`` (and args) serialized with cloudpickle, with its
+SHA-256 in the metadata. Loading ``code/`` unpickles it, which runs code like any pickle:
+load estimators only from paths you wrote yourself. A ``TFModel`` whose args are plain JSON
+(the usual case) has no ``code/`` and loads without unpickling anything.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import copy
+import hashlib
+import json
 import logging
+import os
+import pickle
 import threading
 from typing import Any, Callable, Iterator, Optional
 
 from pyspark.ml import Estimator, Model
 from pyspark.ml.param.shared import Param, Params, TypeConverters
+from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
 
 from . import TFCluster
 from .cluster_template import InputMode
 from .errors import ConfigurationError
 
 __all__ = [
-    "TFEstimator", "TFModel", "Namespace", "TFParams", "TFTypeConverters", "single_node_env", "get_meta_graph_def",
+    "TFEstimator", "TFModel", "TFEstimatorReader", "TFModelReader", "TFStageWriter", "Namespace", "TFParams", "TFTypeConverters", "single_node_env", "get_meta_graph_def",
     "yield_batch",
 ]
 
@@ -358,7 +376,7 @@ class TFParams(Params):
 
 
 class TFEstimator(
-    Estimator, TFParams, HasInputMapping, HasClusterSize, HasNumPS, HasInputMode, HasMasterNode, HasProtocol,
+    Estimator, TFParams, MLWritable, MLReadable, HasInputMapping, HasClusterSize, HasNumPS, HasInputMode, HasMasterNode, HasProtocol,
     HasGraceSecs, HasTensorboard, HasModelDir, HasExportDir, HasTFRecordDir, HasBatchSize, HasEpochs, HasReaders,
     HasSteps, HasDriverPSNodes, HasFeedTimeout,
 ):
@@ -404,8 +422,17 @@ class TFEstimator(
             cluster.shutdown(grace_secs=local_args.grace_secs)
         return self._copyValues(TFModel(self.args))
 
+    def write(self) -> "TFStageWriter":
+        """A Spark ML writer: params, args and ``train_fn``/``export_fn`` (cloudpickle) (driver)."""
+        return TFStageWriter(self)
 
-class TFModel(Model, TFParams, HasInputMapping, HasOutputMapping, HasBatchSize, HasModelDir, HasExportDir, HasSignatureDefKey, HasTagSet):
+    @classmethod
+    def read(cls) -> "TFEstimatorReader":
+        """A Spark ML reader; its ``load`` unpickles ``train_fn`` (trusted paths only) (driver)."""
+        return TFEstimatorReader(cls)
+
+
+class TFModel(Model, TFParams, MLWritable, MLReadable, HasInputMapping, HasOutputMapping, HasBatchSize, HasModelDir, HasExportDir, HasSignatureDefKey, HasTagSet):
     """Spark ML Model that runs an exported SavedModel on every partition (driver + Spark tasks).
 
     ``transform(df)`` feeds the ``input_mapping`` columns (sorted by column name) in batches of
@@ -454,6 +481,191 @@ class TFModel(Model, TFParams, HasInputMapping, HasOutputMapping, HasBatchSize, 
         schema = _output_schema(output_cols, kinds)
         rdd_out = dataset.select(input_cols).rdd.mapPartitions(lambda it: _run_model(it, settings))
         return spark.createDataFrame(rdd_out, schema if schema is not None else output_cols)
+
+    def write(self) -> "TFStageWriter":
+        """A Spark ML writer: params and args (driver)."""
+        return TFStageWriter(self)
+
+    @classmethod
+    def read(cls) -> "TFModelReader":
+        """A Spark ML reader (driver)."""
+        return TFModelReader(cls)
+
+
+# --------------------------------------------------------------------------------------------
+# Spark ML persistence (driver)
+# --------------------------------------------------------------------------------------------
+
+#: Version of the tfos part of a saved stage's metadata.
+PERSIST_FORMAT = 1
+
+
+def _json_exact(value: Any) -> bool:
+    """True when ``value`` survives a JSON round trip unchanged (types included: no tuple,
+    no int dict key, no float subclass, no NaN)."""
+    try:
+        text = json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        return False
+    return _same(json.loads(text), value)
+
+
+def _same(a: Any, b: Any) -> bool:
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return bool(a == b)
+
+
+def _stage_payload(instance: Any) -> tuple:
+    """``(metadata extras, code dict or None)`` of a TFEstimator/TFModel (driver; pure).
+
+    ``args`` go into the JSON metadata when they survive JSON exactly, else into the code
+    dict. A TFEstimator's ``train_fn``/``export_fn`` always go into the code dict.
+
+    Raises:
+        ValueError: A set or default param value that JSON cannot hold exactly (names it).
+    """
+    for pmap in (instance._paramMap, instance._defaultParamMap):
+        for param, value in pmap.items():
+            if not _json_exact(value):
+                raise ValueError(
+                    f"{type(instance).__name__} param {param.name}={value!r} cannot be saved: "
+                    "Spark ML persistence stores params as JSON (use str/int/float/bool/None, lists and dicts with str keys)"
+                )
+    args = dict(vars(instance.args))
+    code: dict = {}
+    extras: dict = {"tfosFormat": PERSIST_FORMAT, "args": None}
+    if _json_exact(args):
+        extras["args"] = args
+    else:
+        code["args"] = args
+    if isinstance(instance, TFEstimator):
+        code["train_fn"] = instance.train_fn
+        code["export_fn"] = instance.export_fn
+    return extras, (code or None)
+
+
+def _dump_code(code: dict) -> tuple:
+    """``(base64 text, sha256 hex)`` of ``code`` pickled with cloudpickle (functions by value
+    when their module is not importable, by reference otherwise)."""
+    from pyspark import cloudpickle
+
+    blob = cloudpickle.dumps(code, protocol=pickle.HIGHEST_PROTOCOL)
+    return base64.b64encode(blob).decode("ascii"), hashlib.sha256(blob).hexdigest()
+
+
+def _load_code(text: str, sha256: str, where: str) -> dict:
+    """Unpickles what :func:`_dump_code` wrote, after checking its SHA-256 (driver).
+
+    Raises:
+        ValueError: The bytes are not the ones saved (truncated or changed file).
+    """
+    blob = base64.b64decode(text.encode("ascii"), validate=True)
+    got = hashlib.sha256(blob).hexdigest()
+    if got != sha256:
+        raise ValueError(f"{where}: the saved code's SHA-256 is {got}, the metadata says {sha256}: the stage is damaged or was changed")
+    code = pickle.loads(blob)
+    if not isinstance(code, dict):
+        raise ValueError(f"{where}: the saved code is a {type(code).__name__}, not a dict")
+    return code
+
+
+class TFStageWriter(MLWriter):
+    """Saves a :class:`TFEstimator` or :class:`TFModel` to a directory (driver).
+
+    ``<path>/metadata``: Spark's ``DefaultParamsWriter`` JSON (class, uid, every set and
+    default param) plus ``tfosFormat``, ``args`` (JSON, or null when pickled) and ``code``
+    (``{"sha256": ...}`` or null). ``<path>/code``: one text line, the base64 of the
+    cloudpickled ``{"train_fn", "export_fn"[, "args"]}``. Both go through Spark's writers,
+    so any Hadoop file system path works.
+
+    Raises (from ``save``):
+        ValueError: A param value JSON cannot hold exactly.
+        pickle.PicklingError / TypeError: ``train_fn`` or args cloudpickle cannot serialize.
+    """
+
+    def __init__(self, instance: Any):
+        super().__init__()
+        self.instance = instance
+
+    def saveImpl(self, path: str) -> None:
+        extras, code = _stage_payload(self.instance)
+        spark = self.sparkSession
+        text = None
+        if code is not None:
+            text, sha = _dump_code(code)
+            extras["code"] = {"sha256": sha}
+        else:
+            extras["code"] = None
+        DefaultParamsWriter.saveMetadata(self.instance, path, spark, extraMetadata=extras)
+        if text is not None:
+            spark.createDataFrame([(text,)], schema=["value"]).coalesce(1).write.text(os.path.join(path, "code"))
+        log.info("saved %s %s to %s (code: %s)", type(self.instance).__name__, self.instance.uid, path, code is not None)
+
+
+class _TFStageReader(MLReader):
+    """Loads what :class:`TFStageWriter` saved (driver)."""
+
+    def __init__(self, cls: type):
+        super().__init__()
+        self.cls = cls
+
+    def _metadata_and_code(self, path: str) -> tuple:
+        spark = self.sparkSession
+        metadata = DefaultParamsReader.loadMetadata(path, spark)
+        if "tfosFormat" not in metadata:
+            raise ValueError(f"{path} holds a saved {metadata.get('class')}, not a tfos TFEstimator/TFModel")
+        if metadata["tfosFormat"] > PERSIST_FORMAT:
+            raise ValueError(f"{path} was saved in tfos persistence format {metadata['tfosFormat']}; this tfos reads up to {PERSIST_FORMAT}")
+        code: dict = {}
+        if metadata.get("code"):
+            code_path = os.path.join(path, "code")
+            first = spark.read.text(code_path).first()
+            if first is None:
+                raise ValueError(f"{code_path} is empty: the stage is damaged")
+            text = first[0]
+            code = _load_code(text, metadata["code"]["sha256"], code_path)
+        args = metadata["args"] if metadata.get("args") is not None else code.get("args", {})
+        return metadata, code, args
+
+    @staticmethod
+    def _finish(instance: Any, metadata: dict) -> Any:
+        instance._resetUid(metadata["uid"])
+        DefaultParamsReader.getAndSetParams(instance, metadata)
+        return instance
+
+
+class TFEstimatorReader(_TFStageReader):
+    """Loads a saved :class:`TFEstimator` (driver). ``load`` unpickles ``train_fn``: it runs
+    code like any pickle, so load only from paths you trust.
+
+    Raises (from ``load``):
+        ValueError: Not a tfos stage, a newer format, or damaged code (SHA-256 mismatch).
+        Whatever unpickling raises (e.g. ModuleNotFoundError for a ``train_fn`` saved by
+        reference to a module that is not importable here).
+    """
+
+    def load(self, path: str) -> Any:
+        metadata, code, args = self._metadata_and_code(path)
+        if "train_fn" not in code:
+            raise ValueError(f"{path} holds no train_fn (saved by a {metadata.get('class')}?)")
+        return self._finish(self.cls(code["train_fn"], args, code.get("export_fn")), metadata)
+
+
+class TFModelReader(_TFStageReader):
+    """Loads a saved :class:`TFModel` (driver); unpickles only when its args were not JSON.
+
+    Raises (from ``load``):
+        ValueError: Not a tfos stage, a newer format, or damaged code (SHA-256 mismatch).
+    """
+
+    def load(self, path: str) -> Any:
+        metadata, _code, args = self._metadata_and_code(path)
+        return self._finish(self.cls(args), metadata)
 
 
 _model_cache: dict = {}

@@ -205,6 +205,70 @@ def test_estimator_fit_then_model_transform(sc, tmp_path, no_leftovers):
     assert empty.schema == preds.schema and empty.count() == 0
 
 
+def test_pipeline_model_save_load_same_predictions(sc, tmp_path, no_leftovers):
+    """``Pipeline([SQLTransformer, TFEstimator]).fit(df)`` trains on 2 nodes; the fitted
+    ``PipelineModel`` (Java stage + TFModel) is saved, loaded with ``PipelineModel.load`` and
+    gives exactly the same predictions; every param (set or default), uid and args of both
+    the fitted TFModel and the unfitted estimator survive, also when loaded alone."""
+    from pyspark.ml import Pipeline, PipelineModel
+    from pyspark.ml.feature import SQLTransformer
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession(sc)
+    rows, parts = 128, 4
+    data, schema = _regression_schema_data(rows)
+    df = spark.createDataFrame(data, schema).selectExpr("features", "label", "label * 2 AS unused").repartition(parts).cache()
+    out = tmp_path / "out"
+    out.mkdir()
+    export_dir = str(tmp_path / "export")
+    prep = SQLTransformer(statement="SELECT features, label FROM __THIS__")
+    est = (
+        TFEstimator(regression_train_fn, {"lr": 0.1, "train_steps": 30, "out": str(out)})
+        .setInputMapping({"features": "features", "label": "label"}).setClusterSize(2).setBatchSize(32)
+        .setExportDir(export_dir).setGraceSecs(0).setFeedTimeout(300)
+    )
+    pipeline = Pipeline(stages=[prep, est])
+    # The unfitted pipeline round-trips (the estimator's train_fn is cloudpickled).
+    pipeline.write().overwrite().save(str(tmp_path / "pipeline"))
+    est_back = Pipeline.load(str(tmp_path / "pipeline")).getStages()[1]
+    assert type(est_back) is TFEstimator and est_back.uid == est.uid
+    assert _param_values(est_back) == _param_values(est)
+    assert vars(est_back.args) == vars(est.args)
+    assert est_back.train_fn.__name__ == "regression_train_fn"
+
+    fitted = pipeline.fit(df)
+    model = fitted.stages[1]
+    assert isinstance(model, TFModel) and model.getExportDir() == export_dir
+    model.setInputMapping({"features": "features"}).setOutputMapping({"prediction": "pred"}).setSignatureDefKey("serving_default")
+    before = [r.pred for r in fitted.transform(df).collect()]
+    assert len(before) == rows and all(isinstance(v, float) for v in before)
+
+    path = str(tmp_path / "pipeline_model")
+    fitted.write().overwrite().save(path)
+    loaded = PipelineModel.load(path)
+    assert [type(s).__name__ for s in loaded.stages] == ["SQLTransformer", "TFModel"]
+    model_back = loaded.stages[1]
+    assert model_back.uid == model.uid and _param_values(model_back) == _param_values(model)
+    assert vars(model_back.args) == vars(model.args)
+    after = [r.pred for r in loaded.transform(df).collect()]
+    assert after == before  # same SavedModel, same rows: bit-identical
+
+    # Each stage loads alone too; a TFModel with JSON args has no pickled code.
+    stage_dirs = sorted((Path(path) / "stages").iterdir())
+    alone = TFModel.load(str(stage_dirs[1]))
+    assert alone.uid == model.uid and _param_values(alone) == _param_values(model)
+    assert not (stage_dirs[1] / "code").exists()
+    assert [r.pred for r in alone.transform(df).collect()] == before
+    est_dir = sorted((tmp_path / "pipeline" / "stages").iterdir())[1]
+    assert (est_dir / "code").exists()
+    assert _param_values(TFEstimator.load(str(est_dir))) == _param_values(est)
+
+
+def _param_values(stage) -> dict:
+    """``{param name: (is set, value)}`` of every param of ``stage``."""
+    return {p.name: (stage.isSet(p), stage.getOrDefault(p) if stage.isDefined(p) else None) for p in stage.params}
+
+
 def test_c17_estimator_feed_timeout_names_node_and_partition(sc, tmp_path, no_leftovers):
     """C17: a train_fn that stops consuming, with setFeedTimeout(3): fit() fails within a
     minute with the FeedTimeoutError text (node, partition, "accepted no data") inside the
