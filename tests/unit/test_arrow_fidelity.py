@@ -21,7 +21,7 @@ from pyspark.sql.types import (  # noqa: E402
 
 from tfos._data.feed_hub import END_OF_FEED, FeedHub  # noqa: E402
 from tfos._data.feed_tasks import spark_schema_for_feed  # noqa: E402
-from tfos._data.framing import SPARK_SCHEMA_KEY, arrow_ndarray, arrow_rows  # noqa: E402
+from tfos._data.framing import SPARK_SCHEMA_KEY, arrow_ndarray, arrow_rows, feed_schema_json  # noqa: E402
 from tfos._data.tfdata import FeedBatches  # noqa: E402
 from tfos.datafeed import DataFeed, rows_to_columns  # noqa: E402
 from tfos.errors import MalformedRowError  # noqa: E402
@@ -115,6 +115,39 @@ def test_struct_columns_are_rows_and_maps_are_dicts_as_in_df_rdd():
     assert [r[2] for r in rows] == [{"x": 1, "y": 2}, None, {}]
     assert [r[3] for r in rows] == [bytearray(b"\x00\x01"), None, bytearray(b"")]
     assert type(rows[0][3]) is bytearray
+
+
+@pytest.mark.parametrize("as_bytes, kind", [(True, bytes), (False, bytearray)])
+def test_binary_follows_the_sessions_binary_as_bytes(as_bytes, kind):
+    """df.rdd gives binary as bytes when spark.sql.execution.pyspark.binaryAsBytes is true
+    (Spark 4.1+ default) and as bytearray otherwise, at every depth: the feed's schema
+    metadata says which (found by tests/spark/test_feed_lattice.py)."""
+    from pyspark.sql.types import BinaryType, StructType as ST
+
+    schema = ST([StructField("b", BinaryType()), StructField("s", ST([StructField("f", BinaryType())])),
+                 StructField("a", ArrayType(BinaryType())), StructField("m", MapType(StringType(), BinaryType()))])
+    text = feed_schema_json(schema, as_bytes)
+    assert json.loads(text)["tfos.binaryAsBytes"] is as_bytes
+    arrays = [pa.array([b"\x00", None], pa.binary()),
+              pa.array([{"f": b"x"}, {"f": None}], pa.struct([("f", pa.binary())])),
+              pa.array([[b"y", None], []], pa.list_(pa.binary())),
+              pa.array([[("k", b"z")], None], pa.map_(pa.string(), pa.binary()))]
+    batch = pa.RecordBatch.from_arrays(arrays, ["b", "s", "a", "m"]).replace_schema_metadata({SPARK_SCHEMA_KEY: text.encode()})
+    rows = arrow_rows(_ipc(batch))
+    assert rows[0] == (kind(b"\x00"), Row(f=kind(b"x")), [kind(b"y"), None], {"k": kind(b"z")})
+    assert [type(v) for v in (rows[0][0], rows[0][1].f, rows[0][2][0], rows[0][3]["k"])] == [kind] * 4
+    assert rows[1] == (None, Row(f=None), [], None)
+
+
+def test_empty_numeric_arrays_are_read_only_too():
+    got = _col(pa.array([[], []], pa.list_(pa.int8())))
+    assert [g.shape for g in got] == [(0,), (0,)] and all(g.dtype == np.int8 and not g.flags.writeable for g in got)
+
+
+def test_feed_schema_json_only_for_udts_and_binary():
+    assert feed_schema_json(StructType([StructField("x", ArrayType(DoubleType()))]), True) is None
+    udt = json.loads(feed_schema_json(StructType([StructField("v", VectorUDT())]), False))
+    assert StructType.fromJson(udt).fields[0].dataType == VectorUDT() and udt["tfos.binaryAsBytes"] is False
 
 
 def test_timestamps_with_a_zone_become_naive_local_datetimes():

@@ -28,7 +28,8 @@ from typing import Any, Callable, Optional, Sequence
 from tfos._common import wire as _wire
 from tfos._connect.tasks import OP_SCHEMA, START_SCHEMA, StartSpec, decode_failures, make_infer_fn, make_op_fn, make_start_fn, make_train_fn
 from tfos._common.deadline import Deadline
-from tfos._data.feed_tasks import FeedPlan, spark_schema_for_feed
+from tfos._data.feed_tasks import FeedPlan
+from tfos._data.framing import binary_as_bytes, feed_schema_json
 from tfos._node.launch import ClusterConfig
 from tfos.cluster_template import InputMode, NodeInfo, build_cluster_spec, build_template, format_template, roles_from_template
 from tfos.errors import ClusterFailedError, ConfigurationError, NodeFailure, TFOSError
@@ -231,7 +232,7 @@ class ConnectTFCluster:
         log.info("tfos train: %d epoch(s) -> %d node(s)", num_epochs, len(plan.nodes))
         self._busy += 1
         try:
-            rows = data.mapInArrow(make_train_fn(plan, spark_schema_for_feed(df.schema)), "partition long, outcome string").collect()
+            rows = data.mapInArrow(make_train_fn(plan, feed_schema_json(df.schema, binary_as_bytes(df.sparkSession))), "partition long, outcome string").collect()
         except Exception as exc:  # noqa: BLE001 - Connect raises several exception types
             self._busy -= 1
             raise self._job_failed("train()", exc) from exc

@@ -34,7 +34,8 @@ from tfos._common.wire import DataSession, loads_strict, recv_into
 __all__ = [
     "FrameType", "ChunkKind", "send_frame", "recv_frame", "send_json", "recv_json", "decode_chunk",
     "MAX_DATA_FRAME_BYTES", "MAX_CONTROL_DATA_FRAME_BYTES",
-    "arrow_rows", "arrow_ndarray", "arrow_vector_ndarray", "ArrowRows", "SPARK_SCHEMA_KEY",
+    "arrow_rows", "arrow_ndarray", "arrow_vector_ndarray", "ArrowRows", "SPARK_SCHEMA_KEY", "feed_schema_json",
+    "binary_as_bytes",
 ]
 
 _HEAD = struct.Struct(">BQ")
@@ -229,6 +230,54 @@ def decode_chunk(kind: ChunkKind, payload: Union[bytes, bytearray]) -> list:
 #: Arrow batches carry a UDT as its bare SQL struct, without metadata).
 SPARK_SCHEMA_KEY = b"tfos.spark_schema"
 
+#: Key of the Spark schema JSON (:data:`SPARK_SCHEMA_KEY`) saying whether ``df.rdd`` gives
+#: binary values as ``bytes`` (Spark's ``spark.sql.execution.pyspark.binaryAsBytes``, true
+#: by default since Spark 4.1) or ``bytearray`` (false, and Spark before 4.1). A chunk
+#: without it decodes binary as ``bytearray``.
+BINARY_AS_BYTES_KEY = "tfos.binaryAsBytes"
+_BINARY_CONF = "spark.sql.execution.pyspark.binaryAsBytes"
+
+
+def binary_as_bytes(spark: Any) -> bool:
+    """True when ``df.rdd`` gives ``BinaryType`` values as ``bytes`` in this session (driver).
+
+    Reads ``spark.sql.execution.pyspark.binaryAsBytes``; a Spark without that conf gives
+    ``bytearray`` (False). Works with classic and Connect sessions.
+    """
+    value = spark.conf.get(_BINARY_CONF, None)
+    return value is not None and str(value).strip().lower() == "true"
+
+
+def feed_schema_json(schema: Any, as_bytes: bool) -> Optional[str]:
+    """The Spark schema JSON a DataFrame feed puts into every Arrow chunk, or None (driver; pure).
+
+    Needed when the schema has a user-defined type (``VectorUDT``...: Spark's Arrow form is a
+    bare struct) or a ``BinaryType`` (``bytes`` or ``bytearray``, as ``df.rdd`` in the session:
+    see :func:`binary_as_bytes`) at any depth; every other type decodes from its Arrow type.
+
+    Args:
+        schema: The DataFrame's ``StructType``.
+        as_bytes: :func:`binary_as_bytes` of the session.
+    """
+    from pyspark.sql.types import ArrayType, BinaryType, MapType, StructType, UserDefinedType
+
+    def needs(t: Any) -> bool:
+        if isinstance(t, (UserDefinedType, BinaryType)):
+            return True
+        if isinstance(t, StructType):
+            return any(needs(f.dataType) for f in t.fields)
+        if isinstance(t, ArrayType):
+            return needs(t.elementType)
+        if isinstance(t, MapType):
+            return needs(t.keyType) or needs(t.valueType)
+        return False
+
+    if not needs(schema):
+        return None
+    obj = schema.jsonValue()
+    obj[BINARY_AS_BYTES_KEY] = bool(as_bytes)
+    return json.dumps(obj, separators=(",", ":"))
+
 
 class ArrowRows(list):
     """The rows of one Arrow chunk (a list of tuples) with the chunk's column names."""
@@ -241,7 +290,8 @@ def arrow_rows(payload: Union[bytes, bytearray]) -> list:
 
     Every value is the Python value the same row of ``df.rdd`` holds (see the table in
     docs/datafeed.md): exact integers, ``None`` for nulls, ``Row`` for structs, ``dict``
-    for maps, ``bytearray`` for binary, naive local ``datetime`` for timestamps,
+    for maps, ``bytes`` or ``bytearray`` for binary (as the schema metadata says, see
+    :func:`feed_schema_json`; ``bytearray`` without it), naive local ``datetime`` for timestamps,
     ``DenseVector``/``SparseVector`` (or the value of any other UDT) when the chunk's
     schema metadata names the column's UDT (:data:`SPARK_SCHEMA_KEY`). One exception,
     for speed: a column of numeric arrays (nested to any depth) without nulls at any
@@ -269,32 +319,34 @@ def arrow_rows(payload: Union[bytes, bytearray]) -> list:
         columns = list(batches[0].columns)
     else:
         columns = [col.combine_chunks() for col in pa.Table.from_batches(batches).itercolumns()]
-    spark_types = _spark_types(reader.schema)
+    spark_types, as_bytes = _spark_types(reader.schema)
     cols = []
     for i, arr in enumerate(columns):
         spark_type = spark_types[i] if spark_types is not None else None
-        cols.append(_column_values(arr, spark_type))
+        cols.append(_column_values(arr, spark_type, as_bytes))
     out.extend(zip(*cols))
     return out
 
 
-def _spark_types(schema: Any) -> Optional[list]:
-    """The Spark ``DataType`` of every column from the chunk's schema metadata, or None."""
+def _spark_types(schema: Any) -> tuple:
+    """``(Spark DataType of every column or None, binary as bytes)`` from the chunk's schema
+    metadata (``(None, False)`` without it)."""
     meta = schema.metadata or {}
     text = meta.get(SPARK_SCHEMA_KEY)
     if not text:
-        return None
+        return None, False
     from pyspark.sql.types import StructType
 
-    st = StructType.fromJson(json.loads(text))
+    obj = json.loads(text)
+    st = StructType.fromJson(obj)
     if len(st.fields) != len(schema.names):
         raise ValueError(
             f"the Arrow chunk has {len(schema.names)} columns but its Spark schema has {len(st.fields)}"
         )
-    return [f.dataType for f in st.fields]
+    return [f.dataType for f in st.fields], bool(obj.get(BINARY_AS_BYTES_KEY, False))
 
 
-def _column_values(arr: Any, spark_type: Any) -> list:
+def _column_values(arr: Any, spark_type: Any, as_bytes: bool = False) -> list:
     """One column of an Arrow chunk as the list of its rows' Python values (pure)."""
     import pyarrow as pa
 
@@ -309,7 +361,7 @@ def _column_values(arr: Any, spark_type: Any) -> list:
             if nd is not None:
                 return list(nd)
     values = arr.to_pylist()
-    conv = _converter(t, spark_type)
+    conv = _converter(t, spark_type, as_bytes)
     return values if conv is None else [conv(v) for v in values]
 
 
@@ -323,19 +375,20 @@ def _is_udt(spark_type: Any) -> bool:
     return hasattr(spark_type, "deserialize") and hasattr(spark_type, "sqlType")
 
 
-def _converter(t: Any, spark_type: Any = None) -> Optional[Any]:
+def _converter(t: Any, spark_type: Any = None, as_bytes: bool = False) -> Optional[Any]:
     """A function from ``Array.to_pylist()`` values of Arrow type ``t`` to the values of
     ``df.rdd`` (None when they are already the same; pure).
 
     Args:
         t: The Arrow type.
         spark_type: The Spark ``DataType`` of the same value when known (needed for UDTs).
+        as_bytes: Binary values stay ``bytes`` (else become ``bytearray``).
     """
     import pyarrow as pa
 
     if spark_type is not None and _is_udt(spark_type):
         udt = spark_type
-        inner = _converter(t, udt.sqlType())
+        inner = _converter(t, udt.sqlType(), as_bytes)
 
         def convert_udt(v: Any) -> Any:
             return None if v is None else udt.deserialize(inner(v) if inner is not None else v)
@@ -347,7 +400,7 @@ def _converter(t: Any, spark_type: Any = None) -> Optional[Any]:
         names = [t.field(i).name for i in range(t.num_fields)]
         fields = getattr(spark_type, "fields", None)
         fields = fields if fields is not None and len(fields) == len(names) else None
-        convs = [_converter(t.field(i).type, fields[i].dataType if fields else None) for i in range(t.num_fields)]
+        convs = [_converter(t.field(i).type, fields[i].dataType if fields else None, as_bytes) for i in range(t.num_fields)]
 
         def convert_struct(v: Any) -> Any:
             if v is None:
@@ -360,13 +413,13 @@ def _converter(t: Any, spark_type: Any = None) -> Optional[Any]:
 
         return convert_struct
     if _is_list_type(t):
-        elem = _converter(t.value_type, getattr(spark_type, "elementType", None))
+        elem = _converter(t.value_type, getattr(spark_type, "elementType", None), as_bytes)
         if elem is None:
             return None
         return lambda v: None if v is None else [elem(x) for x in v]
     if pa.types.is_map(t):
-        kc = _converter(t.key_type, getattr(spark_type, "keyType", None))
-        vc = _converter(t.item_type, getattr(spark_type, "valueType", None))
+        kc = _converter(t.key_type, getattr(spark_type, "keyType", None), as_bytes)
+        vc = _converter(t.item_type, getattr(spark_type, "valueType", None), as_bytes)
 
         def convert_map(v: Any) -> Any:
             if v is None:
@@ -375,6 +428,8 @@ def _converter(t: Any, spark_type: Any = None) -> Optional[Any]:
 
         return convert_map
     if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
+        if as_bytes:
+            return None  # to_pylist() gives bytes
         return lambda v: None if v is None else bytearray(v)
     if pa.types.is_timestamp(t) and t.tz is not None:
         # Spark's TimestampType: df.rdd gives naive datetimes in the process's local time zone.
@@ -474,7 +529,9 @@ def _numeric_view(arr: Any, start: int, stop: int) -> Any:
     kind = "f" if pa.types.is_floating(t) else ("i" if pa.types.is_signed_integer(t) else "u")
     dtype = np.dtype(f"<{kind}{t.bit_width // 8}")
     if stop <= start:
-        return np.empty(0, dtype)
+        empty = np.empty(0, dtype)
+        empty.flags.writeable = False  # read-only like every view of a chunk
+        return empty
     return np.frombuffer(arr.buffers()[1], dtype=dtype, count=stop - start, offset=(arr.offset + start) * dtype.itemsize)
 
 

@@ -25,7 +25,8 @@ from tfos._node import output as _node_output
 from tfos._driver.runtime import ClusterRuntime, JobThread, Progress, install_sigterm, restarting
 from tfos._control.server import ControlServer
 from tfos._common.deadline import Deadline
-from tfos._data.feed_tasks import FeedPlan, make_arrow_feed_fn, make_feed_fn, make_infer_fn, spark_schema_for_feed
+from tfos._data.feed_tasks import FeedPlan, make_arrow_feed_fn, make_feed_fn, make_infer_fn
+from tfos._data.framing import binary_as_bytes, feed_schema_json
 from tfos._driver.attempts import Attempt, DriverConfig, _Launcher, _Recovery
 from tfos._driver.restart import FeedResume, InferenceLedger
 from tfos._driver.spark_checks import check_spark
@@ -348,7 +349,7 @@ class TFCluster:
             parts = df.rdd.getNumPartitions()
             plan = self._plan("train", qname, _chunk_kind("arrow"), parts, feed_timeout, end_of_feed, first_epoch)
             data = functools.reduce(lambda a, b: a.union(b), [df] * epochs)
-            fn = make_arrow_feed_fn(plan, spark_schema_for_feed(df.schema))  # UDT columns (ML vectors) need it
+            fn = make_arrow_feed_fn(plan, feed_schema_json(df.schema, binary_as_bytes(df.sparkSession)))  # UDT and binary columns need it
             action: Callable[[], Any] = lambda: [tuple(r) for r in data.mapInArrow(fn, "partition long, outcome string").collect()]
         else:
             rdd = df.rdd if df is not None else dataRDD
