@@ -243,6 +243,39 @@ def test_feed_batches_refuse_a_null_image_naming_the_column(hub):
         list(FeedBatches(DataFeed(hub, timeout_s=10), 2, [(np.float32, (2, 3)), (np.int64, ())]))
 
 
+@pytest.mark.parametrize(
+    ("arr", "shape", "msg"),
+    [
+        (pa.array([[1.0, 2.0], [3.0, None]], pa.list_(pa.float64())), (2,), r"\(\[3.0, None\]\)"),
+        (pa.array([[1.0, 2.0], None], pa.list_(pa.float64())), (2,), r"\(None\)"),
+        (pa.array([1.5, None]), (), r"\(None\)"),
+    ],
+)
+def test_single_tensorspec_null_names_the_column(hub, arr, shape, msg):
+    """A single TensorSpec over a one-column DataFrame: the slow path reads the Arrow rows
+    as they are (1-tuples, not wrapped again) and names the column in the null error."""
+    f = Feeder(hub, KEY, 5, "train", 0, "arrow")
+    f.arrow(pa.RecordBatch.from_arrays([arr], ["img"]))
+    f.end()
+    hub.queues["input"].put_nowait(END_OF_FEED)
+    with pytest.raises(MalformedRowError, match=r"partition 5 \(epoch 0\), row 1: column 0 \('img'\): null value where a dense "
+                       r"float32 tensor is asked " + msg):
+        list(FeedBatches(DataFeed(hub, timeout_s=10), 2, [(np.float32, shape)], single=True))
+
+
+def test_single_tensorspec_slow_path_gives_one_array(hub):
+    """Ragged chunk then a dense one, single TensorSpec of shape (None,)... here (2,): the
+    slow path (a null-free object chunk) and the view path give the same (n, 2) batches."""
+    f = Feeder(hub, KEY, 5, "train", 0, "arrow")
+    f.arrow(pa.RecordBatch.from_arrays([pa.array([[1, 2], [3, 4]], pa.list_(pa.int32()))], ["x"]))
+    f.arrow(pa.RecordBatch.from_arrays([pa.array([{"a": 5, "b": 6}], pa.struct([("a", pa.int32()), ("b", pa.int32())]))], ["x"]))
+    f.end()
+    hub.queues["input"].put_nowait(END_OF_FEED)
+    got = list(FeedBatches(DataFeed(hub, timeout_s=10), 3, [(np.float32, (2,))], single=True))
+    assert len(got) == 1 and isinstance(got[0], np.ndarray) and got[0].dtype == np.float32
+    assert got[0].tolist() == [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]
+
+
 def test_arrow_column_path_views_nested_arrays_and_dense_vectors_without_copies(hub):
     """FeedBatches' Arrow column path: nested lists and dense vectors are views of the chunk."""
     imgs = np.arange(3 * 6, dtype=np.float32).reshape(3, 2, 3)

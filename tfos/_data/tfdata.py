@@ -394,10 +394,14 @@ class FeedBatches:
         return self._row_columns(rows, origins)
 
     def _row_columns(self, rows: list, origins: list) -> tuple:
+        # i17 (C24): rows decoded from an Arrow chunk are already tuples of columns, with
+        # the column names for error messages, also for a single TensorSpec; only the
+        # single values of an RDD feed are wrapped.
+        from tfos._data.framing import ArrowRows
         from tfos.datafeed import rows_to_columns
 
         spec = [(c.dtype, c.shape) for c in self._cols]
-        if self._single:
+        if self._single and not isinstance(rows, ArrowRows):
             return rows_to_columns([(r,) for r in rows], spec, origins)
         return rows_to_columns(rows, spec, origins)
 
