@@ -142,6 +142,20 @@ def failing_feed_fun(args, ctx):
     raise RuntimeError(f"bad batch on purpose in {ctx.job_name}:{ctx.task_index}")
 
 
+def rows_to_pickle_fun(args, ctx):
+    """InputMode.SPARK: pickles every row it reads to ``<out>/<node>.pkl``."""
+    import pickle
+
+    from tfos.datafeed import DataFeed
+
+    feed = DataFeed(ctx.mgr, train_mode=True)
+    rows: list = []
+    while not feed.should_stop():
+        rows.extend(feed.next_batch(5))
+    with open(os.path.join(args["out"], f"{ctx.job_name}{ctx.task_index}.pkl"), "wb") as f:
+        pickle.dump(rows, f)
+
+
 # ---------------------------------------------------------------------- tests
 def test_tensorflow_mode(spark, tmp_path):
     cluster = TFCluster.run(spark, tf_mode_fun, {"out": str(tmp_path)}, 2, 0, input_mode=InputMode.TENSORFLOW, master_node="chief", reservation_timeout=180)
@@ -205,4 +219,51 @@ def test_feed_failure_names_the_node(spark, tmp_path):
     assert "RuntimeError: bad batch on purpose in worker:" in text
     assert any(f.kind == "exception" and f.error_type == "RuntimeError" for f in ei.value.failures)
     cluster.shutdown()  # already torn down: a no-op
+    _assert_all_gone()
+
+
+def test_udt_and_binary_columns_arrive_as_collect_gives_them(spark, tmp_path):
+    """C24 on Connect: the client puts the Spark schema into the Arrow chunks for UDT and
+    binary columns, so nodes get ``DenseVector``/``SparseVector`` (not the vector's struct),
+    ``Row`` for structs and binary as the session's ``collect()`` gives it (``bytes`` unless
+    ``spark.sql.execution.pyspark.binaryAsBytes`` is false), at every depth."""
+    import pickle
+
+    from pyspark.ml.linalg import DenseVector, SparseVector, VectorUDT
+    from pyspark.sql.types import ArrayType, BinaryType, LongType, StructField, StructType
+
+    schema = StructType([
+        StructField("id", LongType(), False), StructField("v", VectorUDT(), True),
+        StructField("vs", ArrayType(VectorUDT(), True), True), StructField("b", BinaryType(), True),
+        StructField("s", StructType([StructField("x", BinaryType(), True), StructField("v", VectorUDT(), True)]), True),
+    ])
+    data = []
+    for i in range(12):
+        vec = DenseVector([float(i), 0.5]) if i % 2 else SparseVector(3, [i % 3], [float(i)])
+        data.append((i, None if i == 5 else vec, [vec, None] if i % 4 else [], None if i == 3 else bytes([i, 0, 255]),
+                     (bytes([i]), SparseVector(2, [], [])) if i % 3 else None))
+    df = spark.createDataFrame(data, schema).repartition(3)
+    want = {r["id"]: r for r in df.collect()}
+    assert type(want[1]["v"]) is DenseVector and type(want[0]["v"]) is SparseVector
+    with TFCluster.run(spark, rows_to_pickle_fun, {"out": str(tmp_path)}, 2, 0, input_mode=InputMode.SPARK,
+                       reservation_timeout=180) as cluster:
+        cluster.train(df, num_epochs=1)
+    got = [row for p in sorted(tmp_path.glob("*.pkl")) for row in pickle.loads(p.read_bytes())]
+    assert sorted(r[0] for r in got) == list(range(12))
+
+    def same(g, w, where):
+        assert type(g) is type(w), f"{where}: {g!r} != {w!r}"
+        if isinstance(w, SparseVector):
+            assert (g.size, g.indices.tolist(), g.values.tolist()) == (w.size, w.indices.tolist(), w.values.tolist()), where
+        elif isinstance(w, DenseVector):
+            assert g.toArray().tolist() == w.toArray().tolist(), where
+        elif isinstance(w, (list, tuple)):
+            assert len(g) == len(w) and getattr(g, "__fields__", None) == getattr(w, "__fields__", None), where
+            for k, (gi, wi) in enumerate(zip(g, w)):
+                same(gi, wi, f"{where}[{k}]")
+        else:
+            assert g == w, f"{where}: {g!r} != {w!r}"
+
+    for row in got:
+        same(tuple(row), tuple(want[row[0]]), f"row {row[0]}")
     _assert_all_gone()

@@ -109,8 +109,8 @@ def _non_null_values(t: DataType):
     if isinstance(t, DoubleType):
         return st.floats()
     if isinstance(t, DecimalType):
-        unit = decimal.Decimal(1).scaleb(-t.scale)
-        bound = decimal.Decimal(10) ** (t.precision - t.scale) - unit
+        # Built from digits: Decimal arithmetic would round 38 digits to the context's 28.
+        bound = decimal.Decimal("9" * (t.precision - t.scale) + ("." + "9" * t.scale if t.scale else "") or "0")
         return st.decimals(-bound, bound, places=t.scale, allow_nan=False, allow_infinity=False)
     if isinstance(t, StringType):
         return st.text(max_size=8)

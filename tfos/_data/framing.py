@@ -244,7 +244,12 @@ def binary_as_bytes(spark: Any) -> bool:
     Reads ``spark.sql.execution.pyspark.binaryAsBytes``; a Spark without that conf gives
     ``bytearray`` (False). Works with classic and Connect sessions.
     """
-    value = spark.conf.get(_BINARY_CONF, None)
+    try:
+        # No default argument: conf.get(key, default) returns that default, not Spark's,
+        # when the conf was not set explicitly.
+        value = spark.conf.get(_BINARY_CONF)
+    except Exception:  # noqa: BLE001 - a Spark without the conf raises (type varies: classic/Connect)
+        return False
     return value is not None and str(value).strip().lower() == "true"
 
 
@@ -431,10 +436,38 @@ def _converter(t: Any, spark_type: Any = None, as_bytes: bool = False) -> Option
         if as_bytes:
             return None  # to_pylist() gives bytes
         return lambda v: None if v is None else bytearray(v)
+    if pa.types.is_decimal(t):
+        return _rdd_decimal
     if pa.types.is_timestamp(t) and t.tz is not None:
         # Spark's TimestampType: df.rdd gives naive datetimes in the process's local time zone.
         return lambda v: None if v is None else v.astimezone().replace(tzinfo=None)
     return None
+
+
+def _rdd_decimal(v: Any) -> Any:
+    """The ``Decimal`` ``df.rdd`` gives for a Spark decimal read from Arrow (pure).
+
+    Same value; the exponent as Spark's JVM pickler (Pyrolite) writes it: through Java's
+    ``BigDecimal.toEngineeringString``, whose exponent is a multiple of 3 in scientific
+    form (scale > 0 and adjusted exponent < -6), padding the coefficient with zeros when it
+    has fewer digits than that needs: unscaled 1 at scale 19 gives ``Decimal('1.00E-19')``
+    (exponent -21), where Arrow gives ``Decimal('1E-19')``.
+    """
+    if v is None:
+        return None
+    sign, digits, exp = v.as_tuple()
+    if not isinstance(exp, int) or exp >= 0 or not any(digits):
+        return v
+    adjusted = exp + len(digits) - 1
+    if adjusted >= -6:
+        return v
+    sig = adjusted % 3 + 1  # digits before the point in engineering notation
+    pad = sig - len(digits)
+    if pad <= 0:
+        return v
+    import decimal
+
+    return decimal.Decimal((sign, digits + (0,) * pad, exp - pad))
 
 
 def arrow_vector_ndarray(arr: Any, schema: Any, index: int) -> Any:
