@@ -1,6 +1,7 @@
 """C24, property-based: over generated DataFrames spanning the Spark SQL type lattice (every
-integer width, float/double with NaN/inf/-0.0, decimals of every precision, strings, binary,
-booleans, dates, timestamps with and without time zone, Spark ML vectors, arrays of arrays,
+integer width, float/double with NaN/inf/-0.0, decimals of every precision, strings, binary
+(under both values of ``spark.sql.execution.pyspark.binaryAsBytes``), booleans, dates, timestamps
+with and without time zone, day-time intervals, ``NullType``, Spark ML vectors, arrays of arrays,
 structs, maps, nulls at every level where the schema allows them, empty DataFrames and empty
 partitions), the rows a node decodes from ``train(df)``'s Arrow chunks equal ``df.rdd``'s
 rows exactly: same Python types (``Row`` with the same field names, ``dict``, ``bytearray``,
@@ -42,8 +43,9 @@ from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from pyspark.ml.linalg import DenseVector, SparseVector, VectorUDT  # noqa: E402
 from pyspark.sql.types import (  # noqa: E402
-    ArrayType, BinaryType, BooleanType, ByteType, DataType, DateType, DecimalType, DoubleType, FloatType,
-    IntegerType, LongType, MapType, ShortType, StringType, StructField, StructType, TimestampNTZType, TimestampType,
+    ArrayType, BinaryType, BooleanType, ByteType, DataType, DateType, DayTimeIntervalType, DecimalType, DoubleType,
+    FloatType, IntegerType, LongType, MapType, NullType, ShortType, StringType, StructField, StructType,
+    TimestampNTZType, TimestampType,
 )
 
 from tfos._data.feed_tasks import arrow_slices  # noqa: E402
@@ -53,11 +55,13 @@ pytestmark = [pytest.mark.spark]
 
 # ------------------------------------------------------------------ the type lattice
 
+BINARY_CONF = "spark.sql.execution.pyspark.binaryAsBytes"
 INT_RANGES = {ByteType: 7, ShortType: 15, IntegerType: 31, LongType: 63}
 NUMPY_DTYPES = {ByteType: np.int8, ShortType: np.int16, IntegerType: np.int32, LongType: np.int64,
                 FloatType: np.float32, DoubleType: np.float64}
 SIMPLE_TYPES = [ByteType(), ShortType(), IntegerType(), LongType(), FloatType(), DoubleType(), StringType(),
-                BinaryType(), BooleanType(), DateType(), TimestampType(), TimestampNTZType()]
+                BinaryType(), BooleanType(), DateType(), TimestampType(), TimestampNTZType(), DayTimeIntervalType(),
+                NullType()]
 #: Map keys: hashable in df.rdd (binary keys would be bytearrays) and without NaN.
 KEY_TYPES = [ByteType(), ShortType(), IntegerType(), LongType(), StringType(), BooleanType(), DateType()]
 #: Timestamps: Spark's range, a day inside it so local-time conversions stay in range.
@@ -122,6 +126,10 @@ def _non_null_values(t: DataType):
         return st.dates()
     if isinstance(t, (TimestampType, TimestampNTZType)):
         return st.datetimes(TS_MIN, TS_MAX)
+    if isinstance(t, DayTimeIntervalType):
+        return st.timedeltas(datetime.timedelta(days=-10**6), datetime.timedelta(days=10**6))
+    if isinstance(t, NullType):
+        return st.none()
     if isinstance(t, VectorUDT):
         return st.one_of(st.lists(st.floats(), max_size=4).map(DenseVector), sparse_vectors())
     if isinstance(t, ArrayType):
@@ -255,15 +263,20 @@ def _run_in_process(sc, max_examples: int, **sizes) -> None:
 
     @settings(max_examples=max_examples, deadline=None, database=None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-    @given(case=dataframes(**sizes), target_bytes=st.sampled_from([1, 200, 1 << 20]))
-    def check(case, target_bytes):
+    @given(case=dataframes(**sizes), target_bytes=st.sampled_from([1, 200, 1 << 20]), as_bytes=st.booleans())
+    def check(case, target_bytes, as_bytes):
         schema, rows, partitions = case
+        # df.rdd gives binary as bytes or bytearray by this conf; the feed must follow it.
+        spark.conf.set(BINARY_CONF, str(as_bytes).lower())
+        assert binary_as_bytes(spark) is as_bytes
         _check_in_process(spark, schema, rows, partitions, target_bytes)
 
+    old_binary = spark.conf.get(BINARY_CONF)
     try:
         check()
     finally:
         spark.conf.set(conf_key, old)
+        spark.conf.set(BINARY_CONF, old_binary)
 
 
 @pytest.mark.timeout(600)
