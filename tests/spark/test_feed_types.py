@@ -1,7 +1,8 @@
 """C24 on local-cluster[2,1,1024]: ``cluster.train(df)`` (Arrow chunks) delivers the values of
 ``df.rdd`` for an ``array<array<float>>`` image column, a ``VectorAssembler`` output (dense
 and sparse vectors), a struct column, a map column and a ``list<long>`` column holding 2^60+1
-and a null; ``as_dataset`` gives the image column as a (batch, 2, 3) float32 tensor."""
+and a null; ``as_dataset`` gives the image column as a (batch, 2, 3) float32 tensor and the
+vector column (dense and sparse) as a (batch, 3) float64 tensor."""
 
 from __future__ import annotations
 
@@ -48,8 +49,8 @@ def rows_and_images_fun(args, ctx):
     reader = threading.Thread(target=read_rows)
     reader.start()
     feed = TFNode.DataFeed(ctx.mgr, train_mode=True, qname_in="images")
-    sig = (tf.TensorSpec((None, 2, 3), tf.float32), tf.TensorSpec((None,), tf.int64))
-    batches = [(x.numpy(), y.numpy()) for x, y in feed.as_dataset(4, sig)]
+    sig = (tf.TensorSpec((None, 2, 3), tf.float32), tf.TensorSpec((None, 3), tf.float64), tf.TensorSpec((None,), tf.int64))
+    batches = [(x.numpy(), v.numpy(), y.numpy()) for x, v, y in feed.as_dataset(4, sig)]
     reader.join(300)
     with open(f"{args['out']}/{ctx.job_name}{ctx.task_index}.pkl", "wb") as f:
         _pickle.dump({"rows": rows, "batches": batches, "errors": errors}, f)
@@ -98,7 +99,7 @@ def test_c24_rows_carry_df_rdd_values_and_as_dataset_gives_images(sc, tmp_path: 
     cluster = TFCluster.run(sc, rows_and_images_fun, {"out": str(tmp_path)}, 2, 0, input_mode=INPUT,
                             queues=["input", "images"])
     cluster.train(df, num_epochs=1, feed_timeout=300, qname="input")
-    cluster.train(df.select("img", "id"), num_epochs=1, feed_timeout=300, qname="images")
+    cluster.train(df.select("img", "features", "id"), num_epochs=1, feed_timeout=300, qname="images")
     cluster.shutdown(timeout=300)
 
     reports = {p.stem: pickle.loads(p.read_bytes()) for p in sorted(tmp_path.glob("*.pkl"))}
@@ -118,9 +119,12 @@ def test_c24_rows_carry_df_rdd_values_and_as_dataset_gives_images(sc, tmp_path: 
     assert got_longs == [[1152921504606846977, None]]
 
     batches = [b for r in reports.values() for b in r["batches"]]
-    assert batches and all(x.shape[1:] == (2, 3) and x.dtype == np.float32 for x, _ in batches)
-    assert all(x.shape[0] == y.shape[0] <= 4 for x, y in batches)
-    by_id = {int(i): x for xb, yb in batches for x, i in zip(xb, yb)}
+    assert batches and all(x.shape[1:] == (2, 3) and x.dtype == np.float32 for x, _, _ in batches)
+    assert all(v.shape[1:] == (3,) and v.dtype == np.float64 for _, v, _ in batches)
+    assert all(x.shape[0] == v.shape[0] == y.shape[0] <= 4 for x, v, y in batches)
+    by_id = {int(i): (x, v) for xb, vb, yb in batches for x, v, i in zip(xb, vb, yb)}
     assert sorted(by_id) == list(range(N))
-    for i, x in by_id.items():
+    for i, (x, v) in by_id.items():
         assert x.tolist() == expected[i].img
+        # ML vectors on the column path: dense ones as they are, sparse ones densified
+        assert v.tolist() == expected[i].features.toArray().tolist()
