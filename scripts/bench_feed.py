@@ -14,7 +14,11 @@ Measured (rows per second, best and median of ``--repeat`` runs):
 3. ceiling (DataFrame): ``df.mapInArrow`` that counts rows;
 4. tfos train (DataFrame): ``cluster.train(df, 1)`` (Arrow path), same main_fun;
 5. tfos inference (RDD): ``cluster.inference(rdd)`` with an identity main_fun;
-5b. the same with label results (one int per row), for comparison.
+5b. the same with label results (one int per row), for comparison;
+6. ceiling (C24 DataFrame): ``mapInArrow`` count over a DataFrame of the C24 column kinds
+   (``array<array<float>>``, ML vector, struct, ``array<bigint>`` with nulls, label);
+7. tfos train (C24 DataFrame): its main_fun checks every row's values (sums compared with
+   Spark SQL's) and the Python types of each batch; 7/6 is the cost of exactness (>= 0.73).
 
 It verifies every count (node row counts after shutdown, result RDD counts and label sums),
 samples the RSS of the TF processes (every 0.1 s) and compares the growth over the pre-feed
@@ -25,15 +29,17 @@ Usage::
 
     .venv/bin/python scripts/bench_feed.py --rows 200000 --partitions 8 --repeat 3
 
-It also times (2f) the first ``train()`` of a newly started cluster in every repeat, prints
+It also times the first ``train()`` of a newly started cluster in every repeat (2f: RDD,
+4f: DataFrame; those nodes' main_fun does not import pyarrow itself), prints
 min/median/max rows/s over the repeats and the peak RSS of the node processes, checks
 exact delivery in every mode (row counts and label sums: train nodes, first-train
-clusters, inference results), and checks that a train node's memory stays bounded while
-the rows fed grow (``--scale 25000,400000``: uncached RDDs of those sizes; the bound is
-printed; the exit status is 1 when it is exceeded).
+clusters, inference results, C24 sums), and checks that a node's memory stays bounded while
+the rows fed grow (``--scale 25000,400000``: uncached inputs of those sizes, fed to the
+``next_batch`` train cluster as RDDs and to an ``as_dataset`` (tf.data) cluster as RDDs and
+DataFrames; the bound is printed with PASS/FAIL per run; the exit status is 1 on a FAIL).
 
 ``--profile DIR`` runs the nodes' main_fun under cProfile and writes
-``DIR/<cluster>-<node>.prof`` (read with ``python -m pstats``); ``--skip df,infer,small,first``
+``DIR/<cluster>-<node>.prof`` (read with ``python -m pstats``); ``--skip df,infer,small,first,c24,tfdata``
 leaves measurements out; ``--json FILE`` also writes the figures as JSON.
 """
 
