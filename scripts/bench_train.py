@@ -143,10 +143,13 @@ def main_fun(args, ctx):
             self._epoch_steps = 0
 
         def on_train_batch_begin(self, batch, logs=None):
+            self._step_began = time.monotonic()
             if self._epoch_steps == 0 and self._last is not None:
                 self.gaps.append(time.monotonic() - self._last)
 
         def on_train_batch_end(self, batch, logs=None):
+            self.step_s = getattr(self, "step_s", [])
+            self.step_s.append(time.monotonic() - self._step_began)
             self.steps += 1
             self._epoch_steps += 1
             self._last = time.monotonic()
@@ -170,8 +173,11 @@ def main_fun(args, ctx):
             model.fit(ds, epochs=epochs, steps_per_epoch=steps, verbose=0, callbacks=[timer])
         else:
             model.fit(ds, epochs=epochs, verbose=0, callbacks=[timer])
+        fn = model.train_function
+        traces = fn.experimental_get_tracing_count() if hasattr(fn, "experimental_get_tracing_count") else -1
         return {"fit_s": timer.end - began, "timed_s": timer.end - timer.first_end, "steps": timer.steps,
-                "max_gap_s": max(timer.gaps) if timer.gaps else 0.0, "gaps_s": timer.gaps}
+                "max_gap_s": max(timer.gaps) if timer.gaps else 0.0, "gaps_s": timer.gaps, "traces": traces,
+                "step_s": timer.step_s}
 
     # (b) in-memory numpy: this node's share of the partitions (round robin).
     per = split(args["rows"], args["parts"])
@@ -365,8 +371,12 @@ def main() -> int:
                     assert lab == exp[2], f"{tag} {mode}: label sum {lab!r}, expected {exp[2]!r}"
                     c = chief[mode]
                     timed_rows = n_rows - chief["global_batch"]
+                    med_step = statistics.median(c["step_s"])
                     row[mode] = {"rows_s": timed_rows / c["timed_s"], "fit_s": c["fit_s"], "timed_s": c["timed_s"],
-                                 "steps": c["steps"], "max_gap_s": c["max_gap_s"], "gaps_s": c["gaps_s"], "rows": n_rows}
+                                 "steps": c["steps"], "max_gap_s": c["max_gap_s"], "gaps_s": c["gaps_s"], "rows": n_rows,
+                                 "traces": c["traces"], "median_step_s": med_step,
+                                 # steps after the first taking over 20 median steps (e.g. a retrace)
+                                 "slow_steps": [(i, round(t, 3)) for i, t in enumerate(c["step_s"]) if i and t > 20 * med_step]}
                 row["fed"]["wait_s"] = [n["fed"]["wait_s"] for n in nodes]
                 row["fed"]["first_wait_s"] = [n["fed"]["first_wait_s"] for n in nodes]
                 row["fed"]["rows_per_node"] = [n["fed"]["rows"] for n in nodes]
@@ -379,7 +389,10 @@ def main() -> int:
                       f"for data ({', '.join(f'{w:.1f}' for w in row['fed']['first_wait_s'])} s of it for the first "
                       f"batch); train() {train_s:.1f} s; verified {row['fed']['rows']:,} rows + checksums; "
                       f"load {loads[-1]:.1f}; CPU s during train(): "
-                      + ", ".join(f"{k} {v:.1f}" for k, v in sorted(cpu.items())), flush=True)
+                      + ", ".join(f"{k} {v:.1f}" for k, v in sorted(cpu.items()))
+                      + "; chief's train_function traces, median step ms, slow steps (index, s): "
+                      + "; ".join(f"{m} {row[m]['traces']}, {1000 * row[m]['median_step_s']:.1f}, {row[m]['slow_steps']}"
+                                  for m in ("memory", "fed")), flush=True)
     finally:
         sc.stop()
 
