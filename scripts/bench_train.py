@@ -380,12 +380,15 @@ def main() -> int:
                 row["fed"]["wait_s"] = [n["fed"]["wait_s"] for n in nodes]
                 row["fed"]["first_wait_s"] = [n["fed"]["first_wait_s"] for n in nodes]
                 row["fed"]["rows_per_node"] = [n["fed"]["rows"] for n in nodes]
+                # {epoch: rows} of each node (Spark decides which executor, hence node, feeds a partition)
+                row["fed"]["rows_per_node_epoch"] = [[n["fed"]["rows_per_epoch"].get(str(e), 0) for e in range(epochs)]
+                                                     for n in nodes]
                 row["ratio"] = row["fed"]["rows_s"] / row["memory"]["rows_s"]
                 results[src].append(row)
                 print(f"repeat {r + 1}/{a.repeat} {src}: memory {row['memory']['rows_s']:,.0f} rows/s, "
                       f"fed {row['fed']['rows_s']:,.0f} rows/s, ratio {row['ratio']:.2f}; max gap between epochs "
                       f"memory {row['memory']['max_gap_s']:.3f} s, fed {row['fed']['max_gap_s']:.3f} s; fed rows per node "
-                      f"{row['fed']['rows_per_node']}, TF waited {', '.join(f'{w:.1f}' for w in row['fed']['wait_s'])} s "
+                      f"{row['fed']['rows_per_node']} (per epoch {row['fed']['rows_per_node_epoch']}), TF waited {', '.join(f'{w:.1f}' for w in row['fed']['wait_s'])} s "
                       f"for data ({', '.join(f'{w:.1f}' for w in row['fed']['first_wait_s'])} s of it for the first "
                       f"batch); train() {train_s:.1f} s; verified {row['fed']['rows']:,} rows + checksums; "
                       f"load {loads[-1]:.1f}; CPU s during train(): "
