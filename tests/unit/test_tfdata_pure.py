@@ -322,3 +322,16 @@ def test_packed_pickled_batches_roundtrip_and_reader(hub):
     got = [y.tolist() for _, y in reader]
     assert got == [list(range(16)), list(range(16, 32)), list(range(32, 40))]
     assert f.frame() == (FrameType.ACK, {"rows": 40}) and reader.sums[0][1] == float(sum(range(40)))
+
+
+def test_shuffle_rows_needs_one_row_shape_per_column(hub):
+    f = Feeder(hub, 3, 0)
+    f.chunk([(np.zeros(4, np.float32), 1)] * 2)
+    f.chunk([(np.zeros(3, np.float32), 2)] * 2)  # fine without shuffling (a batch's own shape)
+    f.end()
+    hub.queues["input"].put_nowait(END_OF_FEED)
+    reader = FeedBatches(DataFeed(hub, timeout_s=10), 2, [(np.float32, None), (np.int64, ())], steps_per_epoch=2,
+                         shuffle_rows=1)
+    with pytest.raises(MalformedRowError, match=r"partition 3 \(epoch 0\): column 0: rows of shape \(3,\) cannot be "
+                                                r"shuffled with rows of shape \(4,\)"):
+        list(reader)
