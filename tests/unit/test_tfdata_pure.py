@@ -296,34 +296,6 @@ def test_shuffle_rows_argument_checks(hub):
             FeedBatches(feed, 4, COLS, steps_per_epoch=2, shuffle_rows=bad)
 
 
-def test_packed_pickled_batches_roundtrip_and_reader(hub):
-    import pickle
-
-    from tfos._data.feed_hub import Chunk
-    from tfos._data.feed_tasks import _packed_frames
-    from tfos._data.framing import ChunkKind, decode_chunk
-
-    batches = [pickle.dumps(_rows(s, 5), protocol=5) for s in range(0, 40, 5)]  # 8 PySpark-style batches
-    packed = list(_packed_frames(iter(batches), limit=3 * len(batches[0])))
-    assert len(packed) == 3  # 3 + 3 + 2 batches: a frame closes once it holds >= limit bytes
-    rows = [r for p in packed for r in decode_chunk(ChunkKind.PICKLED_BATCHES, p)]
-    assert [r[1] for r in rows] == list(range(40)) and (rows[7][0] == 7).all()
-    with pytest.raises(ValueError, match="ends inside a batch"):
-        decode_chunk(ChunkKind.PICKLED_BATCHES, packed[0][:-1])
-    with pytest.raises(ValueError, match="ends inside a length prefix"):
-        decode_chunk(ChunkKind.PICKLED_BATCHES, packed[0] + b"\x00")
-    # The tf.data reader takes packed frames as one chunk each (exact rows, ACK counts them all).
-    f = Feeder(hub, 0, kind="pickled_batches")
-    for p in packed:
-        hub.queues["input"].put_nowait(Chunk(f.conn, bytearray(p)))
-    f.end()
-    hub.queues["input"].put_nowait(END_OF_FEED)
-    reader = FeedBatches(DataFeed(hub, timeout_s=10), 16, COLS, track_sums=True)
-    got = [y.tolist() for _, y in reader]
-    assert got == [list(range(16)), list(range(16, 32)), list(range(32, 40))]
-    assert f.frame() == (FrameType.ACK, {"rows": 40}) and reader.sums[0][1] == float(sum(range(40)))
-
-
 def test_shuffle_rows_needs_one_row_shape_per_column(hub):
     f = Feeder(hub, 3, 0)
     f.chunk([(np.zeros(4, np.float32), 1)] * 2)

@@ -58,11 +58,6 @@ GENERIC_CHUNK_ROWS = 1024
 #: they are sliced (zero copy) so that the node's bounded queue holds megabytes, not
 #: hundreds of megabytes, and the node decodes while the task still sends.
 ARROW_CHUNK_BYTES = 1 << 20
-#: Bytes of PySpark pickled batches a train feed task packs into one data frame
-#: (``ChunkKind.PICKLED_BATCHES``): PySpark batches rows into pickles of about 64 KB (32
-#: MNIST rows), and every frame costs a GMAC, a send, a queue hand-over and a numpy
-#: conversion on the node.
-PACK_BYTES = 1 << 20
 _CONNECT_TIMEOUT_S = 30.0
 #: Handshakes retried when the node closes the connection during one (it sheds the oldest
 #: unauthenticated connections while strangers flood its port).
@@ -409,23 +404,6 @@ def _generic_frames(rows: Iterator[Any]) -> Iterator[bytes]:
         yield pickle.dumps(chunk, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def _packed_frames(frames: Iterator[Any], limit: int = PACK_BYTES) -> Iterator[bytes]:
-    """PySpark's pickled batches, packed into ``ChunkKind.PICKLED_BATCHES`` payloads of about
-    ``limit`` bytes (each batch preceded by its uint32 big-endian length; Spark task)."""
-    parts: list = []
-    size = 0
-    for frame in frames:
-        n = len(frame) if isinstance(frame, (bytes, bytearray)) else memoryview(frame).nbytes
-        parts.append(n.to_bytes(4, "big"))
-        parts.append(frame)
-        size += 4 + n
-        if size >= limit:
-            yield b"".join(parts)
-            parts, size = [], 0
-    if parts:
-        yield b"".join(parts)
-
-
 def _notify_sent(plan: FeedPlan, index: int) -> None:
     """Tells the driver partition ``index`` was handed over (before waiting for its ACK)."""
     if not plan.report_sent:
@@ -494,15 +472,6 @@ def make_feed_fn(plan: FeedPlan):
         FeedError, FeedTimeoutError: The node failed, died or stopped reading; both name
             the node and partition, and are also reported to the driver.
     """
-
-    if plan.kind is ChunkKind.PICKLED_BATCH:
-        # PySpark's raw batches, several per frame (_packed_frames)
-        packed = dataclasses.replace(plan, kind=ChunkKind.PICKLED_BATCHES)
-
-        def _feed_packed(index: int, rows: Iterator[Any]) -> Iterator[tuple[int, str]]:
-            yield _feed_partition(packed, index, _packed_frames(rows))
-
-        return _feed_packed
 
     def _feed(index: int, rows: Iterator[Any]) -> Iterator[tuple[int, str]]:
         frames = rows if plan.kind is not None else _generic_frames(rows)

@@ -67,13 +67,9 @@ class ChunkKind(str, enum.Enum):
         PICKLED_ROW: One pickled row.
         UTF8: One row of UTF-8 text (e.g. ``sc.textFile``).
         ARROW: An Arrow IPC stream holding one record batch (DataFrames).
-        PICKLED_BATCHES: Several ``PICKLED_BATCH`` payloads, each preceded by its length
-            (uint32, big-endian): a train feed task packs PySpark's small batches (about
-            64 KB each) into one frame of about 1 MiB.
     """
 
     PICKLED_BATCH = "pickled_batch"
-    PICKLED_BATCHES = "pickled_batches"
     PICKLED_ROW = "pickled_row"
     UTF8 = "utf8"
     ARROW = "arrow"
@@ -214,19 +210,6 @@ def decode_chunk(kind: ChunkKind, payload: Union[bytes, bytearray]) -> list:
     # on its first chunk (from pyspark.zip, pyspark is compiled from source on import).
     # Rows that need pyspark (``df.rdd`` Rows, rows pickled by value) import it when
     # unpickled.
-    if kind is ChunkKind.PICKLED_BATCHES:  # (issue 12) packed batches, see ChunkKind
-        out: list = []
-        view = memoryview(payload)
-        at = 0
-        while at < len(view):
-            if at + 4 > len(view):
-                raise ValueError("a PICKLED_BATCHES frame ends inside a length prefix")
-            size = int.from_bytes(view[at : at + 4], "big")
-            if at + 4 + size > len(view):
-                raise ValueError("a PICKLED_BATCHES frame ends inside a batch")
-            out.extend(decode_chunk(ChunkKind.PICKLED_BATCH, view[at + 4 : at + 4 + size]))  # type: ignore[arg-type]
-            at += 4 + size
-        return out
     if kind is ChunkKind.PICKLED_BATCH:
         rows = pickle.loads(payload, encoding="bytes")
         if type(rows) is list:
