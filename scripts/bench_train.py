@@ -28,7 +28,10 @@ step (which traces the model) to the end of ``fit``, over all the rows both node
 minus the first step's. It prints every repeat, min/median/max of rows/s per mode, the
 fed/memory ratio per repeat and over the medians (target >= 0.9), the longest gap between
 two epochs, the seconds TensorFlow waited for fed data (and for the first batch), the CPU
-seconds each kind of process used during ``train()``, and the load average.
+seconds each kind of process used during ``train()``, each node's fed rows per epoch (Spark
+decides which executor, hence which node, feeds a partition), the chief's count of
+``train_function`` traces, median step time and steps over 20 median steps in each mode,
+and the load average.
 
 Exact delivery, asserted in every mode and repeat: the rows each node handed to
 TensorFlow, summed over the nodes, equal the rows fed (``rows x epochs``), and the float64
