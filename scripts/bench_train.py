@@ -28,7 +28,10 @@ step (which traces the model) to the end of ``fit``, over all the rows both node
 minus the first step's. It prints every repeat, min/median/max of rows/s per mode, the
 fed/memory ratio per repeat and over the medians (target >= 0.9), the longest gap between
 two epochs, the seconds TensorFlow waited for fed data (and for the first batch), the CPU
-seconds each kind of process used during ``train()``, and the load average.
+seconds each kind of process used during ``train()``, each node's fed rows per epoch (Spark
+decides which executor, hence which node, feeds a partition), the chief's count of
+``train_function`` traces, median step time and steps over 20 median steps in each mode,
+and the load average.
 
 Exact delivery, asserted in every mode and repeat: the rows each node handed to
 TensorFlow, summed over the nodes, equal the rows fed (``rows x epochs``), and the float64
@@ -143,10 +146,13 @@ def main_fun(args, ctx):
             self._epoch_steps = 0
 
         def on_train_batch_begin(self, batch, logs=None):
+            self._step_began = time.monotonic()
             if self._epoch_steps == 0 and self._last is not None:
                 self.gaps.append(time.monotonic() - self._last)
 
         def on_train_batch_end(self, batch, logs=None):
+            self.step_s = getattr(self, "step_s", [])
+            self.step_s.append(time.monotonic() - self._step_began)
             self.steps += 1
             self._epoch_steps += 1
             self._last = time.monotonic()
@@ -170,8 +176,11 @@ def main_fun(args, ctx):
             model.fit(ds, epochs=epochs, steps_per_epoch=steps, verbose=0, callbacks=[timer])
         else:
             model.fit(ds, epochs=epochs, verbose=0, callbacks=[timer])
+        fn = model.train_function
+        traces = fn.experimental_get_tracing_count() if hasattr(fn, "experimental_get_tracing_count") else -1
         return {"fit_s": timer.end - began, "timed_s": timer.end - timer.first_end, "steps": timer.steps,
-                "max_gap_s": max(timer.gaps) if timer.gaps else 0.0, "gaps_s": timer.gaps}
+                "max_gap_s": max(timer.gaps) if timer.gaps else 0.0, "gaps_s": timer.gaps, "traces": traces,
+                "step_s": timer.step_s}
 
     # (b) in-memory numpy: this node's share of the partitions (round robin).
     per = split(args["rows"], args["parts"])
@@ -365,21 +374,31 @@ def main() -> int:
                     assert lab == exp[2], f"{tag} {mode}: label sum {lab!r}, expected {exp[2]!r}"
                     c = chief[mode]
                     timed_rows = n_rows - chief["global_batch"]
+                    med_step = statistics.median(c["step_s"])
                     row[mode] = {"rows_s": timed_rows / c["timed_s"], "fit_s": c["fit_s"], "timed_s": c["timed_s"],
-                                 "steps": c["steps"], "max_gap_s": c["max_gap_s"], "gaps_s": c["gaps_s"], "rows": n_rows}
+                                 "steps": c["steps"], "max_gap_s": c["max_gap_s"], "gaps_s": c["gaps_s"], "rows": n_rows,
+                                 "traces": c["traces"], "median_step_s": med_step,
+                                 # steps after the first taking over 20 median steps (e.g. a retrace)
+                                 "slow_steps": [(i, round(t, 3)) for i, t in enumerate(c["step_s"]) if i and t > 20 * med_step]}
                 row["fed"]["wait_s"] = [n["fed"]["wait_s"] for n in nodes]
                 row["fed"]["first_wait_s"] = [n["fed"]["first_wait_s"] for n in nodes]
                 row["fed"]["rows_per_node"] = [n["fed"]["rows"] for n in nodes]
+                # {epoch: rows} of each node (Spark decides which executor, hence node, feeds a partition)
+                row["fed"]["rows_per_node_epoch"] = [[n["fed"]["rows_per_epoch"].get(str(e), 0) for e in range(epochs)]
+                                                     for n in nodes]
                 row["ratio"] = row["fed"]["rows_s"] / row["memory"]["rows_s"]
                 results[src].append(row)
                 print(f"repeat {r + 1}/{a.repeat} {src}: memory {row['memory']['rows_s']:,.0f} rows/s, "
                       f"fed {row['fed']['rows_s']:,.0f} rows/s, ratio {row['ratio']:.2f}; max gap between epochs "
                       f"memory {row['memory']['max_gap_s']:.3f} s, fed {row['fed']['max_gap_s']:.3f} s; fed rows per node "
-                      f"{row['fed']['rows_per_node']}, TF waited {', '.join(f'{w:.1f}' for w in row['fed']['wait_s'])} s "
+                      f"{row['fed']['rows_per_node']} (per epoch {row['fed']['rows_per_node_epoch']}), TF waited {', '.join(f'{w:.1f}' for w in row['fed']['wait_s'])} s "
                       f"for data ({', '.join(f'{w:.1f}' for w in row['fed']['first_wait_s'])} s of it for the first "
                       f"batch); train() {train_s:.1f} s; verified {row['fed']['rows']:,} rows + checksums; "
                       f"load {loads[-1]:.1f}; CPU s during train(): "
-                      + ", ".join(f"{k} {v:.1f}" for k, v in sorted(cpu.items())), flush=True)
+                      + ", ".join(f"{k} {v:.1f}" for k, v in sorted(cpu.items()))
+                      + "; chief's train_function traces, median step ms, slow steps (index, s): "
+                      + "; ".join(f"{m} {row[m]['traces']}, {1000 * row[m]['median_step_s']:.1f}, {row[m]['slow_steps']}"
+                                  for m in ("memory", "fed")), flush=True)
     finally:
         sc.stop()
 

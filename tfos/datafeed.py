@@ -355,6 +355,8 @@ class DataFeed:
         prefetch: int = 2,
         buffer_batches: Optional[int] = None,
         steps_per_epoch: Optional[int] = None,
+        shuffle_rows: int = 0,
+        shuffle_seed: Optional[int] = None,
     ):
         """A ``tf.data.Dataset`` of whole batches from this feed (TF process, train mode).
 
@@ -393,6 +395,17 @@ class DataFeed:
         Use it with one ``train()`` call per feed (``end_of_feed=True``, or
         ``cluster.shutdown()``): epochs are numbered per ``train()`` call.
 
+        ``shuffle_rows=W`` (with ``steps_per_epoch``) shuffles rows, not batches: the
+        reader thread pools the epoch's rows as they arrive, from every chunk and
+        partition, and draws each batch uniformly at random from a pool of at least ``W``
+        rows (more at the epoch's end, when the pool empties into its last batches).
+        Batches never mix epochs, every epoch keeps exactly ``S`` batches and every row is
+        handed out exactly once. Spark feeds the partitions in the same order every epoch,
+        so without it a batch holds consecutive rows of one partition. ``shuffle_seed``
+        makes the order repeatable (for the same arrival order of chunks). Shuffling a
+        dataset of whole batches on the TF side (``ds.shuffle``) would only reorder
+        batches, and ``ds.unbatch().shuffle().batch()`` would change ``S``.
+
         Under ``MultiWorkerMirroredStrategy`` the workers may receive different amounts of
         data (uneven partitions, C12). Distribute the dataset with
         ``strategy.experimental_distribute_dataset`` and iterate it to exhaustion (or use
@@ -414,19 +427,24 @@ class DataFeed:
             buffer_batches: Batches the reader thread keeps ready (default about 32 MB).
             steps_per_epoch: Batches per epoch on every node (see above); excludes
                 ``per_epoch`` and ``drop_remainder``.
+            shuffle_rows: Row-level shuffle window in rows (0: the fed order); needs
+                ``steps_per_epoch``. Memory: ``W`` rows more in the reader.
+            shuffle_seed: Seed of that shuffle (None: from the OS).
 
         Returns:
             A ``tf.data.Dataset`` yielding tensors of the given dtypes and shapes.
 
         Raises:
             TypeError: When ``output_signature`` is not a TensorSpec or tuple of them.
-            ValueError: In inference mode (``train_mode=False``) or for ``batch_size`` < 1.
-            MalformedRowError: (while iterating) a row that does not fit the signature.
+            ValueError: In inference mode (``train_mode=False``), for ``batch_size`` < 1,
+                ``shuffle_rows`` < 0, or ``shuffle_rows`` without ``steps_per_epoch``.
+            MalformedRowError: (while iterating) a row that does not fit the signature
+                (or, with ``shuffle_rows``, a column whose row shape changes).
         """
         from ._data.tfdata import feed_dataset
 
         return feed_dataset(self, batch_size, output_signature, drop_remainder, per_epoch, prefetch, buffer_batches,
-                            steps_per_epoch)
+                            steps_per_epoch, shuffle_rows, shuffle_seed)
 
     @staticmethod
     def steps_per_epoch(rows_per_epoch: int, batch_size: int, num_nodes: int) -> int:

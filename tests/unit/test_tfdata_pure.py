@@ -222,3 +222,88 @@ def test_steps_per_epoch_argument_checks(hub):
     assert DataFeed.steps_per_epoch(256, 128, 2) == 1
     with pytest.raises(ValueError):
         DataFeed.steps_per_epoch(0, 128, 2)
+
+
+def _shuffled_feed(hub, epochs: int, parts: int, rows_per_part: int, chunk: int) -> None:
+    """Feeds ``epochs`` epochs of ``parts`` partitions (labels ``1000 x epoch + 100 x part + i``)."""
+    for e in range(epochs):
+        for p in range(parts):
+            f = Feeder(hub, p, e)
+            base = 1000 * e + 100 * p
+            for start in range(0, rows_per_part, chunk):
+                f.chunk(_rows(base + start, min(chunk, rows_per_part - start)))
+            f.end()
+    hub.queues["input"].put_nowait(END_OF_FEED)
+
+
+def test_shuffle_rows_every_row_once_per_epoch_mixed_across_partitions(hub):
+    # 3 epochs of 4 partitions x 30 rows (120 rows) in chunks of 10, batches of 8, S = 16
+    # (128 > 120: the last batches of each epoch share the rest), window 40 rows.
+    _shuffled_feed(hub, 3, 4, 30, 10)
+    reader = FeedBatches(DataFeed(hub, timeout_s=10), 8, COLS, steps_per_epoch=16, buffer_batches=8,
+                         track_sums=True, shuffle_rows=40, shuffle_seed=7)
+    assert reader.buffer_bytes == 24 * (8 * (8 + 2 + 4) + 40)  # 24 bytes a row
+    got = [(x, y) for x, y in reader]
+    assert len(got) == 3 * 16 and reader.ended
+    for e in range(3):
+        batches = got[16 * e : 16 * (e + 1)]
+        labels = np.concatenate([y for _, y in batches])
+        # every row of the epoch exactly once, no row of another epoch (batches never mix epochs)
+        assert sorted(labels.tolist()) == [1000 * e + 100 * p + i for p in range(4) for i in range(30)]
+        assert all((x[:, 0] == y).all() and x.shape[1:] == (4,) for x, y in batches)
+        assert labels.tolist() != sorted(labels.tolist())  # the order is mixed
+        # rows of different partitions meet in one batch (the fed order has none before row 24)
+        assert any(len({int(v) // 100 % 10 for v in y}) > 1 for _, y in batches[:3])
+        assert reader.rows[e] == 120
+        assert reader.sums[e][1] == float(labels.sum())
+    # Whole batches while the pool keeps 40 rows after the draw (10), then the epoch's last 40
+    # rows spread over its 6 remaining batches.
+    assert [len(y) for _, y in got[:16]] == [8] * 10 + [7, 7, 7, 7, 6, 6]
+
+
+def test_shuffle_rows_is_seeded_and_keeps_steps_with_uneven_epochs(hub):
+    def run(seed):
+        h = FeedHub("127.0.0.1", KEY, ("input",), 64, "worker:0 (executor 1, host 127.0.0.1)")
+        try:
+            for e, parts in ((0, 5), (1, 1)):  # epoch 0: 5 x 30 rows (surplus), epoch 1: 30 rows (short)
+                for p in range(parts):
+                    f = Feeder(h, p, e)
+                    f.chunk(_rows(1000 * e + 100 * p, 30))
+                    f.end()
+            h.queues["input"].put_nowait(END_OF_FEED)
+            reader = FeedBatches(DataFeed(h, timeout_s=10), 8, COLS, steps_per_epoch=10, buffer_batches=4,
+                                 shuffle_rows=16, shuffle_seed=seed)
+            return [y.tolist() for _, y in reader], reader.rows
+        finally:
+            h.close()
+
+    a, rows = run(3)
+    b, _ = run(3)
+    c, _ = run(4)
+    assert a == b and a != c
+    assert len(a) == 20 and rows == {0: 150, 1: 30}
+    assert sorted(sum(a[:10], [])) == [100 * p + i for p in range(5) for i in range(30)]
+    assert sorted(sum(a[10:], [])) == list(range(1000, 1030))
+    assert sum(len(y) for y in a[10:]) == 30
+
+
+def test_shuffle_rows_argument_checks(hub):
+    feed = DataFeed(hub, timeout_s=10)
+    with pytest.raises(ValueError, match="shuffle_rows needs steps_per_epoch"):
+        FeedBatches(feed, 4, COLS, shuffle_rows=10)
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="shuffle_rows must be"):
+            FeedBatches(feed, 4, COLS, steps_per_epoch=2, shuffle_rows=bad)
+
+
+def test_shuffle_rows_needs_one_row_shape_per_column(hub):
+    f = Feeder(hub, 3, 0)
+    f.chunk([(np.zeros(4, np.float32), 1)] * 2)
+    f.chunk([(np.zeros(3, np.float32), 2)] * 2)  # fine without shuffling (a batch's own shape)
+    f.end()
+    hub.queues["input"].put_nowait(END_OF_FEED)
+    reader = FeedBatches(DataFeed(hub, timeout_s=10), 2, [(np.float32, None), (np.int64, ())], steps_per_epoch=2,
+                         shuffle_rows=1)
+    with pytest.raises(MalformedRowError, match=r"partition 3 \(epoch 0\): column 0: rows of shape \(3,\) cannot be "
+                                                r"shuffled with rows of shape \(4,\)"):
+        list(reader)

@@ -31,7 +31,8 @@ no ``fit`` restart and no new iterator between epochs. All nodes must use the sa
 Memory bound of a node (bytes): the feed queue ``(queue_chunks + 2) x chunk bytes``
 (see :mod:`tfos._data.feed_hub`), plus ``buffer_batches + 2`` batches here (the buffer, the
 batch being assembled and the one the generator hands over), plus the ``prefetch``
-batches of ``tf.data``; :attr:`FeedBatches.buffer_bytes` states the part held here.
+batches of ``tf.data``, plus ``shuffle_rows`` rows with the row-level shuffle;
+:attr:`FeedBatches.buffer_bytes` states the part held here.
 """
 
 from __future__ import annotations
@@ -104,6 +105,14 @@ class FeedBatches:
             (one iteration then runs over all epochs; see :meth:`_read_steps`), so that
             every node agrees on the steps of every epoch. Excludes ``per_epoch`` and
             ``drop_remainder``.
+        shuffle_rows: With ``steps_per_epoch``: a row-level shuffle window of this many
+            rows (0: the fed order). Rows are drawn uniformly at random from a pool that
+            holds at least this many rows of the current epoch (the window refills from
+            every chunk, of whatever partition, as it arrives), so a batch mixes rows of
+            several chunks and partitions; the pool empties at the end of each epoch, so
+            batches never mix epochs and every epoch keeps exactly ``steps_per_epoch``
+            batches. Costs one copy of every row and ``shuffle_rows`` rows of memory.
+        shuffle_seed: Seed of the shuffle (None: a fresh one from the OS).
 
     Attributes:
         rows: ``{epoch: rows handed out}`` (a Counter), for exact-delivery checks.
@@ -116,10 +125,12 @@ class FeedBatches:
             batch_size`` rows in an epoch, which is held too).
         hold_batches: With ``steps_per_epoch``: the last batches of each epoch, which are
             cut only once the epoch's end is known, to spread its remaining rows evenly.
+        shuffle_rows: The row-level shuffle window (rows; 0: none).
 
     Raises:
         ValueError: For ``batch_size`` < 1, no columns, a feed not in train mode,
-            ``steps_per_epoch`` < 1 or with ``per_epoch``/``drop_remainder``.
+            ``steps_per_epoch`` < 1 or with ``per_epoch``/``drop_remainder``,
+            ``shuffle_rows`` < 0 or > 0 without ``steps_per_epoch``.
     """
 
     def __init__(
@@ -133,6 +144,8 @@ class FeedBatches:
         buffer_batches: Optional[int] = None,
         track_sums: bool = False,
         steps_per_epoch: Optional[int] = None,
+        shuffle_rows: int = 0,
+        shuffle_seed: Optional[int] = None,
     ):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -163,8 +176,15 @@ class FeedBatches:
                                  "it excludes per_epoch=True and drop_remainder=True")
             steps_per_epoch = int(steps_per_epoch)
         self.steps_per_epoch = steps_per_epoch
+        if isinstance(shuffle_rows, bool) or int(shuffle_rows) != shuffle_rows or shuffle_rows < 0:
+            raise ValueError(f"shuffle_rows must be an integer >= 0, got {shuffle_rows!r}")
+        if shuffle_rows and steps_per_epoch is None:
+            raise ValueError("shuffle_rows needs steps_per_epoch (without it, shuffle on the TF side: "
+                             "ds.unbatch().shuffle(rows).batch(batch_size))")
+        self.shuffle_rows = int(shuffle_rows)
+        self._shuffle_seed = shuffle_seed
         self.hold_batches = 0 if steps_per_epoch is None else max(1, min(steps_per_epoch, self.buffer_batches // 2))
-        self.buffer_bytes = row_bytes * batch_size * (self.buffer_batches + 2 + self.hold_batches)
+        self.buffer_bytes = row_bytes * (batch_size * (self.buffer_batches + 2 + self.hold_batches) + self.shuffle_rows)
         self.track_sums = track_sums
         self._out: queue.Queue = queue.Queue(maxsize=self.buffer_batches)
         self._thread: Optional[threading.Thread] = None
@@ -291,6 +311,11 @@ class FeedBatches:
         after ``c`` checkpointed epochs expects). At the end of the feed the current epoch is
         completed; epochs after it are not known here (under MultiWorkerMirroredStrategy,
         tf.distribute feeds empty batches to a worker whose input ended first).
+
+        With ``shuffle_rows = W`` the epoch's rows go into a :class:`_RowPool` instead and
+        each batch is drawn from it at random: the first ``S - hold_batches`` batches once
+        ``W + batch_size`` rows are pooled (so at least ``W`` rows remain to draw from),
+        the held ones at the epoch's end as above.
         """
         import numpy as np
 
@@ -306,9 +331,18 @@ class FeedBatches:
         started = False  # `epoch` set to the feed job's first epoch (from the first chunk)
         emitted = 0  # batches of `epoch` handed out
         empty: Optional[tuple] = None  # zero-row columns with the data's row shapes
+        window = self.shuffle_rows
+        pool = _RowPool(np.random.default_rng(self._shuffle_seed)) if window else None
 
         def take(n: int) -> bool:
             nonlocal have, emitted
+            if pool is not None:
+                have -= n
+                emitted += 1
+                drawn = pool.take(n)
+                batch = drawn if drawn is not None else empty if empty is not None else tuple(
+                    np.empty((0,) + (c.shape or ()), c.dtype) for c in self._cols)
+                return self._emit((epoch, batch))
             pieces: list[tuple] = []
             got = 0
             while got < n:
@@ -375,9 +409,12 @@ class FeedBatches:
             while conn.epoch > epoch:
                 if not close_epoch():
                     return
-            held.append(cols)
+            if pool is not None:
+                pool.add(cols, conn)
+            else:
+                held.append(cols)
             have += n
-            while emitted < free and have >= size:
+            while emitted < free and have >= size + window:
                 if not take(size):
                     return
 
@@ -541,6 +578,74 @@ class FeedBatches:
         return ds.prefetch(prefetch) if prefetch else ds
 
 
+class _RowPool:
+    """The rows of one epoch held for the row-level shuffle (reader thread of FeedBatches).
+
+    Rows are copied into preallocated numpy columns (grown by doubling, never shrunk);
+    :meth:`take` draws ``k`` rows uniformly at random without replacement and moves the
+    pool's last rows into the holes, so a draw costs ``O(k)`` rows whatever the pool holds.
+    """
+
+    def __init__(self, rng: Any):
+        self._rng = rng
+        self._cols: Optional[list] = None
+        self.n = 0
+
+    def add(self, cols: tuple, conn: Any) -> None:
+        """Appends a chunk's columns (copied).
+
+        Raises:
+            MalformedRowError: A column's row shape differs from the pooled rows'.
+        """
+        import numpy as np
+
+        from tfos.errors import MalformedRowError
+
+        m = len(cols[0])
+        if self._cols is None:
+            self._cols = [np.empty((max(m, 1024),) + c.shape[1:], c.dtype) for c in cols]
+        for i, (dst, src) in enumerate(zip(self._cols, cols)):
+            if src.shape[1:] != dst.shape[1:]:
+                raise MalformedRowError(
+                    f"partition {conn.partition} (epoch {conn.epoch}): column {i}: rows of shape "
+                    f"{src.shape[1:]} cannot be shuffled with rows of shape {dst.shape[1:]} "
+                    f"(shuffle_rows needs one row shape per column)")
+        need = self.n + m
+        if need > len(self._cols[0]):
+            cap = max(need, 2 * len(self._cols[0]))
+            grown = []
+            for c in self._cols:
+                g = np.empty((cap,) + c.shape[1:], c.dtype)
+                g[: self.n] = c[: self.n]
+                grown.append(g)
+            self._cols = grown
+        for dst, src in zip(self._cols, cols):
+            dst[self.n : need] = src
+        self.n = need
+
+    def take(self, k: int) -> Optional[tuple]:
+        """``k`` (<= held) random rows as new arrays, in random order; None when nothing was pooled yet."""
+        import numpy as np
+
+        if self._cols is None:
+            return None
+        n = self.n
+        if k == 0:
+            return tuple(c[:0].copy() for c in self._cols)
+        idx = self._rng.choice(n, size=k, replace=False)
+        out = tuple(c[idx] for c in self._cols)
+        rest = n - k
+        holes = idx[idx < rest]
+        if len(holes):
+            keep = np.ones(k, bool)
+            keep[idx[idx >= rest] - rest] = False
+            sources = np.arange(rest, n)[keep]
+            for c in self._cols:
+                c[holes] = c[sources]
+        self.n = rest
+        return out
+
+
 def _list_view(arr: Any, n: int, width: int) -> Any:
     """A zero-copy ``(n, width)`` numpy view of an Arrow list column whose lists all hold
     ``width`` numbers, or None (other lengths, nulls or non-numeric values; pure)."""
@@ -592,6 +697,8 @@ def feed_dataset(
     prefetch: int = 2,
     buffer_batches: Optional[int] = None,
     steps_per_epoch: Optional[int] = None,
+    shuffle_rows: int = 0,
+    shuffle_seed: Optional[int] = None,
 ) -> Any:
     """``DataFeed`` -> ``tf.data.Dataset`` of whole batches (TF process).
 
@@ -604,7 +711,7 @@ def feed_dataset(
     columns, single = columns_of(output_signature)
     reader = FeedBatches(feed, batch_size, columns, single=single, per_epoch=per_epoch,
                          drop_remainder=drop_remainder, buffer_batches=buffer_batches,
-                         steps_per_epoch=steps_per_epoch)
+                         steps_per_epoch=steps_per_epoch, shuffle_rows=shuffle_rows, shuffle_seed=shuffle_seed)
     ds = reader.dataset(output_signature, prefetch)
     ds.tfos_batches = reader
     return ds

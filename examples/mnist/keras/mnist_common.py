@@ -471,8 +471,10 @@ def epoch_logger(keras: Any, epochs: int) -> Any:
     """A tf_keras callback printing ``Epoch i/n - steps - seconds - loss - accuracy`` (TF process).
 
     Also prints the gap between epochs: the seconds from the last step of the previous
-    epoch to the first step of this one (end-of-epoch callbacks such as checkpoints, and
-    any wait for data). The metrics are those of the whole
+    epoch to the first step of this one, and how much of it the end-of-epoch callbacks
+    listed before this one took (checkpoints, TensorBoard, checkpoint reports); list this
+    callback last. A wait for the next epoch's first batch is not in the gap: tf_keras
+    takes the batch inside the first step. The metrics are those of the whole
     cluster: under MultiWorkerMirroredStrategy tf_keras aggregates them over all workers.
 
     Args:
@@ -481,6 +483,7 @@ def epoch_logger(keras: Any, epochs: int) -> Any:
     """
     class EpochLogger(keras.callbacks.Callback):
         _last_step_end: Optional[float] = None
+        _callbacks_s: Optional[float] = None
 
         def on_epoch_begin(self, epoch: int, logs: Optional[dict] = None) -> None:
             self._began = time.monotonic()
@@ -498,8 +501,15 @@ def epoch_logger(keras: Any, epochs: int) -> Any:
             self._last_step_end = time.monotonic()
 
         def on_epoch_end(self, epoch: int, logs: Optional[dict] = None) -> None:
+            callbacks_s = self._callbacks_s
+            # The callbacks listed before this one have run their on_epoch_end by now.
+            self._callbacks_s = None if self._last_step_end is None else time.monotonic() - self._last_step_end
             metrics = " - ".join(f"{name}: {value:.4f}" for name, value in (logs or {}).items())
-            gap = "" if self._gap is None else f" - {self._gap:.2f}s since the previous epoch's last step"
+            gap = ""
+            if self._gap is not None:
+                gap = f" - {self._gap:.2f}s since the previous epoch's last step"
+                if callbacks_s is not None:
+                    gap += f" ({callbacks_s:.2f}s of it in its epoch-end callbacks)"
             print(f"Epoch {epoch + 1}/{epochs} - {self._steps} steps - {time.monotonic() - self._began:.1f}s{gap} - {metrics}",
                   flush=True)
 

@@ -60,7 +60,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--images", default=None, help="directory of training part files (default: data/mnist/FORMAT/train)")
     p.add_argument("--learning_rate", type=float, default=1e-3, help="Adam learning rate")
     p.add_argument("--shuffle_buffer", type=int, default=10000,
-                   help="rows each node reshuffles per epoch (0: train in the fed order)")
+                   help="row-level shuffle window of each node, in rows (0: train in the fed order)")
     p.add_argument("--max_restarts", type=int, default=0,
                    help="restart the cluster after a node failure at most this many times; training and the feed "
                         "resume at the last checkpointed epoch (TFCluster.run(..., max_restarts=N))")
@@ -94,22 +94,18 @@ def feed_dataset(tf: Any, feed: Any, batch_size: int, steps_per_epoch: int, shuf
         batch_size: Rows per step on this node.
         steps_per_epoch: Batches per epoch, the same on every node
             (``DataFeed.steps_per_epoch(rows, batch_size, nodes)``).
-        shuffle_buffer: Rows in a shuffle window (0: keep the fed order). Spark feeds the
-            partitions in the same order every epoch; the batches are reshuffled in a
-            window of about this many rows (the order of the batches, not their rows, so
-            every epoch keeps its ``S`` batches; a batch may move into a neighbouring
-            epoch within the window).
+        shuffle_buffer: Rows in the row-level shuffle window (0: keep the fed order).
+            Spark feeds the partitions in the same order every epoch; the reader thread
+            draws every batch at random from a pool of at least this many rows of the
+            epoch, mixing rows of all the chunks and partitions that arrived
+            (``as_dataset(shuffle_rows=...)``): every epoch keeps its ``S`` batches and
+            every row is trained on once per epoch.
     """
     signature = (
         tf.TensorSpec((None, common.NUM_PIXELS), tf.float32),
         tf.TensorSpec((None,), tf.int64),
     )
-    ds = feed.as_dataset(batch_size, signature, steps_per_epoch=steps_per_epoch)
-    reader = ds.tfos_batches
-    if shuffle_buffer:
-        ds = ds.shuffle(max(2, shuffle_buffer // batch_size)).prefetch(2)
-    ds.tfos_batches = reader
-    return ds
+    return feed.as_dataset(batch_size, signature, steps_per_epoch=steps_per_epoch, shuffle_rows=shuffle_buffer)
 
 
 def main_fun(args: argparse.Namespace, ctx: Any) -> None:
