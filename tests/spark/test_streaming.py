@@ -1,0 +1,241 @@
+"""Spark tests of streaming feeds (issue 16): DStreams (``ssc.queueStream``) and a
+Structured Streaming file source, a node failure during a stream, and shutdown during a
+stream.
+
+Every test runs a real tfos cluster on the shared ``local-cluster[2,1,1024]`` context. The
+main_funs write what they read (row count, value sum, whether ``should_stop()`` was ever
+true before the end) to ``tmp_path``; the tests assert exact counts and checksums. Only one
+StreamingContext may be active per JVM: every test stops its own (never the SparkContext).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pyspark")
+
+from tfos import TFCluster  # noqa: E402
+from tfos import streaming as tfos_streaming  # noqa: E402
+from tfos.errors import ClusterFailedError  # noqa: E402
+
+pytestmark = pytest.mark.spark
+
+INPUT = TFCluster.InputMode.SPARK
+ROWS_PER_RDD = 300
+
+
+def _reports(out_dir: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(out_dir.glob("*.json"))]
+
+
+def stream_count_fun(args, ctx):
+    """Reads the feed until the end of feed; writes rows, value sum, and the number of
+    batches read (should_stop() must stay False between micro-batches)."""
+    import json as _json
+
+    from tfos import TFNode
+
+    feed = TFNode.DataFeed(ctx.mgr, train_mode=True)
+    n = total = 0
+    fail_after = args.get("fail_after")
+    while not feed.should_stop():
+        batch = feed.next_batch(50)
+        for x in batch:
+            v = x[0] if isinstance(x, (tuple, list)) else x
+            n += 1
+            total += int(v)
+        if fail_after is not None and n >= fail_after:
+            raise RuntimeError(f"streaming main_fun failed on purpose after {n} rows")
+    with open(f"{args['out']}/{ctx.job_name}{ctx.task_index}.json", "w") as f:
+        _json.dump({"rows": n, "sum": total}, f)
+
+
+def _queue(sc, count: int, rows: int = ROWS_PER_RDD):
+    """``count`` RDDs of ``rows`` distinct integers each (3 partitions), and their values."""
+    rdds, values = [], []
+    for k in range(count):
+        vals = list(range(k * 100000, k * 100000 + rows))
+        rdds.append(sc.parallelize(vals, 3))
+        values.append(vals)
+    return rdds, values
+
+
+def _wait_batches(cluster, n: int, timeout_s: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while tfos_streaming.stream_stats(cluster)["batches"] < n:
+        stats = tfos_streaming.stream_stats(cluster)
+        assert stats["error"] is None, stats["error"]
+        assert time.monotonic() < deadline, f"only {stats['batches']} of {n} micro-batches fed in {timeout_s} s"
+        time.sleep(0.2)
+
+
+def _no_active_ssc() -> bool:
+    from pyspark.streaming import StreamingContext
+
+    return StreamingContext.getActive() is None
+
+
+@pytest.fixture
+def key_dir(tmp_path, monkeypatch):
+    d = tmp_path / "keys"
+    monkeypatch.setenv("TFOS_KEY_DIR", str(d))
+    return d
+
+
+def test_dstream_queue_every_row_once_and_stop_from_outside(sc, tmp_path, key_dir, no_leftovers):
+    from pyspark.streaming import StreamingContext
+
+    out = tmp_path / "out"
+    out.mkdir()
+    rdds, values = _queue(sc, 3)
+    cluster = TFCluster.run(sc, stream_count_fun, {"out": str(out)}, 2, 0, input_mode=INPUT)
+    ssc = StreamingContext(sc, 1)
+    try:
+        stream = ssc.queueStream(rdds)
+        cluster.train(stream, 1)
+        ssc.start()
+        _wait_batches(cluster, 3)
+        # As TFoS's stop_streaming.py: another process asks the cluster to stop, knowing only
+        # (host, port); the key comes from the driver user's key file (0600).
+        host, port = tfos_streaming.stop_address(cluster)
+        key_files = list(key_dir.glob("*.key"))
+        assert len(key_files) == 1 and (key_files[0].stat().st_mode & 0o077) == 0
+        subprocess.run([sys.executable, "-m", "tfos.streaming", "stop", host, str(port)], check=True, timeout=120,
+                       env=dict(os.environ))
+        cluster.shutdown(ssc)
+    finally:
+        ssc.stop(stopSparkContext=False, stopGraceFully=False)
+    assert _no_active_ssc()
+    assert not list(key_dir.glob("*.key")), "key file left behind"
+    reps = _reports(out)
+    assert len(reps) == 2
+    assert sum(r["rows"] for r in reps) == 3 * ROWS_PER_RDD
+    assert sum(r["sum"] for r in reps) == sum(sum(v) for v in values)
+    assert tfos_streaming.stream_stats(cluster)["batches"] == 3
+
+
+def test_dstream_unauthenticated_stop_is_refused(sc, tmp_path, key_dir, no_leftovers):
+    """A stop request without the cluster's key (wrong key file) does not stop the cluster."""
+    from pyspark.streaming import StreamingContext
+
+    out = tmp_path / "out"
+    out.mkdir()
+    rdds, values = _queue(sc, 1)
+    cluster = TFCluster.run(sc, stream_count_fun, {"out": str(out)}, 2, 0, input_mode=INPUT)
+    ssc = StreamingContext(sc, 1)
+    try:
+        cluster.train(ssc.queueStream(rdds), 1)
+        ssc.start()
+        _wait_batches(cluster, 1)
+        host, port = tfos_streaming.stop_address(cluster)
+        (key_file,) = key_dir.glob("*.key")
+        good = key_file.read_text()
+        data = json.loads(good)
+        data["key"] = "00" * (len(data["key"]) // 2)
+        key_file.write_text(json.dumps(data))
+        proc = subprocess.run([sys.executable, "-m", "tfos.streaming", "stop", host, str(port)], timeout=120,
+                              capture_output=True, text=True, env=dict(os.environ))
+        assert proc.returncode != 0
+        assert good[10:40] not in proc.stderr  # the key is never printed
+        assert ssc._jssc.getState().toString() == "ACTIVE"
+        key_file.write_text(good)
+        tfos_streaming.request_stop(cluster)
+        cluster.shutdown(ssc)
+    finally:
+        ssc.stop(stopSparkContext=False, stopGraceFully=False)
+    assert _no_active_ssc()
+    reps = _reports(out)
+    assert sum(r["rows"] for r in reps) == ROWS_PER_RDD
+    assert sum(r["sum"] for r in reps) == sum(values[0])
+
+
+def test_dstream_node_failure_stops_the_context(sc, tmp_path, key_dir, no_leftovers):
+    from pyspark.streaming import StreamingContext
+
+    out = tmp_path / "out"
+    out.mkdir()
+    rdds, _ = _queue(sc, 20)
+    cluster = TFCluster.run(sc, stream_count_fun, {"out": str(out), "fail_after": 100}, 2, 0, input_mode=INPUT)
+    ssc = StreamingContext(sc, 1)
+    try:
+        cluster.train(ssc.queueStream(rdds), 1)
+        ssc.start()
+        t0 = time.monotonic()
+        with pytest.raises(ClusterFailedError) as ei:
+            cluster.shutdown(ssc)
+        elapsed = time.monotonic() - t0
+    finally:
+        ssc.stop(stopSparkContext=False, stopGraceFully=False)
+    assert "failed on purpose" in str(ei.value)
+    assert elapsed < 180, f"the failure took {elapsed:.0f} s to surface"
+    assert _no_active_ssc()
+    assert tfos_streaming.stream_stats(cluster)["batches"] < 20
+
+
+def test_shutdown_during_dstream_feeds_whole_batches(sc, tmp_path, key_dir, no_leftovers):
+    """shutdown() without ssc while the stream runs: the stream stops gracefully, every
+    micro-batch fed is fed whole, nothing is left running."""
+    from pyspark.streaming import StreamingContext
+
+    out = tmp_path / "out"
+    out.mkdir()
+    rdds, values = _queue(sc, 40, rows=100)
+    cluster = TFCluster.run(sc, stream_count_fun, {"out": str(out)}, 2, 0, input_mode=INPUT)
+    ssc = StreamingContext(sc, 1)
+    try:
+        cluster.train(ssc.queueStream(rdds), 1)
+        ssc.start()
+        _wait_batches(cluster, 2)
+        cluster.shutdown()
+    finally:
+        ssc.stop(stopSparkContext=False, stopGraceFully=False)
+    assert _no_active_ssc()
+    fed = tfos_streaming.stream_stats(cluster)["batches"]
+    assert 2 <= fed < 40
+    reps = _reports(out)
+    assert sum(r["rows"] for r in reps) == fed * 100
+    assert sum(r["sum"] for r in reps) == sum(sum(v) for v in values[:fed])
+
+
+def test_structured_file_stream_every_row_once(sc, tmp_path, key_dir, no_leftovers):
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession(sc)
+    src = tmp_path / "src"
+    src.mkdir()
+    out = tmp_path / "out"
+    out.mkdir()
+
+    def add_file(i: int, vals: list) -> None:
+        tmp = tmp_path / f"part{i}.tmp"
+        tmp.write_text("".join(json.dumps({"x": v}) + "\n" for v in vals))
+        os.replace(tmp, src / f"part{i}.json")  # atomic: the source never sees half a file
+
+    files = [list(range(i * 10000, i * 10000 + 250)) for i in range(4)]
+    add_file(0, files[0])
+    cluster = TFCluster.run(sc, stream_count_fun, {"out": str(out)}, 2, 0, input_mode=INPUT)
+    query = None
+    try:
+        sdf = spark.readStream.schema("x long").option("maxFilesPerTrigger", 1).json(str(src))
+        query = cluster.train(sdf, checkpointLocation=str(tmp_path / "ckpt"), trigger={"processingTime": "1 second"},
+                              queryName="tfos_test_stream")
+        for i in range(1, 4):
+            time.sleep(1.5)
+            add_file(i, files[i])
+        query.processAllAvailable()
+        cluster.shutdown()
+    finally:
+        if query is not None and query.isActive:
+            query.stop()
+    assert not query.isActive
+    assert query.exception() is None
+    reps = _reports(out)
+    assert sum(r["rows"] for r in reps) == 4 * 250
+    assert sum(r["sum"] for r in reps) == sum(sum(f) for f in files)
