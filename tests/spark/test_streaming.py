@@ -25,7 +25,7 @@ from tfos import TFCluster  # noqa: E402
 from tfos import streaming as tfos_streaming  # noqa: E402
 from tfos.errors import ClusterFailedError  # noqa: E402
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.filterwarnings("ignore:DStream is deprecated:FutureWarning")]
 
 INPUT = TFCluster.InputMode.SPARK
 ROWS_PER_RDD = 300
@@ -76,6 +76,12 @@ def _wait_batches(cluster, n: int, timeout_s: float = 300.0) -> None:
         time.sleep(0.2)
 
 
+def _close(cluster) -> None:
+    """Tears the cluster down when a test failed before its shutdown()."""
+    if not cluster._runtime.closed:
+        cluster._runtime.teardown(failed=True)
+
+
 def _no_active_ssc() -> bool:
     from pyspark.streaming import StreamingContext
 
@@ -112,13 +118,14 @@ def test_dstream_queue_every_row_once_and_stop_from_outside(sc, tmp_path, key_di
         cluster.shutdown(ssc)
     finally:
         ssc.stop(stopSparkContext=False, stopGraceFully=False)
+        _close(cluster)
     assert _no_active_ssc()
     assert not list(key_dir.glob("*.key")), "key file left behind"
     reps = _reports(out)
     assert len(reps) == 2
     assert sum(r["rows"] for r in reps) == 3 * ROWS_PER_RDD
     assert sum(r["sum"] for r in reps) == sum(sum(v) for v in values)
-    assert tfos_streaming.stream_stats(cluster)["batches"] == 3
+    assert tfos_streaming.stream_stats(cluster)["batches"] >= 3  # later micro-batches of the drained queue are empty
 
 
 def test_dstream_unauthenticated_stop_is_refused(sc, tmp_path, key_dir, no_leftovers):
@@ -150,6 +157,7 @@ def test_dstream_unauthenticated_stop_is_refused(sc, tmp_path, key_dir, no_lefto
         cluster.shutdown(ssc)
     finally:
         ssc.stop(stopSparkContext=False, stopGraceFully=False)
+        _close(cluster)
     assert _no_active_ssc()
     reps = _reports(out)
     assert sum(r["rows"] for r in reps) == ROWS_PER_RDD
@@ -173,6 +181,7 @@ def test_dstream_node_failure_stops_the_context(sc, tmp_path, key_dir, no_leftov
         elapsed = time.monotonic() - t0
     finally:
         ssc.stop(stopSparkContext=False, stopGraceFully=False)
+        _close(cluster)
     assert "failed on purpose" in str(ei.value)
     assert elapsed < 180, f"the failure took {elapsed:.0f} s to surface"
     assert _no_active_ssc()
@@ -196,11 +205,12 @@ def test_shutdown_during_dstream_feeds_whole_batches(sc, tmp_path, key_dir, no_l
         cluster.shutdown()
     finally:
         ssc.stop(stopSparkContext=False, stopGraceFully=False)
+        _close(cluster)
     assert _no_active_ssc()
     fed = tfos_streaming.stream_stats(cluster)["batches"]
     assert 2 <= fed < 40
     reps = _reports(out)
-    assert sum(r["rows"] for r in reps) == fed * 100
+    assert sum(r["rows"] for r in reps) == fed * 100  # whole micro-batches only, in queue order
     assert sum(r["sum"] for r in reps) == sum(sum(v) for v in values[:fed])
 
 
@@ -234,6 +244,7 @@ def test_structured_file_stream_every_row_once(sc, tmp_path, key_dir, no_leftove
     finally:
         if query is not None and query.isActive:
             query.stop()
+        _close(cluster)
     assert not query.isActive
     assert query.exception() is None
     reps = _reports(out)

@@ -107,8 +107,12 @@ class _Feeder:
     """Feeds micro-batches of one stream with ``train()``/``inference()`` (driver; called
     by Spark's streaming scheduler threads)."""
 
-    def __init__(self, streams: "StreamSet", kind: str, feed: Callable[[Any], Any], stop_on_error: Callable[[], None]) -> None:
+    def __init__(self, streams: "StreamSet", kind: str, feed: Callable[[Any], tuple[bool, Any]], stop_on_error: Callable[[], None],
+                 refuse_when_stopping: bool = False) -> None:
         self.streams = streams
+        #: Queries: a micro-batch starting after stop_streams() began is refused (not
+        #: committed). DStreams: a graceful stop feeds the batches Spark still runs.
+        self.refuse_when_stopping = refuse_when_stopping
         self.kind = kind
         self._feed = feed
         self._stop_on_error = stop_on_error
@@ -120,13 +124,14 @@ class _Feeder:
         with s.lock:
             if s.error is not None:
                 raise TFOSError(f"{self.kind}: micro-batch not fed, the cluster's stream failed earlier: {s.error}")
-            if s.stopping:
+            if s.stopping and self.refuse_when_stopping:
                 raise StreamStopped(f"{self.kind}: micro-batch not fed, the cluster is stopping its streams")
             self.busy.set()
         try:
-            result = self._feed(data)
-            with s.lock:
-                self.batches += 1
+            fed, result = self._feed(data)
+            if fed:
+                with s.lock:
+                    self.batches += 1
             return result
         except BaseException as exc:
             s.record_error(exc)
@@ -234,10 +239,11 @@ def train_dstream(cluster: Any, dstream: Any, num_epochs: int, feed_timeout: flo
     assert streams is not None
     ssc = dstream._ssc
 
-    def feed(rdd: Any) -> None:
+    def feed(rdd: Any) -> tuple[bool, None]:
         if rdd.getNumPartitions() == 0:
-            return
+            return False, None
         cluster.train(rdd, num_epochs=num_epochs, feed_timeout=feed_timeout, qname=qname)
+        return True, None
 
     feeder = _Feeder(streams, "train(DStream)", feed, lambda: _stop_context_async(ssc))
     with streams.lock:
@@ -276,10 +282,10 @@ def inference_dstream(cluster: Any, dstream: Any, feed_timeout: float, qname: st
     assert streams is not None
     ssc = dstream._ssc
 
-    def infer(rdd: Any) -> Any:
+    def infer(rdd: Any) -> tuple[bool, Any]:
         if rdd.getNumPartitions() == 0:
-            return rdd
-        return cluster.inference(rdd, feed_timeout=feed_timeout, qname=qname)
+            return False, rdd
+        return True, cluster.inference(rdd, feed_timeout=feed_timeout, qname=qname)
 
     feeder = _Feeder(streams, "inference(DStream)", infer, lambda: _stop_context_async(ssc))
     with streams.lock:
@@ -366,12 +372,13 @@ def train_stream(cluster: Any, sdf: Any, num_epochs: int = 1, feed_timeout: floa
     assert streams is not None
     holder: list = []
 
-    def feed(item: tuple) -> None:
+    def feed(item: tuple) -> tuple[bool, None]:
         df, batch_id = item
         cluster.train(df, num_epochs=num_epochs, feed_timeout=feed_timeout, qname=qname)
         log.debug("train(streaming DataFrame): micro-batch %s fed", batch_id)
+        return True, None
 
-    feeder = _Feeder(streams, "train(streaming DataFrame)", feed, lambda: _stop_query_async(holder))
+    feeder = _Feeder(streams, "train(streaming DataFrame)", feed, lambda: _stop_query_async(holder), refuse_when_stopping=True)
     query = _start_query(streams, sdf, feeder, checkpointLocation, trigger, queryName)
     holder.append(query)
     return query
@@ -446,15 +453,16 @@ def inference_stream(cluster: Any, sdf: Any, sink: Union[Callable[[Any, Any, int
     assert streams is not None
     holder: list = []
 
-    def feed(item: tuple) -> None:
+    def feed(item: tuple) -> tuple[bool, None]:
         df, batch_id = item
         results = cluster.inference(df, feed_timeout=feed_timeout, qname=qname)
         try:
             sink_fn(results, df, batch_id)
         finally:
             results.unpersist()
+        return True, None
 
-    feeder = _Feeder(streams, "inference(streaming DataFrame)", feed, lambda: _stop_query_async(holder))
+    feeder = _Feeder(streams, "inference(streaming DataFrame)", feed, lambda: _stop_query_async(holder), refuse_when_stopping=True)
     query = _start_query(streams, sdf, feeder, checkpointLocation, trigger, queryName)
     holder.append(query)
     return query
