@@ -250,3 +250,115 @@ def test_structured_file_stream_every_row_once(sc, tmp_path, key_dir, no_leftove
     reps = _reports(out)
     assert sum(r["rows"] for r in reps) == 4 * 250
     assert sum(r["sum"] for r in reps) == sum(sum(f) for f in files)
+
+
+def stream_square_fun(args, ctx):
+    """Inference: answers every batch with x * x (x: an int, or the first field of a row)."""
+    from tfos import TFNode
+
+    feed = TFNode.DataFeed(ctx.mgr, train_mode=False)
+    while not feed.should_stop():
+        batch = feed.next_batch(40)
+        if batch:
+            vals = [int(x[0]) if isinstance(x, (tuple, list)) else int(x) for x in batch]
+            feed.batch_results([v * v for v in vals])
+
+
+def test_dstream_inference_per_micro_batch(sc, tmp_path, key_dir, no_leftovers):
+    from pyspark.streaming import StreamingContext
+
+    rdds, values = _queue(sc, 3, rows=200)
+    cluster = TFCluster.run(sc, stream_square_fun, {}, 2, 0, input_mode=INPUT)
+    ssc = StreamingContext(sc, 1)
+    got: list[list[int]] = []
+    try:
+        results = cluster.inference(ssc.queueStream(rdds))
+        results.foreachRDD(lambda rdd: got.append(rdd.collect()))
+        ssc.start()
+        _wait_batches(cluster, 3)
+        deadline = time.monotonic() + 120
+        while sum(1 for g in got if g) < 3 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        tfos_streaming.request_stop(cluster)
+        cluster.shutdown(ssc)
+    finally:
+        ssc.stop(stopSparkContext=False, stopGraceFully=False)
+        _close(cluster)
+    assert _no_active_ssc()
+    nonempty = [g for g in got if g]
+    assert nonempty == [[v * v for v in vals] for vals in values]  # one result per row, in order, per batch
+
+
+def _add_json(tmp_path: Path, src: Path, i: int, vals: list) -> None:
+    tmp = tmp_path / f"part{i}.tmp"
+    tmp.write_text("".join(json.dumps({"x": v}) + "\n" for v in vals))
+    os.replace(tmp, src / f"part{i}.json")
+
+
+def test_structured_inference_stream_to_parquet_and_function(sc, tmp_path, key_dir, no_leftovers):
+    from pyspark.sql import SparkSession
+
+    from tfos.streaming import inference_stream
+
+    spark = SparkSession(sc)
+    src = tmp_path / "src"
+    src.mkdir()
+    files = [list(range(i * 1000, i * 1000 + 150)) for i in range(3)]
+    _add_json(tmp_path, src, 0, files[0])
+    cluster = TFCluster.run(sc, stream_square_fun, {}, 2, 0, input_mode=INPUT)
+    sdf = spark.readStream.schema("x long").option("maxFilesPerTrigger", 1).json(str(src))
+    seen: dict[int, int] = {}
+    queries = []
+    try:
+        queries.append(inference_stream(cluster, sdf, {"format": "parquet", "path": str(tmp_path / "pq"), "schema": "y long"},
+                                        checkpointLocation=str(tmp_path / "ck1")))
+        for i in range(1, 3):
+            time.sleep(1.0)
+            _add_json(tmp_path, src, i, files[i])
+        queries[0].processAllAvailable()
+        queries.append(inference_stream(cluster, sdf, lambda res, df, bid: seen.__setitem__(bid, sum(res.collect())),
+                                        checkpointLocation=str(tmp_path / "ck2"), trigger={"availableNow": True}))
+        queries[1].awaitTermination(300)
+        cluster.shutdown()
+    finally:
+        for q in queries:
+            if q.isActive:
+                q.stop()
+        _close(cluster)
+    squares = [v * v for f in files for v in f]
+    ys = [r.y for r in spark.read.parquet(str(tmp_path / "pq")).collect()]
+    assert sorted(ys) == sorted(squares)
+    assert sum(seen.values()) == sum(squares)
+    assert all(not q.isActive and q.exception() is None for q in queries)
+
+
+def test_structured_node_failure_stops_the_query(sc, tmp_path, key_dir, no_leftovers):
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession(sc)
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(4):
+        _add_json(tmp_path, src, i, list(range(i * 1000, i * 1000 + 200)))
+    out = tmp_path / "out"
+    out.mkdir()
+    cluster = TFCluster.run(sc, stream_count_fun, {"out": str(out), "fail_after": 60}, 2, 0, input_mode=INPUT)
+    query = None
+    try:
+        sdf = spark.readStream.schema("x long").option("maxFilesPerTrigger", 1).json(str(src))
+        query = cluster.train(sdf, checkpointLocation=str(tmp_path / "ckpt"))
+        t0 = time.monotonic()
+        with pytest.raises(ClusterFailedError) as ei:
+            cluster.shutdown(query)
+        elapsed = time.monotonic() - t0
+    finally:
+        if query is not None and query.isActive:
+            query.stop()
+        _close(cluster)
+    assert "failed on purpose" in str(ei.value)
+    assert elapsed < 180, f"the failure took {elapsed:.0f} s to surface"
+    deadline = time.monotonic() + 60
+    while query.isActive and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not query.isActive
+    assert query.exception() is not None and "failed on purpose" in str(query.exception())
