@@ -41,8 +41,6 @@ log = logging.getLogger("tfos.streaming")
 
 #: Seconds between two checks of the stop conditions while shutdown(ssc) waits.
 _POLL_S = 1.0
-#: Longest wait, in seconds, for a running micro-batch before a query is stopped anyway.
-_QUERY_STOP_WAIT_S = 600.0
 
 
 class StreamStopped(TFOSError):
@@ -551,13 +549,13 @@ def stop_streams(cluster: Any, ssc: Any, deadline: Deadline) -> None:
         for ctx in contexts:
             if _context_active(ctx):
                 ctx.stop(stopSparkContext=False, stopGraceFully=streams.error is None)
-        for query, feeder in queries:
+        for query, _feeder in queries:
             if query.isActive:
-                # The running micro-batch is fed to its end (later ones raise StreamStopped),
-                # so no acknowledged row is lost and none is fed in part.
-                wait = Deadline(min(_QUERY_STOP_WAIT_S, max(1.0, deadline.remaining())), "the running micro-batch")
-                while feeder.busy.is_set() and not wait.expired():
-                    time.sleep(0.1)
+                # stop() ends the query at once (no further micro-batch starts) and waits for
+                # the running foreachBatch call, whose feed jobs run under this cluster's job
+                # group (not the query's, which stop() cancels): the running micro-batch is fed
+                # to its end. A micro-batch starting before stop() took effect raises
+                # StreamStopped and is not committed.
                 query.stop()
     finally:
         streams.close_stop_server()
