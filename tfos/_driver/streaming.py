@@ -233,6 +233,9 @@ def train_dstream(cluster: Any, dstream: Any, num_epochs: int, feed_timeout: flo
         raise ConfigurationError(f"num_epochs must be an integer >= 1 (passes over each micro-batch), got {num_epochs!r}")
     if qname not in cluster.queues:
         raise ConfigurationError(f"qname {qname!r} is not one of the cluster's queues {cluster.queues}")
+    jobs = cluster.sc.getConf().get("spark.streaming.concurrentJobs", "1")
+    if jobs.strip() != "1":
+        raise ConfigurationError(f"train(DStream) feeds micro-batches one at a time, in order; spark.streaming.concurrentJobs is {jobs}: leave it at 1")
     streams = _streams(cluster)
     assert streams is not None
     ssc = dstream._ssc
