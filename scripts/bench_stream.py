@@ -7,7 +7,9 @@ every micro-batch to ``--nodes`` nodes whose main_fun consumes at most ``--model
 rows per second in total (a matrix product per batch, then sleeps to hold that rate: a
 model slower than the stream). Spark does not start the next micro-batch before the
 nodes acknowledged the current one, so the backlog is an offset range at the source
-(growing micro-batches), not rows in memory: the node processes' RSS must stay flat.
+(growing micro-batches), not rows in memory: the node processes' RSS must stay flat. At
+the end the nodes call ``DataFeed.terminate()`` (the running micro-batch holds the whole
+backlog) and the cluster is shut down.
 
 Every ``--interval`` seconds the script samples the RSS of the node processes (tfos
 supervisors and TF processes of this run, found by an environment marker) and of the
@@ -45,6 +47,7 @@ MARK = "TFOS_BENCH_STREAM"
 
 def slow_model_fun(args, ctx):
     """Consumes the feed at most ``model_rate / nodes`` rows per second (TF process)."""
+    import os
     import time as _time
 
     import numpy as _np
@@ -57,6 +60,10 @@ def slow_model_fun(args, ctx):
     start = _time.monotonic()
     n = 0
     while not feed.should_stop():
+        if os.path.exists(args["stop_file"]):
+            # The running micro-batch holds the whole backlog: skip the rest of it.
+            feed.terminate()
+            break
         batch = feed.next_batch(256)
         if not batch:
             continue
@@ -117,8 +124,10 @@ def main() -> None:
     samples: list[dict] = []
     progress: list[dict] = []
     try:
-        cluster = TFCluster.run(sc, slow_model_fun, {"model_rate": args.model_rate, "nodes": args.nodes, "width": args.width},
-                                args.nodes, 0, input_mode=TFCluster.InputMode.SPARK)
+        stop_file = os.path.join(tmp, "stop")
+        cluster = TFCluster.run(sc, slow_model_fun, {"model_rate": args.model_rate, "nodes": args.nodes, "width": args.width,
+                                                     "stop_file": stop_file},
+                                args.nodes, 0, input_mode=TFCluster.InputMode.SPARK, progress=False)
         sdf = (spark.readStream.format("rate").option("rowsPerSecond", args.rate).option("numPartitions", args.nodes).load()
                .selectExpr("value", f"array_repeat(cast(value as float), {args.width}) as x"))
         query = cluster.train(sdf, checkpointLocation=os.path.join(tmp, "ckpt"), queryName="tfos_bench_stream")
@@ -136,6 +145,7 @@ def main() -> None:
             sys.stdout.flush()
             if not query.isActive:
                 raise RuntimeError(f"the query ended early: {query.exception()}")
+        open(stop_file, "w").close()  # the nodes call DataFeed.terminate(): the running micro-batch ends
         cluster.shutdown()
     finally:
         sc.stop()
