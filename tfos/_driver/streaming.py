@@ -24,6 +24,7 @@ The state kept per cluster (:class:`StreamSet`) lives in ``cluster._streams``.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 import time
@@ -83,6 +84,7 @@ class _StopServer:
         self._server = _Server(1)
         self.address = self._server.start()
         self.key_file = reservation.write_key_file(self.address)
+        atexit.register(reservation.remove_key_file, self.address)  # also when shutdown() never runs
         log.info("streaming: ask this cluster to stop with tfos.reservation.Client((%r, %d)).request_stop() "
                  "(or: python -m tfos.streaming stop %s %d); key file %s",
                  self.address[0], self.address[1], self.address[0], self.address[1], self.key_file)
@@ -126,7 +128,8 @@ class _Feeder:
                 raise StreamStopped(f"{self.kind}: micro-batch not fed, the cluster is stopping its streams")
             self.busy.set()
         try:
-            fed, result = self._feed(data)
+            with s.feed_lock:  # one micro-batch of this cluster's streams at a time
+                fed, result = self._feed(data)
             if fed:
                 with s.lock:
                     self.batches += 1
@@ -151,7 +154,10 @@ class StreamSet:
     def __init__(self, cluster: Any) -> None:
         self.cluster = cluster
         self.lock = threading.RLock()
+        #: Serializes the micro-batches of every stream of the cluster (train() is not reentrant).
+        self.feed_lock = threading.Lock()
         self.error: Optional[BaseException] = None
+        self.error_raised = False
         self.stopping = False
         self.contexts: list[Any] = []  # StreamingContexts of the DStreams fed
         self.queries: list[tuple[Any, _Feeder]] = []
@@ -562,7 +568,9 @@ def stop_streams(cluster: Any, ssc: Any, deadline: Deadline) -> None:
                 query.stop()
     finally:
         streams.close_stop_server()
-    err = streams.error
+    with streams.lock:
+        err = None if streams.error_raised else streams.error
+        streams.error_raised = streams.error is not None
     if isinstance(err, ClusterFailedError):
         raise err
     if err is not None:
