@@ -122,6 +122,7 @@ def main() -> None:
     spark = SparkSession(sc)
     tmp = tempfile.mkdtemp(prefix="tfos-bench-stream-")
     samples: list[dict] = []
+    consumed = 0
     progress: list[dict] = []
     try:
         stop_file = os.path.join(tmp, "stop")
@@ -145,6 +146,7 @@ def main() -> None:
             sys.stdout.flush()
             if not query.isActive:
                 raise RuntimeError(f"the query ended early: {query.exception()}")
+        consumed = cluster._state.rows_consumed()  # rows the TF processes took from the feed
         open(stop_file, "w").close()  # the nodes call DataFeed.terminate(): the running micro-batch ends
         cluster.shutdown()
     finally:
@@ -156,18 +158,22 @@ def main() -> None:
     first, last_ = statistics.median(judged[:third]), statistics.median(judged[-third:])
     flat = last_ - first <= max(0.05 * first, 20.0)
     batches = {p["batchId"]: p for p in progress}
-    fed = sum(p.get("numInputRows", 0) for p in batches.values())
+    fed = consumed
+    jvm = [s["executor_jvm_rss_mib"] for s in samples if s["t_s"] >= warmup]
     summary = {
         "duration_s": args.duration, "warmup_s": warmup, "samples": len(judged),
         "node_rss_mib": {"min": min(judged), "median": statistics.median(judged), "max": max(judged)},
         "first_third_median_mib": first, "last_third_median_mib": last_, "flat": flat,
         "source_rows_per_s": args.rate, "model_rows_per_s": args.model_rate,
-        "rows_fed_in_completed_batches_seen": fed, "fed_rows_per_s": fed / args.duration,
+        "rows_consumed": fed, "fed_rows_per_s": fed / args.duration, "micro_batches_started": len(batches),
+        "executor_jvm_rss_mib": {"min": min(jvm), "median": statistics.median(jvm), "max": max(jvm)},
     }
     print(f"node RSS after {warmup:.0f} s warm-up, {len(judged)} samples: min {min(judged):.1f} / median "
           f"{statistics.median(judged):.1f} / max {max(judged):.1f} MiB; first third median {first:.1f}, last third {last_:.1f} MiB")
-    print(f"source {args.rate} rows/s, model {args.model_rate} rows/s, fed {fed / args.duration:.0f} rows/s "
-          f"(batches seen in progress reports: {len(batches)})")
+    print(f"source {args.rate} rows/s, model {args.model_rate} rows/s, consumed by the nodes {fed / args.duration:.0f} rows/s "
+          f"over {args.duration:.0f} s (micro-batches started: {len(batches)})")
+    print(f"executor JVM RSS (not judged: JVM heaps grow to their limit): min {min(jvm):.1f} / median "
+          f"{statistics.median(jvm):.1f} / max {max(jvm):.1f} MiB")
     print(f"RSS flat: {'yes' if flat else 'NO'}")
     if args.json:
         with open(args.json, "w") as f:

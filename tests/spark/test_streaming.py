@@ -362,3 +362,89 @@ def test_structured_node_failure_stops_the_query(sc, tmp_path, key_dir, no_lefto
         time.sleep(0.2)
     assert not query.isActive
     assert query.exception() is not None and "failed on purpose" in str(query.exception())
+
+
+def tfos_style_fun(args, ctx):
+    """A TFoS streaming main_fun (imports renamed): reads one row at a time until the feed ends."""
+    import json as _json
+
+    from tfos import TFNode
+
+    tf_feed = TFNode.DataFeed(ctx.mgr)
+    n = total = 0
+    while not tf_feed.should_stop():
+        batch = tf_feed.next_batch(1)
+        if len(batch) > 0:
+            image, label = batch[0]
+            n += 1
+            total += sum(image) + label
+        else:
+            break
+    with open(f"{args['out']}/{ctx.job_name}{ctx.task_index}.json", "w") as f:
+        _json.dump({"rows": n, "sum": total}, f)
+
+
+def test_tfos_style_text_file_stream_stopped_by_tfos_stop_script(sc, tmp_path, key_dir, caplog, no_leftovers):
+    """TFoS's streaming program shape: textFileStream, train(stream, feed_timeout=86400),
+    ssc.start(), shutdown(ssc); stopped by TFoS's stop script (imports renamed) given the
+    (host, port) read from the driver's log, which never shows the key."""
+    import logging
+    import re
+    import threading
+
+    from pyspark.streaming import StreamingContext
+
+    caplog.set_level(logging.INFO, logger="tfos.streaming")
+    src = tmp_path / "src"
+    src.mkdir()
+    out = tmp_path / "out"
+    out.mkdir()
+    lines = [f"{i % 10}," + ",".join(str((i * 7 + j) % 256) for j in range(8)) for i in range(400)]
+    expected = sum(int(v) for ln in lines for v in ln.split(","))
+
+    def parse(ln):
+        vec = [int(x) for x in ln.split(",")]
+        return (vec[1:], vec[0])
+
+    cluster = TFCluster.run(sc, tfos_style_fun, {"out": str(out)}, 2, 0, input_mode=TFCluster.InputMode.SPARK)
+    ssc = StreamingContext(sc, 1)
+    stopper_error: list = []
+    try:
+        stream = ssc.textFileStream(str(src))
+        cluster.train(stream.map(parse), feed_timeout=86400)
+        ssc.start()
+        m = re.search(r"Client\(\('([^']+)', (\d+)\)\)", caplog.text)
+        assert m, caplog.text
+        host, port = m.group(1), m.group(2)
+        key = json.loads(next(key_dir.glob("*.key")).read_text())["key"]
+        assert key not in caplog.text
+
+        def drop_files_then_stop():
+            try:
+                for i in range(2):
+                    time.sleep(1.5)
+                    tmp = tmp_path / f"f{i}.tmp"
+                    tmp.write_text("\n".join(lines[i * 200:(i + 1) * 200]) + "\n")
+                    os.replace(tmp, src / f"f{i}.txt")
+                deadline = time.monotonic() + 180
+                while tfos_streaming.stream_stats(cluster)["batches"] < 2 and time.monotonic() < deadline:
+                    time.sleep(0.5)
+                time.sleep(3)  # later (empty) micro-batches: the files were picked up
+                script = Path(__file__).resolve().parents[2] / "examples" / "streaming" / "stop_streaming.py"
+                subprocess.run([sys.executable, str(script), host, port], check=True, timeout=120, env=dict(os.environ))
+            except BaseException as exc:  # noqa: BLE001 - reported by the test
+                stopper_error.append(exc)
+                tfos_streaming.request_stop(cluster)
+
+        t = threading.Thread(target=drop_files_then_stop, daemon=True)
+        t.start()
+        cluster.shutdown(ssc)
+        t.join(60)
+    finally:
+        ssc.stop(stopSparkContext=False, stopGraceFully=False)
+        _close(cluster)
+    assert not stopper_error, stopper_error
+    assert _no_active_ssc()
+    reps = _reports(out)
+    assert sum(r["rows"] for r in reps) == 400
+    assert sum(r["sum"] for r in reps) == expected
