@@ -50,7 +50,7 @@ def main_fun(args, ctx):
     import tf_keras as keras
 
     model = keras.Sequential([keras.layers.Dense(1, input_shape=(2,))])
-    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
     feed = ctx.get_data_feed()
     spec = (tf.TensorSpec((None,), tf.float32),) * 3
     ds = feed.as_dataset(32, spec).map(lambda x1, x2, y: (tf.stack([x1, x2], 1), y))

@@ -448,3 +448,27 @@ def test_tfos_style_text_file_stream_stopped_by_tfos_stop_script(sc, tmp_path, k
     reps = _reports(out)
     assert sum(r["rows"] for r in reps) == 400
     assert sum(r["sum"] for r in reps) == expected
+
+
+@pytest.mark.tf
+@pytest.mark.parametrize("api", ["structured", "dstream"])
+def test_streaming_example_runs(api, tmp_path, no_leftovers):
+    """examples/streaming/streaming_regression.py as a user runs it (its own Spark driver)."""
+    import re
+
+    env = dict(os.environ)
+    for name in ("PYSPARK_GATEWAY_PORT", "PYSPARK_GATEWAY_SECRET"):
+        env.pop(name, None)
+    env["TFOS_KEY_DIR"] = str(tmp_path / "keys")
+    script = Path(__file__).resolve().parents[2] / "examples" / "streaming" / "streaming_regression.py"
+    cmd = [sys.executable, str(script), "--api", api, "--files", "4", "--rows", "3000", "--every", "1.5", "--work_dir", str(tmp_path / "work")]
+    if api == "dstream":
+        cmd.append("--auto_stop")
+    proc = subprocess.run(cmd, cwd=str(tmp_path), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=900)
+    assert proc.returncode == 0, f"stderr:\n{proc.stderr[-6000:]}"
+    m = re.search(r"chief model after (\d+) steps: w = \(([-0-9.]+), ([-0-9.]+)\), b = ([-0-9.]+)", proc.stderr)
+    assert m, proc.stderr[-6000:]
+    steps, w1, w2, b = int(m.group(1)), float(m.group(2)), float(m.group(3)), float(m.group(4))
+    assert steps > 0
+    assert abs(w1 - 3) < 0.2 and abs(w2 + 2) < 0.2 and abs(b - 1) < 0.2, m.group(0)
+    assert not list((tmp_path / "keys").glob("*.key"))
