@@ -472,3 +472,36 @@ def test_streaming_example_runs(api, tmp_path, no_leftovers):
     assert steps > 0
     assert abs(w1 - 3) < 0.2 and abs(w2 + 2) < 0.2 and abs(b - 1) < 0.2, m.group(0)
     assert not list((tmp_path / "keys").glob("*.key"))
+
+
+def test_shutdown_during_structured_stream_feeds_whole_batches(sc, tmp_path, key_dir, no_leftovers):
+    """shutdown() while a query runs: the query is stopped (the running micro-batch is fed
+    whole), the feed ends, nothing is left running."""
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession(sc)
+    src = tmp_path / "src"
+    src.mkdir()
+    out = tmp_path / "out"
+    out.mkdir()
+    files = [list(range(i * 1000, i * 1000 + 200)) for i in range(30)]
+    for i, vals in enumerate(files):
+        _add_json(tmp_path, src, i, vals)
+        os.utime(src / f"part{i}.json", (1_000_000 + i, 1_000_000 + i))  # the source takes files oldest first
+    cluster = TFCluster.run(sc, stream_count_fun, {"out": str(out)}, 2, 0, input_mode=INPUT)
+    query = None
+    try:
+        sdf = spark.readStream.schema("x long").option("maxFilesPerTrigger", 1).json(str(src))
+        query = cluster.train(sdf, checkpointLocation=str(tmp_path / "ckpt"))
+        _wait_batches(cluster, 2)
+        cluster.shutdown()
+    finally:
+        if query is not None and query.isActive:
+            query.stop()
+        _close(cluster)
+    assert not query.isActive
+    fed = tfos_streaming.stream_stats(cluster)["batches"]
+    assert 2 <= fed < 30
+    reps = _reports(out)
+    assert sum(r["rows"] for r in reps) == fed * 200
+    assert sum(r["sum"] for r in reps) == sum(sum(f) for f in files[:fed])
