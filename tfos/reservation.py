@@ -27,7 +27,8 @@ from ._control.client import ControlClient
 from ._control.server import ControlServer, parse_port_spec
 from .errors import ConfigurationError, ControlProtocolError, ReservationTimeoutError, TFOSError
 
-__all__ = ["Reservations", "Server", "Client", "ServerAddress", "TFOS_SERVER_PORT", "TFOS_SERVER_HOST", "MAX_RETRIES", "BUFSIZE"]
+__all__ = ["Reservations", "Server", "Client", "ServerAddress", "TFOS_SERVER_PORT", "TFOS_SERVER_HOST", "MAX_RETRIES", "BUFSIZE",
+           "TFOS_KEY_DIR", "write_key_file", "remove_key_file", "read_key_file"]
 
 log = logging.getLogger(__name__)
 
@@ -246,11 +247,12 @@ class Client:
         host, port = server_addr[0], int(server_addr[1])
         key, sid = getattr(server_addr, "key", b""), getattr(server_addr, "server_id", "")
         if not key:
-            known = _LOCAL_KEYS.get((host, port))
+            known = _LOCAL_KEYS.get((host, port)) or read_key_file(host, port)  # key file: issue 16
             if known is None:
                 raise ConfigurationError(
                     f"no key for reservation server {host}:{port}: tfos reservation servers authenticate every "
-                    "client; pass the address returned by Server.start() (it carries the key)"
+                    "client; pass the address returned by Server.start() (it carries the key), or run as the "
+                    f"driver's user on its host (key files in {_key_dir()})"
                 )
             key, sid = known
         self.server_addr = (host, port)
@@ -298,3 +300,70 @@ class Client:
     def request_stop(self) -> Any:
         """Asks the server to stop (its ``done`` becomes True); returns 'OK'."""
         return self._request("STOP")
+
+
+# ---------------------------------------------------------------- key files (issue 16)
+#: Environment variable naming the directory of the stop-endpoint key files
+#: (default ``~/.tfos/keys``).
+TFOS_KEY_DIR = "TFOS_KEY_DIR"
+
+
+def _key_dir() -> str:
+    return os.environ.get(TFOS_KEY_DIR) or os.path.join(os.path.expanduser("~"), ".tfos", "keys")
+
+
+def _key_path(host: str, port: int) -> str:
+    safe = "".join(c if c.isalnum() or c in ".-" else "_" for c in str(host))
+    return os.path.join(_key_dir(), f"{safe}_{int(port)}.key")
+
+
+def write_key_file(addr: ServerAddress) -> str:
+    """Writes the key and id of the server at ``addr`` to a file only this user can read
+    (directory mode 0700, file mode 0600), so that a :class:`Client` given a plain
+    ``(host, port)`` in another process of this user finds it (driver).
+
+    Returns:
+        The key file's path (the key itself is never logged).
+
+    Raises:
+        OSError: The directory or file cannot be written.
+    """
+    import json
+
+    path = _key_path(addr[0], addr[1])
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"key": addr.key.hex(), "server_id": addr.server_id}, f)
+    os.replace(path + ".tmp", path)
+    return path
+
+
+def remove_key_file(addr: Any) -> None:
+    """Removes the key file of ``addr`` (no error when it is gone)."""
+    try:
+        os.unlink(_key_path(addr[0], addr[1]))
+    except FileNotFoundError:
+        pass
+
+
+def read_key_file(host: str, port: int) -> Optional[Tuple[bytes, str]]:
+    """``(key, server_id)`` from the key file of ``host:port``, or None when there is none
+    or it is readable by other users (then a WARNING names the file)."""
+    import json
+    import stat
+
+    path = _key_path(host, port)
+    try:
+        st = os.stat(path)
+        if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+            log.warning("ignoring key file %s: readable by other users (chmod 600 it)", path)
+            return None
+        with open(path) as f:
+            data = json.load(f)
+        return bytes.fromhex(data["key"]), str(data["server_id"])
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError) as exc:
+        log.warning("cannot read key file %s: %s", path, exc)
+        return None

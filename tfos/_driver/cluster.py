@@ -30,6 +30,7 @@ from tfos._data.framing import binary_as_bytes, feed_schema_json
 from tfos._driver.attempts import Attempt, DriverConfig, _Launcher, _Recovery
 from tfos._driver.restart import FeedResume, InferenceLedger
 from tfos._driver.spark_checks import check_spark
+from tfos._driver import streaming as _streaming
 from tfos._driver.user_source import with_source
 from tfos.cluster_template import InputMode, build_template, format_template, roles_from_template
 from tfos.errors import ClusterFailedError, ConfigurationError, DeadlineExceededError, RecoveryFailedError, ReservationTimeoutError
@@ -244,8 +245,14 @@ class TFCluster:
             return None
         return Progress(self.sc.statusTracker(), self._state, self._runtime.job_group(kind), total, parts, epochs, desc)
     # ---------------------------------------------------------------- feeding
-    def train(self, dataRDD: Any, num_epochs: int = 1, feed_timeout: float = 600, qname: str = "input", end_of_feed: bool = False) -> None:
+    def train(self, dataRDD: Any, num_epochs: int = 1, feed_timeout: float = 600, qname: str = "input", end_of_feed: bool = False,
+              **stream_options: Any) -> Any:
         """Feeds an RDD or DataFrame to the nodes' ``DataFeed`` for ``num_epochs`` epochs (driver).
+
+        Streams (docs/streaming.md): a ``DStream`` registers a feed of every micro-batch RDD
+        (returns None; feeding starts with ``ssc.start()``); a streaming DataFrame starts a
+        query feeding every micro-batch and returns its ``StreamingQuery``
+        (``stream_options``: ``checkpointLocation``, ``trigger``, ``queryName``).
 
         Blocks until every partition of every epoch was consumed by the TF processes, or the
         nodes called ``DataFeed.terminate()`` (the rest is skipped quickly). An epoch is one
@@ -275,6 +282,18 @@ class TFCluster:
         """
         if self.input_mode != InputMode.SPARK:
             raise ConfigurationError("train() feeds data only in InputMode.SPARK; this cluster runs InputMode.TENSORFLOW, where TensorFlow reads its own data")
+        # --- streaming (issue 16): DStreams and streaming DataFrames, tfos/_driver/streaming.py
+        if _streaming.is_dstream(dataRDD) or _streaming.is_streaming_df(dataRDD):
+            if end_of_feed:
+                raise ConfigurationError("train(stream, end_of_feed=True): a stream's feed ends at shutdown()")
+            if _streaming.is_dstream(dataRDD):
+                if stream_options:
+                    raise ConfigurationError(f"train(DStream): unexpected options {sorted(stream_options)}")
+                return _streaming.train_dstream(self, dataRDD, num_epochs, feed_timeout, qname)
+            return _streaming.train_stream(self, dataRDD, num_epochs, feed_timeout, qname, **stream_options)
+        if stream_options:
+            raise ConfigurationError(f"train(): {sorted(stream_options)} apply to streaming DataFrames only")
+        # --- end streaming
         if isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or num_epochs < 1:
             tfos_zero = " (TFoS fed 10 epochs for 0: pass num_epochs=10 to keep that)" if num_epochs == 0 and not isinstance(num_epochs, bool) else ""
             raise ConfigurationError(f"num_epochs must be an integer >= 1 (one epoch = one pass over every partition), got {num_epochs!r}{tfos_zero}")
@@ -382,6 +401,9 @@ class TFCluster:
     def inference(self, dataRDD: Any, feed_timeout: float = 600, qname: str = "input") -> Any:
         """Runs inference over an RDD (or DataFrame) and returns the results (driver).
 
+        A ``DStream`` returns a DStream of the results of every micro-batch; for streaming
+        DataFrames use :func:`tfos.streaming.inference_stream` (docs/streaming.md).
+
         The nodes' ``main_fun`` reads batches with ``DataFeed(train_mode=False)`` (batches
         never span partitions) and answers each with ``batch_results``. The job runs
         eagerly under this cluster's job group, so failures surface here; the results are
@@ -402,6 +424,12 @@ class TFCluster:
         """
         if self.input_mode != InputMode.SPARK:
             raise ConfigurationError("inference() needs InputMode.SPARK")
+        # --- streaming (issue 16)
+        if _streaming.is_dstream(dataRDD):
+            return _streaming.inference_dstream(self, dataRDD, feed_timeout, qname)
+        if _streaming.is_streaming_df(dataRDD):
+            raise ConfigurationError("inference(streaming DataFrame): use tfos.streaming.inference_stream(cluster, df, sink)")
+        # --- end streaming
         df = _as_dataframe(dataRDD)
         rdd = df.rdd if df is not None else dataRDD
         parts = rdd.getNumPartitions()
@@ -461,7 +489,12 @@ class TFCluster:
         """Ends the feed, waits for the workers' ``main_fun`` to return, stops every node (driver).
 
         Args:
-            ssc: Ignored (TFoS's Spark Streaming context; streaming is not supported).
+            ssc: A ``StreamingContext`` (TFoS) or ``StreamingQuery`` fed by ``train()``:
+                first waits until it ends, a stop is requested (``python -m
+                tfos.streaming stop HOST PORT``), every worker returned or a node failed
+                (bounded by ``timeout``), then stops it gracefully (never the
+                SparkContext). Without it, streams this cluster feeds are stopped
+                gracefully at once. See docs/streaming.md.
             grace_secs: Extra seconds to wait after the workers finished before stopping
                 ps/evaluator nodes (TFoS compatibility; ignored when there are none).
                 Failures are caught whatever its value, because every node reports its
@@ -482,6 +515,14 @@ class TFCluster:
             DeadlineExceededError: The workers did not finish within ``timeout``.
         """
         deadline = Deadline(timeout, "main_fun to return on every chief/master/worker node", "a main_fun that never ends (e.g. waiting for data after terminate())")
+        # --- streaming (issue 16): stop the streams feeding this cluster before the feed ends
+        try:
+            _streaming.stop_streams(self, ssc, deadline)
+        except BaseException:
+            if not self._runtime.closed:
+                self._runtime.teardown(failed=True)
+            raise
+        # --- end streaming
         while True:
             rt, st = self._runtime, self._state
             if rt.closed:

@@ -1,0 +1,51 @@
+"""Streaming helpers of a tfos cluster (driver), and a command that asks a streaming
+cluster to stop from another process.
+
+``cluster.train(dstream)``, ``cluster.inference(dstream)``, ``cluster.train(streaming_df)``
+and ``cluster.shutdown(ssc)`` are methods of :class:`tfos.TFCluster.TFCluster`; this module
+adds Structured Streaming inference and the stop endpoint. See docs/streaming.md.
+
+Stop a cluster waiting in ``cluster.shutdown(ssc)`` from a shell, as TFoS's
+``stop_streaming.py`` did (run as the driver's user on the driver's host: the key is read
+from the cluster's key file, see :func:`tfos.reservation.write_key_file`)::
+
+    python -m tfos.streaming stop HOST PORT
+
+HOST and PORT are in the driver's log line "streaming: ask this cluster to stop with ...".
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Optional, Sequence
+
+from tfos._driver.streaming import inference_stream, request_stop, stop_address, stream_stats
+
+__all__ = ["inference_stream", "request_stop", "stop_address", "stream_stats", "main"]
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    """``stop HOST PORT``: asks the streaming cluster whose stop endpoint is HOST:PORT to
+    stop (runs anywhere the key file of that endpoint is readable).
+
+    Raises:
+        ConfigurationError: No key file for HOST:PORT (not the driver's user or host).
+        ConnectionError: The endpoint is unreachable (the cluster already stopped?).
+    """
+    from tfos import reservation
+
+    parser = argparse.ArgumentParser(prog="python -m tfos.streaming", description="Ask a streaming tfos cluster to stop.")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    stop = sub.add_parser("stop", help="request a stop: shutdown(ssc) then stops the stream and the cluster")
+    stop.add_argument("host")
+    stop.add_argument("port", type=int)
+    args = parser.parse_args(argv)
+    client = reservation.Client((args.host, args.port))
+    try:
+        client.request_stop()
+    finally:
+        client.close()
+
+
+if __name__ == "__main__":
+    main()
