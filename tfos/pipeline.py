@@ -19,9 +19,11 @@ Both are Spark ML persistable (``MLWritable``/``MLReadable``), alone or as pipel
 A saved stage is a directory: ``metadata/`` (Spark's JSON of every param, set and default,
 plus tfos's ``tfosFormat``/``args``) and, for a ``TFEstimator`` (or args that are not plain
 JSON), ``code/``: ``train_fn``/``export_fn`` (and args) serialized with cloudpickle, with its
-SHA-256 in the metadata. Loading ``code/`` unpickles it, which runs code like any pickle:
-load estimators only from paths you wrote yourself. A ``TFModel`` whose args are plain JSON
-(the usual case) has no ``code/`` and loads without unpickling anything.
+SHA-256 in the metadata. Loading ``code/`` unpickles it, which runs code like any pickle.
+``save`` writes no ``code/`` for a ``TFModel`` whose args are plain JSON (the usual case), but
+``load`` trusts the directory's metadata: whoever can write a saved directory (metadata and
+``code/``) can make ``load`` run code, whatever the stage's class. The SHA-256 detects a
+damaged file, not a forged one. Load stages only from paths that only you can write.
 """
 
 from __future__ import annotations
@@ -607,6 +609,34 @@ class TFStageWriter(MLWriter):
         log.info("saved %s %s to %s (code: %s)", type(self.instance).__name__, self.instance.uid, path, code is not None)
 
 
+def _check_metadata(metadata: dict, cls: type, path: str) -> Any:
+    """Checks a saved stage's metadata before anything is unpickled; returns its ``code``
+    entry (``{"sha256": ...}`` or None) (driver).
+
+    Raises:
+        ValueError: Not a tfos stage, a newer format, saved by another class than ``cls``, or
+            malformed or contradictory metadata (JSON args and a ``code/`` part for a
+            TFModel); the message names ``path``.
+    """
+    if "tfosFormat" not in metadata:
+        raise ValueError(f"{path} holds a saved {metadata.get('class')}, not a tfos TFEstimator/TFModel")
+    fmt = metadata["tfosFormat"]
+    if not isinstance(fmt, int) or isinstance(fmt, bool):
+        raise ValueError(f"{path}: metadata tfosFormat is {fmt!r}, not an integer: the stage is damaged or was changed")
+    if fmt > PERSIST_FORMAT:
+        raise ValueError(f"{path} was saved in tfos persistence format {fmt}; this tfos reads up to {PERSIST_FORMAT}")
+    want = f"{cls.__module__}.{cls.__name__}"
+    if metadata.get("class") != want:
+        raise ValueError(f"{path} holds a saved {metadata.get('class')}, not a {want}: load it with that class")
+    code_meta = metadata.get("code")
+    if code_meta is not None and not (isinstance(code_meta, dict) and isinstance(code_meta.get("sha256"), str)):
+        raise ValueError(f"{path}: metadata code is {code_meta!r}, not {{'sha256': ...}}: the stage is damaged or was changed")
+    if code_meta and cls is TFModel and metadata.get("args") is not None:
+        # save() pickles a TFModel's args only when JSON cannot hold them: never both
+        raise ValueError(f"{path}: a TFModel with JSON args and a code/ part was not written by tfos; refusing to unpickle it")
+    return code_meta
+
+
 class _TFStageReader(MLReader):
     """Loads what :class:`TFStageWriter` saved (driver)."""
 
@@ -617,12 +647,9 @@ class _TFStageReader(MLReader):
     def _metadata_and_code(self, path: str) -> tuple:
         spark = self.sparkSession
         metadata = DefaultParamsReader.loadMetadata(path, spark)
-        if "tfosFormat" not in metadata:
-            raise ValueError(f"{path} holds a saved {metadata.get('class')}, not a tfos TFEstimator/TFModel")
-        if metadata["tfosFormat"] > PERSIST_FORMAT:
-            raise ValueError(f"{path} was saved in tfos persistence format {metadata['tfosFormat']}; this tfos reads up to {PERSIST_FORMAT}")
+        code_meta = _check_metadata(metadata, self.cls, path)
         code: dict = {}
-        if metadata.get("code"):
+        if code_meta:
             code_path = os.path.join(path, "code")
             first = spark.read.text(code_path).first()
             if first is None:
@@ -657,10 +684,13 @@ class TFEstimatorReader(_TFStageReader):
 
 
 class TFModelReader(_TFStageReader):
-    """Loads a saved :class:`TFModel` (driver); unpickles only when its args were not JSON.
+    """Loads a saved :class:`TFModel` (driver). It unpickles ``code/`` only when the metadata
+    says the args were not JSON (then it runs code like any pickle: load only from paths that
+    only you can write); metadata with JSON args and a ``code/`` part is refused.
 
     Raises (from ``load``):
-        ValueError: Not a tfos stage, a newer format, or damaged code (SHA-256 mismatch).
+        ValueError: Not a tfos TFModel (e.g. a saved TFEstimator), a newer format, damaged or
+            contradictory metadata, or damaged code (SHA-256 mismatch); names the path.
     """
 
     def load(self, path: str) -> Any:

@@ -17,7 +17,7 @@ pytest.importorskip("pyspark")
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLWritable  # noqa: E402
 
 from tfos.pipeline import (  # noqa: E402
-    PERSIST_FORMAT, TFEstimator, TFEstimatorReader, TFModel, TFModelReader, TFStageWriter, _dump_code, _json_exact,
+    PERSIST_FORMAT, TFEstimator, TFEstimatorReader, TFModel, TFModelReader, TFStageWriter, _check_metadata, _dump_code, _json_exact,
     _load_code, _stage_payload,
 )
 
@@ -148,3 +148,33 @@ def test_json_exact(value, exact):
     assert _json_exact(value) is exact
     if exact:
         assert json.loads(json.dumps(value)) == value
+
+
+def _metadata(instance):
+    extras, code = _stage_payload(instance)
+    extras["code"] = {"sha256": _dump_code(code)[1]} if code is not None else None
+    return DefaultParamsReader._parseMetaData(DefaultParamsWriter._get_metadata_to_save(instance, FAKE_SPARK, extras))
+
+
+def test_metadata_checks_run_before_any_unpickling():
+    """A tampered directory cannot make TFModel.load unpickle: a code/ part next to JSON args,
+    an estimator's directory loaded as a TFModel, and malformed entries are refused by the
+    metadata check, which runs before code/ is read (names the path)."""
+    model_meta = _metadata(TFModel({"lr": 0.1}))
+    assert _check_metadata(model_meta, TFModel, "/m") is None
+    forged = dict(model_meta, code={"sha256": "a" * 64})
+    with pytest.raises(ValueError, match=r"/m: a TFModel with JSON args and a code/ part was not written by tfos"):
+        _check_metadata(forged, TFModel, "/m")
+    est_meta = _metadata(TFEstimator(train_fn, {"a": 1}))
+    assert _check_metadata(est_meta, TFEstimator, "/e")["sha256"]
+    with pytest.raises(ValueError, match=r"/e holds a saved tfos.pipeline.TFEstimator, not a tfos.pipeline.TFModel"):
+        _check_metadata(est_meta, TFModel, "/e")
+    with pytest.raises(ValueError, match=r"/m: metadata tfosFormat is '1', not an integer"):
+        _check_metadata(dict(model_meta, tfosFormat="1"), TFModel, "/m")
+    with pytest.raises(ValueError, match=r"/m: metadata code is 'abc'"):
+        _check_metadata(dict(model_meta, code="abc", args=None), TFModel, "/m")
+    with pytest.raises(ValueError, match=r"newer|reads up to"):
+        _check_metadata(dict(model_meta, tfosFormat=PERSIST_FORMAT + 1), TFModel, "/m")
+    # a TFModel whose args JSON cannot hold is written with code/ and no JSON args: accepted
+    tuple_meta = _metadata(TFModel({"shape": (28, 28)}))
+    assert tuple_meta["args"] is None and _check_metadata(tuple_meta, TFModel, "/t")["sha256"]

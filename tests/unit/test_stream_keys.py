@@ -54,3 +54,60 @@ def test_key_file_readable_by_others_is_ignored(key_dir, monkeypatch):
 def test_client_without_key_file_is_refused(key_dir):
     with pytest.raises(ConfigurationError, match="no key for reservation server"):
         reservation.Client(("127.0.0.1", 1))
+
+
+def _addr(port: int = 41235) -> reservation.ServerAddress:
+    return reservation.ServerAddress(("127.0.0.1", port), key=b"k" * 32, server_id="sid-1")
+
+
+def test_planted_files_never_receive_the_key(key_dir, tmp_path):
+    """A file, FIFO or symlink another process placed under the names the writer could use
+    never gets the key: the key goes to a fresh O_EXCL file renamed into place."""
+    key_dir.mkdir(mode=0o700)
+    precious = tmp_path / "precious"
+    precious.write_text("keep me")
+    addr = _addr()
+    final = reservation._key_path(addr[0], addr[1])
+    os.mkfifo(final + ".tmp")                  # the old fixed temporary name: would block open()
+    os.symlink(precious, final)                # the final name points elsewhere
+    path = reservation.write_key_file(addr)    # returns (no FIFO open), within the test timeout
+    assert path == final and not os.path.islink(path)
+    assert precious.read_text() == "keep me"
+    assert (os.stat(path).st_mode & 0o777) == 0o600
+    assert reservation.read_key_file(addr[0], addr[1]) == (addr.key, addr.server_id)
+
+
+def test_wide_key_dir_of_this_user_is_narrowed(key_dir):
+    key_dir.mkdir()
+    os.chmod(key_dir, 0o777)
+    reservation.write_key_file(_addr())
+    assert (os.stat(key_dir).st_mode & 0o777) == 0o700
+
+
+def test_key_dir_symlink_is_refused(key_dir, tmp_path):
+    real = tmp_path / "elsewhere"
+    real.mkdir(mode=0o700)
+    os.symlink(real, key_dir)
+    with pytest.raises(ConfigurationError, match="not a directory"):
+        reservation.write_key_file(_addr())
+    assert list(real.iterdir()) == []
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="needs root to chown to another user")
+def test_key_dir_of_another_user_is_refused_and_its_files_ignored(key_dir):
+    key_dir.mkdir(mode=0o700)
+    os.chown(key_dir, 65534, 65534)            # nobody
+    with pytest.raises(ConfigurationError, match="owned by uid 65534"):
+        reservation.write_key_file(_addr())
+    os.chown(key_dir, 0, 0)
+    addr = _addr()
+    path = reservation.write_key_file(addr)
+    os.chown(path, 65534, 65534)               # a key file swapped in by another user
+    assert reservation.read_key_file(addr[0], addr[1]) is None
+
+
+def test_fifo_as_key_file_is_ignored_not_waited_on(key_dir):
+    key_dir.mkdir(mode=0o700)
+    addr = _addr()
+    os.mkfifo(reservation._key_path(addr[0], addr[1]), 0o600)
+    assert reservation.read_key_file(addr[0], addr[1]) is None

@@ -83,7 +83,11 @@ class _StopServer:
 
         self._server = _Server(1)
         self.address = self._server.start()
-        self.key_file = reservation.write_key_file(self.address)
+        try:
+            self.key_file = reservation.write_key_file(self.address)
+        except BaseException:
+            self._server.stop()  # no endpoint without its key file
+            raise
         atexit.register(reservation.remove_key_file, self.address)  # also when shutdown() never runs
         log.info("streaming: ask this cluster to stop with tfos.reservation.Client((%r, %d)).request_stop() "
                  "(or: python -m tfos.streaming stop %s %d); key file %s",
