@@ -24,15 +24,19 @@ from tfos._driver.streaming import inference_stream, request_stop, stop_address,
 __all__ = ["inference_stream", "request_stop", "stop_address", "stream_stats", "main"]
 
 
-def main(argv: Optional[Sequence[str]] = None) -> None:
+def main(argv: Optional[Sequence[str]] = None) -> int:
     """``stop HOST PORT``: asks the streaming cluster whose stop endpoint is HOST:PORT to
     stop (runs anywhere the key file of that endpoint is readable).
 
-    Raises:
-        ConfigurationError: No key file for HOST:PORT (not the driver's user or host).
-        ConnectionError: The endpoint is unreachable (the cluster already stopped?).
+    Returns:
+        0 when the stop was accepted; 2 when there is no key file for HOST:PORT (not the
+        driver's user or host, or the cluster already ended and removed it) or the endpoint
+        is unreachable or refused the request (one line on stderr, no traceback).
     """
+    import sys
+
     from tfos import reservation
+    from tfos.errors import TFOSError
 
     parser = argparse.ArgumentParser(prog="python -m tfos.streaming", description="Ask a streaming tfos cluster to stop.")
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -40,12 +44,23 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     stop.add_argument("host")
     stop.add_argument("port", type=int)
     args = parser.parse_args(argv)
-    client = reservation.Client((args.host, args.port))
+    where = f"{args.host}:{args.port}"
+    try:
+        client = reservation.Client((args.host, args.port))
+    except TFOSError as exc:
+        print(f"tfos.streaming stop {where}: {exc} (or that cluster has already ended: its key file is removed at shutdown)",
+              file=sys.stderr)
+        return 2
     try:
         client.request_stop()
+    except (OSError, TFOSError) as exc:
+        print(f"tfos.streaming stop {where}: the stop endpoint did not accept the request: {exc}", file=sys.stderr)
+        return 2
     finally:
         client.close()
+    print(f"tfos.streaming stop {where}: stop requested", file=sys.stderr)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

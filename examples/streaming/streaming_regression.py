@@ -94,7 +94,9 @@ def main() -> None:
     ap.add_argument("--work_dir", default=None)
     ap.add_argument("--auto_stop", action="store_true", help="dstream: ask the cluster to stop once every file was fed")
     args = ap.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    for name in ("tfos", "streaming_regression"):  # INFO from tfos (stop address...) and this program, not py4j
+        logging.getLogger(name).setLevel(logging.INFO)
     work = args.work_dir or tempfile.mkdtemp(prefix="tfos-streaming-")
     input_dir, staging = os.path.join(work, "input"), os.path.join(work, "staging")
     os.makedirs(input_dir, exist_ok=True)
@@ -134,7 +136,7 @@ def main() -> None:
     import json
 
     chief = json.load(open(os.path.join(work, "model-chief-0.json")))
-    logging.info("chief model after %d steps: w = (%.3f, %.3f), b = %.3f (data: w = (3, -2), b = 1)",
+    logging.getLogger("streaming_regression").info("chief model after %d steps: w = (%.3f, %.3f), b = %.3f (data: w = (3, -2), b = 1)",
                  chief["steps"], chief["w"][0], chief["w"][1], chief["b"])
     spark.stop()
 

@@ -111,3 +111,29 @@ def test_fifo_as_key_file_is_ignored_not_waited_on(key_dir):
     addr = _addr()
     os.mkfifo(reservation._key_path(addr[0], addr[1]), 0o600)
     assert reservation.read_key_file(addr[0], addr[1]) is None
+
+
+def test_stop_command_without_key_file_says_why_in_one_line(key_dir, capsys):
+    from tfos import streaming
+
+    assert streaming.main(["stop", "127.0.0.1", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "tfos.streaming stop 127.0.0.1:1: no key for reservation server 127.0.0.1:1" in err
+    assert "already ended" in err
+
+
+def test_stop_command_stops_a_live_endpoint(key_dir, monkeypatch, capsys):
+    from tfos import streaming
+
+    monkeypatch.setenv(reservation.TFOS_SERVER_HOST, "127.0.0.1")
+    server = reservation.Server(1)
+    addr = server.start()
+    try:
+        reservation.write_key_file(addr)
+        reservation._LOCAL_KEYS.pop((addr[0], addr[1]), None)  # as another process: key file only
+        assert streaming.main(["stop", addr[0], str(addr[1])]) == 0
+        assert server.done and "stop requested" in capsys.readouterr().err
+    finally:
+        server.stop()
+        reservation.remove_key_file(addr)

@@ -559,9 +559,12 @@ def stop_streams(cluster: Any, ssc: Any, deadline: Deadline) -> None:
             streams.stopping = True
             queries = list(streams.queries)
             contexts = list(streams.contexts)
+        # after a failure nothing more is fed: no graceful stop (which waits up to Spark's
+        # spark.streaming.gracefulStopTimeout for micro-batches that would be refused anyway)
+        graceful = streams.error is None and not cluster._state.failed
         for ctx in contexts:
             if _context_active(ctx):
-                ctx.stop(stopSparkContext=False, stopGraceFully=streams.error is None)
+                ctx.stop(stopSparkContext=False, stopGraceFully=graceful)
         for query, _feeder in queries:
             if query.isActive:
                 # stop() ends the query at once (no further micro-batch starts) and waits for
