@@ -287,6 +287,7 @@ class DataSession:
         from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
         self._tx = AESGCM(send_key)
+        self._tx_key = send_key
         self._rx = AESGCM(recv_key)
         self._tx_seq = 0
         self._rx_seq = 0
@@ -296,6 +297,30 @@ class DataSession:
         self._tx_seq += 1
         nonce = _NONCE.pack(self._tx_seq, ftype)
         return self._tx.encrypt(nonce, b"", _byte_view(payload))
+
+    def seal_parts(self, ftype: int, parts: Any) -> bytes:
+        """The tag of the next outgoing frame whose payload is the concatenation of ``parts``.
+
+        Equal to ``seal(ftype, b"".join(parts))`` without joining: GCM reads the
+        associated data piece by piece, so a payload gathered from several buffers (the
+        Arrow buffers of a record batch) is authenticated without being copied. The
+        receiver checks the contiguous payload with :meth:`check` as usual.
+
+        Args:
+            ftype: The frame type byte.
+            parts: Bytes-like objects, in payload order.
+        """
+        from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+        self._tx_seq += 1
+        nonce = _NONCE.pack(self._tx_seq, ftype)
+        enc = Cipher(algorithms.AES(self._tx_key), modes.GCM(nonce)).encryptor()
+        for part in parts:
+            view = _byte_view(part)
+            if view is not None:
+                enc.authenticate_additional_data(view)
+        enc.finalize()
+        return enc.tag
 
     def check(self, ftype: int, payload: Union[bytes, bytearray, memoryview], tag: Union[bytes, bytearray]) -> None:
         """Verifies the tag of the next incoming frame.

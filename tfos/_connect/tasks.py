@@ -34,7 +34,7 @@ from typing import Any, Iterator, Optional
 from tfos._connect.host import HostLaunch, write_host_launch
 from tfos._control.client import ControlClient
 from tfos._common.deadline import Deadline
-from tfos._data.feed_tasks import ARROW_CHUNK_BYTES, FeedPlan, arrow_slices, make_arrow_feed_fn
+from tfos._data.feed_tasks import ARROW_CHUNK_BYTES, FeedPlan, arrow_ipc_parts, arrow_slices, make_arrow_feed_fn
 from tfos._data.feed_tasks import make_infer_fn as _classic_infer_fn
 from tfos._node.launch import ClusterConfig, NodeLaunch
 from tfos.errors import ClusterFailedError, ControlProtocolError, DeadlineExceededError, NodeFailure, TFOSError
@@ -296,14 +296,9 @@ def make_train_fn(plan: FeedPlan, spark_schema_json: Optional[str] = None):
 
 
 def _arrow_frames(batches: Iterator[Any]) -> Iterator[Any]:
-    import pyarrow as pa
-
     for b in batches:
         for piece in arrow_slices(b, ARROW_CHUNK_BYTES):
-            sink = pa.BufferOutputStream()
-            with pa.ipc.new_stream(sink, piece.schema) as w:
-                w.write_batch(piece)
-            yield sink.getvalue()
+            yield arrow_ipc_parts(piece)  # sent as one frame without copying the data buffers
 
 
 def results_to_batch(results: list, schema: Any) -> Any:

@@ -39,7 +39,7 @@ from typing import Any, Iterator, Optional, Union
 from tfos._common import wire as _wire
 from tfos._control.client import ControlClient
 from tfos._data.framing import (
-    SPARK_SCHEMA_KEY, ChunkKind, FrameType, parse_json, recv_frame, recv_json, send_frame, send_json,
+    SPARK_SCHEMA_KEY, ChunkKind, FrameType, parse_json, recv_frame, recv_json, send_frame, send_frame_parts, send_json,
 )
 from tfos._common.deadline import Deadline
 from tfos._common.wire import DataAuthError
@@ -47,7 +47,7 @@ from tfos.cluster_template import NodeInfo
 from tfos.errors import ControlProtocolError, DeadlineExceededError, FeedError, FeedTimeoutError, NodeFailure, TFOSError
 
 __all__ = ["FeedPlan", "choose_node", "make_feed_fn", "make_arrow_feed_fn", "make_infer_fn", "arrow_slices", "FeedError",
-           "spark_schema_for_feed"]
+           "spark_schema_for_feed", "arrow_ipc_parts"]
 
 log = logging.getLogger(__name__)
 
@@ -185,8 +185,13 @@ class _Link:
         return bool(r)
 
     def send(self, ftype: FrameType, payload: Any = b"") -> None:
+        """Sends one frame; ``payload`` is bytes-like, or a list of bytes-like parts
+        (an Arrow chunk from :func:`arrow_ipc_parts`) sent as one frame without joining."""
         try:
-            send_frame(self.sock, self.session, ftype, payload)
+            if isinstance(payload, list):
+                send_frame_parts(self.sock, self.session, ftype, payload)
+            else:
+                send_frame(self.sock, self.session, ftype, payload)
         except socket.timeout:
             raise FeedTimeoutError(
                 f"{self.node.name} accepted no data for {self.plan.feed_timeout_s:g} s while feeding "
@@ -483,8 +488,10 @@ def make_feed_fn(plan: FeedPlan):
 def make_arrow_feed_fn(plan: FeedPlan, spark_schema_json: Optional[str] = None):
     """The ``mapInArrow`` function of a DataFrame train feed (driver builds, task runs).
 
-    Each Arrow record batch is sent as one IPC stream chunk; the function yields one record
-    batch ``{partition: int64, outcome: string}``.
+    Each Arrow record batch Spark hands the task is cut into zero-copy slices of about
+    :data:`ARROW_CHUNK_BYTES`, and each slice is sent as one IPC stream chunk whose data
+    buffers go from Spark's batch to the socket without a copy (:func:`arrow_ipc_parts`);
+    the function yields one record batch ``{partition: int64, outcome: string}``.
 
     Args:
         plan: The feed plan.
@@ -506,13 +513,9 @@ def make_arrow_feed_fn(plan: FeedPlan, spark_schema_json: Optional[str] = None):
 
         def frames() -> Iterator[Any]:
             for b in batches:
+                schema = b.schema.with_metadata(meta) if meta is not None else b.schema
                 for piece in arrow_slices(b, ARROW_CHUNK_BYTES):
-                    if meta is not None:
-                        piece = piece.replace_schema_metadata(meta)
-                    sink = pa.BufferOutputStream()
-                    with pa.ipc.new_stream(sink, piece.schema) as w:
-                        w.write_batch(piece)
-                    yield sink.getvalue()
+                    yield arrow_ipc_parts(piece, schema)
 
         _, outcome = _feed_partition(plan, index, frames())
         yield pa.RecordBatch.from_pydict({"partition": pa.array([index], pa.int64()), "outcome": pa.array([outcome])})
@@ -540,6 +543,68 @@ def spark_schema_for_feed(schema: Any) -> Optional[str]:
         return False
 
     return schema.json() if has_udt(schema) else None
+
+
+class _GatherSink:
+    """A write-only file for ``pyarrow.PythonFile`` that keeps every written buffer.
+
+    The Arrow IPC writer hands its output stream the record batch's body buffers as
+    ``pyarrow.Buffer`` objects (zero-copy views of the batch's memory) and the metadata
+    and padding as small ``bytes``; this sink keeps them in order instead of copying them
+    into one stream buffer.
+    """
+
+    def __init__(self) -> None:
+        self.parts: list = []
+        self.size = 0
+        self.closed = False
+
+    def write(self, data: Any) -> int:
+        n = memoryview(data).nbytes
+        self.parts.append(data)
+        self.size += n
+        return n
+
+    def tell(self) -> int:
+        return self.size
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+
+def arrow_ipc_parts(batch: Any, schema: Any = None) -> list:
+    """An Arrow IPC stream holding ``batch``, as a list of buffers (pure; Spark task).
+
+    The concatenation of the returned buffers is exactly the stream
+    ``pa.ipc.new_stream(sink, schema).write_batch(batch)`` writes into a
+    ``BufferOutputStream``; the batch's data buffers are not copied (for a sliced batch,
+    Arrow's writer slices them; only list offsets of a slice are rewritten). Send it as
+    one frame with :func:`tfos._data.framing.send_frame_parts`; the parts reference the
+    batch's memory, so the batch must stay alive until they are sent.
+
+    Args:
+        batch: A ``pyarrow.RecordBatch`` (or a slice of one).
+        schema: The stream's schema: ``batch.schema``, possibly with metadata (the Spark
+            schema, :data:`tfos._data.framing.SPARK_SCHEMA_KEY`). Default ``batch.schema``.
+
+    Returns:
+        Bytes-like objects (``pyarrow.Buffer`` and ``bytes``), in stream order.
+    """
+    import pyarrow as pa
+
+    sink = _GatherSink()
+    with pa.ipc.new_stream(pa.PythonFile(sink, mode="w"), schema if schema is not None else batch.schema) as w:
+        w.write_batch(batch)
+    return sink.parts
 
 
 def arrow_slices(batch: Any, target_bytes: int = ARROW_CHUNK_BYTES) -> list:

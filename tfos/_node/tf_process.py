@@ -206,6 +206,7 @@ def run_node(launch: NodeLaunch) -> int:
         if cfg.input_mode == InputMode.SPARK and role.feedable:
             hub = FeedHub(launch.host, cfg.key, cfg.queues, cfg.queue_chunks, launch.node_name)
             hub.data_timeout_s = cfg.data_timeout_s
+            _preimport_async(_FEED_MODULES, launch.node_name)
         me = NodeInfo(eid, role.job_name, role.task_index, launch.host, port_sock.getsockname()[1], hub.port if hub else 0, os.getpid(), launch.executor_key)
         resp = client.request("register", node=me.to_dict(), timeout_s=30.0)
         if not resp.get("ok"):
@@ -304,6 +305,33 @@ def run_node(launch: NodeLaunch) -> int:
         if forwarder:
             forwarder.close()
     return code
+
+
+#: Modules decoding the first fed chunk imports (Arrow chunks of DataFrame feeds); a fed
+#: node imports them in the background during start-up, so the first chunk does not wait.
+_FEED_MODULES = ("pyarrow",)
+
+
+def _preimport_async(modules: tuple[str, ...], node_name: str) -> None:
+    """Imports ``modules`` in a daemon thread, off the first chunk's path (TF process).
+
+    Runs while the node registers and ``main_fun`` imports TensorFlow, so the first
+    ``next_batch``/``as_dataset`` does not pay for it (pyarrow: about 0.3 s of CPU cold and
+    +27 MB RSS, see docs/performance.md). A module that is not installed is skipped (the
+    feed of such an input fails later with its own error); a failing import is logged.
+    """
+    import importlib
+    import importlib.util
+
+    def _run() -> None:
+        for name in modules:
+            try:
+                if importlib.util.find_spec(name) is not None:
+                    importlib.import_module(name)
+            except Exception as exc:  # noqa: BLE001 - only a head start; decoding imports again
+                log.debug("tfos node %s: pre-import of %s failed: %s", node_name, name, exc)
+
+    threading.Thread(target=_run, name="tfos-preimport", daemon=True).start()
 
 
 def _event_loop(client: ControlClient, eid: int, hub: Optional[FeedHub], stop_event: threading.Event, on_stop) -> None:
