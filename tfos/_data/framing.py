@@ -475,18 +475,15 @@ def _struct_values(arr: Any, spark_type: Any, as_bytes: bool) -> list:
     cols = [_exact_values(child, fields[i].dataType if fields else None, as_bytes)
             for i, child in enumerate(arr.flatten())]
     tuples: Any = zip(*cols) if cols else [()] * len(arr)
-    new, setattr_ = tuple.__new__, object.__setattr__
-
-    def make(vals: tuple) -> Any:
-        # Row(*vals) then row.__fields__ = names, without Row's Python-level __new__/__setattr__.
-        row = new(Row, vals)
+    # Row(*vals) then row.__fields__ = names, without Row's Python-level __new__/__setattr__.
+    rows = list(map(functools.partial(tuple.__new__, Row), tuples))
+    setattr_ = object.__setattr__
+    for row in rows:
         setattr_(row, "__fields__", names)
-        return row
-
     valid = _valid_list(arr)
     if valid is None:
-        return [make(vals) for vals in tuples]
-    return [make(vals) if ok else None for ok, vals in zip(valid, tuples)]
+        return rows
+    return [row if ok else None for ok, row in zip(valid, rows)]
 
 
 _VECTOR_FIELDS = ("type", "size", "indices", "values")
@@ -564,20 +561,24 @@ def _vector_values(arr: Any, udt: Any) -> Optional[list]:
             return None
     from pyspark.ml.linalg import DenseVector, SparseVector
 
+    # The attributes DenseVector(values) and SparseVector(size, indices, values) set (the
+    # float64 and int32 arrays they would keep as given), from the checked slices.
+    new_dense, new_sparse = DenseVector.__new__, SparseVector.__new__
     out: list = []
     append = out.append
     for i in range(n):
         if valid is not None and not valid[i]:
             append(None)
         elif is_sparse[i]:
-            # The attributes SparseVector(size, indices, values) sets, from checked slices.
-            sv = SparseVector.__new__(SparseVector)
+            sv = new_sparse(SparseVector)
             sv.size = int(sizes[i])
             sv.indices = iflat[io[i] : io[i + 1]]
             sv.values = vflat[vo[i] : vo[i + 1]]
             append(sv)
         else:
-            append(DenseVector(vflat[vo[i] : vo[i + 1]]))
+            dv = new_dense(DenseVector)
+            dv.array = vflat[vo[i] : vo[i + 1]]
+            append(dv)
     return out
 
 
