@@ -221,3 +221,18 @@ def test_spark_schema_is_parsed_once_per_text():
     view = arrow_vector_ndarray(arr, meta, 0)
     assert view.tolist() == [[1.0, 2.0], [3.0, 4.0]] and arrow_vector_ndarray(arr, meta, 1) is None
     assert json.loads(text)["tfos.binaryAsBytes"] is True
+
+
+@pytest.mark.parametrize("width", [0, 1, 4])
+def test_dense_vectors_of_one_size_equal_the_row_by_row_path(width):
+    vectors = [DenseVector([float(i * 10 + j) for j in range(width)]) for i in range(9)]
+    arr = _vector_array(vectors)
+    for piece, start in ((arr, 0), (arr.slice(3, 5), 3), (arr.slice(8), 8)):
+        fast = framing._vector_values(piece, VectorUDT())
+        want = _reference(piece, VectorUDT())
+        assert all(_same(g, w) for g, w in zip(fast, want)) and len(fast) == len(want) == len(piece)
+        assert all(_same(g, w) for g, w in zip(fast, vectors[start:]))
+    got = framing._vector_values(arr, VectorUDT())
+    if width:
+        got[0].array[0] = -1.0  # writable, and no other vector changes
+        assert got[0].array[0] == -1.0 and got[1] == vectors[1]

@@ -529,6 +529,19 @@ def _vector_values(arr: Any, udt: Any) -> Optional[list]:
     vlo, vhi, ilo, ihi = int(voffs[0]), int(voffs[-1]), int(ioffs[0]), int(ioffs[-1])
     vflat = np.array(_numeric_view(vleaf, vlo, vhi))  # one writable copy per chunk
     iflat = np.array(_numeric_view(ileaf, ilo, ihi))
+    from pyspark.ml.linalg import DenseVector, SparseVector
+
+    new_dense, new_sparse = DenseVector.__new__, SparseVector.__new__
+    kind_view = _numeric_view(kinds_a, 0, n)
+    if (valid is None and vals_ok is None and not len(iflat) and kind_view is not None
+            and bool((kind_view == 1).all()) and n and _equal_steps(voffs)):
+        # Only dense vectors of one size (VectorAssembler's output): rows of one matrix.
+        dense: list = []
+        for row in vflat.reshape(n, (vhi - vlo) // n):
+            dv = new_dense(DenseVector)
+            dv.array = row
+            dense.append(dv)
+        return dense
     vo = (voffs - vlo).tolist()
     io = (ioffs - ilo).tolist()
     # Which rows are dense, sparse or null; anything else goes to the generic path.
@@ -559,11 +572,8 @@ def _vector_values(arr: Any, udt: Any) -> Optional[list]:
             return None
         if len(iflat) > 1 and ((np.diff(iflat) <= 0) & (row_of[1:] == row_of[:-1])).any():
             return None
-    from pyspark.ml.linalg import DenseVector, SparseVector
-
     # The attributes DenseVector(values) and SparseVector(size, indices, values) set (the
     # float64 and int32 arrays they would keep as given), from the checked slices.
-    new_dense, new_sparse = DenseVector.__new__, SparseVector.__new__
     out: list = []
     append = out.append
     for i in range(n):
