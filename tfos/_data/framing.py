@@ -22,6 +22,7 @@ rows, one UTF-8 line, or one Arrow record batch.
 from __future__ import annotations
 
 import enum
+import functools
 import json
 import socket
 import pickle
@@ -388,15 +389,26 @@ def _spark_types(schema: Any) -> tuple:
     text = meta.get(SPARK_SCHEMA_KEY)
     if not text:
         return None, False
+    types, as_bytes = _parse_spark_schema(bytes(text))
+    if len(types) != len(schema.names):
+        raise ValueError(
+            f"the Arrow chunk has {len(schema.names)} columns but its Spark schema has {len(types)}"
+        )
+    return list(types), as_bytes
+
+
+@functools.lru_cache(maxsize=32)
+def _parse_spark_schema(text: bytes) -> tuple:
+    """``(tuple of the columns' Spark DataTypes, binary as bytes)`` of a Spark schema JSON (pure).
+
+    Cached per JSON text (every chunk of a feed carries the same one; at most 32 texts are
+    kept): parsing it builds the UDT objects, which costs a chunk more than decoding its rows.
+    """
     from pyspark.sql.types import StructType
 
     obj = json.loads(text)
     st = StructType.fromJson(obj)
-    if len(st.fields) != len(schema.names):
-        raise ValueError(
-            f"the Arrow chunk has {len(schema.names)} columns but its Spark schema has {len(st.fields)}"
-        )
-    return [f.dataType for f in st.fields], bool(obj.get(BINARY_AS_BYTES_KEY, False))
+    return tuple(f.dataType for f in st.fields), bool(obj.get(BINARY_AS_BYTES_KEY, False))
 
 
 def _column_values(arr: Any, spark_type: Any, as_bytes: bool = False) -> list:
@@ -413,9 +425,171 @@ def _column_values(arr: Any, spark_type: Any, as_bytes: bool = False) -> list:
             nd = arrow_ndarray(arr)
             if nd is not None:
                 return list(nd)
+    return _exact_values(arr, spark_type, as_bytes)
+
+
+def _exact_values(arr: Any, spark_type: Any, as_bytes: bool) -> list:
+    """One column as the list of the values ``df.rdd`` holds, without numpy views (pure).
+
+    The same values as ``[conv(v) for v in arr.to_pylist()]`` with :func:`_converter`, built
+    column-wise where that is faster: ML vector columns (:func:`_vector_values`), struct
+    columns (:func:`_struct_values`), numeric columns without nulls.
+    """
+    import pyarrow as pa
+
+    t = arr.type
+    if spark_type is not None and _is_udt(spark_type):
+        fast = _vector_values(arr, spark_type)
+        if fast is not None:
+            return fast
+    elif pa.types.is_struct(t):
+        return _struct_values(arr, spark_type, as_bytes)
+    elif (pa.types.is_integer(t) or pa.types.is_floating(t)) and not pa.types.is_float16(t):
+        view = _numeric_view(arr, 0, len(arr))
+        if view is not None:
+            return view.tolist()  # the same Python ints and floats as to_pylist()
     values = arr.to_pylist()
     conv = _converter(t, spark_type, as_bytes)
     return values if conv is None else [conv(v) for v in values]
+
+
+def _valid_list(arr: Any) -> Optional[list]:
+    """``[bool]`` per row of ``arr`` (True = not null), or None when it has no nulls (pure)."""
+    return arr.is_valid().to_pylist() if arr.null_count else None
+
+
+def _struct_values(arr: Any, spark_type: Any, as_bytes: bool) -> list:
+    """A struct column as ``df.rdd``'s ``Row`` objects (None for a null struct), built field-wise (pure).
+
+    Every field is converted as a column (:func:`_exact_values`) and each row's values
+    become a ``Row`` as PySpark builds them for ``df.rdd`` (``_create_row``: a tuple of the
+    values with ``__fields__``, the field names, one list shared by the rows of a chunk).
+    """
+    from pyspark.sql import Row
+
+    t = arr.type
+    names = [t.field(i).name for i in range(t.num_fields)]
+    fields = getattr(spark_type, "fields", None)
+    fields = fields if fields is not None and len(fields) == len(names) else None
+    # flatten(): the fields of the struct's rows, null where the struct is null.
+    cols = [_exact_values(child, fields[i].dataType if fields else None, as_bytes)
+            for i, child in enumerate(arr.flatten())]
+    tuples: Any = zip(*cols) if cols else [()] * len(arr)
+    # Row(*vals) then row.__fields__ = names, without Row's Python-level __new__/__setattr__.
+    rows = list(map(functools.partial(tuple.__new__, Row), tuples))
+    setattr_ = object.__setattr__
+    for row in rows:
+        setattr_(row, "__fields__", names)
+    valid = _valid_list(arr)
+    if valid is None:
+        return rows
+    return [row if ok else None for ok, row in zip(valid, rows)]
+
+
+_VECTOR_FIELDS = ("type", "size", "indices", "values")
+
+
+def _vector_values(arr: Any, udt: Any) -> Optional[list]:
+    """A column of Spark ML vectors as ``DenseVector``/``SparseVector`` objects, or None (pure).
+
+    The values ``udt.deserialize`` gives row by row (the generic path), built from one
+    float64 (and one int32 indices) copy of the chunk's vector values: each vector's array
+    is a slice of that copy (writable, not a view of the received chunk). None (use the
+    generic path) when the UDT is not ``pyspark.ml.linalg.VectorUDT``, the Arrow type is
+    not its struct, or a value is not what Spark writes for a valid vector (a null field
+    of a vector, a null element, an unknown type code, sparse indices not strictly
+    increasing within ``[0, size)``, index and value counts that differ): the generic
+    path then gives (or raises) what ``deserialize`` does.
+    """
+    import numpy as np
+    import pyarrow as pa
+
+    cls = type(udt)
+    if cls.__name__ != "VectorUDT" or cls.__module__ != "pyspark.ml.linalg":
+        return None
+    t = arr.type
+    if not pa.types.is_struct(t) or tuple(t.field(i).name for i in range(t.num_fields)) != _VECTOR_FIELDS:
+        return None
+    kinds_a, sizes_a, idx_a, vals_a = arr.flatten()
+    if not (pa.types.is_integer(kinds_a.type) and pa.types.is_integer(sizes_a.type)
+            and pa.types.is_list(idx_a.type) and pa.types.is_list(vals_a.type)
+            and pa.types.is_int32(idx_a.type.value_type) and pa.types.is_float64(vals_a.type.value_type)):
+        return None
+    n = len(arr)
+    valid = _valid_list(arr)
+    kinds = kinds_a.to_pylist()
+    sizes = sizes_a.to_pylist()
+    vals_ok = _valid_list(vals_a)
+    idx_ok = _valid_list(idx_a)
+    voffs = _numeric_view(vals_a.offsets, 0, n + 1)
+    ioffs = _numeric_view(idx_a.offsets, 0, n + 1)
+    vleaf, ileaf = vals_a.values, idx_a.values
+    if voffs is None or ioffs is None or vleaf.null_count or ileaf.null_count:
+        return None
+    vlo, vhi, ilo, ihi = int(voffs[0]), int(voffs[-1]), int(ioffs[0]), int(ioffs[-1])
+    vflat = np.array(_numeric_view(vleaf, vlo, vhi))  # one writable copy per chunk
+    iflat = np.array(_numeric_view(ileaf, ilo, ihi))
+    from pyspark.ml.linalg import DenseVector, SparseVector
+
+    new_dense, new_sparse = DenseVector.__new__, SparseVector.__new__
+    kind_view = _numeric_view(kinds_a, 0, n)
+    if (valid is None and vals_ok is None and not len(iflat) and kind_view is not None
+            and bool((kind_view == 1).all()) and n and _equal_steps(voffs)):
+        # Only dense vectors of one size (VectorAssembler's output): rows of one matrix.
+        dense: list = []
+        for row in vflat.reshape(n, (vhi - vlo) // n):
+            dv = new_dense(DenseVector)
+            dv.array = row
+            dense.append(dv)
+        return dense
+    vo = (voffs - vlo).tolist()
+    io = (ioffs - ilo).tolist()
+    # Which rows are dense, sparse or null; anything else goes to the generic path.
+    is_sparse = np.zeros(n, dtype=bool)
+    for i in range(n):
+        if valid is not None and not valid[i]:
+            continue
+        k = kinds[i]
+        if k == 1:
+            if vals_ok is not None and not vals_ok[i]:
+                return None
+        elif k == 0:
+            if sizes[i] is None or (vals_ok is not None and not vals_ok[i]) or (idx_ok is not None and not idx_ok[i]):
+                return None
+            if io[i + 1] - io[i] != vo[i + 1] - vo[i]:
+                return None
+            is_sparse[i] = True
+        else:
+            return None
+    if len(iflat):
+        # Every index belongs to a sparse row, lies in [0, size) and exceeds its predecessor in the row.
+        lengths = np.diff(np.asarray(io))
+        row_of = np.repeat(np.arange(n), lengths)
+        if not is_sparse[row_of].all():
+            return None
+        size_of = np.asarray([s if s is not None else 0 for s in sizes], dtype=np.int64)[row_of]
+        if (iflat < 0).any() or (iflat >= size_of).any():
+            return None
+        if len(iflat) > 1 and ((np.diff(iflat) <= 0) & (row_of[1:] == row_of[:-1])).any():
+            return None
+    # The attributes DenseVector(values) and SparseVector(size, indices, values) set (the
+    # float64 and int32 arrays they would keep as given), from the checked slices.
+    out: list = []
+    append = out.append
+    for i in range(n):
+        if valid is not None and not valid[i]:
+            append(None)
+        elif is_sparse[i]:
+            sv = new_sparse(SparseVector)
+            sv.size = int(sizes[i])
+            sv.indices = iflat[io[i] : io[i + 1]]
+            sv.values = vflat[vo[i] : vo[i + 1]]
+            append(sv)
+        else:
+            dv = new_dense(DenseVector)
+            dv.array = vflat[vo[i] : vo[i + 1]]
+            append(dv)
+    return out
 
 
 def _is_list_type(t: Any) -> bool:
@@ -459,9 +633,10 @@ def _converter(t: Any, spark_type: Any = None, as_bytes: bool = False) -> Option
             if v is None:
                 return None
             vals = list(v.values()) if len(v) == len(names) else [v.get(n) for n in names]
-            # As PySpark builds the Rows of df.rdd: a tuple of the values plus the field names.
-            row = Row(*[x if c is None else c(x) for c, x in zip(convs, vals)])
-            row.__fields__ = names
+            # As PySpark builds the Rows of df.rdd (Row(*values), then __fields__), without
+            # Row's Python-level __new__ and __setattr__.
+            row = tuple.__new__(Row, [x if c is None else c(x) for c, x in zip(convs, vals)])
+            object.__setattr__(row, "__fields__", names)
             return row
 
         return convert_struct
@@ -540,11 +715,8 @@ def arrow_vector_ndarray(arr: Any, schema: Any, index: int) -> Any:
     text = (schema.metadata or {}).get(SPARK_SCHEMA_KEY)
     if not text:
         return None
-    fields = json.loads(text).get("fields", [])
-    if index >= len(fields):
-        return None
-    ftype = fields[index].get("type")
-    if not isinstance(ftype, dict) or ftype.get("pyClass") != "pyspark.ml.linalg.VectorUDT":
+    classes = _udt_classes(bytes(text))
+    if index >= len(classes) or classes[index] != "pyspark.ml.linalg.VectorUDT":
         return None
     kinds, _size, _indices, values = arr.flatten()
     kind = _numeric_view(kinds, 0, len(kinds))
@@ -552,6 +724,17 @@ def arrow_vector_ndarray(arr: Any, schema: Any, index: int) -> Any:
         return None
     view = arrow_ndarray(values)
     return None if view is None or view.dtype != np.float64 else view
+
+
+@functools.lru_cache(maxsize=32)
+def _udt_classes(text: bytes) -> tuple:
+    """The ``pyClass`` of each top-level column's UDT in a Spark schema JSON (None for
+    other types); cached per JSON text, at most 32 kept (pure)."""
+    out = []
+    for field in json.loads(text).get("fields", []):
+        ftype = field.get("type") if isinstance(field, dict) else None
+        out.append(ftype.get("pyClass") if isinstance(ftype, dict) else None)
+    return tuple(out)
 
 
 def arrow_ndarray(arr: Any) -> Any:
