@@ -77,12 +77,19 @@ def decimal_types(draw) -> DecimalType:
 leaf_types = st.one_of(st.sampled_from(SIMPLE_TYPES), decimal_types(), st.just(VectorUDT()))
 
 
+def _may_hold_null(t: DataType, nullable: bool) -> bool:
+    """NullType's only value is None: a field, element or map value of that type must be
+    nullable, or createDataFrame rejects the row (FIELD_NOT_NULLABLE) before any feed."""
+    return nullable or isinstance(t, NullType)
+
+
 def _extend(children):
     return st.one_of(
-        st.builds(ArrayType, children, st.booleans()),
+        st.tuples(children, st.booleans()).map(lambda tn: ArrayType(tn[0], _may_hold_null(*tn))),
         st.lists(st.tuples(children, st.booleans()), min_size=1, max_size=3).map(
-            lambda fs: StructType([StructField(f"f{i}", t, n) for i, (t, n) in enumerate(fs)])),
-        st.builds(MapType, st.sampled_from(KEY_TYPES), children, st.booleans()),
+            lambda fs: StructType([StructField(f"f{i}", t, _may_hold_null(t, n)) for i, (t, n) in enumerate(fs)])),
+        st.tuples(st.sampled_from(KEY_TYPES), children, st.booleans()).map(
+            lambda ktn: MapType(ktn[0], ktn[1], _may_hold_null(ktn[1], ktn[2]))),
     )
 
 
@@ -145,7 +152,7 @@ def _non_null_values(t: DataType):
 def dataframes(draw, max_columns: int = 4, max_rows: int = 8, max_leaves: int = 5):
     """``(schema, rows, partitions)``: rows may be fewer than partitions (empty partitions)."""
     cols = draw(st.lists(st.tuples(data_types(max_leaves), st.booleans()), min_size=1, max_size=max_columns))
-    schema = StructType([StructField(f"c{i}", t, n) for i, (t, n) in enumerate(cols)])
+    schema = StructType([StructField(f"c{i}", t, _may_hold_null(t, n)) for i, (t, n) in enumerate(cols)])
     rows = draw(st.lists(st.tuples(*[values(f.dataType, f.nullable) for f in schema.fields]), max_size=max_rows))
     return schema, rows, draw(st.integers(1, 4))
 
@@ -315,8 +322,11 @@ def lattice_rows_fun(args, ctx):
     rows: list = []
     while not feed.should_stop():
         rows.extend(feed.next_batch(7))
+    # Pickling loses numpy's read-only flag (non-contiguous arrays come back writable even
+    # with protocol 5): record it per value, re-applied by the driver before comparing.
+    read_only = [[bool(getattr(v, "flags", None) is not None and not v.flags.writeable) for v in row] for row in rows]
     with open(f"{args['out']}/{ctx.job_name}{ctx.task_index}.pkl", "wb") as f:
-        _pickle.dump(rows, f)
+        _pickle.dump((rows, read_only), f)
 
 
 @pytest.mark.timeout(900)
@@ -342,7 +352,14 @@ def test_train_df_delivers_df_rdd_rows(sc, tmp_path: Path, no_leftovers):
         cluster = TFCluster.run(sc, lattice_rows_fun, {"out": str(out)}, 2, 0, input_mode=TFCluster.InputMode.SPARK)
         cluster.train(df, num_epochs=1, feed_timeout=300)
         cluster.shutdown(timeout=300)
-        got = [row for p in sorted(out.glob("*.pkl")) for row in pickle.loads(p.read_bytes())]
+        got = []
+        for p in sorted(out.glob("*.pkl")):
+            node_rows, read_only = pickle.loads(p.read_bytes())
+            for row, flags in zip(node_rows, read_only):
+                for v, ro in zip(row, flags):
+                    if ro:
+                        v.setflags(write=False)
+                got.append(row)
         assert sorted(row[0] for row in got) == sorted(want)
         got.sort(key=lambda row: row[0])
         assert_rows_equal(got, [want[row[0]] for row in got], schema)
