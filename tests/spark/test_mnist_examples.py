@@ -182,7 +182,8 @@ def _executor_jvm_hosting_a_node(root_pid: int):
 
 def test_mnist_spark_restart_resumes_at_the_checkpointed_epoch(mnist_data, tmp_path, no_leftovers):
     """mnist_spark.py --max_restarts 1: an executor JVM hosting a node is SIGKILLed once
-    epoch 2 of 6 is saved; the feed resumes at the checkpoint the nodes reported (also when
+    epoch 2 of 6 is saved; the feed resumes at the checkpoint the nodes reported, or at the
+    first epoch not fully consumed when that is earlier (also when
     the failure is noticed only by shutdown(), after the whole feed was read ahead), every
     epoch from there is fed in full again, the restarted fit starts there (or after a newer
     save the dying node made without reporting it), and the model is as good."""
@@ -217,8 +218,11 @@ def test_mnist_spark_restart_resumes_at_the_checkpointed_epoch(mnist_data, tmp_p
     m = re.search(r"attempt 1 resumes the feed at epoch (\d+) of 6 \(epochs numbered from 0; every row of (\d+) epoch\(s\) "
                   r"consumed; checkpoint reported after (\d+) epoch\(s\)\)", out)
     assert m, out[-6000:]
-    resumed, checkpointed = int(m.group(1)), int(m.group(3))
-    assert resumed == checkpointed >= 2, m.group(0)
+    resumed, consumed, checkpointed = int(m.group(1)), int(m.group(2)), int(m.group(3))
+    # The documented rule (reliability.md): min(epochs fully consumed, checkpoint reported).
+    # Under load the nodes can report the checkpoint of epoch 3 while the last partition of
+    # epoch 2 is still unacknowledged (S steps per epoch, read-ahead): the feed resumes at 2.
+    assert resumed == min(consumed, checkpointed) and checkpointed >= 2 and resumed >= 2, m.group(0)
     # The feed resumed at the reported checkpoint; fit restored it, or a newer save of a node
     # that died before its report arrived (1-based in the print).
     starts = re.findall(r"(\w+:\d+): attempt 1 resumed at epoch (\d+); the feed resumed at epoch (\d+)", out)

@@ -20,7 +20,7 @@ from pyspark.sql.types import (  # noqa: E402
 )
 
 from tfos._data.feed_hub import END_OF_FEED, FeedHub  # noqa: E402
-from tfos._data.feed_tasks import spark_schema_for_feed  # noqa: E402
+from tfos._data.framing import BINARY_AS_BYTES_KEY, feed_schema_json  # noqa: E402
 from tfos._data.framing import SPARK_SCHEMA_KEY, arrow_ndarray, arrow_rows, feed_schema_json  # noqa: E402
 from tfos._data.tfdata import FeedBatches  # noqa: E402
 from tfos.datafeed import DataFeed, rows_to_columns  # noqa: E402
@@ -205,8 +205,8 @@ def _vector_batch(vectors: list):
     schema = StructType([StructField("features", VectorUDT()), StructField("label", LongType())])
     batch = pa.RecordBatch.from_arrays([pa.array(structs, VEC_ARROW), pa.array(range(len(vectors)), pa.int64())],
                                        ["features", "label"])
-    json_text = spark_schema_for_feed(schema)
-    assert json_text is not None and json.loads(json_text) == schema.jsonValue()
+    json_text = feed_schema_json(schema, as_bytes=True)
+    assert json_text is not None and json.loads(json_text) == {**schema.jsonValue(), BINARY_AS_BYTES_KEY: True}
     return batch.replace_schema_metadata({SPARK_SCHEMA_KEY: json_text.encode()})
 
 
@@ -227,12 +227,12 @@ def test_without_the_schema_a_vector_is_its_struct_as_a_row():
     assert got == Row(type=1, size=None, indices=None, values=[1.0])
 
 
-def test_feed_schema_is_sent_only_for_udt_columns():
+def test_feed_schema_is_sent_only_for_udt_and_binary_columns():
     plain = StructType([StructField("x", ArrayType(ArrayType(DoubleType()))),
                         StructField("m", MapType(StringType(), LongType()))])
-    assert spark_schema_for_feed(plain) is None
+    assert feed_schema_json(plain, as_bytes=True) is None
     nested = StructType([StructField("vs", ArrayType(VectorUDT()))])
-    assert spark_schema_for_feed(nested) == nested.json()
+    assert json.loads(feed_schema_json(nested, as_bytes=False)) == {**nested.jsonValue(), BINARY_AS_BYTES_KEY: False}
 
 
 # --------------------------------------------------------------- nulls on columns

@@ -47,7 +47,7 @@ from tfos.cluster_template import NodeInfo
 from tfos.errors import ControlProtocolError, DeadlineExceededError, FeedError, FeedTimeoutError, NodeFailure, TFOSError
 
 __all__ = ["FeedPlan", "choose_node", "make_feed_fn", "make_arrow_feed_fn", "make_infer_fn", "arrow_slices", "FeedError",
-           "spark_schema_for_feed", "arrow_ipc_parts"]
+           "arrow_ipc_parts"]
 
 log = logging.getLogger(__name__)
 
@@ -498,7 +498,7 @@ def make_arrow_feed_fn(plan: FeedPlan, spark_schema_json: Optional[str] = None):
         spark_schema_json: The DataFrame's Spark schema (``df.schema.json()``), put into
             every chunk's Arrow schema metadata (:data:`tfos._data.framing.SPARK_SCHEMA_KEY`)
             so the node can decode UDT columns (Spark ML vectors), whose Arrow form is a bare
-            struct. None (the default) when no column needs it (see :func:`spark_schema_for_feed`).
+            struct. None (the default) when no column needs it (see :func:`tfos._data.framing.feed_schema_json`).
     """
     meta = {SPARK_SCHEMA_KEY: spark_schema_json.encode("utf-8")} if spark_schema_json else None
 
@@ -521,28 +521,6 @@ def make_arrow_feed_fn(plan: FeedPlan, spark_schema_json: Optional[str] = None):
         yield pa.RecordBatch.from_pydict({"partition": pa.array([index], pa.int64()), "outcome": pa.array([outcome])})
 
     return _feed
-
-
-def spark_schema_for_feed(schema: Any) -> Optional[str]:
-    """The Spark schema JSON a DataFrame feed must carry, or None (driver; pure).
-
-    Only schemas with a user-defined type (``VectorUDT``, ``MatrixUDT``...) anywhere need it:
-    every other Spark SQL type decodes from its Arrow type alone.
-    """
-    from pyspark.sql.types import ArrayType, MapType, StructType, UserDefinedType
-
-    def has_udt(t: Any) -> bool:
-        if isinstance(t, UserDefinedType):
-            return True
-        if isinstance(t, StructType):
-            return any(has_udt(f.dataType) for f in t.fields)
-        if isinstance(t, ArrayType):
-            return has_udt(t.elementType)
-        if isinstance(t, MapType):
-            return has_udt(t.keyType) or has_udt(t.valueType)
-        return False
-
-    return schema.json() if has_udt(schema) else None
 
 
 class _GatherSink:
