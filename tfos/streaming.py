@@ -48,17 +48,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         client = reservation.Client((args.host, args.port))
     except TFOSError as exc:
-        print(f"tfos.streaming stop {where}: {exc} (or that cluster has already ended: its key file is removed at shutdown)",
-              file=sys.stderr)
+        sys.stderr.write(f"tfos.streaming stop {where}: {exc} (or that cluster has already ended: its key file is removed at shutdown)\n")
         return 2
     try:
         client.request_stop()
     except (OSError, TFOSError) as exc:
-        print(f"tfos.streaming stop {where}: the stop endpoint did not accept the request: {exc}", file=sys.stderr)
+        sys.stderr.write(f"tfos.streaming stop {where}: the stop endpoint did not accept the request: {exc}\n")
         return 2
     finally:
         client.close()
-    print(f"tfos.streaming stop {where}: stop requested", file=sys.stderr)
+    sys.stderr.write(f"tfos.streaming stop {where}: stop requested\n")
     return 0
 
 
