@@ -381,13 +381,36 @@ def _new_train_cluster(sc, TFCluster, common: dict, tag: str, queue_chunks: int)
     return c
 
 
+_CLASSES = (("CoarseGrainedExecutorBackend", "executor JVMs"), ("SparkSubmit", "driver JVM"),
+            ("tfos._node.tf_process", "TF processes"), ("pyspark.daemon", "Python workers"))
+_last_cpu: dict = {}
+
+
+def _cpu_by_class() -> dict:
+    """``{pid: (class, cpu seconds)}`` of this driver's descendant processes (psutil)."""
+    import psutil
+
+    out = {}
+    for p in psutil.Process().children(recursive=True):
+        try:
+            cmd = " ".join(p.cmdline())
+            t = p.cpu_times()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        cls = next((name for key, name in _CLASSES if key in cmd), "other")
+        out[p.pid] = (cls, t.user + t.system)
+    return out
+
+
 class Results:
     def __init__(self) -> None:
         self.times: dict[str, list[float]] = {}
+        self.cpu: dict[str, list[dict]] = {}  # CPU s per process class of each timed run
         self.loads: list[float] = []
 
     def add(self, key: str, seconds: float) -> None:
         self.times.setdefault(key, []).append(seconds)
+        self.cpu.setdefault(key, []).append(dict(_last_cpu))
         self.loads.append(os.getloadavg()[0])
 
     def rate(self, key: str, rows: int, how: str) -> float:
@@ -397,9 +420,15 @@ class Results:
 
 
 def timed(fn):
+    """``(seconds, fn())``; the CPU s each process class used meanwhile go to ``_last_cpu``."""
+    before = _cpu_by_class()
     t0 = time.perf_counter()
     out = fn()
-    return time.perf_counter() - t0, out
+    dt = time.perf_counter() - t0
+    _last_cpu.clear()
+    for pid, (cls, cpu) in _cpu_by_class().items():
+        _last_cpu[cls] = _last_cpu.get(cls, 0.0) + cpu - (before[pid][1] if pid in before else 0.0)
+    return dt, out
 
 
 # ------------------------------------------------------------------------------- main
@@ -724,6 +753,25 @@ def main() -> int:
         print(f"{name:<6} {med:>7.2f} {best:>6.2f} {' '.join(f'{x:.2f}' for x in pair):>22} {goal:>7} {ok}")
     print("(per-repeat: ceiling time / tfos time of the same repeat; 2f/1 and 4f/3 compare each new cluster's first\n"
           " train() with the ceiling measured just before it)")
+    print()
+    # Where the CPU goes: on 2 CPUs every job here is bound by the CPU it needs in total.
+    classes = ("executor JVMs", "driver JVM", "Python workers", "TF processes")
+    print("CPU s per run by process class (median over the repeats; a ceiling has no TF processes):")
+    print(f"{'#':<3} {'measurement':<40} " + " ".join(f"{c:>14}" for c in classes) + f" {'total':>7} {'/ ceiling':>9}")
+    ceilings = {"train_rdd": "ceil_rdd", "first_train": "ceil_rdd", "infer": "ceil_rdd", "infer_small": "ceil_rdd",
+                "train_df": "ceil_df", "first_train_df": "ceil_df", "train_c24": "ceil_c24"}
+    cpu_fig: dict = {}
+    for num, text, key in labels:
+        runs = res.cpu.get(key)
+        if not runs:
+            continue
+        med = {c: statistics.median(r.get(c, 0.0) for r in runs) for c in classes}
+        total = statistics.median(sum(r.values()) for r in runs)
+        cpu_fig[key] = {"by_class": med, "total": total, "runs": runs}
+        den = cpu_fig.get(ceilings.get(key, ""), {}).get("total")
+        print(f"{num:<3} {text:<40} " + " ".join(f"{med[c]:>14.2f}" for c in classes) + f" {total:>7.2f}"
+              + (f" {total / den:>9.2f}" if den else f" {'':>9}"))
+    figures["cpu_s"] = cpu_fig
     print()
     mb = 2**20
     print(f"TF-process RSS (max over the 2 nodes of each cluster, sampled every 0.1 s):")

@@ -159,6 +159,31 @@ def test_mnist_spark_then_inference(mnist_data, tmp_path, no_leftovers):
     assert float(np.mean(pairs[:, 0] == pairs[:, 1])) == pytest.approx(accuracy, abs=1e-4)
 
 
+def test_mnist_spark_feed_once_replays_the_cached_epoch(mnist_data, tmp_path, no_leftovers):
+    """mnist_spark.py --feed_once: Spark feeds one epoch (cluster.train(data, 1)); every node
+    caches its batches with tf.data and trains 3 epochs on them: each epoch has every row
+    once on the nodes together, the chief's lines show all 3 epochs, and the model learns."""
+    model_dir = str(tmp_path / "model")
+    export_dir = str(tmp_path / "export")
+    out, seconds = _run(
+        "keras/mnist_spark.py", "--master", MASTER, "--images", os.path.join(mnist_data, "csv", "train"),
+        "--epochs", "3", "--batch_size", "32", "--feed_once", "--model_dir", model_dir, "--export_dir", export_dir,
+        cwd=str(tmp_path),
+    )
+    print(f"mnist_spark.py --feed_once: {seconds:.1f} s")
+    assert "feeding 1 epoch(s) (the nodes replay it for every epoch)" in out, out[-4000:]
+    assert f"rows trained per epoch (all nodes): [{NUM_TRAIN}, {NUM_TRAIN}, {NUM_TRAIN}], {NUM_TRAIN} images" in out, out[-4000:]
+    # Each node's three epochs are the same rows: the share Spark fed it once.
+    shares = re.findall(r"^\[(?:chief|worker):0\] (?:chief|worker):0 trained on (\d+) rows \((\d+), (\d+), (\d+) per epoch\)",
+                        out, re.MULTILINE)
+    assert len(shares) == 2, out[-4000:]
+    assert all(int(a) == int(b) == int(c) and int(total) == 3 * int(a) for total, a, b, c in shares), shares
+    assert sum(int(a) for _, a, _, _ in shares) == NUM_TRAIN, shares
+    assert re.search(r"^\[chief:0\] Epoch 3/3 - \d+ steps - .*accuracy: [0-9.]+", out, re.MULTILINE), out[-4000:]
+    assert _number(r"^final train accuracy: ([0-9.]+)", out) >= MIN_ACCURACY
+    assert _check_exports(model_dir, export_dir, os.path.join(mnist_data, "csv", "test")) >= MIN_ACCURACY
+
+
 def _executor_jvm_hosting_a_node(root_pid: int):
     """An executor JVM started (indirectly) by process ``root_pid`` that hosts a tfos TF
     process, or None. Only descendants of our own subprocess are considered."""

@@ -30,6 +30,15 @@ last saved epoch ``c``, and ``ctx.checkpoint_callback()`` (listed after it) has 
 the reader had read ahead of the checkpoint, ``fit``'s remaining ``(n - c) * S`` steps
 match the resumed feed (see ``docs/reliability.md``, "Recovery").
 
+Feeding once. ``--feed_once`` makes Spark read the data once: the driver calls
+``cluster.train(data, 1)``, every node caches its ``S`` batches with
+``ds.take(S).cache().repeat()`` (tf.data, in memory: the node's share of the data) and
+replays them, in the same order, for every later epoch. Each epoch read from Spark costs
+CPU that training does not get (``docs/performance.md``); use it when the node's share fits
+in memory. The node reports checkpoint 0 (``ctx.report_checkpoint(0)``): a restarted
+attempt is fed the whole epoch again to rebuild its cache, and ``BackupAndRestore`` still
+resumes ``fit`` after the last saved epoch.
+
 Run it with plain Python (it starts its own ``local-cluster[2,1,1024]``) or with
 ``spark-submit`` (see ``examples/mnist/README.md``)::
 
@@ -61,6 +70,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--learning_rate", type=float, default=1e-3, help="Adam learning rate")
     p.add_argument("--shuffle_buffer", type=int, default=10000,
                    help="row-level shuffle window of each node, in rows (0: train in the fed order)")
+    p.add_argument("--feed_once", action="store_true",
+                   help="Spark feeds the data once (cluster.train(data, 1)); every node caches its fed epoch "
+                        "with tf.data (in memory: its share of the data) and replays it for the later epochs")
     p.add_argument("--max_restarts", type=int, default=0,
                    help="restart the cluster after a node failure at most this many times; training and the feed "
                         "resume at the last checkpointed epoch (TFCluster.run(..., max_restarts=N))")
@@ -122,6 +134,15 @@ def main_fun(args: argparse.Namespace, ctx: Any) -> None:
     steps = feed.steps_per_epoch(args.rows_per_epoch, args.batch_size, num_workers)
     ds = feed_dataset(tf, feed, args.batch_size, steps, args.shuffle_buffer)
     reader = ds.tfos_batches
+    if args.feed_once:
+        # --feed_once: the driver feeds one epoch. tf.data caches this node's `steps`
+        # batches of it in memory while the first epoch trains, then replays them in the
+        # same order for every later epoch: Spark reads the data once, not once per epoch.
+        # The cache dies with the node, so a restarted attempt must be fed the whole epoch
+        # again: report "nothing checkpointed" (0) instead of the epochs BackupAndRestore
+        # saved (which still makes fit resume after the last saved epoch).
+        ds = ds.take(steps).cache().repeat()
+        ctx.report_checkpoint(0)
     # Each node's batches are its own steps (--batch_size rows per worker), not split again.
     dist_ds = strategy.distribute_datasets_from_function(lambda _input_context: ds)
 
@@ -132,7 +153,8 @@ def main_fun(args: argparse.Namespace, ctx: Any) -> None:
     # callback, listed after it, then reports c to the driver (ctx.report_checkpoint), so a
     # restarted train() feeds exactly epochs c..n-1 although the reader had read ahead:
     # fit's (n - c) * steps batches match the resumed feed.
-    callbacks = common.keras_callbacks(keras, ctx, args) + [ctx.checkpoint_callback(keras), common.epoch_logger(keras, args.epochs)]
+    reports = [] if args.feed_once else [ctx.checkpoint_callback(keras)]
+    callbacks = common.keras_callbacks(keras, ctx, args) + reports + [common.epoch_logger(keras, args.epochs)]
     began = time.monotonic()
     # One fit over all epochs on one iterator: every node's dataset has exactly `steps`
     # batches per epoch (see feed_dataset), so the epochs of tf_keras and of the feed agree
@@ -147,7 +169,9 @@ def main_fun(args: argparse.Namespace, ctx: Any) -> None:
     marker_rows = 0
     while not reader.ended:
         marker_rows += sum(len(batch[1]) for batch in reader)
-    rows = [reader.rows[e] for e in range(args.epochs)]
+    # Rows handed to TensorFlow per epoch (--feed_once: the fed epoch, replayed by every later one).
+    rows = ([reader.rows[0] if e >= first_epoch else 0 for e in range(args.epochs)] if args.feed_once
+            else [reader.rows[e] for e in range(args.epochs)])
     if ctx.attempt:
         print(f"{ctx.job_name}:{ctx.task_index}: attempt {ctx.attempt} resumed at epoch {first_epoch + 1}; "
               f"the feed resumed at epoch {min([e for e in range(args.epochs) if rows[e]] or [args.epochs]) + 1}", flush=True)
@@ -223,8 +247,9 @@ def run(sc: Any, args: argparse.Namespace) -> Optional[dict]:
             common.check_tensorboard(cluster.tensorboard_url())
         # end_of_feed: every node's feed ends right after its last row, which ends the last
         # epoch on every node while the others may still train (uneven data, C12).
-        logger.info("feeding %d epochs", args.epochs)
-        cluster.train(data, args.epochs, end_of_feed=True)
+        feed_epochs = 1 if args.feed_once else args.epochs
+        logger.info("feeding %d epoch(s)%s", feed_epochs, " (the nodes replay it for every epoch)" if args.feed_once else "")
+        cluster.train(data, feed_epochs, end_of_feed=True)
         cluster.shutdown()
     seconds = time.monotonic() - began
     data.unpersist()
