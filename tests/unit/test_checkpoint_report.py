@@ -39,6 +39,19 @@ def test_resume_at_the_checkpoint_when_the_feed_ran_ahead():
     assert not any(f.epoch_complete(e) for e in range(1, 5)) and f.epoch_complete(0)
 
 
+def test_feed_once_reporting_zero_refeeds_the_whole_epoch():
+    # mnist_spark.py --feed_once: train(data, 1), the nodes cache the epoch and report 0 at
+    # start (their cache dies with them). The epoch was consumed in full, yet a restart
+    # must feed it again, not nothing.
+    f = FeedResume(num_epochs=1, parts_per_epoch=3, chief="chief:0")
+    _consume(f, [(0, p) for p in range(3)])
+    assert f.resume_epoch() == 1  # without the report: nothing left to feed
+    f.record_checkpoint("chief:0", 0)
+    f.record_checkpoint("worker:0", 0)
+    assert f.resume_epoch() == 0
+    assert f.restart() == 0 and f.epochs_left == 1 and not f.epoch_complete(0)
+
+
 def test_first_unconsumed_epoch_wins_when_it_is_earlier():
     f = FeedResume(4, 3)
     _consume(f, [(0, 0), (0, 1), (0, 2), (1, 0)])
