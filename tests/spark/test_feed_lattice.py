@@ -120,9 +120,10 @@ def _non_null_values(t: DataType):
     if isinstance(t, DoubleType):
         return st.floats()
     if isinstance(t, DecimalType):
-        # Built from digits: Decimal arithmetic would round 38 digits to the context's 28.
-        bound = decimal.Decimal("9" * (t.precision - t.scale) + ("." + "9" * t.scale if t.scale else "") or "0")
-        return st.decimals(-bound, bound, places=t.scale, allow_nan=False, allow_infinity=False)
+        # From an integer of at most `precision` digits, made exact by the string constructor:
+        # st.decimals rounds in the context's 28 digits and once drew -10**30 for DECIMAL(30,0).
+        bound = 10**t.precision - 1
+        return st.integers(-bound, bound).map(lambda i, s=t.scale: decimal.Decimal(f"{i}E-{s}"))
     if isinstance(t, StringType):
         return st.text(max_size=8)
     if isinstance(t, BinaryType):

@@ -176,6 +176,14 @@ def ps_worker_main(args, ctx):
     _write_json(_node_file(args["out"], ctx), {"pid": os.getpid(), "ppid": os.getppid()})
     if ctx.job_name == "ps":
         threading.Event().wait()
+    # The worker ends only once the ps recorded itself (see driver_ps_main): under CPU
+    # contention shutdown() once stopped the ps before its main_fun wrote its file.
+    import time
+
+    ps_file = os.path.join(args["out"], "ps_0.json")
+    end = time.monotonic() + 120
+    while not os.path.exists(ps_file) and time.monotonic() < end:
+        time.sleep(0.05)
 
 
 def _ancestor_pids() -> list:
