@@ -61,6 +61,9 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("TFOS_PROGRESS", "0")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_cpu import cpu_by_class, cpu_delta  # noqa: E402 - driver side only
+
 IMAGE = 784
 SEED = 1234
 GEN_BLOCK = 1000
@@ -381,25 +384,7 @@ def _new_train_cluster(sc, TFCluster, common: dict, tag: str, queue_chunks: int)
     return c
 
 
-_CLASSES = (("CoarseGrainedExecutorBackend", "executor JVMs"), ("SparkSubmit", "driver JVM"),
-            ("tfos._node.tf_process", "TF processes"), ("pyspark.daemon", "Python workers"))
 _last_cpu: dict = {}
-
-
-def _cpu_by_class() -> dict:
-    """``{pid: (class, cpu seconds)}`` of this driver's descendant processes (psutil)."""
-    import psutil
-
-    out = {}
-    for p in psutil.Process().children(recursive=True):
-        try:
-            cmd = " ".join(p.cmdline())
-            t = p.cpu_times()
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-        cls = next((name for key, name in _CLASSES if key in cmd), "other")
-        out[p.pid] = (cls, t.user + t.system)
-    return out
 
 
 class Results:
@@ -421,13 +406,12 @@ class Results:
 
 def timed(fn):
     """``(seconds, fn())``; the CPU s each process class used meanwhile go to ``_last_cpu``."""
-    before = _cpu_by_class()
+    before = cpu_by_class()
     t0 = time.perf_counter()
     out = fn()
     dt = time.perf_counter() - t0
     _last_cpu.clear()
-    for pid, (cls, cpu) in _cpu_by_class().items():
-        _last_cpu[cls] = _last_cpu.get(cls, 0.0) + cpu - (before[pid][1] if pid in before else 0.0)
+    _last_cpu.update(cpu_delta(before, cpu_by_class()))
     return dt, out
 
 

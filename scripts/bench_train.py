@@ -65,8 +65,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "examples", "mnist", "keras"))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 import mnist_common as common  # noqa: E402 - shipped by value to the nodes (main())
+from bench_cpu import cpu_by_class, cpu_delta  # noqa: E402 - driver side only
 
 IMAGE = 784
 TARGET = 0.9
@@ -246,10 +248,6 @@ def _wait(pattern: str, n: int, timeout_s: float) -> None:
         time.sleep(0.2)
 
 
-_CLASSES = (("CoarseGrainedExecutorBackend", "executor JVMs"), ("SparkSubmit", "driver JVM"),
-            ("tfos._node.tf_process", "TF processes"), ("pyspark.daemon", "Python workers"))
-
-
 def _count_rows(it):
     n = 0
     for _ in it:
@@ -264,30 +262,6 @@ def _count_arrow(batches):
     for b in batches:
         n += b.num_rows
     yield pa.RecordBatch.from_arrays([pa.array([n], pa.int64())], ["n"])
-
-
-def _cpu_by_class() -> dict:
-    """``{pid: (class, cpu seconds)}`` of this driver's descendant processes (psutil)."""
-    import psutil
-
-    out = {}
-    for p in psutil.Process().children(recursive=True):
-        try:
-            cmd = " ".join(p.cmdline())
-            t = p.cpu_times()
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-        cls = next((name for key, name in _CLASSES if key in cmd), "other")
-        out[p.pid] = (cls, t.user + t.system)
-    return out
-
-
-def _cpu_delta(before: dict, after: dict) -> dict:
-    """CPU seconds per process class between two :func:`_cpu_by_class` snapshots."""
-    delta: dict = {}
-    for pid, (cls, cpu) in after.items():
-        delta[cls] = delta.get(cls, 0.0) + cpu - (before[pid][1] if pid in before else 0.0)
-    return delta
 
 
 def _spread(values: list[float]) -> str:
@@ -391,11 +365,11 @@ def main() -> int:
                                         master_node="chief", progress=False)
                 try:
                     _wait(os.path.join(out, f"{tag}-*.memdone"), 2, 900)
-                    cpu0 = _cpu_by_class()
+                    cpu0 = cpu_by_class()
                     t1 = time.monotonic()
                     cluster.train(data[src], fed_epochs, end_of_feed=True)
                     train_s = time.monotonic() - t1
-                    cpu = _cpu_delta(cpu0, _cpu_by_class())
+                    cpu = cpu_delta(cpu0, cpu_by_class())
                     cluster.shutdown(timeout=600)
                 finally:
                     cluster = None
@@ -452,11 +426,11 @@ def main() -> int:
                 # TensorFlow: one plain pass (every row reaches Python), CPU s per process class.
                 pass_fn = (lambda d=data[src]: d.mapInArrow(_count_arrow, "n long").collect()) if src == "df" \
                     else (lambda d=data[src]: d.mapPartitions(_count_rows).collect())
-                cpu0 = _cpu_by_class()
+                cpu0 = cpu_by_class()
                 t1 = time.monotonic()
                 counted = sum(int(x[0]) for x in pass_fn())
                 pass_s = time.monotonic() - t1
-                cpu = _cpu_delta(cpu0, _cpu_by_class())
+                cpu = cpu_delta(cpu0, cpu_by_class())
                 assert counted == rows, (src, counted, rows)
                 passes[src].append({"wall_s": pass_s, "cpu_s": sum(cpu.values()), "cpu_by_class": cpu})
                 print(f"repeat {r + 1}/{a.repeat} {src}: one plain Spark pass over the cached data ({rows:,} rows counted in "
