@@ -486,9 +486,28 @@ def test_key_transport_warning(caplog):
     caplog.clear()
     assert warn_key_transport("yarn", {"spark.authenticate": "true"}) is True
     assert warn_key_transport("yarn", {"spark.authenticate": "true", "spark.network.crypto.enabled": "true"}) is False
-    assert warn_key_transport("local[4]", {}) is False
-    assert warn_key_transport("local-cluster[2,1,1024]", {}) is False
     assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
+    caplog.clear()
+    # Local masters: the block managers still serve closures to any process on the host
+    # (a same-host attacker fetched the key from local[2] and local-cluster), so only
+    # spark.authenticate matters there; crypto is not asked for.
+    assert warn_key_transport("local[4]", {}) is True
+    assert warn_key_transport("local-cluster[2,1,1024]", {"spark.network.crypto.enabled": "true"}) is True
+    msgs = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(msgs) == 2
+    assert all("spark.authenticate=true" in m and "spark.authenticate.secret" in m and "crypto" not in m for m in msgs)
+    caplog.clear()
+    assert warn_key_transport("local[4]", {"spark.authenticate": "true"}) is False
+    assert warn_key_transport("local-cluster[2,1,1024]", {"spark.authenticate": "True "}) is False
+    # once per application: a second cluster of the same application does not repeat it
+    conf = {"spark.app.id": "app-test-key-warning"}
+    assert warn_key_transport("local[2]", conf) is True
+    assert warn_key_transport("local[2]", conf) is True
+    assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
+    caplog.clear()
+    # and never the key itself: the warning names settings, not secrets
+    assert warn_key_transport("yarn", {"spark.authenticate.secret": "s3cr3t-value"}) is True
+    assert all("s3cr3t-value" not in r.getMessage() for r in caplog.records)
 
 
 def test_tags_over_foreign_buffers_without_copy():

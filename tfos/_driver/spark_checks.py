@@ -220,30 +220,58 @@ def _scheduler_executors(sc: Any) -> Optional[int]:
         return None
 
 
-def warn_key_transport(master: str, conf: Mapping[str, str]) -> bool:
-    """Logs one WARNING when the cluster key would cross the network in clear (driver, pure).
+_key_warned: set = set()
 
-    The per-cluster key reaches the executors inside Spark task closures. Spark sends those
-    in clear text unless ``spark.authenticate`` and ``spark.network.crypto.enabled`` are both
-    on, so on a multi-host master anyone who can read the network between the driver and the
-    executors can read the key. ``local`` and ``local-cluster`` masters stay on one host.
+
+def warn_key_transport(master: str, conf: Mapping[str, str]) -> bool:
+    """Logs a WARNING when Spark exposes the cluster key to others (driver, pure but for a
+    once-per-application memo).
+
+    The per-cluster key reaches the executors inside Spark task closures, which Spark keeps as
+    broadcast blocks in its block managers. Those serve blocks to any process that connects,
+    unless ``spark.authenticate`` is on, and they listen on the driver's and the executors'
+    addresses, not on loopback: with ``spark.authenticate`` off, any process that can reach
+    them (another user on the same host included, on ``local[N]`` and ``local-cluster``
+    masters too) can fetch a closure and read the key. On a multi-host master the closures
+    also cross the network in clear text unless ``spark.network.crypto.enabled`` is on as
+    well. With the key, whoever holds it can send rows to the nodes and impersonate the
+    driver or the nodes.
+
+    Args:
+        master: The Spark master URL.
+        conf: The SparkConf as a mapping; ``spark.app.id`` (when present) makes the WARNING
+            appear once per application instead of once per cluster started.
 
     Returns:
-        True when the warning was logged.
+        True when the configuration exposes the key (whether or not the WARNING was logged
+        this time), False when it does not.
     """
-    if master.startswith("local"):
-        return False
     auth = str(conf.get("spark.authenticate", "false")).strip().lower() == "true"
     crypto = str(conf.get("spark.network.crypto.enabled", "false")).strip().lower() == "true"
-    if auth and crypto:
+    local = master.startswith("local")
+    if auth and (crypto or local):
         return False
-    log.warning(
-        "the tfos cluster key travels to the executors in Spark task closures, which Spark sends in clear "
-        "text unless spark.authenticate=true and spark.network.crypto.enabled=true (now spark.authenticate=%s, "
-        "spark.network.crypto.enabled=%s): whoever can read the network between the driver and the executors "
-        "can read the key and impersonate the driver or the nodes. Enable both settings on a shared network",
-        str(auth).lower(), str(crypto).lower(),
-    )
+    app_id = conf.get("spark.app.id")
+    if app_id is not None:
+        if (app_id, auth) in _key_warned:
+            return True
+        _key_warned.add((app_id, auth))
+    if not auth:
+        log.warning(
+            "spark.authenticate is off, so Spark's block managers serve this application's task closures, and the "
+            "tfos cluster key inside them, to any process that connects (they listen on the driver's and the "
+            "executors' addresses, not on loopback; other users of this host included, on local masters too): "
+            "whoever fetches the key can send rows to the nodes and impersonate the driver or the nodes. Set "
+            "spark.authenticate=true with spark.authenticate.secret%s",
+            "" if local else ", and spark.network.crypto.enabled=true so that closures do not cross the network in clear text",
+        )
+    else:
+        log.warning(
+            "the tfos cluster key travels to the executors in Spark task closures, which Spark sends in clear "
+            "text unless spark.network.crypto.enabled=true (spark.authenticate is on, spark.network.crypto.enabled "
+            "is off): whoever can read the network between the driver and the executors can read the key and "
+            "impersonate the driver or the nodes. Set spark.network.crypto.enabled=true on a shared network",
+        )
     return True
 
 
