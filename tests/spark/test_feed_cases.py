@@ -180,8 +180,8 @@ def test_c02_main_fun_returns_early_skips_rest_with_warning(sc, tmp_path, caplog
     warnings = [r.getMessage() for r in caplog.records if r.name == "tfos.cluster" and r.levelno == logging.WARNING]
     # No partition was consumed to its end, so none was acknowledged: all 4 are skipped.
     assert warnings == [
-        "train(): 4 of 4 partitions were not fed because main_fun on their node had already returned "
-        "(it stopped reading without DataFeed.terminate())"
+        "train(): 4 of 4 partitions were not consumed to their end because main_fun on their node had "
+        "returned (it stopped reading without DataFeed.terminate()); their unread rows were not trained on"
     ], warnings
 
 
@@ -288,7 +288,7 @@ def test_c11_terminate_after_one_epoch_of_five(sc, tmp_path, caplog, no_leftover
     # "main_fun returned early".
     m = re.fullmatch(r"train\(\): (\d+) of 25 partitions skipped after DataFeed.terminate\(\)", skipped[0])
     assert m and int(m.group(1)) in (21, 22), skipped
-    assert not [m for m in infos if "were not fed because" in m], infos
+    assert not [m for m in infos if "not consumed to their end" in m], infos
 
 
 @pytest.mark.tf

@@ -241,7 +241,11 @@ class ConnectTFCluster:
         outcomes = [r["outcome"] for r in rows]
         skipped = sum(1 for o in outcomes if o in ("finished", "skipped"))
         if skipped:
-            log.warning("train(): %d of %d partitions were not fed because main_fun on their node had already returned", skipped, len(rows))
+            log.warning(
+                "train(): %d of %d partitions were not consumed to their end because main_fun on their node had "
+                "returned (it stopped reading without DataFeed.terminate()); their unread rows were not trained on",
+                skipped, len(rows),
+            )
 
     def inference(self, dataRDD: Any, feed_timeout: float = 600, qname: str = "input", schema: Any = "result double") -> Any:
         """Runs inference over a DataFrame and returns the results as a DataFrame (client).

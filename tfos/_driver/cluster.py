@@ -394,8 +394,9 @@ class TFCluster:
             log.info("train(): %d of %d partitions skipped after DataFeed.terminate()", len(terminated), total)
         if skipped:
             log.warning(
-                "train(): %d of %d partitions were not fed because main_fun on their node had already returned "
-                "(it stopped reading without DataFeed.terminate())", len(skipped), total,
+                "train(): %d of %d partitions were not consumed to their end because main_fun on their node had "
+                "returned (it stopped reading without DataFeed.terminate()); their unread rows were not trained on",
+                len(skipped), total,
             )
 
     def inference(self, dataRDD: Any, feed_timeout: float = 600, qname: str = "input") -> Any:
