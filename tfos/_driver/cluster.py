@@ -512,7 +512,9 @@ class TFCluster:
         Raises:
             ClusterFailedError: Any node failed at any time (remote tracebacks included);
                 a :class:`~tfos.errors.RecoveryFailedError` listing every attempt's root
-                causes when restarts were allowed.
+                causes when restarts were allowed. A failure that ``train()`` or
+                ``inference()`` already raised tore the cluster down then; ``shutdown()``
+                returns without raising it again.
             DeadlineExceededError: The workers did not finish within ``timeout``.
         """
         deadline = Deadline(timeout, "main_fun to return on every chief/master/worker node", "a main_fun that never ends (e.g. waiting for data after terminate())")
