@@ -10,6 +10,7 @@ starts a fresh ``sc``. Nodes write what they saw as JSON into ``tmp_path``.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 import warnings
@@ -157,7 +158,8 @@ def rows_to_pickle_fun(args, ctx):
 
 
 # ---------------------------------------------------------------------- tests
-def test_tensorflow_mode(spark, tmp_path):
+def test_tensorflow_mode(spark, tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="tfos")
     cluster = TFCluster.run(spark, tf_mode_fun, {"out": str(tmp_path)}, 2, 0, input_mode=InputMode.TENSORFLOW, master_node="chief", reservation_timeout=180)
     assert cluster.sc is None
     spec = cluster.cluster_spec
@@ -169,6 +171,10 @@ def test_tensorflow_mode(spark, tmp_path):
         assert node["tf_config"]["cluster"] == spec
         assert node["tf_config"]["task"] == {"type": node["job"], "index": node["index"]}
     assert {n["executor_id"] for n in seen.values()} == {0, 1}
+    # The server's Spark runs without spark.authenticate: the closures carrying the key can
+    # be fetched from its block managers, and the client says so (once per application).
+    keys = [r.getMessage() for r in caplog.records if "spark.authenticate is off" in r.getMessage()]
+    assert len(keys) == 1 and "spark.authenticate=true" in keys[0], [r.getMessage() for r in caplog.records]
     _assert_all_gone()
 
 

@@ -29,6 +29,7 @@ from tfos._common import wire as _wire
 from tfos._connect.tasks import OP_SCHEMA, START_SCHEMA, StartSpec, decode_failures, make_infer_fn, make_op_fn, make_start_fn, make_train_fn
 from tfos._common.deadline import Deadline
 from tfos._data.feed_tasks import FeedPlan
+from tfos._driver.spark_checks import warn_key_transport
 from tfos._data.framing import binary_as_bytes, feed_schema_json
 from tfos._node.launch import ClusterConfig
 from tfos.cluster_template import InputMode, NodeInfo, build_cluster_spec, build_template, format_template, roles_from_template
@@ -415,6 +416,28 @@ def _num_partitions(df: Any) -> int:
     return len(df.mapInArrow(_one, "p long").collect())
 
 
+
+def _key_transport_conf(spark: Any) -> tuple:
+    """The master and security settings the Connect server's Spark runs with (client side).
+
+    The start/feed closures (and the cluster key in them) reach the executors through the
+    server's block managers, as on the classic path, so the same WARNING applies. A setting
+    the server does not let the client read counts as off; an unreadable master as a
+    multi-host one (both settings are then asked for).
+
+    Returns:
+        ``(master, conf)`` for :func:`tfos._driver.spark_checks.warn_key_transport`.
+    """
+    conf = {}
+    for name in ("spark.authenticate", "spark.network.crypto.enabled", "spark.app.id", "spark.master"):
+        try:
+            value = spark.conf.get(name, None)
+        except Exception:  # noqa: BLE001 - Connect may refuse to read a static conf
+            value = None
+        if value is not None:
+            conf[name] = str(value)
+    return conf.get("spark.master", ""), conf
+
 def run_connect(
     spark: Any,
     map_fun: Callable[[Any, Any], Any],
@@ -478,6 +501,7 @@ def run_connect(
     except Exception:  # noqa: BLE001 - unreadable conf: local file system
         default_fs = "file://"
     default_fs = "file://" if default_fs.startswith("file:") else default_fs.rstrip("/")
+    warn_key_transport(*_key_transport_conf(spark))
     config = ClusterConfig(
         cluster_id=cluster_id, key=_wire.new_key(), driver_host="0.0.0.0", driver_port=1,  # set by the start tasks
         input_mode=input_mode, roles=tuple(roles), default_fs=default_fs,
