@@ -27,7 +27,7 @@ from typing import Any, Iterator, Optional, Sequence, Union
 from ._data.framing import FrameType, decode_chunk
 from ._common.deadline import Deadline
 from ._data.feed_hub import END_OF_FEED, Chunk, FeedConnection, FeedHub, PartitionEnd
-from .errors import InferenceResultError, MalformedRowError, TFOSError
+from .errors import FeedAbortedError, InferenceResultError, MalformedRowError, TFOSError
 
 __all__ = ["DataFeed", "rows_to_columns"]
 
@@ -160,6 +160,8 @@ class DataFeed:
 
     # ------------------------------------------------------------------ input
     def _take(self) -> Any:
+        if self._hub.aborted:
+            self._raise_aborted()
         if self._peeked is not None:
             item, self._peeked = self._peeked, None
             return item
@@ -175,6 +177,8 @@ class DataFeed:
                 return self._q.get(timeout=deadline.slice(1.0))
             except queue.Empty:
                 waited += 1.0
+                if self._hub.aborted:
+                    self._raise_aborted()
                 if self.qname_in in self._hub.terminated:
                     return END_OF_FEED
                 if deadline.expired():
@@ -188,6 +192,13 @@ class DataFeed:
                         "unanswered; call batch_results() for every batch before reading past the end of its "
                         "partition (inference must not read ahead)"
                     )
+
+    def _raise_aborted(self) -> None:
+        raise FeedAbortedError(
+            f"node {self._hub.node_name}: the cluster aborted ({self._hub.aborted}) while main_fun was reading queue "
+            f"{self.qname_in!r}; its feed was cut off, not ended (the driver raises the failure that caused this, or "
+            "restarts the cluster with max_restarts)"
+        )
 
     def _finish_partition(self, conn: FeedConnection, answered_later: bool = False) -> None:
         conn.ended = True

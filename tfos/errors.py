@@ -37,6 +37,7 @@ __all__ = [
     "NodeFailedError",
     "ClusterFailedError",
     "RecoveryFailedError",
+    "FeedAbortedError",
     "NodeFailure",
     "is_root_cause",
     "root_causes",
@@ -85,6 +86,18 @@ class FeedError(TFOSError):
     Raised in a Spark feed task (``train()``/``inference()``) and re-raised on the driver
     inside a :class:`ClusterFailedError`; the message names the node (executor id, role,
     task index, host) and the partition.
+    """
+
+
+class FeedAbortedError(FeedError):
+    """The cluster aborted (another node failed, or this node's executor was lost) while
+    ``main_fun`` was reading its feed.
+
+    Raised in the TF process by ``DataFeed.next_batch()`` and the ``as_dataset()``
+    pipelines instead of an end of feed, so that ``main_fun`` never takes a cut-off feed for
+    a complete one (and, e.g., saves a final checkpoint). The message names the node and the
+    abort's reason. It is a consequence of the failure that caused the abort: the driver
+    raises (or restarts on) that root cause, never on this error.
     """
 
 
@@ -189,7 +202,7 @@ _KIND_ORDER = {"exception": 0, "exited": 1, "lost": 2}
 
 #: Error types that only ever follow another failure: tfos (or Spark) killing or
 #: cancelling work because the cluster already failed, or a connection broken by it.
-_CONSEQUENCE_TYPES = frozenset({"SparkTaskKilled", "TaskKilled", "TaskCancelled", "CancelledError", "JobCancelled"})
+_CONSEQUENCE_TYPES = frozenset({"SparkTaskKilled", "TaskKilled", "TaskCancelled", "CancelledError", "JobCancelled", "FeedAbortedError"})
 
 
 def is_root_cause(failure: NodeFailure) -> bool:

@@ -249,3 +249,45 @@ def test_inference_wrong_result_count(hub):
     ftype, info = a.frame()
     assert ftype is FrameType.ERROR
     assert info["state"] == "failed" and info["message"] == msg
+
+
+def test_abort_cuts_the_feed_off_and_is_never_an_end_of_feed(hub):
+    """The driver's abort (another node failed, or this node's executor was lost) while
+    main_fun reads: next_batch() raises FeedAbortedError naming the node and the reason,
+    also when the feed is closed afterwards (the TF process's stop handler calls
+    close_feed()), so main_fun never takes a cut-off feed for a complete one (it once
+    trained 'through' the missing epochs and reported a final checkpoint)."""
+    import time
+
+    from tfos.errors import FeedAbortedError
+
+    a = Feeder(hub, 2)
+    a.chunk([1, 2, 3])
+    feed = DataFeed(hub, timeout_s=10)
+    assert feed.next_batch(1) == [1]
+    hub.abort("node worker:1 failed")
+    hub.close_feed()
+    with pytest.raises(FeedAbortedError, match=r"node worker:0 \(executor 1, host 127.0.0.1\): the cluster aborted "
+                                               r"\(node worker:1 failed\) while main_fun was reading queue 'input'"):
+        feed.next_batch(10)
+    assert not feed.should_stop()
+    time.sleep(0.2)  # no end-of-feed marker arrives later either
+    assert hub.queues["input"].empty()
+
+
+def test_abort_wakes_a_waiting_reader(hub):
+    """A reader blocked on an empty queue gets FeedAbortedError within its 1 s poll, not at
+    its data timeout, and as_dataset-style consumers see the same error."""
+    import threading
+    import time
+
+    from tfos.errors import FeedAbortedError, NodeFailure, is_root_cause
+
+    feed = DataFeed(hub, timeout_s=30)
+    threading.Timer(0.3, hub.abort, args=("the cluster failed",)).start()
+    t0 = time.monotonic()
+    with pytest.raises(FeedAbortedError, match=r"the cluster aborted \(the cluster failed\)"):
+        feed.next_batch(5)
+    assert time.monotonic() - t0 < 5.0
+    # a consequence of the abort, never the root cause the driver raises
+    assert not is_root_cause(NodeFailure(1, "worker", 0, "127.0.0.1", "exception", "FeedAbortedError", "x"))

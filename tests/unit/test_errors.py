@@ -12,6 +12,7 @@ from tfos.errors import (
     ConfigurationError,
     ControlProtocolError,
     DeadlineExceededError,
+    FeedAbortedError,
     FeedError,
     FeedTimeoutError,
     InferenceResultError,
@@ -40,6 +41,7 @@ SIMPLE = [
     MalformedRowError,
     InferenceResultError,
     FeedError,
+    FeedAbortedError,
 ]
 
 

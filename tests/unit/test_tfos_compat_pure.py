@@ -161,6 +161,7 @@ def test_datafeed_on_tfmanager_input_mapping_and_terminate(mgr):
 class _FakeHub:
     def __init__(self):
         self.queues = {"input": queue.Queue()}
+        self.aborted = ""
 
 
 def test_datafeed_on_tfos_hub_has_no_row_queues():

@@ -157,6 +157,9 @@ class FeedHub:
         self.node_name = node_name
         self.queues: dict[str, queue.Queue] = {q: queue.Queue(maxsize=queue_chunks) for q in queues}
         self.terminated: set[str] = set()
+        #: The driver's abort reason once the cluster aborted ("" until then): DataFeed then
+        #: raises FeedAbortedError instead of ever reporting an end of feed.
+        self.aborted = ""
         self.state = "ok"  # or 'finished' once main_fun returned
         self.rows_taken = 0
         self._conns: set[FeedConnection] = set()
@@ -343,6 +346,22 @@ class FeedHub:
         conn.close()
         with self._lock:
             self._conns.discard(conn)
+
+    def abort(self, reason: str) -> None:
+        """The cluster aborted (TF process, control thread): readers of every queue get
+        :class:`~tfos.errors.FeedAbortedError`, never an end of feed, and no END_OF_FEED is
+        queued after this. Queued chunks are dropped. Idempotent.
+
+        Args:
+            reason: The driver's abort reason (shown in the error).
+        """
+        with self._lock:
+            if self.aborted:
+                return
+            self.aborted = reason or "the cluster failed"
+            self._end_queued = True  # a later close_feed() must not look like a normal end
+        for name in self.queues:
+            self._drain(name)
 
     def terminate(self, qname: str) -> None:
         """Stops feeding ``qname`` (``DataFeed.terminate()``): feed tasks skip the rest.

@@ -231,7 +231,7 @@ class ClusterState:
             ):
                 log.info("tfos node %s, after its failure: %s: %s", failure.node_name, failure.error_type, failure.message)
                 return
-            if self.abort_reason and (failure.kind == "feed" or failure.error_type == "SparkTaskKilled"):
+            if self.abort_reason and (failure.kind == "feed" or failure.error_type in ("SparkTaskKilled", "FeedAbortedError")):
                 # The cluster already failed and tfos is stopping it: broken feeds and killed
                 # start tasks are consequences of that teardown, not new errors.
                 log.info("tfos node %s after the abort: %s: %s", failure.node_name, failure.error_type, failure.message)

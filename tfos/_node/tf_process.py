@@ -247,7 +247,7 @@ def run_node(launch: NodeLaunch) -> int:
 
         def _on_stop() -> None:
             if hub is not None:
-                hub.close_feed()
+                hub.close_feed()  # a no-op after hub.abort(): readers get FeedAbortedError
             if not main_done.is_set() and role.is_background:
                 # ps/evaluator main_funs block forever (server.join()): end the process.
                 try:
@@ -347,6 +347,8 @@ def _event_loop(client: ControlClient, eid: int, hub: Optional[FeedHub], stop_ev
             continue
         if d.get("feed_closed") and not known.get("feed_closed") and hub is not None:
             hub.close_feed()
+        if d.get("abort") and hub is not None:
+            hub.abort(str(d.get("abort")))  # before on_stop(): never an end of feed after an abort
         if (d.get("stop") or d.get("abort")) and not stop_event.is_set():
             stop_event.set()
             on_stop()
