@@ -29,8 +29,8 @@ from tfos._common import wire as _wire
 from tfos._connect.tasks import OP_SCHEMA, START_SCHEMA, StartSpec, decode_failures, make_infer_fn, make_op_fn, make_start_fn, make_train_fn
 from tfos._common.deadline import Deadline
 from tfos._data.feed_tasks import FeedPlan
-from tfos._driver.spark_checks import warn_key_transport
 from tfos._data.framing import binary_as_bytes, feed_schema_json
+from tfos._driver.spark_checks import warn_key_transport
 from tfos._node.launch import ClusterConfig
 from tfos.cluster_template import InputMode, NodeInfo, build_cluster_spec, build_template, format_template, roles_from_template
 from tfos.errors import ClusterFailedError, ConfigurationError, NodeFailure, TFOSError
@@ -416,7 +416,6 @@ def _num_partitions(df: Any) -> int:
     return len(df.mapInArrow(_one, "p long").collect())
 
 
-
 def _key_transport_conf(spark: Any) -> tuple:
     """The master and security settings the Connect server's Spark runs with (client side).
 
@@ -437,6 +436,7 @@ def _key_transport_conf(spark: Any) -> tuple:
         if value is not None:
             conf[name] = str(value)
     return conf.get("spark.master", ""), conf
+
 
 def run_connect(
     spark: Any,
