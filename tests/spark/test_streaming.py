@@ -465,7 +465,9 @@ def test_streaming_example_runs(api, tmp_path, no_leftovers):
     if api == "dstream":
         cmd.append("--auto_stop")
     proc = subprocess.run(cmd, cwd=str(tmp_path), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=900)
-    assert proc.returncode == 0, f"stderr:\n{proc.stderr[-6000:]}"
+    # The JVM's shutdown noise comes last: show the driver's own traceback, when there is one.
+    tb = proc.stderr.rfind("Traceback (most recent call last)")
+    assert proc.returncode == 0, f"stderr:\n{proc.stderr[tb:tb + 6000] if tb >= 0 else ''}\n...\n{proc.stderr[-6000:]}"
     m = re.search(r"chief model after (\d+) steps: w = \(([-0-9.]+), ([-0-9.]+)\), b = ([-0-9.]+)", proc.stderr)
     assert m, proc.stderr[-6000:]
     steps, w1, w2, b = int(m.group(1)), float(m.group(2)), float(m.group(3)), float(m.group(4))
