@@ -13,7 +13,8 @@ and, for inference, answers every batch with ``feed.batch_results(results)``. Fo
 End of data: ``next_batch`` returns a short (possibly empty) batch and ``should_stop()``
 becomes True once the driver calls ``cluster.shutdown()`` (end of feed) or after
 :meth:`DataFeed.terminate`. Between ``train()`` calls the feed simply waits for more data,
-up to ``data_timeout_s``.
+up to ``data_timeout_s``. When the driver aborts the cluster (a node failed, ...), the feed
+is cut off, never ended: reads raise :class:`~tfos.errors.FeedAbortedError`.
 """
 
 from __future__ import annotations
@@ -160,6 +161,9 @@ class DataFeed:
 
     # ------------------------------------------------------------------ input
     def _take(self) -> Any:
+        # The abort is checked before and after every wait: an item taken once the cluster
+        # aborted (an END_OF_FEED queued just before the abort, a chunk of a cut-off feed)
+        # is never handed out.
         if self._hub.aborted:
             self._raise_aborted()
         if self._peeked is not None:
@@ -174,24 +178,27 @@ class DataFeed:
         waited = 0.0
         while True:
             try:
-                return self._q.get(timeout=deadline.slice(1.0))
+                item = self._q.get(timeout=deadline.slice(1.0))
             except queue.Empty:
-                waited += 1.0
-                if self._hub.aborted:
-                    self._raise_aborted()
-                if self.qname_in in self._hub.terminated:
-                    return END_OF_FEED
-                if deadline.expired():
-                    raise deadline.error()
-                stuck = [o for c, _, o in self._pending if c.ended]
-                if stuck and waited >= _READ_AHEAD_WAIT_S:
-                    # The partition's feed task waits for these results before it ends, so
-                    # the next partition may never come: answer before reading ahead.
-                    raise InferenceResultError(
-                        f"next_batch() is waiting for more data while a batch of partition {stuck[0][1]} is still "
-                        "unanswered; call batch_results() for every batch before reading past the end of its "
-                        "partition (inference must not read ahead)"
-                    )
+                item = None  # queue items are never None
+            if self._hub.aborted:
+                self._raise_aborted()
+            if item is not None:
+                return item
+            waited += 1.0
+            if self.qname_in in self._hub.terminated:
+                return END_OF_FEED
+            if deadline.expired():
+                raise deadline.error()
+            stuck = [o for c, _, o in self._pending if c.ended]
+            if stuck and waited >= _READ_AHEAD_WAIT_S:
+                # The partition's feed task waits for these results before it ends, so
+                # the next partition may never come: answer before reading ahead.
+                raise InferenceResultError(
+                    f"next_batch() is waiting for more data while a batch of partition {stuck[0][1]} is still "
+                    "unanswered; call batch_results() for every batch before reading past the end of its "
+                    "partition (inference must not read ahead)"
+                )
 
     def _raise_aborted(self) -> None:
         raise FeedAbortedError(
@@ -202,6 +209,8 @@ class DataFeed:
 
     def _finish_partition(self, conn: FeedConnection, answered_later: bool = False) -> None:
         conn.ended = True
+        if self._hub.aborted:
+            return  # no ACK once the cluster aborted: the driver must not count it as consumed
         if conn.mode == "train":
             self._hub.finish_connection(conn, FrameType.ACK, {"rows": conn.rows_taken})
         elif conn.pending == 0 and not answered_later:
@@ -221,6 +230,9 @@ class DataFeed:
         Raises:
             ValueError: For ``batch_size`` < 1.
             DeadlineExceededError: No data arrived within ``timeout_s``.
+            FeedAbortedError: The cluster aborted (a node failed, the driver was interrupted
+                or a Spark job of the cluster failed): the feed was cut off, not ended. Also
+                raised by every later call, whatever rows were left in the current chunk.
         """
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -228,6 +240,8 @@ class DataFeed:
             rows = self._legacy.next_batch(batch_size)
             self.done_feeding = self._legacy.done_feeding
             return rows if self.input_tensors is None else _to_columns(rows, self.input_tensors)
+        if self._hub.aborted:
+            self._raise_aborted()
         out: list = []
         origins: list[tuple[int, int, int, int]] = []
         batch_conn: Optional[FeedConnection] = None
@@ -324,7 +338,11 @@ class DataFeed:
 
     def terminate(self) -> None:
         """Stops the feed early: feed tasks skip the remaining partitions, and
-        :meth:`should_stop` becomes True. ``cluster.train()`` then returns normally."""
+        :meth:`should_stop` becomes True. ``cluster.train()`` then returns normally.
+
+        After the cluster aborted (:class:`~tfos.errors.FeedAbortedError`) it only makes
+        :meth:`should_stop` True: the feed tasks are not told to skip, because a skipped
+        partition counts as consumed when a restart decides where the feed resumes."""
         log.info("DataFeed.terminate(): the remaining partitions for queue %r will be skipped", self.qname_in)
         if self._legacy is not None:
             self._legacy.terminate()
@@ -346,6 +364,7 @@ class DataFeed:
 
         Raises:
             MalformedRowError: A row does not fit ``columns`` (names partition and row).
+            FeedAbortedError: The cluster aborted (see :meth:`next_batch`).
         """
         while not self.should_stop():
             batch = self.next_batch(batch_size)
@@ -451,6 +470,10 @@ class DataFeed:
                 ``shuffle_rows`` < 0, or ``shuffle_rows`` without ``steps_per_epoch``.
             MalformedRowError: (while iterating) a row that does not fit the signature
                 (or, with ``shuffle_rows``, a column whose row shape changes).
+            FeedAbortedError: (while iterating) the cluster aborted: the feed was cut off,
+                not ended. TensorFlow wraps it in a ``tf.errors.UnknownError`` (see
+                :class:`~tfos.errors.FeedAbortedError`); the driver counts it as a
+                consequence of the abort either way.
         """
         from ._data.tfdata import feed_dataset
 

@@ -90,14 +90,18 @@ class FeedError(TFOSError):
 
 
 class FeedAbortedError(FeedError):
-    """The cluster aborted (another node failed, or this node's executor was lost) while
-    ``main_fun`` was reading its feed.
+    """The driver aborted the cluster while ``main_fun`` was reading its feed: a node
+    failed or was lost, a Spark job of the cluster failed, or the driver program was
+    interrupted (Ctrl-C, SIGTERM) or tore the cluster down after an error.
 
-    Raised in the TF process by ``DataFeed.next_batch()`` and the ``as_dataset()``
-    pipelines instead of an end of feed, so that ``main_fun`` never takes a cut-off feed for
-    a complete one (and, e.g., saves a final checkpoint). The message names the node and the
-    abort's reason. It is a consequence of the failure that caused the abort: the driver
-    raises (or restarts on) that root cause, never on this error.
+    Raised in the TF process by ``DataFeed.next_batch()`` (on this and every later call) and
+    by the iterators of ``batches()``/``as_dataset()`` instead of an end of feed, so that
+    ``main_fun`` never takes a cut-off feed for a complete one (and, e.g., saves a final
+    checkpoint). Through ``tf.data`` (``model.fit(feed.as_dataset(...))``) it arrives
+    wrapped in a ``tf.errors.UnknownError`` whose message contains this one. The message
+    names the node and the abort's reason. It is a consequence of what caused the abort:
+    the driver raises (or restarts on) that root cause, never on this error; whatever
+    ``main_fun`` raises after the abort is reported to the driver as a FeedAbortedError.
     """
 
 

@@ -291,3 +291,119 @@ def test_abort_wakes_a_waiting_reader(hub):
     assert time.monotonic() - t0 < 5.0
     # a consequence of the abort, never the root cause the driver raises
     assert not is_root_cause(NodeFailure(1, "worker", 0, "127.0.0.1", "exception", "FeedAbortedError", "x"))
+
+
+def test_end_of_feed_queued_before_the_abort_is_never_handed_out(hub):
+    """A normal end of feed that was queued (or was being queued by the marker thread) when
+    the abort came is not an end of feed: the reader raises, also when the abort flag is set
+    while the END_OF_FEED is already in the queue (the drain and the take race)."""
+    from tfos.errors import FeedAbortedError
+
+    feed = DataFeed(hub, timeout_s=10)
+    hub.queues["input"].put_nowait(END_OF_FEED)
+    hub.aborted = "node worker:1 failed"  # the abort's flag, before its drain ran
+    with pytest.raises(FeedAbortedError, match=r"the cluster aborted \(node worker:1 failed\)"):
+        feed.next_batch(4)
+    assert not feed.should_stop()
+
+
+def test_close_feed_then_abort_then_the_marker_thread_puts_nothing(hub):
+    """close_feed() before the abort (the marker thread waiting for room in a full queue):
+    after the abort's drain the marker thread stops instead of queueing END_OF_FEED."""
+    import time
+
+    from tfos.errors import FeedAbortedError
+
+    q = hub.queues["input"]
+    a = Feeder(hub, 0)
+    while not q.full():
+        a.chunk([1])
+    hub.close_feed()  # the marker thread waits for room
+    time.sleep(0.2)
+    hub.abort("the cluster failed")
+    time.sleep(1.5)  # the marker thread's put polls every 0.5 s
+    assert q.empty()
+    with pytest.raises(FeedAbortedError):
+        DataFeed(hub, timeout_s=10).next_batch(1)
+
+
+def test_abort_rows_left_in_the_chunk_are_not_handed_out_and_nothing_is_acknowledged(hub):
+    """After the abort, next_batch() raises on every call even with rows left in its chunk,
+    the end of a partition taken before is acknowledged but none after, terminate() sends
+    no T frame (a terminated partition counts as consumed on a restart), and data
+    connections opened after the abort are refused as failed."""
+    from tfos.errors import FeedAbortedError
+
+    a, b = Feeder(hub, 0), Feeder(hub, 1)
+    a.chunk([1, 2])
+    a.end()
+    b.chunk([3, 4, 5, 6])
+    feed = DataFeed(hub, timeout_s=10)
+    assert feed.next_batch(3) == [1, 2, 3]  # partition 0 ended inside this batch: ACKed
+    ftype, info = a.frame()
+    assert ftype is FrameType.ACK and info == {"rows": 2}
+    hub.abort("node worker:1 failed")
+    for _ in range(2):
+        with pytest.raises(FeedAbortedError):
+            feed.next_batch(1)  # rows 4, 5, 6 are still in the decoded chunk
+    assert hub.rows_taken == 3
+    b.end()  # a PartitionEnd queued by a reader thread after the abort's drain
+    feed._finish_partition(b.conn)  # (as a tf.data reader would)
+    assert b.no_frame_yet()  # no ACK
+    feed.terminate()
+    assert feed.should_stop() and "input" not in hub.terminated
+    assert b.no_frame_yet()  # no T frame either
+    assert not hub._put(hub.queues["input"], b.conn, object())  # reader threads queue nothing more
+
+
+def test_event_loop_handles_the_abort_before_the_feed_closing_in_one_reply():
+    """One wait_event reply carrying both the abort and feed_closed (the teardown closes the
+    feed too): the hub is aborted and its feed never closed normally, then stop runs."""
+    from tfos._node.tf_process import _event_loop
+
+    calls: list = []
+
+    class _Hub:
+        aborted = ""
+        rows_taken = 0
+
+        def abort(self, reason):
+            calls.append(("abort", reason))
+            self.aborted = reason
+
+        def close_feed(self):
+            calls.append(("close_feed",))
+
+    class _Client:
+        n = 0
+
+        def request(self, *_a, **_k):
+            self.n += 1
+            if self.n > 1:
+                raise SystemExit  # ends the loop after one reply
+            return {"stop": True, "feed_closed": True, "abort": "node worker:1 failed", "failed": True}
+
+    import threading
+
+    stop = threading.Event()
+    with pytest.raises(SystemExit):
+        _event_loop(_Client(), 1, _Hub(), stop, lambda: calls.append(("on_stop",)))
+    assert calls == [("abort", "node worker:1 failed"), ("on_stop",)]
+    assert stop.is_set()
+
+
+def test_a_main_fun_failing_after_the_abort_reports_a_consequence():
+    """tf.data wraps the feed's FeedAbortedError in tf.errors.UnknownError: the TF process
+    reports whatever main_fun raised after the abort as a FeedAbortedError (with the original
+    type and text in the message), so the driver never takes it for the root cause."""
+    from tfos._node.tf_process import _after_abort
+    from tfos.errors import NodeFailure, is_root_cause
+
+    raw = NodeFailure(1, "worker", 0, "127.0.0.1", "exception", "UnknownError", "FeedAbortedError: node worker:0 ...", "tb")
+    assert is_root_cause(raw)
+    rep = _after_abort(raw, "node worker:1 failed")
+    assert not is_root_cause(rep)
+    assert rep.error_type == "FeedAbortedError" and rep.traceback == "tb" and (rep.executor_id, rep.job_name) == (1, "worker")
+    assert rep.message == "after the cluster aborted (node worker:1 failed), main_fun raised UnknownError: FeedAbortedError: node worker:0 ..."
+    same = NodeFailure(1, "worker", 0, "127.0.0.1", "exception", "FeedAbortedError", "x", "tb")
+    assert _after_abort(same, "r") is same

@@ -160,6 +160,7 @@ class FeedHub:
         #: The driver's abort reason once the cluster aborted ("" until then): DataFeed then
         #: raises FeedAbortedError instead of ever reporting an end of feed.
         self.aborted = ""
+        self._marker_thread: Optional[threading.Thread] = None
         self.state = "ok"  # or 'finished' once main_fun returned
         self.rows_taken = 0
         self._conns: set[FeedConnection] = set()
@@ -252,6 +253,8 @@ class FeedHub:
             with self._lock:
                 if q is None:
                     status = {"state": "error", "message": f"node {self.node_name} has no queue {qname!r}; declare it with TFCluster.run(queues=[...])"}
+                elif self.aborted:
+                    status = {"state": "failed", "message": f"node {self.node_name}: the cluster aborted ({self.aborted})"}
                 elif qname in self.terminated:
                     status = {"state": "terminated"}
                 elif self.state != "ok" or self._closing:
@@ -310,7 +313,7 @@ class FeedHub:
 
     def _put(self, q: queue.Queue, conn: FeedConnection, item: object) -> bool:
         while True:
-            if self._closing or conn.closed or conn.qname in self.terminated:
+            if self._closing or self.aborted or conn.closed or conn.qname in self.terminated:
                 return False
             try:
                 q.put(item, timeout=0.2)
@@ -325,8 +328,8 @@ class FeedHub:
             ftype, payload = recv_frame(conn.sock, conn.session, Deadline(conn.feed_timeout_s, f"data for {conn!r}"))
             if ftype is FrameType.DATA:
                 if not discard and not self._put(q, conn, Chunk(conn, payload)):
-                    if self._closing or conn.closed:
-                        return
+                    if self._closing or self.aborted or conn.closed:
+                        return  # the feed task is answered by close() at the process's exit
                     # Terminated: keep reading (and dropping) until the task, told by the T
                     # frame, stops sending; closing now could break its pipe mid-send.
                     discard = True
@@ -349,8 +352,11 @@ class FeedHub:
 
     def abort(self, reason: str) -> None:
         """The cluster aborted (TF process, control thread): readers of every queue get
-        :class:`~tfos.errors.FeedAbortedError`, never an end of feed, and no END_OF_FEED is
-        queued after this. Queued chunks are dropped. Idempotent.
+        :class:`~tfos.errors.FeedAbortedError`, never an end of feed (``DataFeed`` checks
+        :attr:`aborted` before and after every take, so an END_OF_FEED queued before or
+        during this is never handed out), no END_OF_FEED is queued after this, reader
+        threads queue nothing more (so no partition is acknowledged after the abort), and
+        :meth:`terminate` becomes a no-op. Queued chunks are dropped. Idempotent.
 
         Args:
             reason: The driver's abort reason (shown in the error).
@@ -360,6 +366,9 @@ class FeedHub:
                 return
             self.aborted = reason or "the cluster failed"
             self._end_queued = True  # a later close_feed() must not look like a normal end
+            marker = self._marker_thread
+        if marker is not None:
+            marker.join(2.0)  # its put in flight (at most 0.5 s) lands before the drain
         for name in self.queues:
             self._drain(name)
 
@@ -367,9 +376,12 @@ class FeedHub:
         """Stops feeding ``qname`` (``DataFeed.terminate()``): feed tasks skip the rest.
 
         Open connections get a ``T`` frame and are closed; later connections are refused
-        with 'terminated'; queued chunks are dropped.
+        with 'terminated'; queued chunks are dropped. A no-op after :meth:`abort`: feed
+        tasks count a terminated partition as consumed, and after an abort its rows were not.
         """
         with self._lock:
+            if self.aborted:
+                return
             self.terminated.add(qname)
             conns = [c for c in self._conns if c.qname == qname]
         for c in conns:
@@ -409,14 +421,16 @@ class FeedHub:
         def _put_markers() -> None:
             for name, q in self.queues.items():
                 deadline = Deadline(self.data_timeout_s, f"room for the end-of-feed marker on queue {name!r}")
-                while not (self._closing or name in self.terminated or deadline.expired()):
+                while not (self._closing or self.aborted or name in self.terminated or deadline.expired()):
                     try:
                         q.put(END_OF_FEED, timeout=0.5)
                         break
                     except queue.Full:
                         continue
 
-        threading.Thread(target=_put_markers, name="tfos-end-of-feed", daemon=True).start()
+        t = threading.Thread(target=_put_markers, name="tfos-end-of-feed", daemon=True)
+        self._marker_thread = t
+        t.start()
 
     def close(self, state: str = "finished", reason: str = "") -> None:
         """Closes the data server (TF process exit): tells open feed tasks why.

@@ -14,6 +14,7 @@ Steps, in order:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -153,6 +154,20 @@ def _failure(launch: NodeLaunch, exc: BaseException) -> NodeFailure:
     return NodeFailure(r.executor_id, r.job_name, r.task_index, launch.host, "exception", type(exc).__name__, msg, tb)
 
 
+def _after_abort(failure: NodeFailure, reason: str) -> NodeFailure:
+    """What a ``main_fun`` failing after the driver's abort cut its feed off reports (TF
+    process): a ``FeedAbortedError``, a consequence of the abort and never a root cause that
+    would hide the failure that caused it. ``tf.data`` wraps the feed's FeedAbortedError in
+    a ``tf.errors.UnknownError``, and a ``main_fun`` may catch it and raise its own error;
+    the message keeps what was raised, the traceback is unchanged."""
+    if failure.error_type == "FeedAbortedError":
+        return failure
+    return dataclasses.replace(
+        failure, error_type="FeedAbortedError",
+        message=f"after the cluster aborted ({reason}), main_fun raised {failure.error_type}: {failure.message}",
+    )
+
+
 # --- Keras flavour default (issue 11; docs/migration.md "Keras") ---------------------------
 def _default_legacy_keras(driver_value: Optional[str]) -> None:
     """Sets ``TF_USE_LEGACY_KERAS`` before ``main_fun`` imports TensorFlow (TF process).
@@ -288,6 +303,8 @@ def run_node(launch: NodeLaunch) -> int:
         main_done.set()
         code = 1
         failure = _failure(launch, exc)
+        if hub is not None and hub.aborted:
+            failure = _after_abort(failure, hub.aborted)
         if hub is not None:
             hub.close("failed", f"main_fun on {launch.node_name} failed: {failure.error_type}: {failure.message}")
         log.error("tfos node %s failed:\n%s", launch.node_name, failure.traceback)
@@ -345,10 +362,12 @@ def _event_loop(client: ControlClient, eid: int, hub: Optional[FeedHub], stop_ev
         except _REQ_ERRORS:
             time.sleep(1.0)  # the supervisor decides when the driver is gone
             continue
-        if d.get("feed_closed") and not known.get("feed_closed") and hub is not None:
-            hub.close_feed()
+        # The abort first: a reply can carry both (the teardown closes the feed too), and an
+        # end of feed queued before the abort could reach main_fun as a normal end.
         if d.get("abort") and hub is not None:
             hub.abort(str(d.get("abort")))  # before on_stop(): never an end of feed after an abort
+        if d.get("feed_closed") and not known.get("feed_closed") and hub is not None and not hub.aborted:
+            hub.close_feed()
         if (d.get("stop") or d.get("abort")) and not stop_event.is_set():
             stop_event.set()
             on_stop()
