@@ -307,3 +307,34 @@ def test_shuffle_rows_needs_one_row_shape_per_column(hub):
     with pytest.raises(MalformedRowError, match=r"partition 3 \(epoch 0\): column 0: rows of shape \(3,\) cannot be "
                                                 r"shuffled with rows of shape \(4,\)"):
         list(reader)
+
+
+@pytest.mark.parametrize("steps", [None, 2])
+def test_abort_reaches_the_tf_data_reader_as_feed_aborted(hub, steps):
+    """as_dataset's reader (both modes) after the driver's abort: batches handed out before
+    stay handed out, then iterating raises FeedAbortedError within its 1 s poll (never the
+    end of the feed), and a partition whose end comes after the abort is not acknowledged."""
+    import threading
+    import time
+
+    from tfos.errors import FeedAbortedError
+
+    a, b = Feeder(hub, 0), Feeder(hub, 1)
+    a.chunk(_rows(0, 4))
+    a.end()
+    b.chunk(_rows(4, 4))
+    feed = DataFeed(hub, timeout_s=30)
+    reader = FeedBatches(feed, 4, COLS, steps_per_epoch=steps)
+    got: list = []
+    threading.Timer(0.5, hub.abort, args=("node worker:1 failed",)).start()
+    t0 = time.monotonic()
+    with pytest.raises(FeedAbortedError, match=r"the cluster aborted \(node worker:1 failed\)"):
+        for _, y in reader:
+            got.extend(y.tolist())
+    assert time.monotonic() - t0 < 5.0
+    # without steps every whole batch went out; with steps the rows are held for the epoch's end
+    assert got == ([0, 1, 2, 3, 4, 5, 6, 7] if steps is None else [])
+    assert a.frame() == (FrameType.ACK, {"rows": 4})  # ended before the abort
+    b.end()
+    assert b.no_frame_yet()
+    assert not feed.should_stop()  # never an end of feed
