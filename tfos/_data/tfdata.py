@@ -518,6 +518,8 @@ class FeedBatches:
         Raises:
             MalformedRowError: A row does not fit the columns (names partition and row).
             DeadlineExceededError: No data arrived within the feed's ``timeout_s``.
+            FeedAbortedError: The driver aborted the cluster: the feed was cut off, not ended
+                (batches handed out before stay handed out).
         """
         self.start()
         while not self._ended:
@@ -552,7 +554,8 @@ class FeedBatches:
 
     @property
     def ended(self) -> bool:
-        """True once the end of the feed was handed out."""
+        """True once iterating ended for good: the end of the feed was handed out, or an
+        error (e.g. FeedAbortedError) was raised."""
         return self._ended
 
     def dataset(self, output_signature: Any, prefetch: int = 2) -> Any:
