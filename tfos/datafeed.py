@@ -72,8 +72,12 @@ class DataFeed:
 
     Args:
         mgr: The node's feed hub (``ctx.mgr``); None on nodes that are not fed.
-        train_mode: True for ``train()`` data; False for inference, where batches never
-            span partitions and every batch must be answered with :meth:`batch_results`.
+        train_mode: True (default): a batch of ``train()`` rows may span partitions.
+            False (TFoS's inference form): no batch spans partitions. Either way a batch
+            holds rows of one kind: a batch of ``cluster.inference()`` rows never spans
+            partitions and must be answered with :meth:`batch_results`, and results
+            given for a batch of ``train()`` rows are dropped, so one ``main_fun`` can
+            serve ``train()`` and then ``inference()`` on one cluster.
         qname_in: Queue to read ('input').
         qname_out: Kept for TFoS compatibility (results go back on the row's own
             connection, in order).
@@ -125,6 +129,7 @@ class DataFeed:
         self._peeked: Any = None
         self._pending: collections.deque = collections.deque()
         self._last_batch_empty = False
+        self._last_batch_trained = False
         #: ``(start index in batch, partition, epoch, row index in partition)`` per run of rows.
         self.last_origins: list[tuple[int, int, int, int]] = []
 
@@ -216,9 +221,17 @@ class DataFeed:
         elif conn.pending == 0 and not answered_later:
             self._hub.finish_connection(conn, FrameType.RESULTS_END, {"rows": conn.rows_taken})
 
+    def _spans(self, conn: FeedConnection) -> bool:
+        """Whether a batch may run on past the end of ``conn``'s partition: only rows of
+        ``train()`` read with ``train_mode=True``. A batch of ``inference()`` rows never
+        spans partitions (its results go back on the partition's connection), whatever
+        ``train_mode`` says; neither does a batch mix the two kinds of rows."""
+        return self.train_mode and conn.mode == "train"
+
     def next_batch(self, batch_size: int) -> Union[list, dict]:
-        """Returns up to ``batch_size`` rows (fewer at the end of the feed, or in inference
-        mode at the end of a partition).
+        """Returns up to ``batch_size`` rows (fewer at the end of the feed, at the end of an
+        inference partition, at the end of any partition with ``train_mode=False``, or
+        where the rows of ``train()`` are followed by those of ``inference()``).
 
         Args:
             batch_size: Maximum rows to return (>= 1).
@@ -252,18 +265,18 @@ class DataFeed:
                     self.done_feeding = True
                     break
                 if isinstance(item, PartitionEnd):
-                    # In inference, rows of this partition still in ``out`` are answered by
+                    # Rows of an inference partition still in ``out`` are answered by
                     # batch_results(), which then ends the partition. The end of another
                     # partition (chunks of concurrent feed tasks interleave) is handled now.
-                    in_batch = not self.train_mode and item.conn is batch_conn
+                    in_batch = item.conn is batch_conn and not self._spans(item.conn)
                     self._finish_partition(item.conn, answered_later=in_batch)
                     if in_batch:
                         break
                     continue
                 if not isinstance(item, Chunk):
                     continue
-                if not self.train_mode and batch_conn is not None and item.conn is not batch_conn:
-                    self._peeked = item  # batches never span partitions in inference
+                if batch_conn is not None and item.conn is not batch_conn and not (self._spans(batch_conn) and self._spans(item.conn)):
+                    self._peeked = item  # the batch ends with its partition
                     break
                 self._rows = decode_chunk(item.conn.kind, item.payload)
                 self._pos = 0
@@ -280,9 +293,9 @@ class DataFeed:
             self._hub.rows_taken += take
             batch_conn = conn
         self._last_batch_empty = not out
+        self._last_batch_trained = bool(out) and batch_conn is not None and batch_conn.mode == "train"
         self.last_origins = origins
-        if not self.train_mode and out:
-            assert batch_conn is not None
+        if out and batch_conn is not None and batch_conn.mode != "train":
             batch_conn.pending += 1
             self._pending.append((batch_conn, len(out), origins[0]))
         if self.input_tensors is None:
@@ -305,11 +318,13 @@ class DataFeed:
 
         Empty ``results`` right after an empty ``next_batch`` answer that batch and do
         nothing (as in TFoS, where a loop may call ``batch_results`` after the last, empty
-        ``next_batch``).
+        ``next_batch``). Results for a batch of ``train()`` rows are dropped (nothing
+        waits for them, as in TFoS).
 
         Raises:
-            InferenceResultError: With no unanswered batch, or a wrong number of results
-                (the message names the partition and the counts).
+            InferenceResultError: With no unanswered inference batch (and the last batch
+                was not of ``train()`` rows), or a wrong number of results (the message
+                names the partition and the counts).
         """
         if self._legacy is not None:
             self._legacy.batch_results(results)
@@ -320,7 +335,15 @@ class DataFeed:
             # empty batches are never waited for, so there is nothing to send (TFoS: no-op).
             return
         if not self._pending:
-            raise InferenceResultError("batch_results() was called but no inference batch is waiting for results")
+            if self._last_batch_trained:
+                # The last batch came from train(): nothing waits for results, and they are
+                # dropped, as in TFoS (one main_fun may serve train() and inference()).
+                return
+            raise InferenceResultError(
+                f"node {self._hub.node_name}: batch_results() was called but no inference batch is waiting for "
+                "results (each batch of cluster.inference() rows is answered once, in the order next_batch() "
+                "returned them)"
+            )
         conn, n, origin = self._pending.popleft()
         if len(items) != n:
             msg = (

@@ -93,6 +93,23 @@ def square_fun(args, ctx):
             feed.batch_results([x * x for x in batch])
 
 
+def train_and_square_fun(args, ctx):
+    """One main_fun for train() and inference() (docs/datafeed.md): answers every batch
+    with x * x, whichever job fed it; counts and sums the rows < 1000 (the training rows)."""
+    import json as _json
+
+    feed = ctx.get_data_feed(train_mode=True)
+    n = total = 0
+    while not feed.should_stop():
+        batch = feed.next_batch(args["batch_size"])
+        trained = [x for x in batch if x < 1000]
+        n += len(trained)
+        total += sum(trained)
+        feed.batch_results([x * x for x in batch])
+    with open(f"{args['out']}/{ctx.job_name}{ctx.task_index}.json", "w") as f:
+        _json.dump({"rows": n, "sum": total}, f)
+
+
 def keras_regression_fun(args, ctx):
     """Linear regression with tf_keras under MultiWorkerMirroredStrategy, fed by as_dataset.
 
@@ -201,6 +218,28 @@ def test_inference_one_result_per_row_in_order(sc):
     assert len(results) == rows
     assert sum(results) == sum(x * x for x in range(rows))
     assert results == [x * x for x in range(rows)]
+
+
+def test_one_cluster_trains_then_infers(sc, tmp_path):
+    """The flow at the top of docs/datafeed.md on one cluster with one main_fun (TFoS's
+    default train_mode=True, batch_results after every batch): train() 2 epochs of 300 rows,
+    inference() of 500 rows (exact, in order), then a last train(..., end_of_feed=True),
+    after which inference() is refused up front."""
+    from tfos.errors import ConfigurationError
+
+    train_rdd = sc.parallelize(range(300), 4)
+    infer_rdd = sc.parallelize(range(1000, 1500), 5)
+    with TFCluster.run(sc, train_and_square_fun, {"out": str(tmp_path), "batch_size": 64}, 2, 0, input_mode=INPUT) as cluster:
+        cluster.train(train_rdd, num_epochs=2)
+        results = cluster.inference(infer_rdd).collect()
+        assert results == [x * x for x in range(1000, 1500)]
+        cluster.train(train_rdd, num_epochs=1, end_of_feed=True)
+        with pytest.raises(ConfigurationError, match=r"inference\(\): the feed already ended \(an earlier train\(\.\.\., end_of_feed=True\)"):
+            cluster.inference(infer_rdd)
+    reports = _node_reports(tmp_path)
+    assert set(reports) == {"worker0", "worker1"}, reports
+    assert sum(r["rows"] for r in reports.values()) == 3 * 300
+    assert sum(r["sum"] for r in reports.values()) == 3 * sum(range(300))
 
 
 @pytest.mark.tf

@@ -234,12 +234,68 @@ def test_inference_interleaved_partitions_all_get_results_end(hub):
     assert feed.should_stop()
 
 
+def test_one_main_fun_serves_train_then_inference(hub):
+    """train() then inference() on one cluster, read by one DataFeed in TFoS's default
+    train_mode=True: a batch never mixes train and inference rows, results given for the
+    train batch are dropped (nothing waits for them), and the inference batches stay in
+    their partition and are answered on its connection."""
+    t, i = Feeder(hub, 0), Feeder(hub, 1, "inference")
+    t.chunk([0, 1, 2])
+    t.end()
+    i.chunk(["x", "y", "z"])
+    i.end()
+    hub.queues["input"].put_nowait(END_OF_FEED)
+    feed = DataFeed(hub, timeout_s=10)
+    assert feed.next_batch(5) == [0, 1, 2]  # ends where the inference rows begin
+    assert t.frame() == (FrameType.ACK, {"rows": 3})
+    feed.batch_results([10, 11, 12])  # a train batch: dropped
+    assert feed.next_batch(2) == ["x", "y"]
+    feed.batch_results(["X", "Y"])
+    assert i.frame() == (FrameType.RESULTS, ["X", "Y"])
+    assert feed.next_batch(5) == ["z"]  # never past the end of its partition
+    assert i.no_frame_yet()
+    feed.batch_results(["Z"])
+    assert i.frame() == (FrameType.RESULTS, ["Z"])
+    assert i.frame() == (FrameType.RESULTS_END, {"rows": 3})
+    with pytest.raises(InferenceResultError, match="no inference batch is waiting"):
+        feed.batch_results(["again"])  # an inference batch is answered once
+    assert feed.next_batch(5) == []
+    assert feed.should_stop()
+    assert hub.rows_taken == 6
+
+
+def test_train_rows_read_in_the_inference_form_need_no_results(hub):
+    """train() rows read with train_mode=False (a main_fun written for inference): batches
+    end with their partition, as in TFoS, but nothing waits for results. The results
+    main_fun gives are dropped; they used to go back as RESULTS frames that the train feed
+    task failed on ("bad JSON in a RESULTS data frame")."""
+    a, b = Feeder(hub, 3), Feeder(hub, 5)
+    a.chunk([0, 1, 2])
+    a.end()
+    b.chunk([10, 11])
+    b.end()
+    hub.queues["input"].put_nowait(END_OF_FEED)
+    feed = DataFeed(hub, train_mode=False, timeout_s=10)
+    assert feed.next_batch(2) == [0, 1]
+    feed.batch_results(["r0", "r1"])  # nothing goes to the feed task
+    assert feed.next_batch(5) == [2]
+    assert a.frame() == (FrameType.ACK, {"rows": 3})
+    feed.batch_results(["r2"])
+    assert a.closed()
+    assert feed.next_batch(5) == [10, 11]
+    assert b.frame() == (FrameType.ACK, {"rows": 2})
+    feed.batch_results(["r10", "r11"])
+    assert feed.next_batch(5) == []
+    assert feed.should_stop()
+    assert hub.rows_taken == 5
+
+
 def test_inference_wrong_result_count(hub):
     a = Feeder(hub, 4, "inference")
     a.chunk(["x", "y", "z"])
     a.end()
     feed = DataFeed(hub, train_mode=False, timeout_s=10)
-    with pytest.raises(InferenceResultError, match="no inference batch is waiting"):
+    with pytest.raises(InferenceResultError, match=r"^node worker:0 \(executor 1, host 127.0.0.1\): batch_results\(\) was called but no inference batch is waiting"):
         feed.batch_results([1])
     assert feed.next_batch(3) == ["x", "y", "z"]
     with pytest.raises(InferenceResultError) as ei:

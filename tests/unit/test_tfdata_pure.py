@@ -14,7 +14,7 @@ from tfos._data.feed_hub import END_OF_FEED, FeedHub
 from tfos._data.tfdata import FeedBatches
 from tfos.datafeed import DataFeed
 from feed_fakes import Feeder as _Feeder
-from tfos.errors import MalformedRowError, TFOSError
+from tfos.errors import InferenceResultError, MalformedRowError, TFOSError
 
 KEY = b"k" * 32
 COLS = [(np.float32, (4,)), (np.int64, ())]
@@ -121,6 +121,24 @@ def test_malformed_row_names_partition_and_row(hub):
     assert next(it)[1].tolist() == [0, 1]
     with pytest.raises(MalformedRowError, match=r"partition 6 \(epoch 1\), row 3: column 0: expected shape \(4,\), got \(3,\)"):
         list(it)
+
+
+def test_inference_rows_reaching_the_tf_data_reader_name_the_node_and_partition(hub):
+    """cluster.inference() on a cluster whose main_fun trains with as_dataset(): the reader
+    returns no results, so it must not take the rows as training data (the inference
+    feed task would get no result for them)."""
+    a = _Feeder(hub, KEY, 4, "inference")
+    a.chunk(_rows(0, 3))
+    a.end()
+    reader = FeedBatches(DataFeed(hub, timeout_s=10), 2, COLS)
+    with pytest.raises(InferenceResultError) as ei:
+        list(reader)
+    assert str(ei.value) == (
+        "node worker:0 (executor 1, host 127.0.0.1): partition 4 was fed by cluster.inference(), but main_fun "
+        "reads queue 'input' with as_dataset(), which trains and returns no results; read inference rows with "
+        "next_batch() and answer every batch with batch_results()"
+    )
+    assert hub.rows_taken == 0 and reader.rows == {}
 
 
 def test_one_reader_per_feed_and_train_mode_only(hub):

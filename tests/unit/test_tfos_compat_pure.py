@@ -162,6 +162,7 @@ class _FakeHub:
     def __init__(self):
         self.queues = {"input": queue.Queue()}
         self.aborted = ""
+        self.node_name = "worker:0 (executor 0, host 127.0.0.1)"
 
 
 def test_datafeed_on_tfos_hub_has_no_row_queues():

@@ -46,7 +46,7 @@ from typing import Any, Iterator, Optional, Sequence
 
 from tfos._data.framing import ChunkKind, arrow_rows, decode_chunk
 from tfos._data.feed_hub import END_OF_FEED, Chunk, PartitionEnd
-from tfos.errors import TFOSError
+from tfos.errors import InferenceResultError, TFOSError
 
 __all__ = ["FeedBatches", "feed_dataset", "steps_per_epoch", "DEFAULT_BUFFER_BYTES"]
 
@@ -419,7 +419,18 @@ class FeedBatches:
                     return
 
     def _decode(self, conn: Any, payload: Any) -> tuple:
-        """One chunk -> one numpy array per column (``n`` rows each)."""
+        """One chunk -> one numpy array per column (``n`` rows each).
+
+        Raises:
+            InferenceResultError: The chunk is of ``cluster.inference()`` rows (this
+                reader trains; it returns no results).
+        """
+        if conn.mode != "train":
+            raise InferenceResultError(
+                f"node {self._feed._hub.node_name}: partition {conn.partition} was fed by cluster.inference(), but "
+                f"main_fun reads queue {self._feed.qname_in!r} with as_dataset(), which trains and returns no "
+                "results; read inference rows with next_batch() and answer every batch with batch_results()"
+            )
         origins = [(0, conn.partition, conn.epoch, conn.rows_taken)]
         if conn.kind is ChunkKind.ARROW:
             cols = self._arrow_columns(payload)

@@ -405,8 +405,10 @@ class TFCluster:
         A ``DStream`` returns a DStream of the results of every micro-batch; for streaming
         DataFrames use :func:`tfos.streaming.inference_stream` (docs/streaming.md).
 
-        The nodes' ``main_fun`` reads batches with ``DataFeed(train_mode=False)`` (batches
-        never span partitions) and answers each with ``batch_results``. The job runs
+        The nodes' ``main_fun`` reads batches with ``DataFeed.next_batch`` (a batch of
+        inference rows never spans partitions, whatever ``train_mode`` says; TFoS programs
+        use ``train_mode=False``) and answers each with ``batch_results``. The same
+        ``main_fun`` may have served ``train()`` on this cluster before. The job runs
         eagerly under this cluster's job group, so failures surface here; the results are
         persisted (MEMORY_AND_DISK_DESER: in memory, spilling to disk) and returned as an RDD with exactly one result per
         input row, in input order within each partition.
@@ -420,7 +422,8 @@ class TFCluster:
             An RDD of results.
 
         Raises:
-            ConfigurationError: Not InputMode.SPARK, or unknown ``qname``.
+            ConfigurationError: Not InputMode.SPARK, unknown ``qname``, or the feed
+                already ended (``train(..., end_of_feed=True)``).
             ClusterFailedError: A node failed, or returned too few/many results.
         """
         if self.input_mode != InputMode.SPARK:
@@ -431,6 +434,11 @@ class TFCluster:
         if _streaming.is_streaming_df(dataRDD):
             raise ConfigurationError("inference(streaming DataFrame): use tfos.streaming.inference_stream(cluster, df, sink)")
         # --- end streaming
+        if self._state.feed_closed and not self._runtime.closed and not self._state.failed:
+            raise ConfigurationError(
+                "inference(): the feed already ended (an earlier train(..., end_of_feed=True) ended every queue of "
+                "the nodes); run inference on a new cluster, or train without end_of_feed"
+            )
         df = _as_dataframe(dataRDD)
         rdd = df.rdd if df is not None else dataRDD
         parts = rdd.getNumPartitions()
