@@ -189,15 +189,18 @@ def test_spark_mode_train_and_inference(spark, tmp_path):
         infer_in = spark.range(0, 500, 1, 3).selectExpr("id as x")
         out = cluster.inference(infer_in, qname="infer", schema="x long, sq long")
         rows = out.collect()
+        cluster.train(df, end_of_feed=True)  # a third epoch, then the end of every queue of the nodes
+        with pytest.raises(ConfigurationError, match=r"inference\(\): the feed already ended"):
+            cluster.inference(infer_in, qname="infer", schema="x long, sq long")
     # Inference: exactly one result per input row, in input order.
     assert [r["x"] for r in rows] == list(range(500))
     assert all(r["sq"] == r["x"] * r["x"] for r in rows)
     # Training: every row of both epochs reached exactly one node.
     seen = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("*.json"))]
     assert len(seen) == 2
-    assert sum(s["count"] for s in seen) == 2 * n
-    assert sum(s["sum"] for s in seen) == 2 * sum(range(n))
-    assert sum(s["check"] for s in seen) == 2 * sum(7 * i + 1 for i in range(n))
+    assert sum(s["count"] for s in seen) == 3 * n
+    assert sum(s["sum"] for s in seen) == 3 * sum(range(n))
+    assert sum(s["check"] for s in seen) == 3 * sum(7 * i + 1 for i in range(n))
     _assert_all_gone()
 
 
@@ -210,6 +213,8 @@ def test_failure_reaches_the_client_fast(spark, tmp_path):
     text = str(ei.value)
     assert "worker:1" in text and "ValueError: boom on purpose in worker 1" in text
     assert "in failing_fun" in text  # the remote traceback
+    # with the file name and the source line, shipped with main_fun as on the classic path
+    assert f'File "{__file__}", line ' in text and 'raise ValueError("boom on purpose in worker 1")' in text
     assert [f.error_type for f in ei.value.failures if f.kind == "exception"] == ["ValueError"]
     # worker:0 sleeps 300 s: only failing fast ends this well before.
     assert elapsed < 200, f"the failure took {elapsed:.0f} s to reach the client"

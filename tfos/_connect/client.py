@@ -251,8 +251,9 @@ class ConnectTFCluster:
     def inference(self, dataRDD: Any, feed_timeout: float = 600, qname: str = "input", schema: Any = "result double") -> Any:
         """Runs inference over a DataFrame and returns the results as a DataFrame (client).
 
-        The nodes' ``main_fun`` reads batches with ``DataFeed(train_mode=False)`` and answers
-        each with ``batch_results``, as in the classic path. The job runs eagerly (the
+        The nodes' ``main_fun`` reads batches with ``DataFeed.next_batch`` and answers each
+        with ``batch_results``, as in the classic path (the same ``main_fun`` may have served
+        ``train()`` on this cluster before). The job runs eagerly (the
         result is locally checkpointed), so failures surface here and inference never
         runs twice.
 
@@ -268,13 +269,19 @@ class ConnectTFCluster:
             partition (partitions in input order).
 
         Raises:
-            ConfigurationError: Not InputMode.SPARK, not a DataFrame, or unknown ``qname``.
+            ConfigurationError: Not InputMode.SPARK, not a DataFrame, unknown ``qname``, or
+                the feed already ended (``train(..., end_of_feed=True)``).
             ClusterFailedError: A node failed, or returned too few/many results.
         """
         if self.input_mode != InputMode.SPARK:
             raise ConfigurationError("inference() needs InputMode.SPARK")
         df = _as_connect_dataframe(dataRDD)
         self._check_open("inference()")
+        if self._feed_closed:
+            raise ConfigurationError(
+                "inference(): the feed already ended (an earlier train(..., end_of_feed=True) ended every queue of "
+                "the nodes); run inference on a new cluster, or train without end_of_feed"
+            )
         struct = schema if not isinstance(schema, str) else self.spark.createDataFrame([], schema).schema
         plan = self._plan("inference", qname, _UNCOUNTED, feed_timeout)
         self._busy += 1
@@ -491,8 +498,10 @@ def run_connect(
         raise ConfigurationError("InputMode.SPARK needs at least one queue (the default is ['input', 'output', 'error'])")
     import cloudpickle
 
+    from tfos._driver.user_source import with_source
+
     try:
-        payload = cloudpickle.dumps((map_fun, tf_args))
+        payload = cloudpickle.dumps((with_source(map_fun), tf_args))  # file names for tracebacks
     except Exception as exc:  # noqa: BLE001 - pickling errors come in many types
         raise ConfigurationError(f"map_fun and tf_args must be picklable with cloudpickle to reach the nodes: {exc}") from exc
     cluster_id = f"tfos-{uuid.uuid4().hex[:12]}"
