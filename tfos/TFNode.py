@@ -71,27 +71,34 @@ def release_port(ctx: TFNodeContext) -> None:
 def next_batch(mgr: Any, batch_size: int, qname: str = "input") -> Any:
     """TFoS's functional form of ``DataFeed(mgr, qname_in=qname).next_batch(batch_size)``.
 
-    Prefer a long-lived :class:`DataFeed`: this helper keeps one per queue on ``mgr``.
+    Prefer a long-lived :class:`DataFeed`: this helper keeps one per queue on ``mgr``
+    (the same one :func:`batch_results` and :func:`terminate` use).
     """
-    return _feed(mgr, qname, True).next_batch(batch_size)
+    feed = _feed(mgr, qname)
+    mgr.__dict__["_tfnode_last_feed"] = feed
+    return feed.next_batch(batch_size)
 
 
 def batch_results(mgr: Any, results: Sequence, qname: str = "output") -> None:
-    """TFoS's functional form of ``DataFeed.batch_results`` (inference feed of ``mgr``)."""
-    _feed(mgr, "input", False).batch_results(results)
+    """TFoS's functional form of ``DataFeed.batch_results``: answers the oldest unanswered
+    inference batch of the queue :func:`next_batch` last read (``'input'`` before any).
+    ``qname`` is kept for TFoS (results go back on the rows' own connection)."""
+    feed = mgr.__dict__.get("_tfnode_last_feed") or _feed(mgr, "input")
+    feed.batch_results(results)
 
 
 def terminate(mgr: Any, qname: str = "input") -> None:
     """TFoS's functional form of ``DataFeed.terminate``."""
-    _feed(mgr, qname, True).terminate()
+    _feed(mgr, qname).terminate()
 
 
-def _feed(mgr: Any, qname: str, train_mode: bool) -> DataFeed:
+def _feed(mgr: Any, qname: str) -> DataFeed:
+    # One DataFeed per queue: next_batch() and batch_results() must share the batches
+    # waiting for results (train_mode changes nothing for inference rows).
     feeds = mgr.__dict__.setdefault("_tfnode_feeds", {})
-    key = (qname, train_mode)
-    if key not in feeds:
-        feeds[key] = DataFeed(mgr, train_mode, qname_in=qname)
-    return feeds[key]
+    if qname not in feeds:
+        feeds[qname] = DataFeed(mgr, True, qname_in=qname)
+    return feeds[qname]
 
 
 def export_saved_model(sess: Any, export_dir: str, tag_set: Any, signatures: dict) -> None:

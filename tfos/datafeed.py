@@ -77,7 +77,8 @@ class DataFeed:
             holds rows of one kind: a batch of ``cluster.inference()`` rows never spans
             partitions and must be answered with :meth:`batch_results`, and results
             given for a batch of ``train()`` rows are dropped, so one ``main_fun`` can
-            serve ``train()`` and then ``inference()`` on one cluster.
+            serve ``train()`` and then ``inference()`` on one cluster (:attr:`batch_mode`
+            tells its batches apart).
         qname_in: Queue to read ('input').
         qname_out: Kept for TFoS compatibility (results go back on the row's own
             connection, in order).
@@ -113,6 +114,10 @@ class DataFeed:
         self.qname_out = qname_out
         self.input_tensors = [input_mapping[c] for c in sorted(input_mapping)] if input_mapping else None
         self.done_feeding = False
+        #: ``'train'`` or ``'inference'``: the job (``cluster.train()`` or
+        #: ``cluster.inference()``) that fed the rows of the last non-empty batch
+        #: :meth:`next_batch` returned; None before the first one, and on a TFManager feed.
+        self.batch_mode: Optional[str] = None
         self._legacy: Optional[_QueueFeed] = None
         if not isinstance(getattr(mgr, "queues", None), dict) and hasattr(mgr, "get_queue"):
             # A TFoS-style TFManager (tfos.TFManager.start / TFSparkNode.run): rows on plain queues.
@@ -294,6 +299,8 @@ class DataFeed:
             batch_conn = conn
         self._last_batch_empty = not out
         self._last_batch_trained = bool(out) and batch_conn is not None and batch_conn.mode == "train"
+        if out and batch_conn is not None:
+            self.batch_mode = batch_conn.mode
         self.last_origins = origins
         if out and batch_conn is not None and batch_conn.mode != "train":
             batch_conn.pending += 1
@@ -319,7 +326,9 @@ class DataFeed:
         Empty ``results`` right after an empty ``next_batch`` answer that batch and do
         nothing (as in TFoS, where a loop may call ``batch_results`` after the last, empty
         ``next_batch``). Results for a batch of ``train()`` rows are dropped (nothing
-        waits for them, as in TFoS).
+        waits for them, as in TFoS) when that batch is the last one returned and no
+        inference batch waits: a loop that answers every batch must answer each one before
+        reading the next (or check :attr:`batch_mode` and answer inference batches only).
 
         Raises:
             InferenceResultError: With no unanswered inference batch (and the last batch

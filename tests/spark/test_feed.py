@@ -94,20 +94,27 @@ def square_fun(args, ctx):
 
 
 def train_and_square_fun(args, ctx):
-    """One main_fun for train() and inference() (docs/datafeed.md): answers every batch
-    with x * x, whichever job fed it; counts and sums the rows < 1000 (the training rows)."""
+    """One main_fun for train() and inference() (docs/datafeed.md): ``feed.batch_mode``
+    tells the batches apart; "trains" on (counts and sums) the train() rows, answers the
+    inference() rows with x * x. Training rows are < 1000, inference rows >= 1000."""
     import json as _json
 
     feed = ctx.get_data_feed(train_mode=True)
     n = total = 0
+    wrong = []
     while not feed.should_stop():
         batch = feed.next_batch(args["batch_size"])
-        trained = [x for x in batch if x < 1000]
-        n += len(trained)
-        total += sum(trained)
-        feed.batch_results([x * x for x in batch])
+        if not batch:
+            continue
+        if feed.batch_mode == "inference":
+            feed.batch_results([x * x for x in batch])
+            wrong += [x for x in batch if x < 1000]
+        else:
+            n += len(batch)
+            total += sum(batch)
+            wrong += [x for x in batch if x >= 1000 or feed.batch_mode != "train"]
     with open(f"{args['out']}/{ctx.job_name}{ctx.task_index}.json", "w") as f:
-        _json.dump({"rows": n, "sum": total}, f)
+        _json.dump({"rows": n, "sum": total, "wrong": wrong[:10]}, f)
 
 
 def keras_regression_fun(args, ctx):
@@ -222,7 +229,7 @@ def test_inference_one_result_per_row_in_order(sc):
 
 def test_one_cluster_trains_then_infers(sc, tmp_path):
     """The flow at the top of docs/datafeed.md on one cluster with one main_fun (TFoS's
-    default train_mode=True, batch_results after every batch): train() 2 epochs of 300 rows,
+    default train_mode=True, ``feed.batch_mode`` to tell the batches apart): train() 2 epochs of 300 rows,
     inference() of 500 rows (exact, in order), then a last train(..., end_of_feed=True),
     after which inference() is refused up front."""
     from tfos.errors import ConfigurationError
@@ -238,6 +245,7 @@ def test_one_cluster_trains_then_infers(sc, tmp_path):
             cluster.inference(infer_rdd)
     reports = _node_reports(tmp_path)
     assert set(reports) == {"worker0", "worker1"}, reports
+    assert all(r["wrong"] == [] for r in reports.values()), reports
     assert sum(r["rows"] for r in reports.values()) == 3 * 300
     assert sum(r["sum"] for r in reports.values()) == 3 * sum(range(300))
 

@@ -246,10 +246,13 @@ def test_one_main_fun_serves_train_then_inference(hub):
     i.end()
     hub.queues["input"].put_nowait(END_OF_FEED)
     feed = DataFeed(hub, timeout_s=10)
+    assert feed.batch_mode is None
     assert feed.next_batch(5) == [0, 1, 2]  # ends where the inference rows begin
+    assert feed.batch_mode == "train"
     assert t.frame() == (FrameType.ACK, {"rows": 3})
     feed.batch_results([10, 11, 12])  # a train batch: dropped
     assert feed.next_batch(2) == ["x", "y"]
+    assert feed.batch_mode == "inference"
     feed.batch_results(["X", "Y"])
     assert i.frame() == (FrameType.RESULTS, ["X", "Y"])
     assert feed.next_batch(5) == ["z"]  # never past the end of its partition
@@ -262,6 +265,23 @@ def test_one_main_fun_serves_train_then_inference(hub):
     assert feed.next_batch(5) == []
     assert feed.should_stop()
     assert hub.rows_taken == 6
+
+
+def test_tfnode_functional_forms_share_one_feed_per_queue(hub):
+    """TFoS's TFNode.next_batch/batch_results(mgr, ...) on an inference partition: both use
+    the same DataFeed (they used separate ones, and batch_results found no batch waiting)."""
+    from tfos import TFNode
+
+    a = Feeder(hub, 2, "inference")
+    a.chunk([1, 2, 3])
+    a.end()
+    assert TFNode.next_batch(hub, 2) == [1, 2]
+    TFNode.batch_results(hub, [10, 20])
+    assert a.frame() == (FrameType.RESULTS, [10, 20])
+    assert TFNode.next_batch(hub, 2) == [3]
+    TFNode.batch_results(hub, [30])
+    assert a.frame() == (FrameType.RESULTS, [30])
+    assert a.frame() == (FrameType.RESULTS_END, {"rows": 3})
 
 
 def test_train_rows_read_in_the_inference_form_need_no_results(hub):
