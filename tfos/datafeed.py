@@ -134,7 +134,6 @@ class DataFeed:
         self._peeked: Any = None
         self._pending: collections.deque = collections.deque()
         self._last_batch_empty = False
-        self._last_batch_trained = False
         #: ``(start index in batch, partition, epoch, row index in partition)`` per run of rows.
         self.last_origins: list[tuple[int, int, int, int]] = []
 
@@ -298,7 +297,6 @@ class DataFeed:
             self._hub.rows_taken += take
             batch_conn = conn
         self._last_batch_empty = not out
-        self._last_batch_trained = bool(out) and batch_conn is not None and batch_conn.mode == "train"
         if out and batch_conn is not None:
             self.batch_mode = batch_conn.mode
         self.last_origins = origins
@@ -344,7 +342,7 @@ class DataFeed:
             # empty batches are never waited for, so there is nothing to send (TFoS: no-op).
             return
         if not self._pending:
-            if self._last_batch_trained:
+            if not self._last_batch_empty and self.batch_mode == "train":
                 # The last batch came from train(): nothing waits for results, and they are
                 # dropped, as in TFoS (one main_fun may serve train() and inference()).
                 return
