@@ -52,7 +52,10 @@ def _run(script: str, *args: str, cwd: str) -> tuple[str, float]:
         cwd=cwd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=RUN_TIMEOUT_S,
     )
     seconds = time.monotonic() - t0
-    assert proc.returncode == 0, f"{script} exited with {proc.returncode}:\n{proc.stdout[-6000:]}"
+    # The JVM's shutdown noise comes last: show the driver's own traceback, when there is one.
+    tb = proc.stdout.rfind("Traceback (most recent call last)")
+    assert proc.returncode == 0, (f"{script} exited with {proc.returncode}:\n{proc.stdout[tb:tb + 8000] if tb >= 0 else ''}"
+                                  f"\n...\n{proc.stdout[-4000:]}")
     return proc.stdout, seconds
 
 

@@ -30,7 +30,10 @@ def test_quickstart_trains_and_predicts(tmp_path, no_leftovers):
         assert 30 <= len(f.read().splitlines()) <= 50
     proc = subprocess.run([sys.executable, script, "local-cluster[2,1,1024]"], cwd=str(tmp_path), env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=900)
-    assert proc.returncode == 0, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-6000:]}"
+    # The JVM's shutdown noise comes last: show the driver's own traceback, when there is one.
+    tb = proc.stderr.rfind("Traceback (most recent call last)")
+    assert proc.returncode == 0, (f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[tb:tb + 8000] if tb >= 0 else ''}"
+                                  f"\n...\n{proc.stderr[-4000:]}")
     m = re.search(r"^rows: (\d+), accuracy: ([0-9.]+)$", proc.stdout, re.MULTILINE)
     assert m, proc.stdout
     assert int(m.group(1)) == 2500
