@@ -186,6 +186,33 @@ def ps_worker_main(args, ctx):
         time.sleep(0.05)
 
 
+def atexit_main(args, ctx):
+    """Each node registers an atexit handler and has autograph convert a function (one
+    generated module in the temp dir); the ps then blocks forever, the worker returns."""
+    import atexit
+    import os
+    import threading
+    import time
+
+    import tensorflow as tf
+
+    def branchy(x):
+        if x > 0:
+            return x + 1
+        return x - 1
+
+    generated = tf.autograph.to_graph(branchy).__code__.co_filename
+    name = f"{ctx.job_name}_{ctx.task_index}"
+    atexit.register(_write_json, os.path.join(args["out"], f"{name}_atexit.json"), {"pid": os.getpid()})
+    _write_json(_node_file(args["out"], ctx), {"pid": os.getpid(), "generated": generated, "existed": os.path.exists(generated)})
+    if ctx.job_name == "ps":
+        threading.Event().wait()
+    ps_file = os.path.join(args["out"], "ps_0.json")
+    end = time.monotonic() + 120
+    while not os.path.exists(ps_file) and time.monotonic() < end:
+        time.sleep(0.05)
+
+
 def _ancestor_pids() -> list:
     import psutil
 
@@ -391,6 +418,23 @@ def test_ps_blocking_forever_is_stopped_by_shutdown(sc, tmp_path, caplog, no_lef
     import psutil
 
     assert not psutil.pid_exists(found["ps:0"]["pid"]) or psutil.Process(found["ps:0"]["pid"]).status() == psutil.STATUS_ZOMBIE
+
+
+def test_node_exit_runs_atexit_handlers_and_removes_autograph_modules(sc, tmp_path, no_leftovers):
+    """The TF process ends with os._exit (skipping atexit); tfos runs the atexit handlers
+    first, so autograph's generated modules do not pile up in the executors' temp dir and
+    main_fun's own handlers run: on a worker that returns and on a ps stopped by shutdown()."""
+    cluster = TFCluster.run(sc, atexit_main, {"out": str(tmp_path)}, 2, 1, False,
+                            TFCluster.InputMode.TENSORFLOW, reservation_timeout=120)
+    cluster.shutdown(timeout=SHUTDOWN_TIMEOUT_S)
+    found = _read_nodes(tmp_path)
+    assert set(found) == {"ps:0", "worker:0"}
+    for name, r in found.items():
+        assert r["existed"], (name, r)
+        assert not os.path.exists(r["generated"]), f"{name}: autograph module {r['generated']} left behind"
+        marker = tmp_path / f"{name.replace(':', '_')}_atexit.json"
+        assert marker.exists(), f"{name}: main_fun's atexit handler did not run"
+        assert json.loads(marker.read_text())["pid"] == r["pid"]
 
 
 def test_run_shutdown_run_again_with_tf_servers(sc, tmp_path, no_leftovers):

@@ -273,6 +273,7 @@ def run_node(launch: NodeLaunch) -> int:
                     forwarder.close()
                 if tb_proc is not None:
                     tb_proc.terminate()
+                run_atexit_handlers()
                 os._exit(0)
 
         threading.Thread(target=_event_loop, args=(events, eid, hub, stop_event, _on_stop), name="tfos-events", daemon=True).start()
@@ -351,6 +352,31 @@ def _preimport_async(modules: tuple[str, ...], node_name: str) -> None:
     threading.Thread(target=_run, name="tfos-preimport", daemon=True).start()
 
 
+#: Longest wait, in seconds, for the atexit handlers of the TF process before it exits.
+ATEXIT_BUDGET_S = 2.0
+
+
+def run_atexit_handlers(budget_s: float = ATEXIT_BUDGET_S) -> None:
+    """Runs the interpreter's atexit handlers, waiting at most ``budget_s`` (TF process).
+
+    The TF process ends with ``os._exit`` (TensorFlow and gRPC leave non-daemon threads
+    that a normal exit would wait for), which skips atexit. The handlers that
+    ``main_fun`` and its libraries registered still run here: TensorFlow's autograph
+    deletes the modules it generated in the temp directory (one file per converted
+    function, otherwise left on every executor host), and the user's own handlers run
+    as in a plain Python program. They run in a daemon thread so that a stuck handler
+    delays the exit by ``budget_s`` at most (logged); a handler that raises is reported
+    on stderr by Python and the others still run.
+    """
+    import atexit
+
+    t = threading.Thread(target=atexit._run_exitfuncs, name="tfos-atexit", daemon=True)
+    t.start()
+    t.join(budget_s)
+    if t.is_alive():
+        log.warning("tfos: the TF process's atexit handlers did not finish within %g s; exiting without them", budget_s)
+
+
 def _event_loop(client: ControlClient, eid: int, hub: Optional[FeedHub], stop_event: threading.Event, on_stop) -> None:
     known: dict = {}
     while True:
@@ -388,6 +414,7 @@ def main() -> int:
     if launch.watch_pid:
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the supervisor decides (see tfos._node.supervisor)
     code = run_node(launch)
+    run_atexit_handlers()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
