@@ -176,11 +176,17 @@ def ps_worker_main(args, ctx):
     _write_json(_node_file(args["out"], ctx), {"pid": os.getpid(), "ppid": os.getppid()})
     if ctx.job_name == "ps":
         threading.Event().wait()
-    # The worker ends only once the ps recorded itself (see driver_ps_main): under CPU
-    # contention shutdown() once stopped the ps before its main_fun wrote its file.
+    _wait_for_ps_record(args["out"])
+
+
+def _wait_for_ps_record(out_dir: str) -> None:
+    """Returns once the ps wrote its record (at most 120 s; TF process). A worker ends
+    only after that (see driver_ps_main): under CPU contention shutdown() once stopped
+    the ps before its main_fun wrote its file."""
+    import os
     import time
 
-    ps_file = os.path.join(args["out"], "ps_0.json")
+    ps_file = os.path.join(out_dir, "ps_0.json")
     end = time.monotonic() + 120
     while not os.path.exists(ps_file) and time.monotonic() < end:
         time.sleep(0.05)
@@ -192,7 +198,6 @@ def atexit_main(args, ctx):
     import atexit
     import os
     import threading
-    import time
 
     import tensorflow as tf
 
@@ -207,10 +212,7 @@ def atexit_main(args, ctx):
     _write_json(_node_file(args["out"], ctx), {"pid": os.getpid(), "generated": generated, "existed": os.path.exists(generated)})
     if ctx.job_name == "ps":
         threading.Event().wait()
-    ps_file = os.path.join(args["out"], "ps_0.json")
-    end = time.monotonic() + 120
-    while not os.path.exists(ps_file) and time.monotonic() < end:
-        time.sleep(0.05)
+    _wait_for_ps_record(args["out"])
 
 
 def _ancestor_pids() -> list:
@@ -230,12 +232,7 @@ def driver_ps_main(args, ctx):
     # Workers end only once the ps recorded itself: under CPU contention the ps's main_fun
     # may start after both workers returned, and shutdown() stops the ps as soon as the
     # workers are done (as in TFoS), which once stopped it 33 ms into its main_fun.
-    import time
-
-    ps_file = os.path.join(args["out"], "ps_0.json")
-    end = time.monotonic() + 120
-    while not os.path.exists(ps_file) and time.monotonic() < end:
-        time.sleep(0.05)
+    _wait_for_ps_record(args["out"])
 
 
 def tf_server_main(args, ctx):
