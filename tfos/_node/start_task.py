@@ -136,10 +136,35 @@ def read_launch(stream: IO[bytes]) -> NodeLaunch:
     return read_record(stream, NodeLaunch)
 
 
+class ExecutorLogHandler(logging.StreamHandler):
+    """A StreamHandler to the executor log that drops records once that log is gone.
+
+    The executor log is the stderr pipe the node processes inherit from the executor JVM.
+    When the JVM dies first (killed, lost), every later record would hit a closed pipe,
+    and logging's default ``handleError`` prints "--- Logging error ---" with two
+    tracebacks on the process's stderr, which the TF process forwards to the driver next
+    to the real failure. Those records have nowhere to go: they are dropped and counted in
+    :attr:`dropped`. Any other error is reported as logging always does (node processes).
+    """
+
+    def __init__(self, stream=None) -> None:
+        super().__init__(stream)
+        #: Records dropped because the stream's reader was gone.
+        self.dropped = 0
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
+        exc = sys.exc_info()[1]
+        if isinstance(exc, BrokenPipeError) or (isinstance(exc, ValueError) and "closed file" in str(exc)):
+            self.dropped += 1
+            return
+        super().handleError(record)
+
+
 def setup_process_logging() -> None:
     """Logging for the node processes' entry points: the 'tfos' logger to stderr (which
-    lands in the executor log), printed once even if a library configures the root logger."""
-    handler = logging.StreamHandler(sys.stderr)
+    lands in the executor log), printed once even if a library configures the root logger;
+    nothing is printed about records lost because the executor JVM (the log's reader) died."""
+    handler = ExecutorLogHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     tfos_log = logging.getLogger("tfos")
     tfos_log.addHandler(handler)
