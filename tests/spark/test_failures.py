@@ -349,7 +349,8 @@ def test_executor_jvm_killed_while_training(spark_manager, tmp_path):
     cluster = TFCluster.run(sc, _slow_reader, {"marker": str(marker)}, 2, 0, input_mode=SPARK, heartbeat_timeout=hb)
     tf_pid = _node(cluster, 1)["pid"]
     jvm = _java_ancestor(tf_pid)
-    assert "CoarseGrainedExecutorBackend" in " ".join(jvm.cmdline())
+    jvm_cmdline = jvm.cmdline()
+    assert "CoarseGrainedExecutorBackend" in " ".join(jvm_cmdline)
     assert sc.applicationId in " ".join(jvm.cmdline())
     killed = {}
 
@@ -370,6 +371,10 @@ def test_executor_jvm_killed_while_training(spark_manager, tmp_path):
     assert "worker:1 (executor 1" in text, text
     # the node's supervisor sees its JVM go (within ~1 s); a heartbeat timeout is the fallback
     assert "executor JVM" in text or "no heartbeat" in text, text
+    if "executor JVM" in text:  # names the JVM as Spark's "Lost executor <id>" line does
+        args = jvm_cmdline
+        spark_id = args[args.index("--executor-id") + 1]
+        assert f"(pid {jvm.pid}, Spark executor id {spark_id})" in text, text
     assert any(f.executor_id == 1 and f.kind == "lost" for f in ei.value.failures), text
     assert_no_tfos_processes()
     spark_manager.stop()

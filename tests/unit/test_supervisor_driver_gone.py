@@ -68,3 +68,38 @@ def test_node_ends_heartbeat_timeout_after_the_driver_is_gone(tmp_path):
     left = [p.pid for p in procs[1:] if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert not left, f"TF process / main_fun child left after the supervisor ended ({took:.1f} s)"
     assert took <= HEARTBEAT_TIMEOUT_S + 5.0
+
+
+# ------------------------------------------------------------- naming the lost executor JVM
+def test_spark_executor_id_from_the_executor_command_line():
+    from tfos._node.supervisor import spark_executor_id
+
+    cmd = ["/usr/lib/jvm/java-17/bin/java", "-cp", "x", "-Xmx1024M",
+           "org.apache.spark.executor.CoarseGrainedExecutorBackend", "--driver-url", "spark://CoarseGrainedScheduler@h:1",
+           "--executor-id", "12", "--hostname", "127.0.0.1", "--cores", "1", "--app-id", "app-1"]
+    assert spark_executor_id(cmd) == "12"
+    assert spark_executor_id(["java", "org.apache.spark.deploy.SparkSubmit", "pyspark-shell"]) is None  # local[N] driver
+    assert spark_executor_id(["java", "--executor-id"]) is None  # no value
+
+
+def test_watch_describes_a_live_process_with_its_spark_executor_id():
+    import subprocess
+    import sys
+
+    from tfos._node.supervisor import _Watch
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "--executor-id", "7"])
+    try:
+        w = _Watch(proc.pid)
+        assert w.alive()
+        assert w.describe() == f"pid {proc.pid}, Spark executor id 7"
+    finally:
+        proc.kill()
+        proc.wait(10)
+    assert not w.alive()
+    plain = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert _Watch(plain.pid).describe() == f"pid {plain.pid}"
+    finally:
+        plain.kill()
+        plain.wait(10)

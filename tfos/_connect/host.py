@@ -221,7 +221,7 @@ class ControlHost:
             st.check_liveness()
             now = time.monotonic()
             if not jvm.alive():
-                why = f"the executor JVM (pid {self.launch.watch_pid}) exited"
+                why = f"the executor JVM ({jvm.describe()}) exited"
                 break
             if now - self._last_client > self.launch.client_timeout_s:
                 why = f"no client operation for {self.launch.client_timeout_s:g} s (the client program went away?)"

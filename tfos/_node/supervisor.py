@@ -49,6 +49,21 @@ ABORT_KILL_S = 2.0
 _REQUEST_TIMEOUT_S = 5.0
 
 
+def spark_executor_id(cmdline: list[str]) -> Optional[str]:
+    """Spark's executor id from an executor JVM's command line, or None.
+
+    Every cluster manager starts executors as ``CoarseGrainedExecutorBackend ...
+    --executor-id <id>`` (YARN, Kubernetes and standalone, local-cluster included); a
+    ``local[N]`` driver JVM has no such argument. This is the id of Spark's own "Lost
+    executor <id>" lines and UI, which differs from tfos's ``executor_id`` (the node's index,
+    as in TFoS).
+    """
+    for i, arg in enumerate(cmdline[:-1]):
+        if arg == "--executor-id":
+            return cmdline[i + 1]
+    return None
+
+
 class _Watch:
     """Liveness of one process by pid and start time (psutil)."""
 
@@ -57,11 +72,19 @@ class _Watch:
 
         self.pid = pid
         self._proc: Optional[psutil.Process] = None
+        #: Spark's executor id when the process is an executor JVM (read once, while it lives).
+        self.spark_executor_id: Optional[str] = None
         if pid:
             try:
                 self._proc = psutil.Process(pid)
+                self.spark_executor_id = spark_executor_id(self._proc.cmdline())
             except psutil.Error:
-                self._proc = None
+                pass
+
+    def describe(self) -> str:
+        """``"pid N"``, with Spark's executor id when known: ``"pid N, Spark executor id 3"``."""
+        eid = f", Spark executor id {self.spark_executor_id}" if self.spark_executor_id is not None else ""
+        return f"pid {self.pid}{eid}"
 
     def alive(self) -> bool:
         import psutil
@@ -175,7 +198,7 @@ def supervise(launch: NodeLaunch) -> int:
         except subprocess.TimeoutExpired:
             pass
         if not jvm.alive():
-            _report(client, launch, "lost", "ExecutorLost", f"the Spark executor JVM (pid {launch.watch_pid}) on {launch.host} exited, taking the node down")
+            _report(client, launch, "lost", "ExecutorLost", f"the Spark executor JVM ({jvm.describe()}) on {launch.host} exited, taking the node down")
             code = _stop_tf(tf, ABORT_KILL_S)
             break
         if parent_gone.is_set():
