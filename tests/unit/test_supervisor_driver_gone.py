@@ -88,18 +88,27 @@ def test_watch_describes_a_live_process_with_its_spark_executor_id():
 
     from tfos._node.supervisor import _Watch
 
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "--executor-id", "7"])
+    # The child says it runs before the watch reads its command line: Popen returns once
+    # exec has closed the parent's pipe, which is before the kernel has set the new
+    # image's arguments (a loaded machine hits that window). The executor JVM a
+    # supervisor watches has run for a while.
+    sleeper = "import time; print('up', flush=True); time.sleep(30)"
+    proc = subprocess.Popen([sys.executable, "-c", sleeper, "--executor-id", "7"], stdout=subprocess.PIPE)
     try:
+        assert proc.stdout.readline() == b"up\n"
         w = _Watch(proc.pid)
         assert w.alive()
         assert w.describe() == f"pid {proc.pid}, Spark executor id 7"
     finally:
         proc.kill()
         proc.wait(10)
+        proc.stdout.close()
     assert not w.alive()
-    plain = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    plain = subprocess.Popen([sys.executable, "-c", sleeper], stdout=subprocess.PIPE)
     try:
+        assert plain.stdout.readline() == b"up\n"
         assert _Watch(plain.pid).describe() == f"pid {plain.pid}"
     finally:
         plain.kill()
         plain.wait(10)
+        plain.stdout.close()
