@@ -15,6 +15,7 @@ interface.
 
 from __future__ import annotations
 
+import multiprocessing
 import queue
 from multiprocessing.managers import BaseManager
 from typing import Any, Dict, Optional, Sequence
@@ -66,6 +67,10 @@ def start(authkey: bytes, queues: Sequence[str], mode: str = "local") -> TFManag
         mode: 'local' (reachable from this host only, a Unix socket) or 'remote'
             (TCP on this host's address, any free port).
 
+    The manager's server is a spawned Python process (not a fork of the caller, which may
+    have loaded TensorFlow); starting it takes a fresh interpreter's start-up, a fraction
+    of a second.
+
     Returns:
         The started manager (also kept as ``tfos.TFManager.mgr``); ``mgr.address`` is what
         :func:`connect` needs. Stop it with ``mgr.shutdown()``.
@@ -76,12 +81,16 @@ def start(authkey: bytes, queues: Sequence[str], mode: str = "local") -> TFManag
     global mgr
     if mode not in ("local", "remote"):
         raise ValueError(f"TFManager mode must be 'local' or 'remote', got {mode!r}")
+    # The server process is spawned (a fresh interpreter), not forked: a fork of a process
+    # that loaded TensorFlow inherits TF's runtime mid-flight, and its garbage collector
+    # then runs TF finalizers there (seen: a segfault in the forked server).
+    ctx = multiprocessing.get_context("spawn")
     if mode == "remote":
         from .util import get_ip_address
 
-        m = TFManager(address=(get_ip_address(), 0), authkey=authkey)
+        m = TFManager(address=(get_ip_address(), 0), authkey=authkey, ctx=ctx)
     else:
-        m = TFManager(authkey=authkey)
+        m = TFManager(authkey=authkey, ctx=ctx)
     m.start(initializer=_init_server, initargs=(list(queues),))
     mgr = m
     return m

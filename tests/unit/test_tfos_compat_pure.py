@@ -102,6 +102,17 @@ def mgr():
     m.shutdown()
 
 
+def test_tfmanager_server_is_spawned_not_forked(mgr):
+    # A fork of a process that loaded TensorFlow (this test process has) inherits TF's
+    # runtime; its garbage collector ran TF finalizers in the forked server and crashed it
+    # (a segfault in this fixture, seen under load). A spawned server is a fresh interpreter.
+    import psutil
+
+    cmd = " ".join(psutil.Process(mgr._process.pid).cmdline())
+    assert "multiprocessing.spawn import spawn_main" in cmd, cmd
+    assert psutil.Process(mgr._process.pid).ppid() == os.getpid()
+
+
 def test_tfmanager_queues_and_state(mgr):
     mgr.set("state", "running")
     assert str(mgr.get("state")) == "'running'"  # a proxy, as in TFoS
