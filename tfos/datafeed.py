@@ -662,7 +662,16 @@ def rows_to_columns(
     for c, (dtype, shape) in enumerate(columns):
         try:
             vals = [row[c] for row in rows]
-            arr = np.asarray(vals, dtype=dtype)
+            if np.dtype(dtype).kind in "biufc":
+                # Inferred first, then cast (no copy when the types agree): np.asarray(vals,
+                # dtype=float32) would parse numeric strings ("1.5" -> 1.5) where a string
+                # column must be refused.
+                arr = np.asarray(vals)
+                if arr.dtype.kind in "USO" and _has_text(vals):
+                    raise ValueError("text")
+                arr = arr.astype(dtype, copy=False)
+            else:
+                arr = np.asarray(vals, dtype=dtype)
             if not rows and shape is not None:
                 arr = arr.reshape((0,) + tuple(shape))  # an empty batch still has the row shape
             if shape is not None and arr.shape[1:] != tuple(shape):
@@ -674,6 +683,23 @@ def rows_to_columns(
             _raise_first_bad(rows, ncol, c, dtype, shape, origins, names)
             raise
     return tuple(out)
+
+
+def _has_text(values: Sequence) -> bool:
+    """True when a value, or an item of a list/tuple value at any depth, is str or bytes (pure)."""
+    stack = list(values)
+    while stack:
+        v = stack.pop()
+        if isinstance(v, (str, bytes, bytearray)):
+            return True
+        if isinstance(v, (list, tuple)):
+            stack.extend(v)
+    return False
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _has_null(value: Any) -> bool:
@@ -702,6 +728,12 @@ def _raise_first_bad(
             raise _row_error(origins, i, f"expected a row of {ncol} values, got {type(row).__name__}") from None
         if n != ncol:
             raise _row_error(origins, i, f"expected {ncol} values per row, got {n}")
+        if np.dtype(dtype).kind in "biufc" and _has_text([row[c]]):
+            raise _row_error(
+                origins, i,
+                f"{col}: text {_short(row[c])} where a number ({np.dtype(dtype).name}) is asked; "
+                "cast the column to a number in Spark first, or ask for a string tensor (tf.string)",
+            )
         if _has_null(row[c]) and np.dtype(dtype).kind != "O":
             raise _row_error(
                 origins, i,
