@@ -356,3 +356,46 @@ def test_abort_reaches_the_tf_data_reader_as_feed_aborted(hub, steps):
     b.end()
     assert b.no_frame_yet()
     assert not feed.should_stop()  # never an end of feed
+
+
+def test_malformed_row_inside_tf_data_is_reported_as_itself(hub):
+    """tf.data re-raises the reader's MalformedRowError as a TensorFlow InvalidArgumentError
+    (TF's function names and blank lines around the text): the node's failure report gives
+    the tfos error's type and message, as a user checking error_type expects; the
+    traceback keeps TensorFlow's wrapper."""
+    tf = pytest.importorskip("tensorflow")
+
+    from tfos._data.tfdata import unwrap_tf_data_error
+    from tfos._node.launch import NodeLaunch
+    from tfos._node.tf_process import _failure
+
+    a = Feeder(hub, 6, epoch=1)
+    a.chunk(_rows(0, 3))
+    a.chunk([(np.zeros(3, np.float32), 9)])
+    a.end()
+    hub.queues["input"].put_nowait(END_OF_FEED)
+    sig = (tf.TensorSpec((None, 4), tf.float32), tf.TensorSpec((None,), tf.int64))
+    ds = DataFeed(hub, timeout_s=10).as_dataset(2, sig)
+    with pytest.raises(tf.errors.OpError) as ei:
+        for _ in ds:
+            pass
+    wrapped = ei.value
+    assert type(wrapped).__name__ == "InvalidArgumentError"
+    orig = unwrap_tf_data_error(wrapped)
+    assert isinstance(orig, MalformedRowError)
+    assert "partition 6 (epoch 1), row 3: column 0: expected shape (4,), got (3,)" in str(orig)
+    assert unwrap_tf_data_error(RuntimeError(str(wrapped))) is None  # not a TF error
+    assert unwrap_tf_data_error(tf.errors.InvalidArgumentError(None, None, "another error")) is None
+
+    class _Role:
+        executor_id, job_name, task_index = 1, "worker", 0
+
+    class _Launch:
+        role, host = _Role, "127.0.0.1"
+
+    rep = _failure(_Launch, wrapped)
+    assert rep.error_type == "MalformedRowError"
+    assert rep.message == str(orig)
+    assert "InvalidArgumentError" in rep.traceback and (rep.executor_id, rep.job_name, rep.host) == (1, "worker", "127.0.0.1")
+    other = _failure(_Launch, ValueError("boom"))
+    assert (other.error_type, other.message) == ("ValueError", "boom")

@@ -58,6 +58,35 @@ DEFAULT_BUFFER_BYTES = 32 << 20
 _END = object()  # buffer marker: the feed ended
 
 
+
+#: The last tfos error a feed reader raised into TensorFlow in this process (see
+#: :func:`unwrap_tf_data_error`).
+_raised_in_tf_data: list = []
+
+
+def note_raised_in_tf_data(exc: BaseException) -> None:
+    """Remembers ``exc``, raised by a tfos reader inside ``tf.data`` (TF process)."""
+    _raised_in_tf_data[:] = [exc]
+
+
+def unwrap_tf_data_error(exc: BaseException) -> Optional[BaseException]:
+    """The tfos error behind a TensorFlow error, or None (TF process).
+
+    ``tf.data`` re-raises an exception of a ``from_generator`` generator as a TensorFlow
+    error (``InvalidArgumentError``, ``UnknownError``) whose message embeds the original's
+    ``"<type>: <message>"``. When ``exc`` is such an error and the original was the last
+    tfos error a reader of this process raised, that original is returned, so the node
+    reports a ``MalformedRowError`` as itself rather than as TensorFlow's wrapper.
+    """
+    from tfos.errors import TFOSError
+
+    if not _raised_in_tf_data or not type(exc).__module__.startswith("tensorflow"):
+        return None
+    orig = _raised_in_tf_data[0]
+    if isinstance(orig, TFOSError) and f"{type(orig).__name__}: {orig}" in str(exc):
+        return orig
+    return None
+
 class _EpochStart:
     """Buffer marker (``per_epoch``): the first rows of a later epoch arrived."""
 
@@ -540,6 +569,7 @@ class FeedBatches:
                 return
             if isinstance(item, BaseException):
                 self._ended = True
+                note_raised_in_tf_data(item)
                 raise item
             if isinstance(item, _EpochStart):
                 if self.per_epoch:

@@ -148,10 +148,16 @@ def _failure(launch: NodeLaunch, exc: BaseException) -> NodeFailure:
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     if len(tb) > _MAX_TRACEBACK_CHARS:
         tb = tb[: _MAX_TRACEBACK_CHARS // 2] + "\n...\n" + tb[-_MAX_TRACEBACK_CHARS // 2 :]
-    msg = str(exc)
+    # A tfos error raised by the feed inside tf.data reaches main_fun wrapped in a
+    # TensorFlow error (InvalidArgumentError, with TF's function names and blank lines
+    # around it): the node reports the tfos error; the traceback keeps both.
+    from tfos._data.tfdata import unwrap_tf_data_error
+
+    shown = unwrap_tf_data_error(exc) or exc
+    msg = str(shown)
     if len(msg) > 4000:
         msg = msg[:4000] + "... [truncated]"
-    return NodeFailure(r.executor_id, r.job_name, r.task_index, launch.host, "exception", type(exc).__name__, msg, tb)
+    return NodeFailure(r.executor_id, r.job_name, r.task_index, launch.host, "exception", type(shown).__name__, msg, tb)
 
 
 def _after_abort(failure: NodeFailure, reason: str) -> NodeFailure:
