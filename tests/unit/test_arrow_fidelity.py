@@ -348,3 +348,20 @@ def test_feed_batches_densify_sparse_vectors_through_rows(hub):
     got = list(FeedBatches(DataFeed(hub, timeout_s=10), 3, [(np.float32, (3,)), (np.int64, ())]))
     assert len(got) == 1 and got[0][0].dtype == np.float32
     assert got[0][0].tolist() == [[1.0, 2.0, 3.0], [0.0, 0.0, 9.0], [4.0, 5.0, 6.0]] and got[0][1].tolist() == [0, 1, 2]
+
+
+def test_calendar_interval_columns_are_refused_before_the_feed():
+    """df.rdd has no Python value for CalendarIntervalType (PySpark raises), so train(df)
+    refuses it on the driver, naming the column at any depth (a new-user trial got pyarrow
+    MonthDayNano objects on the node instead)."""
+    from pyspark.sql.types import CalendarIntervalType
+
+    from tfos.errors import ConfigurationError
+
+    top = StructType([StructField("id", LongType()), StructField("iv", CalendarIntervalType())])
+    with pytest.raises(ConfigurationError, match=r"column 'iv' is a CalendarIntervalType .* cast it"):
+        feed_schema_json(top, True)
+    nested = StructType([StructField("st", StructType([StructField("m", MapType(StringType(), ArrayType(CalendarIntervalType())))]))])
+    with pytest.raises(ConfigurationError, match=r"column 'st\.m\{value\}\[\]'"):
+        feed_schema_json(nested, False)
+    assert feed_schema_json(StructType([StructField("id", LongType())]), True) is None

@@ -312,8 +312,15 @@ def feed_schema_json(schema: Any, as_bytes: bool) -> Optional[str]:
     Args:
         schema: The DataFrame's ``StructType``.
         as_bytes: :func:`binary_as_bytes` of the session.
+
+    Raises:
+        ConfigurationError: A ``CalendarIntervalType`` at any depth: ``df.rdd`` has no
+            Python value for it (PySpark raises), so neither has the feed; the message names
+            the column.
     """
     from pyspark.sql.types import ArrayType, BinaryType, MapType, StructType, UserDefinedType
+
+    _refuse_unfeedable(schema)
 
     def needs(t: Any) -> bool:
         if isinstance(t, (UserDefinedType, BinaryType)):
@@ -331,6 +338,32 @@ def feed_schema_json(schema: Any, as_bytes: bool) -> Optional[str]:
     obj = schema.jsonValue()
     obj[BINARY_AS_BYTES_KEY] = bool(as_bytes)
     return json.dumps(obj, separators=(",", ":"))
+
+
+def _refuse_unfeedable(schema: Any) -> None:
+    """Raises ConfigurationError for a column ``df.rdd`` cannot give to Python (driver; pure)."""
+    from pyspark.sql import types as T
+
+    from tfos.errors import ConfigurationError
+
+    interval = getattr(T, "CalendarIntervalType", None)  # not in every PySpark version
+    ArrayType, MapType, StructType = T.ArrayType, T.MapType, T.StructType
+
+    def walk(t: Any, path: str) -> None:
+        if interval is not None and isinstance(t, interval):
+            raise ConfigurationError(
+                f"train(df): column {path!r} is a CalendarIntervalType (INTERVAL with months), which df.rdd "
+                "cannot convert to Python either; cast it (e.g. to a string or a number of days) or drop it")
+        if isinstance(t, StructType):
+            for f in t.fields:
+                walk(f.dataType, f"{path}.{f.name}" if path else f.name)
+        elif isinstance(t, ArrayType):
+            walk(t.elementType, path + "[]")
+        elif isinstance(t, MapType):
+            walk(t.keyType, path + "{key}")
+            walk(t.valueType, path + "{value}")
+
+    walk(schema, "")
 
 
 class ArrowRows(list):
@@ -442,6 +475,8 @@ def _exact_values(arr: Any, spark_type: Any, as_bytes: bool) -> list:
         fast = _vector_values(arr, spark_type)
         if fast is not None:
             return fast
+    elif _is_variant(t):
+        return [_variant_value(v) for v in arr.to_pylist()]
     elif pa.types.is_struct(t):
         return _struct_values(arr, spark_type, as_bytes)
     elif (pa.types.is_integer(t) or pa.types.is_floating(t)) and not pa.types.is_float16(t):
@@ -602,6 +637,29 @@ def _is_udt(spark_type: Any) -> bool:
     return hasattr(spark_type, "deserialize") and hasattr(spark_type, "sqlType")
 
 
+def _is_variant(t: Any) -> bool:
+    """True for Spark's Arrow form of a ``VariantType`` value (pure): a struct of binary
+    ``value`` and ``metadata`` whose ``metadata`` field is tagged ``variant: true`` (the
+    test PySpark's own Arrow conversion uses)."""
+    import pyarrow as pa
+
+    if not pa.types.is_struct(t) or t.num_fields != 2:
+        return False
+    names = {t.field(i).name: t.field(i) for i in range(2)}
+    meta = names.get("metadata")
+    return "value" in names and meta is not None and (meta.metadata or {}).get(b"variant") == b"true"
+
+
+def _variant_value(v: Any) -> Any:
+    """A ``to_pylist()`` variant struct as ``df.rdd`` gives it: ``VariantVal`` of two
+    ``bytearray`` (PySpark 4), None for a null (pure)."""
+    if v is None:
+        return None
+    from pyspark.sql.types import VariantVal
+
+    return VariantVal(bytearray(v["value"]), bytearray(v["metadata"]))
+
+
 def _converter(t: Any, spark_type: Any = None, as_bytes: bool = False) -> Optional[Any]:
     """A function from ``Array.to_pylist()`` values of Arrow type ``t`` to the values of
     ``df.rdd`` (None when they are already the same; pure).
@@ -621,6 +679,8 @@ def _converter(t: Any, spark_type: Any = None, as_bytes: bool = False) -> Option
             return None if v is None else udt.deserialize(inner(v) if inner is not None else v)
 
         return convert_udt
+    if _is_variant(t):
+        return _variant_value
     if pa.types.is_struct(t):
         from pyspark.sql import Row
 
