@@ -70,6 +70,54 @@ def test_node_ends_heartbeat_timeout_after_the_driver_is_gone(tmp_path):
     assert took <= HEARTBEAT_TIMEOUT_S + 5.0
 
 
+def test_a_killed_supervisor_is_reported_by_its_tf_process(tmp_path):
+    """SIGKILL of a node's supervisor: its TF process sees the pipe close, reports the node
+    lost (SupervisorDied, a root cause) to the driver and exits. Before, nothing reported it:
+    the driver saw only a feed task's broken connection (InputMode.SPARK) or waited for the
+    heartbeat timeout (found by an attacker test). The heartbeat timeout here is 60 s, so
+    the report can only come from the TF process."""
+    import signal
+
+    from tfos.errors import is_root_cause
+
+    roles = roles_from_template(build_template(1, 0))
+    state = ClusterState("tfos-unit-supkill", roles, 60.0)
+    key = _wire.new_key()
+    server = ControlServer(key, state.handle, host="127.0.0.1")
+    try:
+        cfg = ClusterConfig(
+            cluster_id="tfos-unit-supkill", key=key, driver_host="127.0.0.1", driver_port=server.port,
+            input_mode=InputMode.TENSORFLOW, roles=tuple(roles), heartbeat_interval_s=0.5,
+            heartbeat_timeout_s=60.0, reservation_timeout_s=60.0, forward_logs="none",
+        )
+        out = tmp_path / "child.pid"
+        launch = NodeLaunch(
+            config=cfg, role=roles[0], host="127.0.0.1", executor_key="h/1", watch_pid=0, watch_stdin=False,
+            working_dir=str(tmp_path), python_path=tuple(p for p in sys.path if p),
+            fn_payload=cloudpickle.dumps((sleeper_main, {"out": str(out)})),
+        )
+        sup = spawn_supervisor(launch)
+        deadline = time.monotonic() + 120
+        while not (out.exists() and out.read_text().endswith("\n")) and time.monotonic() < deadline:
+            assert sup.poll() is None, "the supervisor ended early"
+            time.sleep(0.1)
+        tf = psutil.Process(state.nodes_snapshot()[0].pid)
+        child = psutil.Process(int(out.read_text()))
+        assert not state.failed
+        sup.send_signal(signal.SIGKILL)
+        sup.wait(10)
+        assert state.wait_until(lambda: state.failed, 10.0), "no failure reported within 10 s of the kill"
+        (failure,) = state.failures
+        assert (failure.kind, failure.error_type, failure.executor_id) == ("lost", "SupervisorDied", 0)
+        assert "the node's supervisor process died" in failure.message and f"pid {tf.pid}" in failure.message
+        assert is_root_cause(failure)
+        # the TF process and main_fun's child end with it (nothing left behind)
+        gone, alive = psutil.wait_procs([tf, child], timeout=10)
+        assert not alive, f"left after the supervisor was killed: {[p.pid for p in alive]}"
+    finally:
+        server.close()
+
+
 # ------------------------------------------------------------- naming the lost executor JVM
 def test_spark_executor_id_from_the_executor_command_line():
     from tfos._node.supervisor import spark_executor_id

@@ -406,6 +406,39 @@ def _event_loop(client: ControlClient, eid: int, hub: Optional[FeedHub], stop_ev
         known = {k: d.get(k) for k in ("stop", "feed_closed", "abort", "failed")}
 
 
+#: Exit status of a TF process whose supervisor died.
+SUPERVISOR_GONE_EXIT = 70
+
+
+def _supervisor_gone(launch: NodeLaunch) -> None:
+    """The supervisor's pipe closed, so it died (it never closes the pipe itself while the
+    TF process runs): report the node lost to the driver, then end this process's group
+    (the TF process and what main_fun started) at once (TF process)."""
+    r = launch.role
+    cfg = launch.config
+    try:
+        ppid = os.getppid()
+        failure = NodeFailure(
+            r.executor_id, r.job_name, r.task_index, launch.host, "lost", "SupervisorDied",
+            "the node's supervisor process died (killed, or out of memory) and took the node down; "
+            f"its TF process (pid {os.getpid()}, now a child of pid {ppid}) ended with it",
+        )
+        client = ControlClient(cfg.driver_host, cfg.driver_port, cfg.key, cfg.cluster_id, connect_timeout_s=2.0)
+        client.request("status", executor_id=r.executor_id, state="failed", failure=failure.to_dict(),
+                       timeout_s=2.0, retry=False)
+    except BaseException:  # noqa: BLE001 - the exit below must happen whatever the report did
+        pass
+    finally:
+        # What main_fun started is in this process's group (the supervisor made the TF
+        # process a group leader, and would have ended the group itself): end it with us.
+        try:
+            if os.getpgrp() == os.getpid():
+                os.killpg(os.getpid(), signal.SIGKILL)
+        except OSError:
+            pass
+        os._exit(SUPERVISOR_GONE_EXIT)
+
+
 def main() -> int:
     """Entry point of ``python -m tfos._node.tf_process``; returns the exit code."""
     setup_process_logging()
@@ -415,8 +448,10 @@ def main() -> int:
     # (a TF_CPP_MIN_LOG_LEVEL of theirs wins); set before main_fun imports TensorFlow.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", TF_LOG_LEVEL_DEFAULT)
 
-    # The supervisor is gone: never outlive it.
-    watch_stdin_eof(lambda: os._exit(70), "tfos-supervisor-watch")
+    # The supervisor is gone: never outlive it. Tell the driver first (one try, 2 s at
+    # most): nobody else will; without this the driver saw only the consequences (a feed
+    # task's lost connection) or, in InputMode.TENSORFLOW, waited for the heartbeat timeout.
+    watch_stdin_eof(lambda: _supervisor_gone(launch), "tfos-supervisor-watch")
     if launch.watch_pid:
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the supervisor decides (see tfos._node.supervisor)
     code = run_node(launch)
