@@ -204,3 +204,51 @@ def test_rerun_of_delivered_partition_is_refused(sc, no_leftovers, tmp_path):
         if path.exists():
             seen.extend(int(x) for x in path.read_text().split())
     assert sorted(seen) == list(range(100))  # every row once, none twice
+
+
+def _drain(args, ctx):
+    feed = ctx.get_data_feed()
+    n = 0
+    while not feed.should_stop():
+        n += len(feed.next_batch(50))
+    with open(os.path.join(args["out"], f"rows-{ctx.executor_id}"), "w") as f:
+        f.write(str(n))
+
+
+def test_key_stays_out_of_py4j_debug_log(sc, tmp_path):
+    """With DEBUG logging, py4j logs every command sent to the JVM, including the base64
+    task closures of tfos's start and feed jobs, which hold the cluster key (found by an
+    attacker test). While a cluster is open those commands are elided; other py4j records
+    and the logging itself stay."""
+    import base64
+    import io
+    import logging
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setLevel(logging.DEBUG)
+    loggers = [logging.getLogger(n) for n in ("py4j.clientserver", "py4j.java_gateway")]
+    old = [(lg.level, lg.propagate) for lg in loggers]
+    for lg in loggers:
+        lg.addHandler(handler)
+        lg.setLevel(logging.DEBUG)
+    try:
+        cluster = TFCluster.run(sc, _drain, {"out": str(tmp_path)}, 2, 0, input_mode=SPARK)
+        key = cluster._config.node.key
+        cluster.train(sc.parallelize(range(400), 4), num_epochs=1)
+        cluster.shutdown()
+        during = stream.getvalue()
+    finally:
+        for lg, (level, prop) in zip(loggers, old):
+            lg.removeHandler(handler)
+            lg.setLevel(level)
+            lg.propagate = prop
+    assert sum(int((tmp_path / f"rows-{e}").read_text()) for e in (0, 1)) == 400
+    for form in (key.hex(), base64.b64encode(key).decode(), base64.urlsafe_b64encode(key).decode().rstrip("=")):
+        assert form not in during
+    # the key in a base64 pickle blob need not start on a 3-byte boundary: check every alignment
+    for shift in range(3):
+        probe = base64.b64encode(b"\0" * shift + key).decode()[4 * ((shift + 2) // 3) + 2: -4]
+        assert probe not in during, f"key (base64 shift {shift}) in the py4j DEBUG log"
+    assert "characters elided by tfos while a cluster is open" in during
+    assert "Answer received" in during  # the rest of py4j's DEBUG log is kept

@@ -131,6 +131,7 @@ class ClusterRuntime:
         self._liveness_stop = threading.Event()
         self._teardown_thread: Optional[threading.Thread] = None
         _open_clusters.add(self)
+        install_py4j_redaction()
         threading.Thread(target=self._liveness_loop, name=f"{cluster_id}-liveness", daemon=True).start()
 
     @property
@@ -356,6 +357,46 @@ class Progress:
         """Removes the line without a final refresh (after an error: no stale line)."""
         self._bar.leave = False
         self._bar.close()
+
+
+# ------------------------------------------------------- the key and py4j's DEBUG log
+#: Loggers py4j writes every command it sends to the JVM to, at DEBUG.
+PY4J_COMMAND_LOGGERS = ("py4j.clientserver", "py4j.java_gateway")
+
+
+class Py4jCommandRedactor(logging.Filter):
+    """Elides the text of py4j's "Command to send" DEBUG records while a tfos cluster is open.
+
+    py4j logs every command the driver sends to the JVM, and a command that submits a Spark
+    job carries the job's pickled task closure in base64, where tfos's start and feed tasks
+    hold the cluster key: with DEBUG logging on, the key would reach the driver's log. The
+    record stays (with the command's length), only its text goes; records of other kinds,
+    and every record while no cluster is open, pass unchanged (driver).
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.DEBUG or not (_open_clusters or _restarting):
+            return True
+        try:
+            text = record.getMessage()
+        except Exception:  # noqa: BLE001 - a record logging cannot format is not ours to fix
+            return True
+        if text.startswith("Command to send"):
+            record.msg = (f"Command to send: [{len(text) - 17} characters elided by tfos while a cluster is open: "
+                          "py4j commands carry Spark task closures, which hold the cluster key]")
+            record.args = ()
+        return True
+
+
+_py4j_redactor = Py4jCommandRedactor()
+
+
+def install_py4j_redaction() -> None:
+    """Adds :class:`Py4jCommandRedactor` to py4j's command loggers, once (driver)."""
+    for name in PY4J_COMMAND_LOGGERS:
+        logger = logging.getLogger(name)
+        if _py4j_redactor not in logger.filters:
+            logger.addFilter(_py4j_redactor)
 
 
 # ------------------------------------------------------- SIGTERM and interpreter exit
