@@ -657,7 +657,8 @@ def _variant_value(v: Any) -> Any:
         return None
     from pyspark.sql.types import VariantVal
 
-    return VariantVal(bytearray(v["value"]), bytearray(v["metadata"]))
+    # bytearray, as df.rdd holds them (PySpark's annotation says bytes)
+    return VariantVal(bytearray(v["value"]), bytearray(v["metadata"]))  # type: ignore[arg-type]
 
 
 def _converter(t: Any, spark_type: Any = None, as_bytes: bool = False) -> Optional[Any]:
