@@ -58,7 +58,6 @@ DEFAULT_BUFFER_BYTES = 32 << 20
 _END = object()  # buffer marker: the feed ended
 
 
-
 #: The last tfos error a feed reader raised into TensorFlow in this process (see
 #: :func:`unwrap_tf_data_error`).
 _raised_in_tf_data: list = []
@@ -86,6 +85,7 @@ def unwrap_tf_data_error(exc: BaseException) -> Optional[BaseException]:
     if isinstance(orig, TFOSError) and f"{type(orig).__name__}: {orig}" in str(exc):
         return orig
     return None
+
 
 class _EpochStart:
     """Buffer marker (``per_epoch``): the first rows of a later epoch arrived."""
