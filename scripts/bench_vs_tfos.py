@@ -49,13 +49,9 @@ import tempfile
 import threading
 import time
 
-os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-os.environ.setdefault("TFOS_PROGRESS", "0")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# Importing bench_feed also sets the environment both benchmarks run with (PYSPARK_PYTHON,
+# SPARK_LOCAL_IP, TFOS_PROGRESS=0, ...), before pyspark is imported.
 from bench_feed import _count_rows, make_rdd  # noqa: E402 - the same data as bench_feed.py
 
 LIBS = ("tensorflowonspark", "tfos")

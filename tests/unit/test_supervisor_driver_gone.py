@@ -31,16 +31,19 @@ def sleeper_main(args, ctx):
     _time.sleep(600)
 
 
-def test_node_ends_heartbeat_timeout_after_the_driver_is_gone(tmp_path):
+def _start_sleeper_node(tmp_path, cluster_id: str, heartbeat_timeout_s: float):
+    """One InputMode.TENSORFLOW node (real supervisor and TF process running sleeper_main)
+    against an in-process control server; returns ``(state, server, supervisor, child_pid)``
+    once main_fun's child runs. The caller closes ``server``."""
     roles = roles_from_template(build_template(1, 0))
-    state = ClusterState("tfos-unit-gone", roles, HEARTBEAT_TIMEOUT_S)
+    state = ClusterState(cluster_id, roles, heartbeat_timeout_s)
     key = _wire.new_key()
     server = ControlServer(key, state.handle, host="127.0.0.1")
     try:
         cfg = ClusterConfig(
-            cluster_id="tfos-unit-gone", key=key, driver_host="127.0.0.1", driver_port=server.port,
+            cluster_id=cluster_id, key=key, driver_host="127.0.0.1", driver_port=server.port,
             input_mode=InputMode.TENSORFLOW, roles=tuple(roles), heartbeat_interval_s=0.5,
-            heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S, reservation_timeout_s=60.0, forward_logs="none",
+            heartbeat_timeout_s=heartbeat_timeout_s, reservation_timeout_s=60.0, forward_logs="none",
         )
         out = tmp_path / "child.pid"
         launch = NodeLaunch(
@@ -53,7 +56,15 @@ def test_node_ends_heartbeat_timeout_after_the_driver_is_gone(tmp_path):
         while not (out.exists() and out.read_text().endswith("\n")) and time.monotonic() < deadline:
             assert sup.poll() is None, "the supervisor ended early"
             time.sleep(0.1)
-        child_pid = int(out.read_text())
+        return state, server, sup, int(out.read_text())
+    except BaseException:
+        server.close()
+        raise
+
+
+def test_node_ends_heartbeat_timeout_after_the_driver_is_gone(tmp_path):
+    state, server, sup, child_pid = _start_sleeper_node(tmp_path, "tfos-unit-gone", HEARTBEAT_TIMEOUT_S)
+    try:
         tf_pid = state.nodes_snapshot()[0].pid
         procs = [psutil.Process(p) for p in (sup.pid, tf_pid, child_pid)]
     finally:
@@ -80,29 +91,10 @@ def test_a_killed_supervisor_is_reported_by_its_tf_process(tmp_path):
 
     from tfos.errors import is_root_cause
 
-    roles = roles_from_template(build_template(1, 0))
-    state = ClusterState("tfos-unit-supkill", roles, 60.0)
-    key = _wire.new_key()
-    server = ControlServer(key, state.handle, host="127.0.0.1")
+    state, server, sup, child_pid = _start_sleeper_node(tmp_path, "tfos-unit-supkill", 60.0)
     try:
-        cfg = ClusterConfig(
-            cluster_id="tfos-unit-supkill", key=key, driver_host="127.0.0.1", driver_port=server.port,
-            input_mode=InputMode.TENSORFLOW, roles=tuple(roles), heartbeat_interval_s=0.5,
-            heartbeat_timeout_s=60.0, reservation_timeout_s=60.0, forward_logs="none",
-        )
-        out = tmp_path / "child.pid"
-        launch = NodeLaunch(
-            config=cfg, role=roles[0], host="127.0.0.1", executor_key="h/1", watch_pid=0, watch_stdin=False,
-            working_dir=str(tmp_path), python_path=tuple(p for p in sys.path if p),
-            fn_payload=cloudpickle.dumps((sleeper_main, {"out": str(out)})),
-        )
-        sup = spawn_supervisor(launch)
-        deadline = time.monotonic() + 120
-        while not (out.exists() and out.read_text().endswith("\n")) and time.monotonic() < deadline:
-            assert sup.poll() is None, "the supervisor ended early"
-            time.sleep(0.1)
         tf = psutil.Process(state.nodes_snapshot()[0].pid)
-        child = psutil.Process(int(out.read_text()))
+        child = psutil.Process(child_pid)
         assert not state.failed
         sup.send_signal(signal.SIGKILL)
         sup.wait(10)
