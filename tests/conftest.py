@@ -116,12 +116,24 @@ def assert_no_tfos_processes(timeout_s: float = 20.0) -> None:
     assert not left, f"tfos processes left behind: {left}"
 
 
+def feed_socket_dirs() -> set[str]:
+    """The Unix-socket directories of nodes' data servers now in the temp dir."""
+    import tempfile
+
+    base = tempfile.gettempdir()
+    return {n for n in os.listdir(base) if n.startswith("tfos-feed-")}
+
+
 @pytest.fixture
 def no_leftovers():
-    """Asserts that a test leaves no tfos node process behind."""
+    """Asserts that a test leaves no tfos node process behind, and no data-socket
+    directory (a node's TF process removes its own; its supervisor does after a kill)."""
     assert_no_tfos_processes()
+    before = feed_socket_dirs()
     yield
     assert_no_tfos_processes()
+    left = feed_socket_dirs() - before
+    assert not left, f"data-socket directories left behind: {sorted(left)}"
 
 
 @pytest.fixture(autouse=True)

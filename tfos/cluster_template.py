@@ -89,6 +89,8 @@ class NodeInfo:
         pid: The process id of the node's TF process on ``host``.
         executor_key: Identity of the Spark executor that hosts the node
             (``"host/jvm-pid"``); feed tasks use it to find the node on their own executor.
+        data_path: The node's Unix-domain data socket on ``host`` ("" when there is
+            none); feed tasks on the same host connect there before ``data_port``.
     """
 
     executor_id: int
@@ -99,8 +101,11 @@ class NodeInfo:
     data_port: int = 0
     pid: int = 0
     executor_key: str = ""
+    data_path: str = ""
 
     def __post_init__(self) -> None:
+        if self.data_path and (not self.data_path.startswith("/") or "\0" in self.data_path or len(self.data_path) > 200):
+            raise ControlProtocolError(f"invalid data socket path {self.data_path!r}")
         if not (0 < self.port < 65536):
             raise ControlProtocolError(f"invalid TF port {self.port} for executor {self.executor_id}")
         if not (0 <= self.data_port < 65536):
@@ -144,6 +149,7 @@ class NodeInfo:
                 data_port=int(data.get("data_port", 0)),
                 pid=int(data.get("pid", 0)),
                 executor_key=str(data.get("executor_key", "")),
+                data_path=str(data.get("data_path", "")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ControlProtocolError(f"malformed node record: {exc!r}") from None

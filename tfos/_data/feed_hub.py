@@ -13,8 +13,12 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import queue
+import shutil
 import socket
+import stat
+import tempfile
 import threading
 import time
 from typing import Optional
@@ -37,6 +41,8 @@ _HANDSHAKE_TIMEOUT_S = 10.0
 MAX_HANDSHAKES = 32
 #: Most authenticated connections served at once (feed tasks run at most one per Spark core).
 MAX_CONNECTIONS = 256
+# sun_path holds 108 bytes on Linux, 104 on macOS, with the terminating NUL.
+_MAX_UNIX_PATH = 103
 
 
 class _EndOfFeed:
@@ -146,13 +152,18 @@ class FeedHub:
         queues: Names of the queues to create (e.g. 'input', 'output', 'error').
         queue_chunks: Bound of each queue, in chunks.
         node_name: For log and error messages.
+        local_socket: Also listen on a Unix-domain socket (``path``) for feed tasks on the
+            same host; they connect there first and fall back to ``port``.
 
     Attributes:
-        port: The listening port.
+        port: The listening TCP port.
+        path: The Unix-domain socket's path, "" when there is none. It lives in a
+            directory of mode 0700 made for it (under ``TMPDIR``), removed by :meth:`close`.
         rows_taken: Rows handed to ``main_fun`` (all queues), reported to the driver.
     """
 
-    def __init__(self, host: str, key: bytes, queues: tuple[str, ...], queue_chunks: int, node_name: str):
+    def __init__(self, host: str, key: bytes, queues: tuple[str, ...], queue_chunks: int, node_name: str,
+                 local_socket: bool = True):
         self._key = key
         self.node_name = node_name
         self.queues: dict[str, queue.Queue] = {q: queue.Queue(maxsize=queue_chunks) for q in queues}
@@ -182,16 +193,57 @@ class FeedHub:
         self._listener.bind((host, 0))
         self._listener.listen(64)
         self.port = self._listener.getsockname()[1]
-        self._accept_thread = threading.Thread(target=self._accept_loop, name="tfos-feed-accept", daemon=True)
+        #: Path of the Unix-domain listener for feed tasks on this host ("" when there is none).
+        self.path = ""
+        self._unix_dir = ""
+        self._unix: Optional[socket.socket] = None
+        if local_socket:
+            self._open_unix_listener()
+        self._accept_thread = threading.Thread(target=self._accept_loop, args=(self._listener,), name="tfos-feed-accept", daemon=True)
         self._accept_thread.start()
+        if self._unix is not None:
+            threading.Thread(target=self._accept_loop, args=(self._unix,), name="tfos-feed-accept-unix", daemon=True).start()
+
+    def _open_unix_listener(self) -> None:
+        """Listens on a Unix-domain socket in a new 0700 directory (same-host feed tasks).
+
+        A Unix-domain connection moves a frame with about half the kernel CPU of a
+        loopback TCP connection (``scripts/bench_frame_hop.py``). It changes nothing else:
+        the handshake and the frame tags are the same as over TCP, and the directory's mode
+        keeps other users from connecting at all. Without it (no ``AF_UNIX``, a temp dir
+        path too long for ``sun_path``, bind refused), the node serves TCP only.
+        """
+        if not hasattr(socket, "AF_UNIX"):
+            return
+        d = ""
+        try:
+            d = tempfile.mkdtemp(prefix=unix_dir_prefix(os.getpid()))  # mode 0700
+            path = os.path.join(d, "s")
+            if len(os.fsencode(path)) > _MAX_UNIX_PATH:
+                raise OSError(f"path {path!r} is too long for a Unix socket")
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.bind(path)
+                sock.listen(64)
+            except BaseException:
+                sock.close()
+                raise
+        except OSError as exc:
+            log.info("node %s: no Unix-domain data socket (%s); same-host feed tasks use TCP", self.node_name, exc)
+            if d:
+                shutil.rmtree(d, ignore_errors=True)
+            return
+        self._unix, self._unix_dir, self.path = sock, d, path
 
     # -------------------------------------------------------------- accepting
-    def _accept_loop(self) -> None:
+    def _accept_loop(self, listener: socket.socket) -> None:
         """Accepts connections until :meth:`close`; survives any error of a single accept."""
         errors = 0
         while not self._closing:
             try:
-                sock, peer = self._listener.accept()
+                sock, peer = listener.accept()
+                if sock.family != socket.AF_INET and sock.family != socket.AF_INET6:
+                    peer = ("local", "unix")
             except OSError as exc:
                 if self._closing:
                     return
@@ -234,7 +286,8 @@ class FeedHub:
         conn: Optional[FeedConnection] = None
         authed = False
         try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if sock.family in (socket.AF_INET, socket.AF_INET6):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             hs = Deadline(_HANDSHAKE_TIMEOUT_S, "the data-connection handshake")
             session = _wire.server_handshake(sock, self._key, hs)
             with self._lock:
@@ -447,14 +500,19 @@ class FeedHub:
         for c in conns:
             c.send_json(FrameType.ERROR, {"state": state, "message": reason, "rows": c.rows_taken, "pending": c.pending})
             c.close()
-        try:
-            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept loop
-        except OSError:
-            pass
-        try:
-            self._listener.close()
-        except OSError:
-            pass
+        for listener in (self._listener, self._unix):
+            if listener is None:
+                continue
+            try:
+                listener.shutdown(socket.SHUT_RDWR)  # wakes the accept loop
+            except OSError:
+                pass
+            try:
+                listener.close()
+            except OSError:
+                pass
+        if self._unix_dir:
+            shutil.rmtree(self._unix_dir, ignore_errors=True)
         with self._lock:
             pending = list(self._pending)
         for sock in pending:
@@ -462,6 +520,41 @@ class FeedHub:
                 sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+
+
+def unix_dir_prefix(pid: int) -> str:
+    """Name prefix of the Unix-socket directory a FeedHub in process ``pid`` makes (pure)."""
+    return f"tfos-feed-{pid}-"
+
+
+def remove_unix_dirs(pid: int) -> int:
+    """Removes the Unix-socket directories FeedHubs of the ended process ``pid`` left behind.
+
+    Runs in the node's supervisor after its TF process exited: a killed TF process never
+    runs :meth:`FeedHub.close`. Only directories owned by this user are touched.
+
+    Returns:
+        The number of directories removed.
+    """
+    base = tempfile.gettempdir()
+    prefix = unix_dir_prefix(pid)
+    n = 0
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return 0
+    for name in names:
+        if not name.startswith(prefix):
+            continue
+        path = os.path.join(base, name)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid():
+            shutil.rmtree(path, ignore_errors=True)
+            n += 1
+    return n
 
 
 def _close_quietly(sock: socket.socket) -> None:

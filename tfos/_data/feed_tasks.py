@@ -137,19 +137,21 @@ def choose_node(nodes: tuple[NodeInfo, ...], index: int, executor_key: str, host
 class _Link:
     """One mutually authenticated data connection from a task to a node.
 
+    ``local`` (the node is on the task's host) connects to the node's Unix-domain socket
+    first, falling back to TCP; both carry the same handshake and tagged frames.
+
     Raises (constructor):
         DataAuthError: The peer did not prove it holds the cluster key.
         OSError, ConnectionError, DeadlineExceededError: The node is unreachable or went away.
     """
 
-    def __init__(self, plan: FeedPlan, node: NodeInfo, partition: int, epoch: int, index: int):
+    def __init__(self, plan: FeedPlan, node: NodeInfo, partition: int, epoch: int, index: int, local: bool = False):
         self.plan, self.node, self.partition, self.epoch = plan, node, partition, epoch
         self.where = f"partition {partition} (epoch {epoch}) -> {node.name}"
         hs = Deadline(_CONNECT_TIMEOUT_S, f"the data handshake with {node.name}")
         for attempt in range(_HANDSHAKE_ATTEMPTS):
-            self.sock = socket.create_connection((node.host, node.data_port), timeout=_CONNECT_TIMEOUT_S)
+            self.sock = self._connect(node, local)
             try:
-                self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 self.session = _wire.client_handshake(self.sock, plan.key, hs)
                 break
             except ConnectionError:
@@ -172,6 +174,27 @@ class _Link:
             raise
         self.status = status if ftype is FrameType.STATUS else {"state": "error", "message": f"bad {ftype.name} frame instead of a status"}
         self.sock.settimeout(plan.feed_timeout_s)
+
+    @staticmethod
+    def _connect(node: NodeInfo, local: bool) -> socket.socket:
+        """A connected socket: the node's Unix-domain socket when ``local`` and it has one,
+        else (or when that fails) TCP to ``host:data_port``."""
+        if local and node.data_path:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.settimeout(_CONNECT_TIMEOUT_S)
+                sock.connect(node.data_path)
+                return sock
+            except OSError as exc:  # not this host after all, or the node is gone: TCP decides
+                sock.close()
+                log.debug("%s: Unix-domain data socket %s refused (%s); using TCP", node.name, node.data_path, exc)
+        sock = socket.create_connection((node.host, node.data_port), timeout=_CONNECT_TIMEOUT_S)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except BaseException:
+            sock.close()
+            raise
+        return sock
 
     def close(self) -> None:
         try:
@@ -335,7 +358,7 @@ def _open(plan: FeedPlan, index: int) -> tuple[Optional[_Link], NodeInfo, str]:
     for cand in candidates:
         where = f"partition {part} (epoch {epoch}) -> {cand.name}"
         try:
-            link = _Link(plan, cand, part, epoch, index)
+            link = _Link(plan, cand, part, epoch, index, local=cand.executor_key == key or cand.host == host)
         except DataAuthError as exc:
             why = (
                 f"{cand.name}: the process listening on its data port {cand.host}:{cand.data_port} failed to "

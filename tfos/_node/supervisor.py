@@ -31,6 +31,7 @@ from typing import Optional
 
 from tfos._driver.state import describe_exit
 from tfos._control.client import ControlClient
+from tfos._data.feed_hub import remove_unix_dirs
 from tfos._node.launch import NodeLaunch
 from tfos._node.start_task import _child_env, read_launch, setup_process_logging, watch_stdin_eof, write_launch
 from tfos.errors import ControlProtocolError, DeadlineExceededError, NodeFailure
@@ -237,6 +238,7 @@ def supervise(launch: NodeLaunch) -> int:
             code = _stop_tf(tf)
             terminated = True
     _end_group(tf.pid)
+    remove_unix_dirs(tf.pid)  # a killed TF process leaves its feed socket's directory
     log.info("tfos node %s: TF process %s", launch.node_name, describe_exit(code))
     if not driver_gone:
         try:

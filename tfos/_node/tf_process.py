@@ -28,7 +28,7 @@ from typing import Optional
 
 from tfos._control.client import ControlClient
 from tfos._common.deadline import Deadline
-from tfos._data.feed_hub import FeedHub
+from tfos._data.feed_hub import FeedHub, remove_unix_dirs
 from tfos._node.launch import NodeLaunch
 from tfos._node.output import TF_LOG_LEVEL_DEFAULT, NodeOutput, tf_noise_level
 from tfos._node.start_task import read_launch, setup_process_logging, watch_stdin_eof
@@ -228,7 +228,8 @@ def run_node(launch: NodeLaunch) -> int:
             hub = FeedHub(launch.host, cfg.key, cfg.queues, cfg.queue_chunks, launch.node_name)
             hub.data_timeout_s = cfg.data_timeout_s
             _preimport_async(_FEED_MODULES, launch.node_name)
-        me = NodeInfo(eid, role.job_name, role.task_index, launch.host, port_sock.getsockname()[1], hub.port if hub else 0, os.getpid(), launch.executor_key)
+        me = NodeInfo(eid, role.job_name, role.task_index, launch.host, port_sock.getsockname()[1], hub.port if hub else 0, os.getpid(), launch.executor_key,
+                      hub.path if hub else "")
         resp = client.request("register", node=me.to_dict(), timeout_s=30.0)
         if not resp.get("ok"):
             log.warning("tfos node %s not admitted: %s", launch.node_name, resp.get("abort"))
@@ -429,6 +430,7 @@ def _supervisor_gone(launch: NodeLaunch) -> None:
     except BaseException:  # noqa: BLE001 - the exit below must happen whatever the report did
         pass
     finally:
+        remove_unix_dirs(os.getpid())  # the supervisor that would have is gone
         # What main_fun started is in this process's group (the supervisor made the TF
         # process a group leader, and would have ended the group itself): end it with us.
         try:

@@ -1,0 +1,147 @@
+"""The node's Unix-domain data socket: same-host feed tasks connect there, with the same
+handshake and tagged frames as over TCP, and fall back to TCP when it is not there."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import stat
+import tempfile
+
+import pytest
+
+import tfos._data.feed_hub as hub_mod
+from tfos._common import wire as _wire
+from tfos._common.deadline import Deadline
+from tfos._data.feed_hub import Chunk, FeedHub, PartitionEnd, remove_unix_dirs, unix_dir_prefix
+from tfos._data.feed_tasks import FeedPlan, _Link
+from tfos._data.framing import FrameType
+from tfos.cluster_template import NodeInfo
+from tfos.errors import ControlProtocolError
+
+KEY = _wire.new_key()
+OTHER_KEY = _wire.new_key()
+
+
+@pytest.fixture
+def hub():
+    h = FeedHub("127.0.0.1", KEY, ("input",), 8, "worker:0 (executor 0, test)")
+    yield h
+    h.close("finished", "test over")
+
+
+def _node(hub: FeedHub, path: str | None = None) -> NodeInfo:
+    return NodeInfo(0, "worker", 0, "127.0.0.1", 2222, hub.port, os.getpid(), "test/1",
+                    hub.path if path is None else path)
+
+
+def _plan(node: NodeInfo) -> FeedPlan:
+    return FeedPlan("tfos-unit-unix", KEY, "127.0.0.1", 1, (node,), "input", "train", None, feed_timeout_s=20.0)
+
+
+def _feed_one(link: _Link, hub: FeedHub) -> list:
+    rows = [(i, float(i) * 0.5) for i in range(7)]
+    link.send(FrameType.DATA, pickle.dumps(rows))
+    link.send(FrameType.END)
+    chunk, end = hub.queues["input"].get(timeout=20), hub.queues["input"].get(timeout=20)
+    assert isinstance(chunk, Chunk) and isinstance(end, PartitionEnd)
+    return pickle.loads(chunk.payload)
+
+
+def test_hub_listens_in_a_private_directory_and_removes_it(hub):
+    assert hub.path and os.path.basename(os.path.dirname(hub.path)).startswith(unix_dir_prefix(os.getpid()))
+    st = os.stat(os.path.dirname(hub.path))
+    assert stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == os.getuid()
+    assert stat.S_ISSOCK(os.stat(hub.path).st_mode)
+    hub.close("finished", "done")
+    assert not os.path.exists(os.path.dirname(hub.path))
+
+
+def test_same_host_feed_goes_over_the_unix_socket(hub):
+    link = _Link(_plan(_node(hub)), _node(hub), 3, 1, 3, local=True)
+    try:
+        assert link.sock.family == socket.AF_UNIX
+        assert link.status == {"state": "ok"}
+        assert _feed_one(link, hub) == [(i, float(i) * 0.5) for i in range(7)]
+    finally:
+        link.close()
+
+
+def test_remote_node_and_missing_socket_use_tcp(hub, tmp_path):
+    for node, local in ((_node(hub), False), (_node(hub, str(tmp_path / "gone")), True)):
+        link = _Link(_plan(node), node, 0, 0, 0, local=local)
+        try:
+            assert link.sock.family == socket.AF_INET
+            assert link.status == {"state": "ok"}
+            assert len(_feed_one(link, hub)) == 7
+        finally:
+            link.close()
+
+
+def test_unix_socket_refuses_a_client_without_the_key(hub):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(20)
+    s.connect(hub.path)
+    with pytest.raises(ConnectionError):  # the node closes without proving itself
+        _wire.client_handshake(s, OTHER_KEY, Deadline(20, "handshake"))
+    s.close()
+    Deadline(20, "the rejection").wait_for(lambda: hub.rejected >= 1)
+    assert hub.queues["input"].empty()
+
+
+def test_too_long_temp_dir_leaves_tcp_only(tmp_path, monkeypatch):
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    h = FeedHub("127.0.0.1", KEY, ("input",), 8, "worker:1 (executor 1, test)")
+    try:
+        assert h.path == "" and os.listdir(deep) == []
+        assert NodeInfo(1, "worker", 1, "127.0.0.1", 2222, h.port, data_path=h.path).data_path == ""
+    finally:
+        h.close()
+
+
+def test_supervisor_removes_only_the_dead_processes_directories(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = tmp_path / (unix_dir_prefix(4242) + "abc")
+    dead.mkdir(mode=0o700)
+    (dead / "s").write_text("")
+    other = tmp_path / (unix_dir_prefix(42421) + "abc")  # pid 42421 shares the digits
+    other.mkdir()
+    assert remove_unix_dirs(4242) == 1
+    assert not dead.exists() and other.exists()
+    assert hub_mod.remove_unix_dirs(99999999) == 0
+
+
+@pytest.mark.parametrize("bad", ["relative/s", "/tmp/a\0b", "/" + "x" * 300])
+def test_node_record_with_a_bad_socket_path_is_refused(bad):
+    rec = NodeInfo(0, "worker", 0, "127.0.0.1", 2222, 3333).to_dict()
+    rec["data_path"] = bad
+    with pytest.raises(ControlProtocolError, match="data socket path"):
+        NodeInfo.from_dict(rec)
+
+
+def test_tf_process_whose_supervisor_died_removes_its_socket_directory(tmp_path, monkeypatch):
+    """Nobody else would: the supervisor, which removes it after a killed TF process, is gone."""
+    from tfos._node import tf_process
+    from tfos._node.launch import ClusterConfig, NodeLaunch
+    from tfos.cluster_template import InputMode, build_template, roles_from_template
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    mine = tmp_path / (unix_dir_prefix(os.getpid()) + "x")
+    mine.mkdir(mode=0o700)
+    with socket.socket() as s:  # a port nobody listens on: the driver is gone too
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    roles = roles_from_template(build_template(1, 0))
+    cfg = ClusterConfig(cluster_id="tfos-unit-unixdir", key=KEY, driver_host="127.0.0.1", driver_port=port,
+                        input_mode=InputMode.SPARK, roles=tuple(roles), forward_logs="none")
+    launch = NodeLaunch(config=cfg, role=roles[0], host="127.0.0.1", executor_key="h/1", watch_pid=0,
+                        watch_stdin=False, working_dir=str(tmp_path), python_path=(), fn_payload=b"")
+    exits: list = []
+    monkeypatch.setattr(os, "_exit", exits.append)
+    monkeypatch.setattr(os, "getpgrp", lambda: -1)  # never signal the test's own process group
+    tf_process._supervisor_gone(launch)
+    assert exits == [tf_process.SUPERVISOR_GONE_EXIT]
+    assert not mine.exists()
