@@ -145,3 +145,39 @@ def test_tf_process_whose_supervisor_died_removes_its_socket_directory(tmp_path,
     tf_process._supervisor_gone(launch)
     assert exits == [tf_process.SUPERVISOR_GONE_EXIT]
     assert not mine.exists()
+
+
+def test_a_unix_socket_without_the_key_is_named_by_its_path(tmp_path):
+    """A same-user process serving a node's socket path without the key answers the
+    handshake with a bad proof: the task sends nothing more and the error names the path
+    it reached (not the TCP port)."""
+    import threading
+
+    from tfos._common.wire import _DATA_MAGIC, _HELLO, _MAC_BYTES, DataAuthError
+
+    path = str(tmp_path / "s")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(1)
+    got: list = []
+
+    def impostor() -> None:
+        conn, _ = srv.accept()
+        with conn:
+            conn.sendall(_HELLO.pack(_DATA_MAGIC, os.urandom(_HELLO.size - len(_DATA_MAGIC))))
+            conn.settimeout(20)
+            got.append(conn.recv(1 << 16))  # the client's nonce and proof
+            conn.sendall(os.urandom(_MAC_BYTES))
+            got.append(conn.recv(1 << 16))  # b"": the task closes, sending nothing else
+
+    t = threading.Thread(target=impostor, daemon=True)
+    t.start()
+    node = NodeInfo(0, "worker", 0, "127.0.0.1", 2222, 1, os.getpid(), "test/1", path)
+    try:
+        with pytest.raises(DataAuthError) as ei:
+            _Link(_plan(node), node, 0, 0, 0, local=True)
+        t.join(20)
+        assert ei.value.address == path
+        assert len(got[0]) == _HELLO.size + _MAC_BYTES and got[1] == b""
+    finally:
+        srv.close()

@@ -151,9 +151,15 @@ class _Link:
         hs = Deadline(_CONNECT_TIMEOUT_S, f"the data handshake with {node.name}")
         for attempt in range(_HANDSHAKE_ATTEMPTS):
             self.sock = self._connect(node, local)
+            #: Where the connection went: the node's Unix socket path, or host:port.
+            self.address = node.data_path if self.sock.family == socket.AF_UNIX else f"{node.host}:{node.data_port}"
             try:
                 self.session = _wire.client_handshake(self.sock, plan.key, hs)
                 break
+            except DataAuthError as exc:
+                self.close()
+                exc.address = self.address  # for the caller's message
+                raise
             except ConnectionError:
                 self.close()
                 if attempt + 1 >= _HANDSHAKE_ATTEMPTS or hs.expired():
@@ -361,7 +367,8 @@ def _open(plan: FeedPlan, index: int) -> tuple[Optional[_Link], NodeInfo, str]:
             link = _Link(plan, cand, part, epoch, index, local=cand.executor_key == key or cand.host == host)
         except DataAuthError as exc:
             why = (
-                f"{cand.name}: the process listening on its data port {cand.host}:{cand.data_port} failed to "
+                f"{cand.name}: the process listening at its data address "
+                f"{getattr(exc, 'address', f'{cand.host}:{cand.data_port}')} failed to "
                 f"authenticate ({exc}); it is not this cluster's node (the node released the port and another "
                 "process took it, or a relay sits in between). No data was sent to it"
             )
