@@ -15,6 +15,10 @@ Measured (rows per second, best and median of ``--repeat`` runs):
 4. tfos train (DataFrame): ``cluster.train(df, 1)`` (Arrow path), same main_fun;
 5. tfos inference (RDD): ``cluster.inference(rdd)`` with an identity main_fun;
 5b. the same with label results (one int per row), for comparison;
+1p, 1q. Spark's own ``rdd.map(identity)`` / ``rdd.map(label)`` with the output persisted
+   ``MEMORY_AND_DISK_DESER`` and computed with a JVM-side count, as ``inference()`` stores
+   and computes its results: the same work without tfos (ratios 5/1p, 5b/1q and 1p/1 are
+   printed for information; the targets compare with the plain pass 1);
 6. ceiling (C24 DataFrame): ``mapInArrow`` count over a DataFrame of the C24 column kinds
    (``array<array<float>>``, ML vector, struct, ``array<bigint>`` with nulls, label);
 7. tfos train (C24 DataFrame): its main_fun checks every row's values (sums compared with
@@ -327,6 +331,23 @@ class RssSampler:
 
 
 # ---------------------------------------------------------------------------- helpers
+def _identity(row):
+    return row
+
+
+def _label(row):
+    return row[1]
+
+
+def _persisted(out):
+    """``out`` persisted MEMORY_AND_DISK_DESER and computed, counted in the JVM (driver)."""
+    from pyspark import StorageLevel
+
+    out.persist(StorageLevel.MEMORY_AND_DISK_DESER)
+    out._jrdd.count()
+    return out
+
+
 def _count_rows(it):
     n = 0
     for _ in it:
@@ -542,6 +563,12 @@ def main() -> int:
                 got_f, got_l = _node_rows(out, tag), _node_label_sum(out, tag)
                 assert (got_f, got_l) == (rows, label_sum), f"first train: {got_f} rows, label sum {got_l}; fed {rows}, {label_sum}"
             if infer_c is not None:
+                # Spark's own identity map with its output persisted as inference() persists
+                # results, materialized in the JVM as inference() does (no second Python pass).
+                dt, out_rdd = timed(lambda: _persisted(rdd.map(_identity)))
+                res.add("persist_rdd", dt)
+                assert out_rdd.count() == rows
+                out_rdd.unpersist()
                 rss.phase(f"infer#{r}", infer_pids)
                 dt, res_rdd = timed(lambda: infer_c.inference(rdd))
                 rss.phase(None)
@@ -552,6 +579,10 @@ def main() -> int:
                 assert got == label_sum, (got, label_sum)
                 res_rdd.unpersist()
             if small_c is not None:
+                dt, out_rdd = timed(lambda: _persisted(rdd.map(_label)))
+                res.add("persist_labels", dt)
+                assert out_rdd.sum() == label_sum
+                out_rdd.unpersist()
                 dt, res_rdd = timed(lambda: small_c.inference(rdd))
                 res.add("infer_small", dt)
                 n = res_rdd.count()
@@ -559,7 +590,7 @@ def main() -> int:
                 assert res_rdd.sum() == label_sum
                 res_rdd.unpersist()
             print(f"repeat {r + 1}/{a.repeat} (RDD): " + ", ".join(
-                f"{k} {rows / res.times[k][-1]:,.0f} rows/s" for k in ("ceil_rdd", "train_rdd", "infer", "infer_small") if k in res.times
+                f"{k} {rows / res.times[k][-1]:,.0f} rows/s" for k in ("ceil_rdd", "train_rdd", "persist_rdd", "infer", "persist_labels", "infer_small") if k in res.times
             ) + f"; load {os.getloadavg()[0]:.1f}", flush=True)
 
         # --------------------------------------------------------------- DataFrame
@@ -704,7 +735,9 @@ def main() -> int:
         ("4f", "tfos first train(df) on a new cluster", "first_train_df"),
         ("6", "ceiling (C24 DataFrame): mapInArrow", "ceil_c24"),
         ("7", "tfos train (C24 DataFrame)", "train_c24"),
+        ("1p", "Spark map(identity).persist(DESER)", "persist_rdd"),
         ("5", "tfos inference (RDD), identity", "infer"),
+        ("1q", "Spark map(label).persist(DESER)", "persist_labels"),
         ("5b", "tfos inference (RDD), label results", "infer_small"),
     ]
     print()
@@ -723,7 +756,8 @@ def main() -> int:
     ratios = [("2/1", "train_rdd", "ceil_rdd", 0.85), ("2f/1", "first_train", "ceil_rdd", 0.85),
               ("4/3", "train_df", "ceil_df", 0.9), ("4f/3", "first_train_df", "ceil_df", 0.9),
               ("7/6", "train_c24", "ceil_c24", 0.73), ("5/1", "infer", "ceil_rdd", 0.5),
-              ("5b/1", "infer_small", "ceil_rdd", 0.8)]
+              ("5b/1", "infer_small", "ceil_rdd", 0.8), ("5/1p", "infer", "persist_rdd", None),
+              ("5b/1q", "infer_small", "persist_labels", None), ("1p/1", "persist_rdd", "ceil_rdd", None)]
     print(f"{'ratio':<6} {'median':>7} {'best':>6} {'per-repeat':>22} {'target':>7}")
     for name, num, den, target in ratios:
         if num not in figures or den not in figures:
@@ -736,13 +770,15 @@ def main() -> int:
         goal = "-" if target is None else ">= %.2f" % target
         print(f"{name:<6} {med:>7.2f} {best:>6.2f} {' '.join(f'{x:.2f}' for x in pair):>22} {goal:>7} {ok}")
     print("(per-repeat: ceiling time / tfos time of the same repeat; 2f/1 and 4f/3 compare each new cluster's first\n"
-          " train() with the ceiling measured just before it)")
+          " train() with the ceiling measured just before it; 5/1p and 5b/1q compare inference with Spark's own map\n"
+          " whose output is persisted like inference()'s results)")
     print()
     # Where the CPU goes: on 2 CPUs every job here is bound by the CPU it needs in total.
     classes = ("executor JVMs", "driver JVM", "Python workers", "TF processes")
     print("CPU s per run by process class (median over the repeats; a ceiling has no TF processes):")
     print(f"{'#':<3} {'measurement':<40} " + " ".join(f"{c:>14}" for c in classes) + f" {'total':>7} {'/ ceiling':>9}")
     ceilings = {"train_rdd": "ceil_rdd", "first_train": "ceil_rdd", "infer": "ceil_rdd", "infer_small": "ceil_rdd",
+                "persist_rdd": "ceil_rdd", "persist_labels": "ceil_rdd",
                 "train_df": "ceil_df", "first_train_df": "ceil_df", "train_c24": "ceil_c24"}
     cpu_fig: dict = {}
     for num, text, key in labels:
