@@ -117,17 +117,17 @@ def assert_no_tfos_processes(timeout_s: float = 20.0) -> None:
 
 
 def feed_socket_dirs() -> set[str]:
-    """The Unix-socket directories of nodes' data servers now in the temp dir."""
-    import tempfile
+    """The Unix-socket directories of nodes' data servers in the temp dir whose maker (a
+    node's supervisor) is gone: left behind (live ones may be another run's)."""
+    from tfos._data.local_socket import stale_socket_dirs
 
-    base = tempfile.gettempdir()
-    return {n for n in os.listdir(base) if n.startswith("tfos-feed-")}
+    return set(stale_socket_dirs(now=float("inf")))
 
 
 @pytest.fixture
 def no_leftovers():
     """Asserts that a test leaves no tfos node process behind, and no data-socket
-    directory (a node's TF process removes its own; its supervisor does after a kill)."""
+    directory (a node's supervisor removes the one it made after its TF process ended)."""
     assert_no_tfos_processes()
     before = feed_socket_dirs()
     yield

@@ -11,10 +11,10 @@ import tempfile
 
 import pytest
 
-import tfos._data.feed_hub as hub_mod
 from tfos._common import wire as _wire
 from tfos._common.deadline import Deadline
-from tfos._data.feed_hub import Chunk, FeedHub, PartitionEnd, remove_unix_dirs, unix_dir_prefix
+from tfos._data import local_socket as local
+from tfos._data.feed_hub import Chunk, FeedHub, PartitionEnd
 from tfos._data.feed_tasks import FeedPlan, _Link
 from tfos._data.framing import FrameType
 from tfos.cluster_template import NodeInfo
@@ -50,7 +50,7 @@ def _feed_one(link: _Link, hub: FeedHub) -> list:
 
 
 def test_hub_listens_in_a_private_directory_and_removes_it(hub):
-    assert hub.path and os.path.basename(os.path.dirname(hub.path)).startswith(unix_dir_prefix(os.getpid()))
+    assert hub.path and os.path.basename(os.path.dirname(hub.path)).startswith(f"tfos-feed-{local._pid_namespace()}-{os.getpid()}-")
     st = os.stat(os.path.dirname(hub.path))
     assert stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == os.getuid()
     assert stat.S_ISSOCK(os.stat(hub.path).st_mode)
@@ -102,16 +102,93 @@ def test_too_long_temp_dir_leaves_tcp_only(tmp_path, monkeypatch):
         h.close()
 
 
-def test_supervisor_removes_only_the_dead_processes_directories(tmp_path, monkeypatch):
+def _dead_pid() -> int:
+    import subprocess
+    import sys
+
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def test_sweep_removes_only_dirs_whose_maker_died(tmp_path):
+    ns, dead = local._pid_namespace(), _dead_pid()
+
+    def mk(name: str, sock: bool = True, age_s: float = 0.0):
+        d = tmp_path / name
+        d.mkdir(mode=0o700)
+        if sock:
+            (d / "s").write_text("")
+        if age_s:
+            t = os.path.getmtime(d) - age_s
+            os.utime(d, (t, t))
+        return d
+
+    stale = mk(f"tfos-feed-{ns}-{dead}-aaaa")
+    live = mk(f"tfos-feed-{ns}-{os.getpid()}-bbbb")  # its maker runs: a live node
+    other_ns = mk(f"tfos-feed-{ns + 1}-{dead}-cccc")  # another pid namespace: not ours to judge
+    starting = mk(f"tfos-feed-{ns}-{dead}-dddd", sock=False)  # no socket yet, recent
+    abandoned = mk(f"tfos-feed-{ns}-{dead}-eeee", sock=False, age_s=local.EMPTY_DIR_GRACE_S + 60)
+    unrelated = mk(f"tfos-feed-x-{dead}-ffff")
+    assert sorted(local.stale_socket_dirs(str(tmp_path))) == sorted([str(stale), str(abandoned)])
+    assert local.sweep_stale_socket_dirs(str(tmp_path)) == 2
+    assert not stale.exists() and not abandoned.exists()
+    assert live.exists() and other_ns.exists() and starting.exists() and unrelated.exists()
+
+
+def test_a_replaced_directory_is_not_removed(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    dead = tmp_path / (unix_dir_prefix(4242) + "abc")
-    dead.mkdir(mode=0o700)
-    (dead / "s").write_text("")
-    other = tmp_path / (unix_dir_prefix(42421) + "abc")  # pid 42421 shares the digits
-    other.mkdir()
-    assert remove_unix_dirs(4242) == 1
-    assert not dead.exists() and other.exists()
-    assert hub_mod.remove_unix_dirs(99999999) == 0
+    sd = local.make_socket_dir()
+    theirs = tmp_path / "theirs"  # made while sd exists: another inode
+    theirs.mkdir(mode=0o700)
+    (theirs / "theirs").write_text("")
+    os.rmdir(sd.path)
+    os.rename(theirs, sd.path)  # someone else's directory at the same path
+    assert not local.remove_socket_dir(sd)
+    assert os.path.exists(os.path.join(sd.path, "theirs"))
+
+
+def test_a_listener_that_is_not_the_node_gets_nothing_and_tcp_is_used(hub, tmp_path):
+    """Another process of this user bound a socket where the node's was (its directory was
+    removed): the task checks the listener's pid before sending anything, and feeds over TCP."""
+    import subprocess
+    import sys
+
+    path = str(tmp_path / "s")
+    code = (
+        "import socket, sys\n"
+        "s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.listen(1); print('up', flush=True)\n"
+        "c, _ = s.accept(); c.settimeout(20); data = c.recv(1 << 16)\n"
+        "print('got', len(data), flush=True)\n"
+    )
+    squatter = subprocess.Popen([sys.executable, "-c", code, path], stdout=subprocess.PIPE, text=True)
+    try:
+        assert squatter.stdout.readline().strip() == "up"
+        node = _node(hub, path)
+        link = _Link(_plan(node), node, 0, 0, 0, local=True)
+        try:
+            assert link.sock.family == socket.AF_INET
+            assert len(_feed_one(link, hub)) == 7
+        finally:
+            link.close()
+        assert squatter.stdout.readline().strip() == "got 0"  # closed without a byte
+        assert squatter.wait(20) == 0
+    finally:
+        if squatter.poll() is None:
+            squatter.kill()
+            squatter.wait()
+
+
+def test_peer_check_names_a_foreign_uid(hub, monkeypatch):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(hub.path)
+        assert local.peer_is_node(s, os.getpid()) is None
+        assert "not the node's TF process (pid 1)" in local.peer_is_node(s, 1)
+        monkeypatch.setattr(local.os, "getuid", lambda: 4242)
+        assert "not as this user (4242)" in local.peer_is_node(s, os.getpid())
+    finally:
+        s.close()
 
 
 @pytest.mark.parametrize("bad", ["relative/s", "/tmp/a\0b", "/" + "x" * 300])
@@ -129,8 +206,7 @@ def test_tf_process_whose_supervisor_died_removes_its_socket_directory(tmp_path,
     from tfos.cluster_template import InputMode, build_template, roles_from_template
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    mine = tmp_path / (unix_dir_prefix(os.getpid()) + "x")
-    mine.mkdir(mode=0o700)
+    mine = local.make_socket_dir()
     with socket.socket() as s:  # a port nobody listens on: the driver is gone too
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -142,9 +218,9 @@ def test_tf_process_whose_supervisor_died_removes_its_socket_directory(tmp_path,
     exits: list = []
     monkeypatch.setattr(os, "_exit", exits.append)
     monkeypatch.setattr(os, "getpgrp", lambda: -1)  # never signal the test's own process group
-    tf_process._supervisor_gone(launch)
+    tf_process._supervisor_gone(launch, local.SocketDir.adopt(mine.path))
     assert exits == [tf_process.SUPERVISOR_GONE_EXIT]
-    assert not mine.exists()
+    assert not os.path.exists(mine.path)
 
 
 def test_a_unix_socket_without_the_key_is_named_by_its_path(tmp_path):

@@ -254,7 +254,13 @@ class DataAuthError(ControlProtocolError):
     Raised on the feed-task side when the *node* fails to authenticate (a process without
     the key listening on a released data port, or a relay), and on the node side when the
     feed task fails. The message never contains key material.
+
+    Attributes:
+        address: Where a feed task reached the failing peer (a Unix socket path or
+            ``host:port``), "" when not known.
     """
+
+    address: str = ""
 
 
 class DataSession:

@@ -15,15 +15,14 @@ import logging
 import math
 import os
 import queue
-import shutil
 import socket
-import stat
-import tempfile
 import threading
 import time
 from typing import Optional
 
 from tfos._common import wire as _wire
+from tfos._data import local_socket as _local
+from tfos._data.local_socket import SocketDir
 from tfos._data.framing import ChunkKind, FrameType, recv_frame, recv_json, send_frame, send_json
 from tfos._common.deadline import Deadline
 from tfos._common.wire import DataSession
@@ -41,8 +40,6 @@ _HANDSHAKE_TIMEOUT_S = 10.0
 MAX_HANDSHAKES = 32
 #: Most authenticated connections served at once (feed tasks run at most one per Spark core).
 MAX_CONNECTIONS = 256
-# sun_path holds 108 bytes on Linux, 104 on macOS, with the terminating NUL.
-_MAX_UNIX_PATH = 103
 
 
 class _EndOfFeed:
@@ -154,16 +151,18 @@ class FeedHub:
         node_name: For log and error messages.
         local_socket: Also listen on a Unix-domain socket (``path``) for feed tasks on the
             same host; they connect there first and fall back to ``port``.
+        socket_dir: The directory for that socket, made by the node's supervisor (which
+            removes it); None: the hub makes one and removes it in :meth:`close`.
 
     Attributes:
         port: The listening TCP port.
         path: The Unix-domain socket's path, "" when there is none. It lives in a
-            directory of mode 0700 made for it (under ``TMPDIR``), removed by :meth:`close`.
+            directory of mode 0700 made for it under ``TMPDIR``.
         rows_taken: Rows handed to ``main_fun`` (all queues), reported to the driver.
     """
 
     def __init__(self, host: str, key: bytes, queues: tuple[str, ...], queue_chunks: int, node_name: str,
-                 local_socket: bool = True):
+                 local_socket: bool = True, socket_dir: Optional[SocketDir] = None):
         self._key = key
         self.node_name = node_name
         self.queues: dict[str, queue.Queue] = {q: queue.Queue(maxsize=queue_chunks) for q in queues}
@@ -195,45 +194,49 @@ class FeedHub:
         self.port = self._listener.getsockname()[1]
         #: Path of the Unix-domain listener for feed tasks on this host ("" when there is none).
         self.path = ""
-        self._unix_dir = ""
+        self._own_dir: Optional[SocketDir] = None
+        self._sock_id: Optional[tuple[int, int]] = None
         self._unix: Optional[socket.socket] = None
-        if local_socket:
-            self._open_unix_listener()
+        if local_socket and _local.SUPPORTED:
+            self._open_unix_listener(socket_dir)
         self._accept_thread = threading.Thread(target=self._accept_loop, args=(self._listener,), name="tfos-feed-accept", daemon=True)
         self._accept_thread.start()
         if self._unix is not None:
             threading.Thread(target=self._accept_loop, args=(self._unix,), name="tfos-feed-accept-unix", daemon=True).start()
 
-    def _open_unix_listener(self) -> None:
-        """Listens on a Unix-domain socket in a new 0700 directory (same-host feed tasks).
+    def _open_unix_listener(self, socket_dir: Optional[SocketDir]) -> None:
+        """Listens on ``<socket_dir>/s`` (same-host feed tasks); without ``socket_dir``, in
+        a 0700 directory of its own that :meth:`close` removes.
 
         A Unix-domain connection moves a frame with about half the kernel CPU of a
         loopback TCP connection (``scripts/bench_frame_hop.py``). It changes nothing else:
-        the handshake and the frame tags are the same as over TCP, and the directory's mode
-        keeps other users from connecting at all. Without it (no ``AF_UNIX``, a temp dir
-        path too long for ``sun_path``, bind refused), the node serves TCP only.
+        the handshake and the frame tags are the same as over TCP, the directory's mode
+        keeps other users from connecting, and feed tasks check that the listener is the
+        node's TF process (:func:`tfos._data.local_socket.peer_is_node`). Without it (no
+        ``SO_PEERCRED``, a temp dir path too long for ``sun_path``, bind refused), the node
+        serves TCP only.
         """
-        if not hasattr(socket, "AF_UNIX"):
+        own = socket_dir is None
+        sd = _local.make_socket_dir() if own else socket_dir
+        if sd is None:
             return
-        d = ""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            d = tempfile.mkdtemp(prefix=unix_dir_prefix(os.getpid()))  # mode 0700
-            path = os.path.join(d, "s")
-            if len(os.fsencode(path)) > _MAX_UNIX_PATH:
-                raise OSError(f"path {path!r} is too long for a Unix socket")
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                sock.bind(path)
-                sock.listen(64)
-            except BaseException:
-                sock.close()
-                raise
+            sock.bind(sd.socket_path)
+            sock.listen(64)
         except OSError as exc:
+            sock.close()
             log.info("node %s: no Unix-domain data socket (%s); same-host feed tasks use TCP", self.node_name, exc)
-            if d:
-                shutil.rmtree(d, ignore_errors=True)
+            if own:
+                _local.remove_socket_dir(sd)
             return
-        self._unix, self._unix_dir, self.path = sock, d, path
+        self._unix, self.path = sock, sd.socket_path
+        self._own_dir = sd if own else None
+        try:
+            st = os.lstat(self.path)
+            self._sock_id = (st.st_dev, st.st_ino)
+        except OSError:
+            self._sock_id = None
 
     # -------------------------------------------------------------- accepting
     def _accept_loop(self, listener: socket.socket) -> None:
@@ -511,8 +514,14 @@ class FeedHub:
                 listener.close()
             except OSError:
                 pass
-        if self._unix_dir:
-            shutil.rmtree(self._unix_dir, ignore_errors=True)
+        if self._unix is not None:
+            try:  # a feed task arriving now gets ENOENT and uses TCP, which says "finished"
+                st = os.lstat(self.path)
+                if (st.st_dev, st.st_ino) == self._sock_id:
+                    os.unlink(self.path)
+            except OSError:
+                pass
+        _local.remove_socket_dir(self._own_dir)
         with self._lock:
             pending = list(self._pending)
         for sock in pending:
@@ -520,41 +529,6 @@ class FeedHub:
                 sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
-
-
-def unix_dir_prefix(pid: int) -> str:
-    """Name prefix of the Unix-socket directory a FeedHub in process ``pid`` makes (pure)."""
-    return f"tfos-feed-{pid}-"
-
-
-def remove_unix_dirs(pid: int) -> int:
-    """Removes the Unix-socket directories FeedHubs of the ended process ``pid`` left behind.
-
-    Runs in the node's supervisor after its TF process exited: a killed TF process never
-    runs :meth:`FeedHub.close`. Only directories owned by this user are touched.
-
-    Returns:
-        The number of directories removed.
-    """
-    base = tempfile.gettempdir()
-    prefix = unix_dir_prefix(pid)
-    n = 0
-    try:
-        names = os.listdir(base)
-    except OSError:
-        return 0
-    for name in names:
-        if not name.startswith(prefix):
-            continue
-        path = os.path.join(base, name)
-        try:
-            st = os.lstat(path)
-        except OSError:
-            continue
-        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid():
-            shutil.rmtree(path, ignore_errors=True)
-            n += 1
-    return n
 
 
 def _close_quietly(sock: socket.socket) -> None:

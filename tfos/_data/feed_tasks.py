@@ -43,6 +43,7 @@ from tfos._data.framing import (
 )
 from tfos._common.deadline import Deadline
 from tfos._common.wire import DataAuthError
+from tfos._data import local_socket as _local
 from tfos.cluster_template import NodeInfo
 from tfos.errors import ControlProtocolError, DeadlineExceededError, FeedError, FeedTimeoutError, NodeFailure, TFOSError
 
@@ -185,12 +186,16 @@ class _Link:
     def _connect(node: NodeInfo, local: bool) -> socket.socket:
         """A connected socket: the node's Unix-domain socket when ``local`` and it has one,
         else (or when that fails) TCP to ``host:data_port``."""
-        if local and node.data_path:
+        if local and node.data_path and _local.SUPPORTED:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 sock.settimeout(_CONNECT_TIMEOUT_S)
                 sock.connect(node.data_path)
-                return sock
+                why = _local.peer_is_node(sock, node.pid)
+                if why is None:
+                    return sock
+                sock.close()  # nothing was sent on it
+                log.warning("%s: not using the Unix-domain data socket %s: %s; using TCP", node.name, node.data_path, why)
             except OSError as exc:  # not this host after all, or the node is gone: TCP decides
                 sock.close()
                 log.debug("%s: Unix-domain data socket %s refused (%s); using TCP", node.name, node.data_path, exc)
@@ -368,7 +373,7 @@ def _open(plan: FeedPlan, index: int) -> tuple[Optional[_Link], NodeInfo, str]:
         except DataAuthError as exc:
             why = (
                 f"{cand.name}: the process listening at its data address "
-                f"{getattr(exc, 'address', f'{cand.host}:{cand.data_port}')} failed to "
+                f"{exc.address or f'{cand.host}:{cand.data_port}'} failed to "
                 f"authenticate ({exc}); it is not this cluster's node (the node released the port and another "
                 "process took it, or a relay sits in between). No data was sent to it"
             )

@@ -133,6 +133,8 @@ class NodeLaunch:
         cuda_visible_devices: GPU ids for ``CUDA_VISIBLE_DEVICES`` or None to leave as is.
         attempt: The cluster attempt this node belongs to (0 first, k after the k-th
             restart); it reaches ``main_fun`` as ``ctx.attempt``.
+        feed_socket_dir: The 0700 directory for the node's Unix-domain data socket, made
+            by the supervisor for the TF process ("" for none; set by the supervisor).
     """
 
     config: ClusterConfig
@@ -146,6 +148,7 @@ class NodeLaunch:
     fn_payload: bytes = dataclasses.field(repr=False)
     cuda_visible_devices: Optional[str] = None
     attempt: int = 0
+    feed_socket_dir: str = ""
 
     def __post_init__(self) -> None:
         if isinstance(self.attempt, bool) or not isinstance(self.attempt, int) or self.attempt < 0:

@@ -20,6 +20,7 @@ so losing the driver ends the node within about ``heartbeat_timeout_s`` + 2 s.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -31,8 +32,9 @@ from typing import Optional
 
 from tfos._driver.state import describe_exit
 from tfos._control.client import ControlClient
-from tfos._data.feed_hub import remove_unix_dirs
+from tfos._data import local_socket as _local
 from tfos._node.launch import NodeLaunch
+from tfos.cluster_template import InputMode
 from tfos._node.start_task import _child_env, read_launch, setup_process_logging, watch_stdin_eof, write_launch
 from tfos.errors import ControlProtocolError, DeadlineExceededError, NodeFailure
 
@@ -171,16 +173,30 @@ def supervise(launch: NodeLaunch) -> int:
     if launch.watch_stdin:
         watch_stdin_eof(parent_gone.set, "tfos-parent-watch")
 
+    # A fed node's data server listens on a Unix socket in a directory made here, so that
+    # it is removed whatever ends the TF process; directories of nodes killed together
+    # with their supervisor (a process-group or cgroup kill) are swept first.
+    sock_dir = None
+    if cfg.input_mode == InputMode.SPARK and launch.role.feedable and _local.SUPPORTED:
+        _local.sweep_stale_socket_dirs()
+        sock_dir = _local.make_socket_dir()
+        if sock_dir is not None:
+            launch = dataclasses.replace(launch, feed_socket_dir=sock_dir.path)
+
     # Its own process group, so that whatever main_fun starts (subprocesses, forks,
     # TensorBoard) is ended with the node: see _end_group.
-    tf = subprocess.Popen(
-        [sys.executable, "-m", "tfos._node.tf_process"],
-        stdin=subprocess.PIPE,
-        env=_child_env(launch),
-        cwd=launch.working_dir if os.path.isdir(launch.working_dir) else None,
-        close_fds=True,
-        start_new_session=True,
-    )
+    try:
+        tf = subprocess.Popen(
+            [sys.executable, "-m", "tfos._node.tf_process"],
+            stdin=subprocess.PIPE,
+            env=_child_env(launch),
+            cwd=launch.working_dir if os.path.isdir(launch.working_dir) else None,
+            close_fds=True,
+            start_new_session=True,
+        )
+    except BaseException:
+        _local.remove_socket_dir(sock_dir)
+        raise
     assert tf.stdin is not None
     write_launch(tf.stdin, launch)
     log.info("tfos node %s: TF process pid %d started", launch.node_name, tf.pid)
@@ -238,7 +254,7 @@ def supervise(launch: NodeLaunch) -> int:
             code = _stop_tf(tf)
             terminated = True
     _end_group(tf.pid)
-    remove_unix_dirs(tf.pid)  # a killed TF process leaves its feed socket's directory
+    _local.remove_socket_dir(sock_dir)
     log.info("tfos node %s: TF process %s", launch.node_name, describe_exit(code))
     if not driver_gone:
         try:

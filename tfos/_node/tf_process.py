@@ -28,7 +28,8 @@ from typing import Optional
 
 from tfos._control.client import ControlClient
 from tfos._common.deadline import Deadline
-from tfos._data.feed_hub import FeedHub, remove_unix_dirs
+from tfos._data import local_socket as _local
+from tfos._data.feed_hub import FeedHub
 from tfos._node.launch import NodeLaunch
 from tfos._node.output import TF_LOG_LEVEL_DEFAULT, NodeOutput, tf_noise_level
 from tfos._node.start_task import read_launch, setup_process_logging, watch_stdin_eof
@@ -225,7 +226,9 @@ def run_node(launch: NodeLaunch) -> int:
     try:
         port_sock = reserve_port(launch.host)
         if cfg.input_mode == InputMode.SPARK and role.feedable:
-            hub = FeedHub(launch.host, cfg.key, cfg.queues, cfg.queue_chunks, launch.node_name)
+            sock_dir = _local.SocketDir.adopt(launch.feed_socket_dir) if launch.feed_socket_dir else None
+            hub = FeedHub(launch.host, cfg.key, cfg.queues, cfg.queue_chunks, launch.node_name,
+                          local_socket=sock_dir is not None, socket_dir=sock_dir)
             hub.data_timeout_s = cfg.data_timeout_s
             _preimport_async(_FEED_MODULES, launch.node_name)
         me = NodeInfo(eid, role.job_name, role.task_index, launch.host, port_sock.getsockname()[1], hub.port if hub else 0, os.getpid(), launch.executor_key,
@@ -411,7 +414,7 @@ def _event_loop(client: ControlClient, eid: int, hub: Optional[FeedHub], stop_ev
 SUPERVISOR_GONE_EXIT = 70
 
 
-def _supervisor_gone(launch: NodeLaunch) -> None:
+def _supervisor_gone(launch: NodeLaunch, sock_dir: "Optional[_local.SocketDir]" = None) -> None:
     """The supervisor's pipe closed, so it died (it never closes the pipe itself while the
     TF process runs): report the node lost to the driver, then end this process's group
     (the TF process and what main_fun started) at once (TF process)."""
@@ -430,7 +433,7 @@ def _supervisor_gone(launch: NodeLaunch) -> None:
     except BaseException:  # noqa: BLE001 - the exit below must happen whatever the report did
         pass
     finally:
-        remove_unix_dirs(os.getpid())  # the supervisor that would have is gone
+        _local.remove_socket_dir(sock_dir)  # the supervisor that would have is gone
         # What main_fun started is in this process's group (the supervisor made the TF
         # process a group leader, and would have ended the group itself): end it with us.
         try:
@@ -453,7 +456,8 @@ def main() -> int:
     # The supervisor is gone: never outlive it. Tell the driver first (one try, 2 s at
     # most): nobody else will; without this the driver saw only the consequences (a feed
     # task's lost connection) or, in InputMode.TENSORFLOW, waited for the heartbeat timeout.
-    watch_stdin_eof(lambda: _supervisor_gone(launch), "tfos-supervisor-watch")
+    sock_dir = _local.SocketDir.adopt(launch.feed_socket_dir) if launch.feed_socket_dir else None
+    watch_stdin_eof(lambda: _supervisor_gone(launch, sock_dir), "tfos-supervisor-watch")
     if launch.watch_pid:
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the supervisor decides (see tfos._node.supervisor)
     code = run_node(launch)
