@@ -17,7 +17,7 @@ Measured (rows per second, best and median of ``--repeat`` runs):
 5b. the same with label results (one int per row), for comparison;
 1p, 1q. Spark's own ``rdd.map(identity)`` / ``rdd.map(label)`` with the output persisted
    ``MEMORY_AND_DISK_DESER`` and computed with a JVM-side count, as ``inference()`` stores
-   and computes its results: the same work without tfos (ratios 5/1p, 5b/1q and 1p/1 are
+   and computes its results: the same work without tfos (ratios 5/1p, 5b/1q, 1p/1 and 1q/1 are
    printed for information; the targets compare with the plain pass 1);
 6. ceiling (C24 DataFrame): ``mapInArrow`` count over a DataFrame of the C24 column kinds
    (``array<array<float>>``, ML vector, struct, ``array<bigint>`` with nulls, label);
@@ -757,7 +757,8 @@ def main() -> int:
               ("4/3", "train_df", "ceil_df", 0.9), ("4f/3", "first_train_df", "ceil_df", 0.9),
               ("7/6", "train_c24", "ceil_c24", 0.73), ("5/1", "infer", "ceil_rdd", 0.5),
               ("5b/1", "infer_small", "ceil_rdd", 0.8), ("5/1p", "infer", "persist_rdd", None),
-              ("5b/1q", "infer_small", "persist_labels", None), ("1p/1", "persist_rdd", "ceil_rdd", None)]
+              ("5b/1q", "infer_small", "persist_labels", None), ("1p/1", "persist_rdd", "ceil_rdd", None),
+              ("1q/1", "persist_labels", "ceil_rdd", None)]
     print(f"{'ratio':<6} {'median':>7} {'best':>6} {'per-repeat':>22} {'target':>7}")
     for name, num, den, target in ratios:
         if num not in figures or den not in figures:
