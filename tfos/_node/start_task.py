@@ -200,6 +200,28 @@ def _child_env(launch: NodeLaunch) -> dict[str, str]:
     return env
 
 
+def start_node_process(module: str, launch: NodeLaunch, new_session: bool = False) -> subprocess.Popen:
+    """Starts ``python -m module`` in the executor's working directory with the node's
+    environment, and hands it ``launch`` on its stdin (which stays open).
+
+    Runs in the Spark task (the supervisor) and in the supervisor (the TF process).
+
+    Raises:
+        OSError: When the process cannot be started.
+    """
+    proc = subprocess.Popen(
+        [sys.executable, "-m", module],
+        stdin=subprocess.PIPE,
+        env=_child_env(launch),
+        cwd=launch.working_dir if os.path.isdir(launch.working_dir) else None,
+        close_fds=True,
+        start_new_session=new_session,
+    )
+    assert proc.stdin is not None
+    write_launch(proc.stdin, launch)
+    return proc
+
+
 def spawn_supervisor(launch: NodeLaunch) -> subprocess.Popen:
     """Starts the node's supervisor process and hands it the launch record.
 
@@ -213,15 +235,7 @@ def spawn_supervisor(launch: NodeLaunch) -> subprocess.Popen:
     Raises:
         OSError: When the process cannot be started.
     """
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tfos._node.supervisor"],
-        stdin=subprocess.PIPE,
-        env=_child_env(launch),
-        cwd=launch.working_dir if os.path.isdir(launch.working_dir) else None,
-        close_fds=True,
-    )
-    assert proc.stdin is not None
-    write_launch(proc.stdin, launch)
+    proc = start_node_process("tfos._node.supervisor", launch)
     with _children_lock:
         _children.append(proc)
     threading.Thread(target=_reap, args=(proc,), name=f"tfos-reap-{proc.pid}", daemon=True).start()

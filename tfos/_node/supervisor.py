@@ -35,7 +35,7 @@ from tfos._control.client import ControlClient
 from tfos._data import local_socket as _local
 from tfos._node.launch import NodeLaunch
 from tfos.cluster_template import InputMode
-from tfos._node.start_task import _child_env, read_launch, setup_process_logging, watch_stdin_eof, write_launch
+from tfos._node.start_task import read_launch, setup_process_logging, start_node_process, watch_stdin_eof
 from tfos.errors import ControlProtocolError, DeadlineExceededError, NodeFailure
 
 log = logging.getLogger("tfos.supervisor")
@@ -186,19 +186,10 @@ def supervise(launch: NodeLaunch) -> int:
     # Its own process group, so that whatever main_fun starts (subprocesses, forks,
     # TensorBoard) is ended with the node: see _end_group.
     try:
-        tf = subprocess.Popen(
-            [sys.executable, "-m", "tfos._node.tf_process"],
-            stdin=subprocess.PIPE,
-            env=_child_env(launch),
-            cwd=launch.working_dir if os.path.isdir(launch.working_dir) else None,
-            close_fds=True,
-            start_new_session=True,
-        )
+        tf = start_node_process("tfos._node.tf_process", launch, new_session=True)
     except BaseException:
         _local.remove_socket_dir(sock_dir)
         raise
-    assert tf.stdin is not None
-    write_launch(tf.stdin, launch)
     log.info("tfos node %s: TF process pid %d started", launch.node_name, tf.pid)
 
     started = time.monotonic()
