@@ -130,10 +130,23 @@ def test_sweep_removes_only_dirs_whose_maker_died(tmp_path):
     starting = mk(f"tfos-feed-{ns}-{dead}-dddd", sock=False)  # no socket yet, recent
     abandoned = mk(f"tfos-feed-{ns}-{dead}-eeee", sock=False, age_s=local.EMPTY_DIR_GRACE_S + 60)
     unrelated = mk(f"tfos-feed-x-{dead}-ffff")
+    # Entries anyone can plant with such names (found by an attack review: a pid too large
+    # for kill() ended every supervisor on the host with OverflowError).
+    (tmp_path / f"tfos-feed-{ns}-99999999999999999999-x").write_text("")
+    mk(f"tfos-feed-{ns}-3000000000-gggg")
+    mk(f"tfos-feed-{ns}-0-hhhh")
     assert sorted(local.stale_socket_dirs(str(tmp_path))) == sorted([str(stale), str(abandoned)])
     assert local.sweep_stale_socket_dirs(str(tmp_path)) == 2
     assert not stale.exists() and not abandoned.exists()
     assert live.exists() and other_ns.exists() and starting.exists() and unrelated.exists()
+    assert len(os.listdir(tmp_path)) == 7  # the planted entries are left alone
+
+
+def test_without_proc_nothing_is_judged_stale(tmp_path, monkeypatch):
+    dead = _dead_pid()
+    (tmp_path / f"tfos-feed-0-{dead}-aaaa").mkdir(mode=0o700)
+    monkeypatch.setattr(local, "_pid_namespace", lambda: 0)
+    assert local.stale_socket_dirs(str(tmp_path)) == []
 
 
 def test_a_replaced_directory_is_not_removed(tmp_path, monkeypatch):

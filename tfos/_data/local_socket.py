@@ -131,12 +131,18 @@ def _owner(name: str) -> Optional[tuple[int, int]]:
         return None
 
 
+#: Largest pid Linux hands out (``pid_max`` is at most 2**22).
+_MAX_PID = 1 << 22
+
+
 def _alive(pid: int) -> bool:
+    if not 0 < pid <= _MAX_PID:
+        return True  # not a pid this kernel made: never judged dead
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except OSError:  # e.g. EPERM: a process of another user has the pid
+    except (OSError, OverflowError, ValueError):  # e.g. EPERM: a process of another user has the pid
         return True
     return True
 
@@ -149,20 +155,23 @@ def stale_socket_dirs(base: Optional[str] = None, now: Optional[float] = None) -
     now = time.time() if now is None else now
     ns = _pid_namespace()
     out: list[str] = []
+    if not ns:  # no /proc: pids of other namespaces cannot be told apart, judge nothing
+        return out
     try:
         names = os.listdir(base)
     except OSError:
         return out
     for name in names:
         owner = _owner(name)
-        if owner is None or owner[0] != ns or _alive(owner[1]):
+        if owner is None or owner[0] != ns:
             continue
         path = os.path.join(base, name)
         try:
             st = os.lstat(path)
         except OSError:
             continue
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        # Whose and what it is first: anyone can make an entry with such a name.
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or _alive(owner[1]):
             continue
         if not os.path.lexists(os.path.join(path, SOCKET_NAME)) and now - st.st_mtime < EMPTY_DIR_GRACE_S:
             continue
