@@ -223,6 +223,7 @@ def run_node(launch: NodeLaunch) -> int:
     main_done = threading.Event()
     code = 0
     tb_proc: Optional[subprocess.Popen] = None
+    preimport: Optional[threading.Thread] = None
     try:
         port_sock = reserve_port(launch.host)
         if cfg.input_mode == InputMode.SPARK and role.feedable:
@@ -230,7 +231,7 @@ def run_node(launch: NodeLaunch) -> int:
             hub = FeedHub(launch.host, cfg.key, cfg.queues, cfg.queue_chunks, launch.node_name,
                           local_socket=sock_dir is not None, socket_dir=sock_dir)
             hub.data_timeout_s = cfg.data_timeout_s
-            _preimport_async(_FEED_MODULES, launch.node_name)
+            preimport = _preimport_async(_FEED_MODULES, launch.node_name)
         me = NodeInfo(eid, role.job_name, role.task_index, launch.host, port_sock.getsockname()[1], hub.port if hub else 0, os.getpid(), launch.executor_key,
                       hub.path if hub else "")
         resp = client.request("register", node=me.to_dict(), timeout_s=30.0)
@@ -252,6 +253,7 @@ def run_node(launch: NodeLaunch) -> int:
             elif deadline.expired():
                 raise deadline.error(ReservationTimeoutError, f"missing executor ids {r.get('missing')}")
         spec = build_cluster_spec(nodes)
+        _await_preimport(preimport, launch.node_name)  # before TensorBoard's and main_fun's subprocesses
         os.environ["TF_CONFIG"] = tf_config_json(spec, role.job_name, role.task_index)
         if launch.cuda_visible_devices is not None:
             os.environ["CUDA_VISIBLE_DEVICES"] = launch.cuda_visible_devices
@@ -335,18 +337,23 @@ def run_node(launch: NodeLaunch) -> int:
     return code
 
 
-#: Modules decoding the first fed chunk imports (Arrow chunks of DataFrame feeds); a fed
-#: node imports them in the background during start-up, so the first chunk does not wait.
-_FEED_MODULES = ("pyarrow",)
+#: Modules decoding the first fed chunk imports (numpy for pickled batches, pyarrow for Arrow
+#: chunks of DataFrame feeds); a fed node imports them in the background during start-up,
+#: so the first chunk does not wait.
+_FEED_MODULES = ("numpy", "pyarrow")
+
+#: Longest wait, in seconds, for the start-up imports to finish before ``main_fun`` starts.
+PREIMPORT_WAIT_S = 60.0
 
 
-def _preimport_async(modules: tuple[str, ...], node_name: str) -> None:
-    """Imports ``modules`` in a daemon thread, off the first chunk's path (TF process).
+def _preimport_async(modules: tuple[str, ...], node_name: str) -> threading.Thread:
+    """Imports ``modules`` in a daemon thread while the node registers (TF process).
 
-    Runs while the node registers and ``main_fun`` imports TensorFlow, so the first
-    ``next_batch``/``as_dataset`` does not pay for it (pyarrow: about 0.3 s of CPU cold and
+    Overlaps the imports with registration and the wait for the full cluster, so the first
+    ``next_batch``/``as_dataset`` does not pay for them (pyarrow: about 0.3 s of CPU cold and
     +27 MB RSS, see docs/performance.md). A module that is not installed is skipped (the
     feed of such an input fails later with its own error); a failing import is logged.
+    Returns the thread; ``_await_preimport`` joins it before ``main_fun`` starts.
     """
     import importlib
     import importlib.util
@@ -359,7 +366,28 @@ def _preimport_async(modules: tuple[str, ...], node_name: str) -> None:
             except Exception as exc:  # noqa: BLE001 - only a head start; decoding imports again
                 log.debug("tfos node %s: pre-import of %s failed: %s", node_name, name, exc)
 
-    threading.Thread(target=_run, name="tfos-preimport", daemon=True).start()
+    thread = threading.Thread(target=_run, name="tfos-preimport", daemon=True)
+    thread.start()
+    return thread
+
+
+def _await_preimport(thread: Optional[threading.Thread], node_name: str, timeout_s: float = PREIMPORT_WAIT_S) -> None:
+    """Waits at most ``timeout_s`` for the start-up imports to finish (TF process).
+
+    Importing numpy or pyarrow calls the C library's ``setenv``, which may move the process's
+    ``environ`` array. A ``main_fun`` (or the TensorBoard start) that starts a subprocess
+    (``subprocess.Popen`` without ``env=``: vfork, then ``execv`` with ``environ``) in the same
+    moment could hand the kernel the freed array and fail with ``OSError: [Errno 14] Bad
+    address``; seen once in a stress run. So the imports end once the cluster is complete,
+    before any subprocess or user code starts. If they take longer than ``timeout_s``, this
+    logs a warning and the node goes on.
+    """
+    if thread is None:
+        return
+    thread.join(timeout_s)
+    if thread.is_alive():
+        log.warning("tfos node %s: start-up imports of %s still running after %.0f s; starting main_fun anyway",
+                    node_name, ", ".join(_FEED_MODULES), timeout_s)
 
 
 #: Longest wait, in seconds, for the atexit handlers of the TF process before it exits.
