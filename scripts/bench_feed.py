@@ -437,6 +437,10 @@ def timed(fn):
 
 
 # ------------------------------------------------------------------------------- main
+#: Parts of the benchmark ``--skip`` can leave out.
+SKIPPABLE = frozenset({"df", "infer", "small", "first", "c24", "tfdata"})
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=200_000)
@@ -457,6 +461,9 @@ def main() -> int:
     ap.add_argument("--tf-batch", type=int, default=128, help="as_dataset batch size of the memory check's tf.data nodes")
     a = ap.parse_args()
     skip = set(filter(None, a.skip.split(",")))
+    unknown = skip - SKIPPABLE
+    if unknown:
+        ap.error(f"--skip: unknown part(s) {', '.join(sorted(unknown))}; choose from {','.join(sorted(SKIPPABLE))}")
 
     from pyspark import SparkConf, SparkContext, StorageLevel
     from pyspark.sql import SparkSession
