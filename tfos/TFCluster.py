@@ -12,6 +12,7 @@ becomes ``from tfos import TFCluster``::
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Any, Dict
 
 from tfos._driver import cluster as _cluster
@@ -19,6 +20,11 @@ from ._driver.cluster import TFCluster
 from .cluster_template import InputMode
 
 __all__ = ["run", "TFCluster", "InputMode", "tf_status"]
+
+#: TFoS's name for the cluster's logger: the parent of every driver-plane logger
+#: (``tfos._driver.*``), so its level and handlers apply to what ``run``, ``train``,
+#: ``inference`` and ``shutdown`` log.
+logger = logging.getLogger("tfos._driver")
 
 #: TFoS's module-level status of the last ``run()`` (driver): empty while it succeeds;
 #: ``{'error': message}`` when the last ``run()`` raised. tfos reports every failure as an

@@ -28,6 +28,10 @@ mgr: Optional["TFManager"] = None
 # Live only in the manager's server process (filled by _init_server).
 _queues: Dict[str, "queue.Queue[Any]"] = {}
 _state: Dict[str, Any] = {}
+#: TFoS's names for the server process's queues by name and its key/value state (the same
+#: dicts; empty in every other process).
+qdict = _queues
+kdict = _state
 
 
 class TFManager(BaseManager):

@@ -12,6 +12,8 @@ from .datafeed import DataFeed
 from .node_context import TFNodeContext, absolute_path
 
 log = logging.getLogger(__name__)
+#: TFoS's name for this module's logger.
+logger = log
 
 __all__ = [
     "DataFeed",
@@ -113,12 +115,18 @@ def export_saved_model(sess: Any, export_dir: str, tag_set: Any, signatures: dic
             ``tensorflow/serving/predict``, where TFoS put the signature key).
 
     Raises:
-        ValueError: When ``signatures`` is empty or a tensor is missing.
+        ValueError: When ``signatures`` is empty, or a signature lacks its ``'inputs'`` or
+            ``'outputs'`` dict (names the signature key).
     """
-    import tensorflow as tf
-
     if not signatures:
         raise ValueError("export_saved_model needs at least one signature")
+    for key, sig in signatures.items():
+        missing = [part for part in ("inputs", "outputs") if not isinstance(sig, dict) or not isinstance(sig.get(part), dict)]
+        if missing:
+            raise ValueError(f"export_saved_model: signature {key!r} needs {' and '.join(repr(m) for m in missing)} "
+                             "as a dict {name: tensor}")
+    import tensorflow as tf
+
     v1 = tf.compat.v1
     tags = [t.strip() for t in tag_set.split(",") if t.strip()] if isinstance(tag_set, str) else list(tag_set)
     graph = sess.graph

@@ -12,6 +12,7 @@ every executor, where the instances do not form a TensorFlow cluster::
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any, Callable, Optional
 
@@ -20,6 +21,10 @@ from .cluster_template import InputMode
 from .errors import ConfigurationError
 
 __all__ = ["run"]
+
+#: TFoS's name for this module's logger: the parent of every driver-plane logger
+#: (``tfos._driver.*``), which logs the instances' start and failures.
+logger = logging.getLogger("tfos._driver")
 
 
 class _Independent:

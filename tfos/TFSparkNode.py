@@ -29,6 +29,8 @@ from .node_context import TFNodeContext
 __all__ = ["TFNodeContext", "TFSparkNode", "run", "train", "inference", "shutdown"]
 
 log = logging.getLogger(__name__)
+#: TFoS's name for this module's logger.
+logger = log
 
 
 class TFSparkNode:

@@ -22,6 +22,8 @@ from typing import List, Mapping, Optional, Sequence, Union
 __all__ = ["cuda_visible_devices", "is_gpu_available", "get_gpus", "MAX_RETRIES", "AS_STRING", "AS_LIST"]
 
 log = logging.getLogger(__name__)
+#: TFoS's name for this module's logger.
+logger = log
 
 #: Tries of :func:`get_gpus` before it gives up (30 s, 60 s... apart).
 MAX_RETRIES = 3

@@ -53,6 +53,8 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+#: TFoS's name for this module's logger.
+logger = log
 
 
 class TFTypeConverters:
@@ -701,10 +703,23 @@ class TFModelReader(_TFStageReader):
 _model_cache: dict = {}
 _model_lock = threading.Lock()
 
+# TFoS's per-Python-worker globals of TFModel (kept names; Spark task). tfos caches every
+# loaded SavedModel in ``_model_cache`` by (export dir, tag set, signature key); these name
+# the most recently used one, as TFoS's did. Assigning them changes nothing tfos does.
+#: The signature function TFModel last ran in this Python worker (a ``ConcreteFunction``).
+pred_fn: Any = None
+#: TF1 session cache of TFoS; always None: tfos runs SavedModels eagerly (TF2).
+global_sess: Any = None
+#: The TFModel arguments of the last run in this Python worker (a dict of its params).
+global_args: Any = None
+#: The SavedModel object of ``pred_fn`` (from ``tf.saved_model.load``).
+global_model: Any = None
+
 
 def _load_signature(export_dir: str, tag_set: str, key: str) -> Any:
     import tensorflow as tf
 
+    global pred_fn, global_model
     cache_key = (export_dir, tag_set, key)
     with _model_lock:
         if cache_key not in _model_cache:
@@ -713,7 +728,8 @@ def _load_signature(export_dir: str, tag_set: str, key: str) -> Any:
             if key not in loaded.signatures:
                 raise ValueError(f"SavedModel {export_dir} has no signature {key!r}; it has {list(loaded.signatures)}")
             _model_cache[cache_key] = (loaded, loaded.signatures[key])
-        return _model_cache[cache_key][1]
+        global_model, pred_fn = _model_cache[cache_key]
+        return pred_fn
 
 
 def _check_names(fn: Any, s: dict) -> None:
@@ -786,6 +802,8 @@ def _run_model(rows: Iterator[Any], s: dict) -> Iterator[tuple]:
     import numpy as np
     import tensorflow as tf
 
+    global global_args
+    global_args = dict(s)
     fn = _load_signature(s["export_dir"], s["tag_set"], s["signature_def_key"])
     _check_names(fn, s)
     specs = fn.structured_input_signature[1]

@@ -14,12 +14,16 @@ closure), or any ``(host, port)`` of a server started in the same process.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import json
 import logging
 import os
 import socket
 import threading
 import time
 import uuid
+import weakref
 from typing import Any, Dict, List, Optional, Tuple
 
 from tfos._common import wire as _wire
@@ -27,10 +31,12 @@ from ._control.client import ControlClient
 from ._control.server import ControlServer, parse_port_spec
 from .errors import ConfigurationError, ControlProtocolError, ReservationTimeoutError, TFOSError
 
-__all__ = ["Reservations", "Server", "Client", "ServerAddress", "TFOS_SERVER_PORT", "TFOS_SERVER_HOST", "MAX_RETRIES", "BUFSIZE",
+__all__ = ["Reservations", "MessageSocket", "Server", "Client", "ServerAddress", "TFOS_SERVER_PORT", "TFOS_SERVER_HOST", "MAX_RETRIES", "BUFSIZE",
            "TFOS_KEY_DIR", "write_key_file", "remove_key_file", "read_key_file"]
 
 log = logging.getLogger(__name__)
+#: TFoS's name for this module's logger.
+logger = log
 
 TFOS_SERVER_PORT = "TFOS_SERVER_PORT"
 TFOS_SERVER_HOST = "TFOS_SERVER_HOST"
@@ -87,6 +93,119 @@ class Reservations:
         """Reservations still missing (0 when done)."""
         with self.lock:
             return max(0, self.required - len(self.reservations))
+
+
+class MessageSocket:
+    """TFoS's message transport over a connected stream socket, authenticated (driver, Spark
+    task or TF process; tfos itself does not use it).
+
+    TFoS sent length-prefixed pickles with no authentication. Here a message is any
+    JSON-serialisable value (tuples come back as lists; NaN and infinities are refused),
+    sent as one frame with a 16-byte AES-GCM tag, and nothing received is unpickled. The
+    first use of a socket runs tfos's mutual handshake (both ends prove they hold ``key``,
+    with fresh nonces from both): the side whose first call on the socket is
+    :meth:`receive` acts as the server, the side whose first call is :meth:`send` as the
+    client, which is TFoS's request/reply pattern (the client sends first). Each direction
+    then has its own session key and frame counter, so a frame replayed, reordered,
+    reflected or moved to another connection fails the check.
+
+    Args:
+        key: The shared secret, bytes of at least 16 (for example the ``key`` of the
+            :class:`ServerAddress` a :class:`Server` returned, or ``os.urandom(32)`` handed
+            to both ends). Used through a derived key, so a tfos cluster key given here
+            cannot authenticate a tfos data connection.
+        timeout_s: Deadline in seconds of each :meth:`send` / :meth:`receive`, including
+            the handshake of a socket's first call.
+        max_bytes: Largest encoded message accepted, in bytes (JSON, before the tag); a
+            longer announced length is refused before anything is allocated.
+
+    Raises:
+        ConfigurationError: ``key`` is missing or shorter than 16 bytes.
+    """
+
+    #: Domain separation of the derived key from the cluster's data connections.
+    _CONTEXT = b"tfos reservation.MessageSocket v1"
+
+    def __init__(self, key: Optional[bytes] = None, timeout_s: float = 60.0, max_bytes: int = 1 << 20):
+        if not isinstance(key, (bytes, bytearray)) or len(key) < 16:
+            raise ConfigurationError(
+                "reservation.MessageSocket needs a shared key of at least 16 bytes (e.g. ServerAddress.key, or "
+                "os.urandom(32) given to both ends); TFoS's unauthenticated pickle transport is not offered"
+            )
+        self._key = hmac.new(bytes(key), self._CONTEXT, hashlib.sha256).digest()
+        self.timeout_s = float(timeout_s)
+        self.max_bytes = int(max_bytes)
+        self._sessions: "weakref.WeakKeyDictionary[socket.socket, Any]" = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+
+    def _session(self, sock: socket.socket, server: bool, deadline: Any) -> Any:
+        with self._lock:
+            session = self._sessions.get(sock)
+        if session is None:
+            handshake = _wire.server_handshake if server else _wire.client_handshake
+            session = handshake(sock, self._key, deadline)
+            with self._lock:
+                self._sessions[sock] = session
+        return session
+
+    def send(self, sock: socket.socket, msg: Any) -> None:
+        """Sends ``msg`` (any JSON-serialisable value) as one authenticated frame.
+
+        Blocks for at most ``timeout_s`` (the socket's own timeout is restored after).
+
+        Raises:
+            TypeError, ValueError: ``msg`` is not JSON-serialisable, or encodes to more than
+                ``max_bytes``.
+            DataAuthError: On a socket's first call, the peer did not prove it holds the key.
+            ConnectionError, DeadlineExceededError: The peer went away or was too slow.
+        """
+        from ._common.deadline import Deadline
+        from ._data.framing import FrameType, send_frame
+
+        payload = json.dumps({"m": msg}, separators=(",", ":"), allow_nan=False).encode("utf-8")
+        if len(payload) > self.max_bytes:
+            raise ValueError(f"a message of {len(payload)} bytes exceeds max_bytes={self.max_bytes}")
+        deadline = Deadline(self.timeout_s, "MessageSocket.send")
+        saved = sock.gettimeout()
+        try:
+            session = self._session(sock, False, deadline)
+            sock.settimeout(max(0.001, deadline.remaining()))
+            try:
+                send_frame(sock, session, FrameType.DATA, payload)
+            except socket.timeout:
+                raise deadline.error(extra="sending a message") from None
+        finally:
+            sock.settimeout(saved)
+
+    def receive(self, sock: socket.socket) -> Any:
+        """Receives one message sent by :meth:`send` on the other end and returns it.
+
+        Blocks for at most ``timeout_s`` (the socket's own timeout is restored after). The
+        frame is authenticated before its JSON is parsed.
+
+        Raises:
+            DataAuthError: A wrong key (first call on the socket), or a frame that fails its
+                tag (tampered, replayed, reordered or reflected).
+            ConnectionError: The peer closed the connection, or sent an oversize or
+                malformed frame.
+            DeadlineExceededError: No whole message within ``timeout_s``.
+        """
+        from ._common.deadline import Deadline
+        from ._data.framing import FrameType, parse_json, recv_frame
+
+        deadline = Deadline(self.timeout_s, "MessageSocket.receive")
+        saved = sock.gettimeout()
+        try:
+            session = self._session(sock, True, deadline)
+            ftype, payload = recv_frame(sock, session, deadline, self.max_bytes)
+        finally:
+            sock.settimeout(saved)
+        if ftype is not FrameType.DATA:
+            raise ConnectionError(f"MessageSocket: unexpected {ftype.name} frame")
+        body = parse_json(ftype, payload)
+        if "m" not in body:
+            raise ConnectionError("MessageSocket: a frame without a message")
+        return body["m"]
 
 
 class Server:

@@ -17,6 +17,8 @@ from . import gpu_info
 __all__ = ["single_node_env", "get_ip_address", "find_in_path", "write_executor_id", "read_executor_id"]
 
 log = logging.getLogger(__name__)
+#: TFoS's name for this module's logger.
+logger = log
 
 #: File holding the executor id, in the current working directory (TFoS's name).
 EXECUTOR_ID_FILE = "executor_id"
