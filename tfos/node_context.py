@@ -198,7 +198,9 @@ class TFNodeContext:
         outside a ``train()`` call are forgotten when the next one starts. Without
         ``max_restarts`` the report is recorded and has no effect.
 
-        Blocks for one request to the driver (at most about 10 s, with one reconnect).
+        Blocks for one request to the driver: milliseconds normally; when the driver does
+        not answer, at most about 80 s (two tries, each up to 30 s to connect and 10 s for
+        the answer).
 
         Args:
             epochs: Epochs the checkpoint holds, an int >= 0 (``epoch + 1`` at a Keras
@@ -210,6 +212,7 @@ class TFNodeContext:
             TFOSError: This context belongs to no running cluster (no driver to report to).
             ConnectionError, DeadlineExceededError: The driver could not be reached or did
                 not answer in time.
+            ControlProtocolError: The driver's answer failed authentication.
         """
         if isinstance(epochs, bool) or not isinstance(epochs, int):
             raise TypeError(f"report_checkpoint(epochs): epochs must be an int, got {type(epochs).__name__} {epochs!r}")

@@ -278,3 +278,24 @@ def test_udt_and_binary_columns_arrive_as_collect_gives_them(spark, tmp_path):
     for row in got:
         same(tuple(row), tuple(want[row[0]]), f"row {row[0]}")
     _assert_all_gone()
+
+
+def parallel_fun(args, ctx):
+    """TFParallel instance: records what an independent instance sees."""
+    _write_json(os.path.join(args["out"], f"instance{ctx.executor_id}.json"), {
+        "job": ctx.job_name, "num_workers": ctx.num_workers, "tf_config": os.environ.get("TF_CONFIG"),
+        "sum": sum(args["values"]),
+    })
+
+
+def test_tfparallel_runs_independent_instances(spark, tmp_path):
+    """TFParallel.run takes a Connect session as it takes a SparkContext (docs/connect.md)."""
+    from tfos import TFParallel
+
+    TFParallel.run(spark, parallel_fun, {"out": str(tmp_path), "values": [1, 2, 3]}, 2, reservation_timeout=180,
+                   timeout=SHUTDOWN_TIMEOUT_S)
+    seen = {p.name: json.loads(p.read_text()) for p in tmp_path.glob("instance*.json")}
+    assert sorted(seen) == ["instance0.json", "instance1.json"]
+    for node in seen.values():
+        assert node == {"job": "worker", "num_workers": 2, "tf_config": None, "sum": 6}
+    _assert_all_gone()
