@@ -29,7 +29,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from tfos._common import wire as _wire
 from ._control.client import ControlClient
 from ._control.server import ControlServer, parse_port_spec
-from .errors import ConfigurationError, ControlProtocolError, ReservationTimeoutError, TFOSError
+from .errors import ConfigurationError, ControlProtocolError, DeadlineExceededError, ReservationTimeoutError, TFOSError
 
 __all__ = ["Reservations", "MessageSocket", "Server", "Client", "ServerAddress", "TFOS_SERVER_PORT", "TFOS_SERVER_HOST", "MAX_RETRIES", "BUFSIZE",
            "TFOS_KEY_DIR", "write_key_file", "remove_key_file", "read_key_file"]
@@ -95,32 +95,89 @@ class Reservations:
             return max(0, self.required - len(self.reservations))
 
 
+#: Longest single socket timeout MessageSocket sets (a deadline of ``inf`` is waited in slices).
+_MSG_SLICE_S = 3600.0
+#: Deepest nesting of lists/dicts in a MessageSocket message.
+_MSG_MAX_DEPTH = 64
+
+
+def _check_message(value: Any, depth: int = 0) -> None:
+    """Refuses what JSON would change or cannot carry: non-str dict keys, deep nesting."""
+    if depth > _MSG_MAX_DEPTH:
+        raise ValueError(f"MessageSocket: the message nests deeper than {_MSG_MAX_DEPTH} lists/dicts")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise TypeError(f"MessageSocket: dict keys must be str (JSON would turn {k!r} into a string), got {type(k).__name__}")
+            _check_message(v, depth + 1)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _check_message(v, depth + 1)
+
+
+class _MsgConn:
+    """One socket's state in a :class:`MessageSocket`: its session, owner process, locks."""
+
+    __slots__ = ("session", "pid", "broken", "setup_lock", "send_lock", "recv_lock")
+
+    def __init__(self) -> None:
+        self.session: Any = None
+        self.pid = 0
+        self.broken = ""
+        self.setup_lock = threading.Lock()
+        self.send_lock = threading.Lock()
+        self.recv_lock = threading.Lock()
+
+    def usable(self) -> None:
+        if self.pid and self.pid != os.getpid():
+            raise TFOSError(
+                f"MessageSocket: this connection's session belongs to process {self.pid}; a forked process must open "
+                "its own connection (sharing one would reuse AES-GCM nonces, which lets an on-path attacker forge messages)"
+            )
+        if self.broken:
+            raise ConnectionError(f"MessageSocket: the connection is unusable after an earlier error ({self.broken}); open a new one")
+
+
 class MessageSocket:
     """TFoS's message transport over a connected stream socket, authenticated (driver, Spark
     task or TF process; tfos itself does not use it).
 
-    TFoS sent length-prefixed pickles with no authentication. Here a message is any
-    JSON-serialisable value (tuples come back as lists; NaN and infinities are refused),
-    sent as one frame with a 16-byte AES-GCM tag, and nothing received is unpickled. The
-    first use of a socket runs tfos's mutual handshake (both ends prove they hold ``key``,
-    with fresh nonces from both): the side whose first call on the socket is
-    :meth:`receive` acts as the server, the side whose first call is :meth:`send` as the
-    client, which is TFoS's request/reply pattern (the client sends first). Each direction
-    then has its own session key and frame counter, so a frame replayed, reordered,
-    reflected or moved to another connection fails the check.
+    TFoS sent length-prefixed pickles with no authentication. Here a message is a
+    JSON-serialisable value (dict keys must be str; tuples come back as lists; NaN and
+    infinities are refused; at most 64 levels of nesting), sent as one frame with a 16-byte
+    AES-GCM tag, and nothing received is parsed before its tag is checked or unpickled at
+    all. Messages are authenticated, **not encrypted**: anyone on the path can read them.
+
+    The first call on a socket runs tfos's mutual handshake (both ends prove they hold
+    ``key``, with fresh nonces from both): the side whose first call is :meth:`receive`
+    acts as the server, the side whose first call is :meth:`send` as the client, which is
+    TFoS's request/reply pattern (the client sends first; if both ends send first, both
+    calls fail at their deadline). Each direction then has its own session key and frame
+    counter, so a frame replayed, reordered, reflected or moved to another connection fails
+    the check. Both ends hold the same key and prove only that: a process that is client
+    on one connection and server on another, with the same key, could be spliced to itself
+    by an on-path attacker (use one key per pair of parties if that matters).
+
+    One object may serve many sockets and threads (sends, and receives, of one socket are
+    serialised). A connection's session belongs to the process that set it up: a forked
+    child must open its own connection. After any error on a connection (a wrong tag, a
+    deadline, a refused or broken frame), every later call on it raises
+    ``ConnectionError``: open a new connection.
 
     Args:
-        key: The shared secret, bytes of at least 16 (for example the ``key`` of the
-            :class:`ServerAddress` a :class:`Server` returned, or ``os.urandom(32)`` handed
-            to both ends). Used through a derived key, so a tfos cluster key given here
-            cannot authenticate a tfos data connection.
+        key: The shared secret: at least 16 bytes, and random (``os.urandom(32)``, or the
+            ``key`` of the :class:`ServerAddress` a :class:`Server` returned). A guessable
+            key can be found offline from one recorded handshake. Used through a derived
+            key, so a tfos cluster key given here cannot authenticate a tfos data
+            connection.
         timeout_s: Deadline in seconds of each :meth:`send` / :meth:`receive`, including
-            the handshake of a socket's first call.
-        max_bytes: Largest encoded message accepted, in bytes (JSON, before the tag); a
-            longer announced length is refused before anything is allocated.
+            the handshake of a socket's first call (> 0; ``math.inf`` for none).
+        max_bytes: Largest encoded message accepted, in bytes (JSON, before the tag; at
+            least 16); a longer announced length is refused before anything is allocated.
 
     Raises:
-        ConfigurationError: ``key`` is missing or shorter than 16 bytes.
+        ConfigurationError: ``key`` is missing or shorter than 16 bytes, ``timeout_s`` is
+            not > 0, or ``max_bytes`` < 16.
     """
 
     #: Domain separation of the derived key from the cluster's data connections.
@@ -129,51 +186,97 @@ class MessageSocket:
     def __init__(self, key: Optional[bytes] = None, timeout_s: float = 60.0, max_bytes: int = 1 << 20):
         if not isinstance(key, (bytes, bytearray)) or len(key) < 16:
             raise ConfigurationError(
-                "reservation.MessageSocket needs a shared key of at least 16 bytes (e.g. ServerAddress.key, or "
+                "reservation.MessageSocket needs a shared random key of at least 16 bytes (e.g. ServerAddress.key, or "
                 "os.urandom(32) given to both ends); TFoS's unauthenticated pickle transport is not offered"
             )
-        self._key = hmac.new(bytes(key), self._CONTEXT, hashlib.sha256).digest()
+        if not timeout_s > 0:
+            raise ConfigurationError(f"MessageSocket timeout_s must be > 0 seconds, got {timeout_s!r}")
+        if int(max_bytes) < 16:
+            raise ConfigurationError(f"MessageSocket max_bytes must be >= 16, got {max_bytes!r}")
+        derived = hmac.new(bytes(key), self._CONTEXT, hashlib.sha256).digest()
+        self._key = lambda: derived  # not an attribute holding bytes: dumps of vars() do not show it
         self.timeout_s = float(timeout_s)
         self.max_bytes = int(max_bytes)
-        self._sessions: "weakref.WeakKeyDictionary[socket.socket, Any]" = weakref.WeakKeyDictionary()
+        self._conns: "weakref.WeakKeyDictionary[socket.socket, _MsgConn]" = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
 
-    def _session(self, sock: socket.socket, server: bool, deadline: Any) -> Any:
+    def __repr__(self) -> str:
+        return f"MessageSocket(timeout_s={self.timeout_s}, max_bytes={self.max_bytes}, connections={len(self._conns)})"
+
+    def _conn(self, sock: socket.socket, server: bool, deadline: Any) -> _MsgConn:
         with self._lock:
-            session = self._sessions.get(sock)
-        if session is None:
-            handshake = _wire.server_handshake if server else _wire.client_handshake
-            session = handshake(sock, self._key, deadline)
-            with self._lock:
-                self._sessions[sock] = session
-        return session
+            conn = self._conns.get(sock)
+            if conn is None:
+                conn = self._conns[sock] = _MsgConn()
+        with conn.setup_lock:
+            conn.usable()
+            if conn.session is None:
+                role = "receive" if server else "send"
+                sock.settimeout(max(0.001, min(deadline.remaining(), _MSG_SLICE_S)))
+                handshake = _wire.server_handshake if server else _wire.client_handshake
+                try:
+                    conn.session = handshake(sock, self._key(), deadline)
+                except _wire.DataAuthError:
+                    conn.broken = "the handshake failed"
+                    raise _wire.DataAuthError(
+                        f"MessageSocket.{role}: the peer did not prove it holds the key (a wrong key, or not a MessageSocket)"
+                    ) from None
+                except (socket.timeout, DeadlineExceededError):
+                    conn.broken = "the handshake timed out"
+                    hint = "did both ends call send() first?" if not server else "did both ends call receive() first?"
+                    raise DeadlineExceededError(
+                        f"MessageSocket.{role}: no handshake within {self.timeout_s:g} s ({hint} The side that receives "
+                        "first acts as the server)"
+                    ) from None
+                except BaseException as exc:
+                    conn.broken = f"the handshake failed: {type(exc).__name__}"
+                    raise
+                conn.pid = os.getpid()
+        return conn
 
     def send(self, sock: socket.socket, msg: Any) -> None:
-        """Sends ``msg`` (any JSON-serialisable value) as one authenticated frame.
+        """Sends ``msg`` (a JSON-serialisable value) as one authenticated frame.
 
-        Blocks for at most ``timeout_s`` (the socket's own timeout is restored after).
+        Blocks for at most ``timeout_s`` in all (the socket's own timeout is restored
+        after).
 
         Raises:
-            TypeError, ValueError: ``msg`` is not JSON-serialisable, or encodes to more than
-                ``max_bytes``.
+            TypeError, ValueError: ``msg`` is not JSON-serialisable (or has a non-str dict
+                key, NaN, nests too deeply), or encodes to more than ``max_bytes``. Nothing
+                is sent; the connection stays usable.
             DataAuthError: On a socket's first call, the peer did not prove it holds the key.
-            ConnectionError, DeadlineExceededError: The peer went away or was too slow.
+            ConnectionError: The peer went away, or the connection failed earlier.
+            DeadlineExceededError: The handshake or the frame did not finish in time.
+            TFOSError: The connection was set up by another process (before a fork).
         """
         from ._common.deadline import Deadline
-        from ._data.framing import FrameType, send_frame
+        from ._data.framing import FrameType, seal_frame
 
+        _check_message(msg)
         payload = json.dumps({"m": msg}, separators=(",", ":"), allow_nan=False).encode("utf-8")
         if len(payload) > self.max_bytes:
-            raise ValueError(f"a message of {len(payload)} bytes exceeds max_bytes={self.max_bytes}")
+            raise ValueError(f"MessageSocket: a message of {len(payload)} bytes exceeds max_bytes={self.max_bytes}")
         deadline = Deadline(self.timeout_s, "MessageSocket.send")
         saved = sock.gettimeout()
         try:
-            session = self._session(sock, False, deadline)
-            sock.settimeout(max(0.001, deadline.remaining()))
-            try:
-                send_frame(sock, session, FrameType.DATA, payload)
-            except socket.timeout:
-                raise deadline.error(extra="sending a message") from None
+            conn = self._conn(sock, False, deadline)
+            with conn.send_lock:
+                conn.usable()
+                try:
+                    view = memoryview(seal_frame(conn.session, FrameType.DATA, payload))
+                    sent, n = 0, len(view)
+                    while sent < n:
+                        remaining = deadline.remaining()
+                        if remaining <= 0:
+                            raise deadline.error(extra=f"sent {sent} of {n} bytes")
+                        sock.settimeout(min(remaining, _MSG_SLICE_S))
+                        try:
+                            sent += sock.send(view[sent:])
+                        except socket.timeout:
+                            raise deadline.error(extra=f"sent {sent} of {n} bytes") from None
+                except BaseException as exc:
+                    conn.broken = f"a send failed: {type(exc).__name__}"
+                    raise
         finally:
             sock.settimeout(saved)
 
@@ -186,9 +289,10 @@ class MessageSocket:
         Raises:
             DataAuthError: A wrong key (first call on the socket), or a frame that fails its
                 tag (tampered, replayed, reordered or reflected).
-            ConnectionError: The peer closed the connection, or sent an oversize or
-                malformed frame.
+            ConnectionError: The peer closed the connection, sent an oversize or malformed
+                frame, or the connection failed earlier.
             DeadlineExceededError: No whole message within ``timeout_s``.
+            TFOSError: The connection was set up by another process (before a fork).
         """
         from ._common.deadline import Deadline
         from ._data.framing import FrameType, parse_json, recv_frame
@@ -196,15 +300,24 @@ class MessageSocket:
         deadline = Deadline(self.timeout_s, "MessageSocket.receive")
         saved = sock.gettimeout()
         try:
-            session = self._session(sock, True, deadline)
-            ftype, payload = recv_frame(sock, session, deadline, self.max_bytes)
+            conn = self._conn(sock, True, deadline)
+            with conn.recv_lock:
+                conn.usable()
+                try:
+                    ftype, payload = recv_frame(sock, conn.session, deadline, self.max_bytes)
+                    if ftype is not FrameType.DATA:
+                        raise ConnectionError(f"MessageSocket: unexpected {ftype.name} frame")
+                    try:
+                        body = parse_json(ftype, payload)
+                    except RecursionError:
+                        raise ConnectionError("MessageSocket: the message nests too deeply") from None
+                    if "m" not in body:
+                        raise ConnectionError("MessageSocket: a frame without a message")
+                except BaseException as exc:
+                    conn.broken = f"a receive failed: {type(exc).__name__}"
+                    raise
         finally:
             sock.settimeout(saved)
-        if ftype is not FrameType.DATA:
-            raise ConnectionError(f"MessageSocket: unexpected {ftype.name} frame")
-        body = parse_json(ftype, payload)
-        if "m" not in body:
-            raise ConnectionError("MessageSocket: a frame without a message")
         return body["m"]
 
 

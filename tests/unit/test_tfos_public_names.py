@@ -167,7 +167,7 @@ def test_message_socket_refuses_a_replayed_frame():
     key = os.urandom(32)
     a, b = socket.socketpair()
     tap: list = []
-    real_sendall = a.sendall
+    real_sendall = a.sendall  # the handshake
 
     class Tap:
         def __getattr__(self, name):
@@ -176,6 +176,11 @@ def test_message_socket_refuses_a_replayed_frame():
         def sendall(self, data):
             tap.append(bytes(data))
             return real_sendall(data)
+
+        def send(self, data):
+            n = a.send(data)
+            tap.append(bytes(data[:n]))
+            return n
 
     out: list = []
 
@@ -237,3 +242,136 @@ def test_tf1_export_names_a_signature_without_inputs_or_outputs(tmp_path):
         TFNode.export_saved_model(None, str(tmp_path / "m"), "serve", {"predict": {"outputs": {}}})
     with pytest.raises(ValueError, match=r"signature 'p' needs 'inputs' and 'outputs'"):
         TFNode.export_saved_model(None, str(tmp_path / "m"), "serve", {"p": {}})
+
+
+def _pair_after_first_message(key: bytes, timeout_s: float = 5.0, server_max: int = 1 << 20):
+    """A socketpair whose MessageSocket handshake is done (one message each way)."""
+    a, b = socket.socketpair()
+    cli = reservation.MessageSocket(key, timeout_s=timeout_s)
+    srv = reservation.MessageSocket(key, timeout_s=timeout_s, max_bytes=server_max)
+    t = threading.Thread(target=lambda: srv.receive(b))
+    t.start()
+    cli.send(a, "hello")
+    t.join(10)
+    return a, b, cli, srv
+
+
+def test_message_socket_send_keeps_its_deadline_for_large_messages():
+    """A peer that stops reading holds send() no longer than timeout_s, whatever the size."""
+    import time
+
+    from tfos.errors import DeadlineExceededError
+
+    a, b, cli, srv = _pair_after_first_message(os.urandom(32), timeout_s=1.0)
+    t0 = time.monotonic()
+    with pytest.raises(DeadlineExceededError, match="sent"):
+        cli.send(a, "x" * 900_000)  # far more than the socket buffers hold; nobody reads
+    assert time.monotonic() - t0 < 3.0
+    with pytest.raises(ConnectionError, match="unusable after an earlier error"):
+        cli.send(a, "again")  # half a frame went out: the connection is done
+    a.close()
+    b.close()
+
+
+def test_message_socket_connection_is_unusable_after_a_refused_frame():
+    a, b, cli, srv = _pair_after_first_message(os.urandom(32), server_max=100)
+    cli.send(a, "y" * 200)
+    with pytest.raises(ConnectionError, match="exceeds the cap of 100 bytes"):
+        srv.receive(b)
+    cli.send(a, "small")
+    with pytest.raises(ConnectionError, match="unusable after an earlier error"):
+        srv.receive(b)  # never reads the rest of the stream as a new frame
+    a.close()
+    b.close()
+
+
+def test_message_socket_refuses_messages_json_would_change_and_stays_usable():
+    a, b, cli, srv = _pair_after_first_message(os.urandom(32))
+    with pytest.raises(TypeError, match="dict keys must be str"):
+        cli.send(a, {1: "int", "1": "str"})
+    deep: list = []
+    for _ in range(100):
+        deep = [deep]
+    with pytest.raises(ValueError, match="nests deeper"):
+        cli.send(a, deep)
+    with pytest.raises(ValueError):
+        cli.send(a, float("nan"))
+    cli.send(a, {"ok": [1, 2.5, None, True, "s"]})  # nothing was sent for the refused ones
+    assert srv.receive(b) == {"ok": [1, 2.5, None, True, "s"]}
+    a.close()
+    b.close()
+
+
+def test_message_socket_both_ends_sending_first_end_at_the_deadline_and_say_why():
+    from tfos.errors import DeadlineExceededError
+
+    key = os.urandom(32)
+    a, b = socket.socketpair()
+    errs: list = []
+    t = threading.Thread(target=lambda: errs.append(pytest.raises(DeadlineExceededError, reservation.MessageSocket(key, timeout_s=1).send, b, 1)))
+    t.start()
+    with pytest.raises(DeadlineExceededError, match=r"did both ends call send\(\) first"):
+        reservation.MessageSocket(key, timeout_s=1).send(a, 1)
+    t.join(10)
+    a.close()
+    b.close()
+
+
+def test_message_socket_no_deadline_and_bad_settings():
+    import math
+
+    a, b, cli, srv = _pair_after_first_message(os.urandom(32))
+    inf_cli = reservation.MessageSocket(os.urandom(32), timeout_s=math.inf)
+    assert inf_cli.timeout_s == math.inf
+    cli.timeout_s = math.inf  # an existing connection, no deadline: no OverflowError from settimeout
+    cli.send(a, 7)
+    assert srv.receive(b) == 7
+    for kwargs in ({"timeout_s": 0}, {"timeout_s": -1}, {"max_bytes": 0}, {"max_bytes": 15}):
+        with pytest.raises(ConfigurationError):
+            reservation.MessageSocket(os.urandom(32), **kwargs)
+    a.close()
+    b.close()
+
+
+def test_message_socket_keeps_no_key_bytes_in_its_attributes():
+    key = os.urandom(32)
+    ms = reservation.MessageSocket(key)
+    dumped = repr(vars(ms)) + repr(ms)
+    import hashlib
+    import hmac
+
+    derived = hmac.new(key, reservation.MessageSocket._CONTEXT, hashlib.sha256).digest()
+    assert key.hex() not in dumped and repr(key) not in dumped and repr(derived) not in dumped
+
+
+def test_message_socket_connection_belongs_to_its_process(tmp_path):
+    """A forked child must not reuse the parent's session (AES-GCM nonce reuse)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(
+        """
+        import os, socket, threading
+        from tfos import reservation
+        from tfos.errors import TFOSError
+        key = os.urandom(32)
+        a, b = socket.socketpair()
+        cli, srv = reservation.MessageSocket(key, timeout_s=5), reservation.MessageSocket(key, timeout_s=5)
+        t = threading.Thread(target=lambda: srv.receive(b)); t.start()
+        cli.send(a, "parent"); t.join()
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                cli.send(a, "child")
+                os.write(w, b"sent")
+            except TFOSError as exc:
+                os.write(w, ("refused: " + str(exc)).encode())
+            os._exit(0)
+        os.waitpid(pid, 0)
+        print(os.read(r, 4096).decode())
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.startswith("refused: MessageSocket: this connection's session belongs to process"), out.stdout + out.stderr[-2000:]

@@ -93,6 +93,18 @@ def send_frame(
         _sendall_parts(sock, [memoryview(head), _bytes_view(payload), memoryview(tag)])
 
 
+def seal_frame(session: DataSession, ftype: FrameType, payload: Union[bytes, bytearray, memoryview]) -> bytes:
+    """One authenticated frame as bytes (header, payload, tag), for callers that send it
+    themselves under their own deadline (pure; advances ``session``'s send counter).
+
+    Raises:
+        ValueError: The payload exceeds :data:`MAX_DATA_FRAME_BYTES`.
+    """
+    if len(payload) > MAX_DATA_FRAME_BYTES:
+        raise ValueError(f"a {ftype.name} frame of {len(payload)} bytes exceeds the cap of {MAX_DATA_FRAME_BYTES} bytes")
+    return b"".join((_HEAD.pack(ftype.value[0], len(payload)), payload, session.seal(ftype.value[0], payload)))
+
+
 # --- i12b: gathered frames (a payload sent from several buffers without joining them) ---
 #: Parts smaller than this are copied together into one buffer before a gathered send
 #: (Arrow IPC writes many small pieces: metadata, padding, offsets).
