@@ -14,6 +14,7 @@ closure), or any ``(host, port)`` of a server started in the same process.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
@@ -24,7 +25,7 @@ import threading
 import time
 import uuid
 import weakref
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from tfos._common import wire as _wire
 from ._control.client import ControlClient
@@ -234,6 +235,27 @@ class MessageSocket:
                 conn.pid = os.getpid()
         return conn
 
+    @contextlib.contextmanager
+    def _call(self, sock: socket.socket, what: str) -> Iterator[Tuple[_MsgConn, Any]]:
+        """One send/receive on ``sock``: its deadline, the connection (set up on first use;
+        ``receive`` first makes this side the server), the direction's lock held; any error
+        inside marks the connection unusable; the socket's own timeout is restored."""
+        from ._common.deadline import Deadline
+
+        deadline = Deadline(self.timeout_s, f"MessageSocket.{what}")
+        saved = sock.gettimeout()
+        try:
+            conn = self._conn(sock, what == "receive", deadline)
+            with conn.recv_lock if what == "receive" else conn.send_lock:
+                conn.usable()
+                try:
+                    yield conn, deadline
+                except BaseException as exc:
+                    conn.broken = f"a {what} failed: {type(exc).__name__}"
+                    raise
+        finally:
+            sock.settimeout(saved)
+
     def send(self, sock: socket.socket, msg: Any) -> None:
         """Sends ``msg`` (a JSON-serialisable value) as one authenticated frame.
 
@@ -249,36 +271,24 @@ class MessageSocket:
             DeadlineExceededError: The handshake or the frame did not finish in time.
             TFOSError: The connection was set up by another process (before a fork).
         """
-        from ._common.deadline import Deadline
         from ._data.framing import FrameType, seal_frame
 
         _check_message(msg)
         payload = json.dumps({"m": msg}, separators=(",", ":"), allow_nan=False).encode("utf-8")
         if len(payload) > self.max_bytes:
             raise ValueError(f"MessageSocket: a message of {len(payload)} bytes exceeds max_bytes={self.max_bytes}")
-        deadline = Deadline(self.timeout_s, "MessageSocket.send")
-        saved = sock.gettimeout()
-        try:
-            conn = self._conn(sock, False, deadline)
-            with conn.send_lock:
-                conn.usable()
+        with self._call(sock, "send") as (conn, deadline):
+            view = memoryview(seal_frame(conn.session, FrameType.DATA, payload))
+            sent, n = 0, len(view)
+            while sent < n:
+                remaining = deadline.remaining()
+                if remaining <= 0:
+                    raise deadline.error(extra=f"sent {sent} of {n} bytes")
+                sock.settimeout(min(remaining, _MSG_SLICE_S))
                 try:
-                    view = memoryview(seal_frame(conn.session, FrameType.DATA, payload))
-                    sent, n = 0, len(view)
-                    while sent < n:
-                        remaining = deadline.remaining()
-                        if remaining <= 0:
-                            raise deadline.error(extra=f"sent {sent} of {n} bytes")
-                        sock.settimeout(min(remaining, _MSG_SLICE_S))
-                        try:
-                            sent += sock.send(view[sent:])
-                        except socket.timeout:
-                            raise deadline.error(extra=f"sent {sent} of {n} bytes") from None
-                except BaseException as exc:
-                    conn.broken = f"a send failed: {type(exc).__name__}"
-                    raise
-        finally:
-            sock.settimeout(saved)
+                    sent += sock.send(view[sent:])
+                except socket.timeout:
+                    raise deadline.error(extra=f"sent {sent} of {n} bytes") from None
 
     def receive(self, sock: socket.socket) -> Any:
         """Receives one message sent by :meth:`send` on the other end and returns it.
@@ -294,30 +304,18 @@ class MessageSocket:
             DeadlineExceededError: No whole message within ``timeout_s``.
             TFOSError: The connection was set up by another process (before a fork).
         """
-        from ._common.deadline import Deadline
         from ._data.framing import FrameType, parse_json, recv_frame
 
-        deadline = Deadline(self.timeout_s, "MessageSocket.receive")
-        saved = sock.gettimeout()
-        try:
-            conn = self._conn(sock, True, deadline)
-            with conn.recv_lock:
-                conn.usable()
-                try:
-                    ftype, payload = recv_frame(sock, conn.session, deadline, self.max_bytes)
-                    if ftype is not FrameType.DATA:
-                        raise ConnectionError(f"MessageSocket: unexpected {ftype.name} frame")
-                    try:
-                        body = parse_json(ftype, payload)
-                    except RecursionError:
-                        raise ConnectionError("MessageSocket: the message nests too deeply") from None
-                    if "m" not in body:
-                        raise ConnectionError("MessageSocket: a frame without a message")
-                except BaseException as exc:
-                    conn.broken = f"a receive failed: {type(exc).__name__}"
-                    raise
-        finally:
-            sock.settimeout(saved)
+        with self._call(sock, "receive") as (conn, deadline):
+            ftype, payload = recv_frame(sock, conn.session, deadline, self.max_bytes)
+            if ftype is not FrameType.DATA:
+                raise ConnectionError(f"MessageSocket: unexpected {ftype.name} frame")
+            try:
+                body = parse_json(ftype, payload)
+            except RecursionError:
+                raise ConnectionError("MessageSocket: the message nests too deeply") from None
+            if "m" not in body:
+                raise ConnectionError("MessageSocket: a frame without a message")
         return body["m"]
 
 
