@@ -19,6 +19,7 @@ import hashlib
 import hmac
 import json
 import logging
+import math
 import os
 import socket
 import threading
@@ -117,26 +118,45 @@ def _check_message(value: Any, depth: int = 0) -> None:
 
 
 class _MsgConn:
-    """One socket's state in a :class:`MessageSocket`: its session, owner process, locks."""
+    """One socket's state in a :class:`MessageSocket`: its session and the lock that makes
+    calls on the socket one at a time."""
 
-    __slots__ = ("session", "pid", "broken", "setup_lock", "send_lock", "recv_lock")
+    __slots__ = ("session", "started", "broken", "foreign", "lock", "__weakref__")
 
     def __init__(self) -> None:
         self.session: Any = None
-        self.pid = 0
+        self.started = False
         self.broken = ""
-        self.setup_lock = threading.Lock()
-        self.send_lock = threading.Lock()
-        self.recv_lock = threading.Lock()
+        self.foreign = False
+        self.lock = threading.Lock()
 
     def usable(self) -> None:
-        if self.pid and self.pid != os.getpid():
+        if self.foreign:
             raise TFOSError(
-                f"MessageSocket: this connection's session belongs to process {self.pid}; a forked process must open "
-                "its own connection (sharing one would reuse AES-GCM nonces, which lets an on-path attacker forge messages)"
+                "MessageSocket: this connection was set up before a fork, in the parent process; a forked process must "
+                "open its own connection (sharing one would reuse AES-GCM nonces, which lets an on-path attacker forge "
+                "messages)"
             )
         if self.broken:
             raise ConnectionError(f"MessageSocket: the connection is unusable after an earlier error ({self.broken}); open a new one")
+
+
+#: Every MessageSocket connection and object of this process (made unusable, and their
+#: locks new, in a forked child: see _after_fork_in_child).
+_MSG_CONNS: "weakref.WeakSet[_MsgConn]" = weakref.WeakSet()
+_MSG_SOCKETS: "weakref.WeakSet[MessageSocket]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for conn in list(_MSG_CONNS):
+        conn.foreign = True
+        conn.lock = threading.Lock()  # a lock held by a thread of the parent would never be released here
+    for ms in list(_MSG_SOCKETS):
+        ms._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class MessageSocket:
@@ -159,9 +179,10 @@ class MessageSocket:
     on one connection and server on another, with the same key, could be spliced to itself
     by an on-path attacker (use one key per pair of parties if that matters).
 
-    One object may serve many sockets and threads (sends, and receives, of one socket are
-    serialised). A connection's session belongs to the process that set it up: a forked
-    child must open its own connection. After any error on a connection (a wrong tag, a
+    One object may serve many sockets and threads; calls on one socket run one at a time
+    (a call waits for the one before it, within its own deadline). A connection belongs to
+    the process that set it up: in a forked child every call on it raises ``TFOSError``,
+    and the child must open its own connection. After any error on a connection (a wrong tag, a
     deadline, a refused or broken frame), every later call on it raises
     ``ConnectionError``: open a new connection.
 
@@ -172,13 +193,14 @@ class MessageSocket:
             key, so a tfos cluster key given here cannot authenticate a tfos data
             connection.
         timeout_s: Deadline in seconds of each :meth:`send` / :meth:`receive`, including
-            the handshake of a socket's first call (> 0; ``math.inf`` for none).
+            the handshake of a socket's first call (> 0; ``None`` or ``math.inf`` for none).
         max_bytes: Largest encoded message accepted, in bytes (JSON, before the tag; at
             least 16); a longer announced length is refused before anything is allocated.
 
     Raises:
         ConfigurationError: ``key`` is missing or shorter than 16 bytes, ``timeout_s`` is
-            not > 0, or ``max_bytes`` < 16.
+            not a number > 0 (``None`` and ``math.inf`` mean no deadline), or ``max_bytes``
+            is not an int from 16 to 2**31 - 1.
     """
 
     #: Domain separation of the derived key from the cluster's data connections.
@@ -190,71 +212,83 @@ class MessageSocket:
                 "reservation.MessageSocket needs a shared random key of at least 16 bytes (e.g. ServerAddress.key, or "
                 "os.urandom(32) given to both ends); TFoS's unauthenticated pickle transport is not offered"
             )
-        if not timeout_s > 0:
-            raise ConfigurationError(f"MessageSocket timeout_s must be > 0 seconds, got {timeout_s!r}")
-        if int(max_bytes) < 16:
-            raise ConfigurationError(f"MessageSocket max_bytes must be >= 16, got {max_bytes!r}")
+        if timeout_s is None:
+            timeout_s = math.inf
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
+            raise ConfigurationError(f"MessageSocket timeout_s must be a number of seconds > 0 (or None/math.inf), got {timeout_s!r}")
+        from ._data.framing import MAX_DATA_FRAME_BYTES
+
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or not 16 <= max_bytes <= MAX_DATA_FRAME_BYTES:
+            raise ConfigurationError(f"MessageSocket max_bytes must be an int from 16 to {MAX_DATA_FRAME_BYTES}, got {max_bytes!r}")
         derived = hmac.new(bytes(key), self._CONTEXT, hashlib.sha256).digest()
         self._key = lambda: derived  # not an attribute holding bytes: dumps of vars() do not show it
         self.timeout_s = float(timeout_s)
         self.max_bytes = int(max_bytes)
         self._conns: "weakref.WeakKeyDictionary[socket.socket, _MsgConn]" = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
+        _MSG_SOCKETS.add(self)
 
     def __repr__(self) -> str:
         return f"MessageSocket(timeout_s={self.timeout_s}, max_bytes={self.max_bytes}, connections={len(self._conns)})"
 
-    def _conn(self, sock: socket.socket, server: bool, deadline: Any) -> _MsgConn:
+    def _handshake(self, conn: _MsgConn, sock: socket.socket, server: bool, deadline: Any) -> None:
+        """The first call on ``sock``: tfos's mutual handshake (``receive`` first: server)."""
+        if conn.started:  # an earlier handshake was interrupted: the peer's state is unknown
+            raise ConnectionError("MessageSocket: the connection is unusable after an interrupted handshake; open a new one")
+        conn.started = True
+        role = "receive" if server else "send"
+        sock.settimeout(max(0.001, min(deadline.remaining(), _MSG_SLICE_S)))
+        handshake = _wire.server_handshake if server else _wire.client_handshake
+        try:
+            conn.session = handshake(sock, self._key(), deadline)
+        except _wire.DataAuthError:
+            conn.broken = "the handshake failed"
+            raise _wire.DataAuthError(
+                f"MessageSocket.{role}: the peer did not prove it holds the key (a wrong key, or not a MessageSocket)"
+            ) from None
+        except (socket.timeout, DeadlineExceededError):
+            conn.broken = "the handshake timed out"
+            hint = "did both ends call send() first?" if not server else "did both ends call receive() first?"
+            raise DeadlineExceededError(
+                f"MessageSocket.{role}: no handshake within {self.timeout_s:g} s ({hint} The side that receives "
+                "first acts as the server)"
+            ) from None
+        except BaseException as exc:
+            conn.broken = f"the handshake failed: {type(exc).__name__}"
+            raise
+
+    @contextlib.contextmanager
+    def _call(self, sock: socket.socket, what: str) -> Iterator[Tuple[_MsgConn, Any]]:
+        """One send/receive on ``sock``, one call per socket at a time: its deadline, the
+        connection (set up on first use), any error inside marks the connection unusable,
+        the socket's own timeout restored."""
+        from ._common.deadline import Deadline
+
+        deadline = Deadline(self.timeout_s, f"MessageSocket.{what}")
         with self._lock:
             conn = self._conns.get(sock)
             if conn is None:
                 conn = self._conns[sock] = _MsgConn()
-        with conn.setup_lock:
-            conn.usable()
-            if conn.session is None:
-                role = "receive" if server else "send"
-                sock.settimeout(max(0.001, min(deadline.remaining(), _MSG_SLICE_S)))
-                handshake = _wire.server_handshake if server else _wire.client_handshake
-                try:
-                    conn.session = handshake(sock, self._key(), deadline)
-                except _wire.DataAuthError:
-                    conn.broken = "the handshake failed"
-                    raise _wire.DataAuthError(
-                        f"MessageSocket.{role}: the peer did not prove it holds the key (a wrong key, or not a MessageSocket)"
-                    ) from None
-                except (socket.timeout, DeadlineExceededError):
-                    conn.broken = "the handshake timed out"
-                    hint = "did both ends call send() first?" if not server else "did both ends call receive() first?"
-                    raise DeadlineExceededError(
-                        f"MessageSocket.{role}: no handshake within {self.timeout_s:g} s ({hint} The side that receives "
-                        "first acts as the server)"
-                    ) from None
-                except BaseException as exc:
-                    conn.broken = f"the handshake failed: {type(exc).__name__}"
-                    raise
-                conn.pid = os.getpid()
-        return conn
-
-    @contextlib.contextmanager
-    def _call(self, sock: socket.socket, what: str) -> Iterator[Tuple[_MsgConn, Any]]:
-        """One send/receive on ``sock``: its deadline, the connection (set up on first use;
-        ``receive`` first makes this side the server), the direction's lock held; any error
-        inside marks the connection unusable; the socket's own timeout is restored."""
-        from ._common.deadline import Deadline
-
-        deadline = Deadline(self.timeout_s, f"MessageSocket.{what}")
-        saved = sock.gettimeout()
+                _MSG_CONNS.add(conn)
+        # One call at a time per socket: concurrent calls would also race on the socket's
+        # timeout, which each call sets for its deadline and restores.
+        if not conn.lock.acquire(timeout=-1 if deadline.remaining() == math.inf else deadline.remaining()):
+            raise deadline.error(extra="another call on this socket did not end")
         try:
-            conn = self._conn(sock, what == "receive", deadline)
-            with conn.recv_lock if what == "receive" else conn.send_lock:
-                conn.usable()
+            conn.usable()
+            saved = sock.gettimeout()
+            try:
+                if conn.session is None:
+                    self._handshake(conn, sock, what == "receive", deadline)
                 try:
                     yield conn, deadline
                 except BaseException as exc:
                     conn.broken = f"a {what} failed: {type(exc).__name__}"
                     raise
+            finally:
+                sock.settimeout(saved)
         finally:
-            sock.settimeout(saved)
+            conn.lock.release()
 
     def send(self, sock: socket.socket, msg: Any) -> None:
         """Sends ``msg`` (a JSON-serialisable value) as one authenticated frame.
@@ -288,7 +322,7 @@ class MessageSocket:
                 try:
                     sent += sock.send(view[sent:])
                 except socket.timeout:
-                    raise deadline.error(extra=f"sent {sent} of {n} bytes") from None
+                    continue  # the loop ends at the deadline, not at a slice of it
 
     def receive(self, sock: socket.socket) -> Any:
         """Receives one message sent by :meth:`send` on the other end and returns it.

@@ -374,4 +374,108 @@ def test_message_socket_connection_belongs_to_its_process(tmp_path):
         """
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.stdout.startswith("refused: MessageSocket: this connection's session belongs to process"), out.stdout + out.stderr[-2000:]
+    assert out.stdout.startswith("refused: MessageSocket: this connection was set up before a fork"), out.stdout + out.stderr[-2000:]
+
+
+def test_message_socket_waits_whole_deadlines_longer_than_one_socket_timeout(monkeypatch):
+    """Deadlines past one socket-timeout slice (one hour; 0.2 s here) are waited in full."""
+    import time
+
+    from tfos._common import wire
+
+    monkeypatch.setattr(wire, "RECV_SLICE_S", 0.2)
+    monkeypatch.setattr(reservation, "_MSG_SLICE_S", 0.2)
+    a, b, cli, srv = _pair_after_first_message(os.urandom(32))
+    srv.timeout_s = 3.0
+    t = threading.Thread(target=lambda: (time.sleep(0.8), cli.send(a, "late")))
+    t.start()
+    assert srv.receive(b) == "late"
+    t.join(10)
+    a.close()
+    b.close()
+
+
+def test_message_socket_calls_on_one_socket_take_turns_and_restore_its_timeout():
+    import time
+
+    key = os.urandom(32)
+    a, b, cli, srv = _pair_after_first_message(key)
+    a.settimeout(None)
+    got: list = []
+    reader = threading.Thread(target=lambda: got.append(cli.receive(a)))
+    reader.start()  # waits for the server's message, holding the socket
+    time.sleep(0.2)
+    sender = threading.Thread(target=lambda: cli.send(a, "request"))
+    sender.start()  # waits its turn (within its deadline)
+    time.sleep(0.2)
+    srv.send(b, "reply")
+    reader.join(10)
+    sender.join(10)
+    assert got == ["reply"] and srv.receive(b) == "request"
+    assert a.gettimeout() is None  # the user's blocking socket stays blocking
+    a.close()
+    b.close()
+
+
+def test_message_socket_interrupted_handshake_leaves_the_connection_unusable(monkeypatch):
+    from tfos._common import wire
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    a, b = socket.socketpair()
+    ms = reservation.MessageSocket(os.urandom(32), timeout_s=1)
+    monkeypatch.setattr(wire, "client_handshake", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        ms.send(a, 1)
+    monkeypatch.undo()
+    with pytest.raises(ConnectionError, match="unusable"):
+        ms.send(a, 1)
+    a.close()
+    b.close()
+
+
+def test_message_socket_fork_while_another_thread_holds_the_socket(tmp_path):
+    """The child neither deadlocks on the parent's lock nor reuses the parent's session."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(
+        """
+        import os, socket, threading, time
+        from tfos import reservation
+        from tfos.errors import TFOSError
+        key = os.urandom(32)
+        a, b = socket.socketpair()
+        cli, srv = reservation.MessageSocket(key, timeout_s=5), reservation.MessageSocket(key, timeout_s=5)
+        t = threading.Thread(target=lambda: srv.receive(b)); t.start()
+        cli.send(a, "parent"); t.join()
+        holder = threading.Thread(target=lambda: cli.receive(a), daemon=True); holder.start()
+        time.sleep(0.2)  # the parent's thread holds the socket's lock, waiting for a reply
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                cli.send(a, "child")
+                os.write(w, b"sent")
+            except TFOSError as exc:
+                os.write(w, ("refused: " + str(exc)).encode())
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        print(os.read(r, 4096).decode())
+        srv.send(b, "reply")
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.startswith("refused: MessageSocket: this connection was set up before a fork"), out.stdout + out.stderr[-2000:]
+
+
+def test_message_socket_settings_are_checked():
+    import math
+
+    assert reservation.MessageSocket(os.urandom(32), timeout_s=None).timeout_s == math.inf
+    for kwargs in ({"timeout_s": "5"}, {"timeout_s": True}, {"timeout_s": math.nan}, {"max_bytes": math.inf},
+                   {"max_bytes": 16.9}, {"max_bytes": "64"}, {"max_bytes": 1 << 31}):
+        with pytest.raises(ConfigurationError):
+            reservation.MessageSocket(os.urandom(32), **kwargs)

@@ -160,6 +160,10 @@ def loads_strict(data: Union[bytes, bytearray, memoryview, str]) -> Any:
     return json.loads(text, parse_constant=_no_constant, parse_float=_finite_float)
 
 
+#: Longest socket timeout ``recv_into`` sets at once; longer deadlines are waited in slices.
+RECV_SLICE_S = 3600.0
+
+
 def recv_into(sock: socket.socket, view: memoryview, deadline: Deadline) -> None:
     """Fills ``view`` from ``sock`` before ``deadline`` (used by both planes).
 
@@ -172,11 +176,11 @@ def recv_into(sock: socket.socket, view: memoryview, deadline: Deadline) -> None
         remaining = deadline.remaining()
         if remaining <= 0:
             raise deadline.error(extra=f"received {got} of {n} bytes")
-        sock.settimeout(min(remaining, 3600.0))
+        sock.settimeout(min(remaining, RECV_SLICE_S))
         try:
             k = sock.recv_into(view[got:], n - got)
         except socket.timeout:
-            raise deadline.error(extra=f"received {got} of {n} bytes") from None
+            continue  # the loop ends at the deadline (above), not at a one-hour slice of it
         if k == 0:
             raise ConnectionError(f"connection closed after {got} of {n} bytes")
         got += k
