@@ -376,3 +376,22 @@ def test_empty_results_answer_an_empty_batch():
     feed.batch_results(np.zeros((0, 1)))  # TFoS's loop answers the last, empty batch: no-op
     with pytest.raises(InferenceResultError, match="no inference batch is waiting"):
         feed.batch_results([1])
+
+
+def test_reservation_non_json_register_leaves_the_connection_in_step(caplog):
+    """A reservation that is not JSON raises TypeError on the client and sends nothing: the
+    next request on the same connection is answered (no 'replayed or out-of-order' alarm)."""
+    s = reservation.Server(1)
+    addr = s.start()
+    try:
+        c = reservation.Client(addr)
+        assert c.get_reservations() == []
+        with pytest.raises(TypeError):
+            c.register({"executor_id": 0, "raw": b"bytes"})
+        caplog.set_level(logging.WARNING, logger="tfos")
+        assert c.register({"executor_id": 0}) == "OK"
+        assert c.get_reservations() == [{"executor_id": 0}]
+        assert not [r for r in caplog.records if "out-of-order" in r.getMessage() or "replayed" in r.getMessage()]
+        c.close()
+    finally:
+        s.stop()

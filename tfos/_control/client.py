@@ -147,9 +147,13 @@ class ControlClient:
             raise AssertionError("unreachable")
 
     def _frame(self, msg_type: str, fields: dict) -> bytes:
-        self._seq += 1
-        body = dict(fields, type=msg_type, cluster=self._cluster_id, sn=self._snonce, cn=self._cnonce, seq=self._seq)
-        return _wire.encode_frame(self._key, body)
+        # The sequence number is taken only once the frame encodes: a message that is not
+        # JSON (TypeError) must not leave a gap the server reads as a replayed frame.
+        seq = self._seq + 1
+        body = dict(fields, type=msg_type, cluster=self._cluster_id, sn=self._snonce, cn=self._cnonce, seq=seq)
+        frame = _wire.encode_frame(self._key, body)
+        self._seq = seq
+        return frame
 
     def _exchange(self, msg_type: str, frame: bytes, timeout_s: float) -> dict:
         assert self._sock is not None
