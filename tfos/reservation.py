@@ -248,9 +248,11 @@ class MessageSocket:
             ) from None
         except (socket.timeout, DeadlineExceededError):
             conn.broken = "the handshake timed out"
-            hint = "did both ends call send() first?" if not server else "did both ends call receive() first?"
+            hint = ("the peer did not answer the handshake: a wrong key on either side, both ends calling send() first, "
+                    "or a peer that is not a MessageSocket" if not server else
+                    "the peer sent no handshake: both ends calling receive() first, or a peer that is not a MessageSocket")
             raise DeadlineExceededError(
-                f"MessageSocket.{role}: no handshake within {self.timeout_s:g} s ({hint} The side that receives "
+                f"MessageSocket.{role}: no handshake within {self.timeout_s:g} s ({hint}; the side that receives "
                 "first acts as the server)"
             ) from None
         except BaseException as exc:
@@ -300,7 +302,8 @@ class MessageSocket:
             TypeError, ValueError: ``msg`` is not JSON-serialisable (or has a non-str dict
                 key, NaN, nests too deeply), or encodes to more than ``max_bytes``. Nothing
                 is sent; the connection stays usable.
-            DataAuthError: On a socket's first call, the peer did not prove it holds the key.
+            DataAuthError: On a socket's first call, the peer did not prove it holds the key
+                (a :class:`tfos.errors.ControlProtocolError`).
             ConnectionError: The peer went away, or the connection failed earlier.
             DeadlineExceededError: The handshake or the frame did not finish in time.
             TFOSError: The connection was set up by another process (before a fork).
@@ -308,7 +311,10 @@ class MessageSocket:
         from ._data.framing import FrameType, seal_frame
 
         _check_message(msg)
-        payload = json.dumps({"m": msg}, separators=(",", ":"), allow_nan=False).encode("utf-8")
+        try:
+            payload = json.dumps({"m": msg}, separators=(",", ":"), allow_nan=False).encode("utf-8")
+        except TypeError as exc:
+            raise TypeError(f"MessageSocket carries JSON values only (str, int, float, bool, None, list, dict): {exc}") from None
         if len(payload) > self.max_bytes:
             raise ValueError(f"MessageSocket: a message of {len(payload)} bytes exceeds max_bytes={self.max_bytes}")
         with self._call(sock, "send") as (conn, deadline):

@@ -310,7 +310,7 @@ def test_message_socket_both_ends_sending_first_end_at_the_deadline_and_say_why(
     errs: list = []
     t = threading.Thread(target=lambda: errs.append(pytest.raises(DeadlineExceededError, reservation.MessageSocket(key, timeout_s=1).send, b, 1)))
     t.start()
-    with pytest.raises(DeadlineExceededError, match=r"did both ends call send\(\) first"):
+    with pytest.raises(DeadlineExceededError, match=r"both ends calling send\(\) first"):
         reservation.MessageSocket(key, timeout_s=1).send(a, 1)
     t.join(10)
     a.close()
