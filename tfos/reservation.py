@@ -97,8 +97,6 @@ class Reservations:
             return max(0, self.required - len(self.reservations))
 
 
-#: Longest single socket timeout MessageSocket sets (a deadline of ``inf`` is waited in slices).
-_MSG_SLICE_S = 3600.0
 #: Deepest nesting of lists/dicts in a MessageSocket message.
 _MSG_MAX_DEPTH = 64
 
@@ -237,7 +235,7 @@ class MessageSocket:
             raise ConnectionError("MessageSocket: the connection is unusable after an interrupted handshake; open a new one")
         conn.started = True
         role = "receive" if server else "send"
-        sock.settimeout(max(0.001, min(deadline.remaining(), _MSG_SLICE_S)))
+        sock.settimeout(max(0.001, min(deadline.remaining(), _wire.RECV_SLICE_S)))
         handshake = _wire.server_handshake if server else _wire.client_handshake
         try:
             conn.session = handshake(sock, self._key(), deadline)
@@ -318,17 +316,7 @@ class MessageSocket:
         if len(payload) > self.max_bytes:
             raise ValueError(f"MessageSocket: a message of {len(payload)} bytes exceeds max_bytes={self.max_bytes}")
         with self._call(sock, "send") as (conn, deadline):
-            view = memoryview(seal_frame(conn.session, FrameType.DATA, payload))
-            sent, n = 0, len(view)
-            while sent < n:
-                remaining = deadline.remaining()
-                if remaining <= 0:
-                    raise deadline.error(extra=f"sent {sent} of {n} bytes")
-                sock.settimeout(min(remaining, _MSG_SLICE_S))
-                try:
-                    sent += sock.send(view[sent:])
-                except socket.timeout:
-                    continue  # the loop ends at the deadline, not at a slice of it
+            _wire.send_all(sock, seal_frame(conn.session, FrameType.DATA, payload), deadline)
 
     def receive(self, sock: socket.socket) -> Any:
         """Receives one message sent by :meth:`send` on the other end and returns it.

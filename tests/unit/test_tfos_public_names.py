@@ -344,15 +344,17 @@ def test_message_socket_keeps_no_key_bytes_in_its_attributes():
     assert key.hex() not in dumped and repr(key) not in dumped and repr(derived) not in dumped
 
 
-def test_message_socket_connection_belongs_to_its_process(tmp_path):
-    """A forked child must not reuse the parent's session (AES-GCM nonce reuse)."""
+def _fork_child_send(before_fork: str) -> str:
+    """Runs, in a fresh interpreter: a handshaken MessageSocket pair, ``before_fork`` in the
+    parent, then a fork whose child sends on the parent's connection; returns what the child
+    reported ("sent" or "refused: <message>")."""
     import subprocess
     import sys
     import textwrap
 
     code = textwrap.dedent(
         """
-        import os, socket, threading
+        import os, socket, threading, time
         from tfos import reservation
         from tfos.errors import TFOSError
         key = os.urandom(32)
@@ -360,6 +362,7 @@ def test_message_socket_connection_belongs_to_its_process(tmp_path):
         cli, srv = reservation.MessageSocket(key, timeout_s=5), reservation.MessageSocket(key, timeout_s=5)
         t = threading.Thread(target=lambda: srv.receive(b)); t.start()
         cli.send(a, "parent"); t.join()
+        BEFORE_FORK
         r, w = os.pipe()
         pid = os.fork()
         if pid == 0:
@@ -372,9 +375,15 @@ def test_message_socket_connection_belongs_to_its_process(tmp_path):
         os.waitpid(pid, 0)
         print(os.read(r, 4096).decode())
         """
-    )
+    ).replace("BEFORE_FORK", before_fork)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.stdout.startswith("refused: MessageSocket: this connection was set up before a fork"), out.stdout + out.stderr[-2000:]
+    return out.stdout + out.stderr[-2000:]
+
+
+def test_message_socket_connection_belongs_to_its_process():
+    """A forked child must not reuse the parent's session (AES-GCM nonce reuse)."""
+    out = _fork_child_send("pass")
+    assert out.startswith("refused: MessageSocket: this connection was set up before a fork"), out
 
 
 def test_message_socket_waits_whole_deadlines_longer_than_one_socket_timeout(monkeypatch):
@@ -384,7 +393,6 @@ def test_message_socket_waits_whole_deadlines_longer_than_one_socket_timeout(mon
     from tfos._common import wire
 
     monkeypatch.setattr(wire, "RECV_SLICE_S", 0.2)
-    monkeypatch.setattr(reservation, "_MSG_SLICE_S", 0.2)
     a, b, cli, srv = _pair_after_first_message(os.urandom(32))
     srv.timeout_s = 3.0
     t = threading.Thread(target=lambda: (time.sleep(0.8), cli.send(a, "late")))
@@ -435,40 +443,11 @@ def test_message_socket_interrupted_handshake_leaves_the_connection_unusable(mon
     b.close()
 
 
-def test_message_socket_fork_while_another_thread_holds_the_socket(tmp_path):
+def test_message_socket_fork_while_another_thread_holds_the_socket():
     """The child neither deadlocks on the parent's lock nor reuses the parent's session."""
-    import subprocess
-    import sys
-    import textwrap
-
-    code = textwrap.dedent(
-        """
-        import os, socket, threading, time
-        from tfos import reservation
-        from tfos.errors import TFOSError
-        key = os.urandom(32)
-        a, b = socket.socketpair()
-        cli, srv = reservation.MessageSocket(key, timeout_s=5), reservation.MessageSocket(key, timeout_s=5)
-        t = threading.Thread(target=lambda: srv.receive(b)); t.start()
-        cli.send(a, "parent"); t.join()
-        holder = threading.Thread(target=lambda: cli.receive(a), daemon=True); holder.start()
-        time.sleep(0.2)  # the parent's thread holds the socket's lock, waiting for a reply
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            try:
-                cli.send(a, "child")
-                os.write(w, b"sent")
-            except TFOSError as exc:
-                os.write(w, ("refused: " + str(exc)).encode())
-            os._exit(0)
-        _, status = os.waitpid(pid, 0)
-        print(os.read(r, 4096).decode())
-        srv.send(b, "reply")
-        """
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.stdout.startswith("refused: MessageSocket: this connection was set up before a fork"), out.stdout + out.stderr[-2000:]
+    # a thread of the parent holds the socket's lock, waiting for a reply, when it forks
+    out = _fork_child_send("holder = threading.Thread(target=lambda: cli.receive(a), daemon=True); holder.start(); time.sleep(0.2)")
+    assert out.startswith("refused: MessageSocket: this connection was set up before a fork"), out
 
 
 def test_message_socket_settings_are_checked():

@@ -160,7 +160,8 @@ def loads_strict(data: Union[bytes, bytearray, memoryview, str]) -> Any:
     return json.loads(text, parse_constant=_no_constant, parse_float=_finite_float)
 
 
-#: Longest socket timeout ``recv_into`` sets at once; longer deadlines are waited in slices.
+#: Longest socket timeout ``recv_into``/``send_all`` set at once; longer deadlines are waited
+#: in slices.
 RECV_SLICE_S = 3600.0
 
 
@@ -184,6 +185,28 @@ def recv_into(sock: socket.socket, view: memoryview, deadline: Deadline) -> None
         if k == 0:
             raise ConnectionError(f"connection closed after {got} of {n} bytes")
         got += k
+
+
+def send_all(sock: socket.socket, data: Union[bytes, bytearray, memoryview], deadline: Deadline) -> None:
+    """Sends all of ``data`` before ``deadline`` (``sendall`` gives each call the whole
+    socket timeout anew; this bounds the whole send).
+
+    Raises:
+        DeadlineExceededError: When the deadline expires first (a peer that reads slowly
+            or not at all).
+        OSError: The connection broke.
+    """
+    view = memoryview(data).cast("B")
+    sent, n = 0, len(view)
+    while sent < n:
+        remaining = deadline.remaining()
+        if remaining <= 0:
+            raise deadline.error(extra=f"sent {sent} of {n} bytes")
+        sock.settimeout(min(remaining, RECV_SLICE_S))
+        try:
+            sent += sock.send(view[sent:])
+        except socket.timeout:
+            continue  # the loop ends at the deadline (above), not at a one-hour slice of it
 
 
 def recv_exact(sock: socket.socket, n: int, deadline: Deadline) -> bytes:
