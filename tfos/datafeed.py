@@ -458,6 +458,12 @@ class DataFeed:
         Use it with one ``train()`` call per feed (``end_of_feed=True``, or
         ``cluster.shutdown()``): epochs are numbered per ``train()`` call.
 
+        Both epoch-aware forms keep every epoch whole when Spark runs a later epoch's
+        task before an earlier one's (``tfos._data.tfdata.EpochOrder``): the node holds a
+        later epoch back, pausing its feed tasks, until the driver says the earlier
+        epoch's partitions all went out and this node read its own; at most
+        ``feed_timeout / 2`` seconds, then a WARNING names the epoch.
+
         ``shuffle_rows=W`` (with ``steps_per_epoch``) shuffles rows, not batches: the
         reader thread pools the epoch's rows as they arrive, from every chunk and
         partition, and draws each batch uniformly at random from a pool of at least ``W``

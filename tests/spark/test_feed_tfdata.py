@@ -135,3 +135,63 @@ def test_steps_per_epoch_one_fit_mwms_uneven_partitions(sc, tmp_path):
     _check(tmp_path, n, epochs, *_expected(n))
     for r in (json.loads(p.read_text()) for p in tmp_path.glob("*.json")):
         assert r["steps_run"] == epochs * steps, r
+
+
+def read_epochs(args, ctx):
+    """Reads the feed with as_dataset(per_epoch=True or steps_per_epoch=S), without a model;
+    writes the rows, sums and batches of every epoch and how often a later epoch was held."""
+    import os as _os
+
+    _os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    import tensorflow as tf
+
+    feed = ctx.get_data_feed()
+    sig = (tf.TensorSpec((None, K), tf.float32), tf.TensorSpec((None,), tf.int64))
+    if args["steps"]:
+        ds = feed.as_dataset(args["batch"], sig, steps_per_epoch=args["steps"])
+    else:
+        ds = feed.as_dataset(args["batch"], sig, per_epoch=True)
+    reader = ds.tfos_batches
+    reader.track_sums = True
+    while not reader.ended:
+        for _ in reader:
+            pass
+    with open(f"{args['out']}/{ctx.job_name}{ctx.task_index}.json", "w") as f:
+        json.dump({"rows": {str(e): n for e, n in reader.rows.items()},
+                   "sums": {str(e): s for e, s in reader.sums.items()},
+                   "batches": reader.batches_out, "waits": reader.order.waits, "epochs_run": 2,
+                   "spec": {"x": ["float32[None, 8]"], "y": ["int64[None]"]}}, f)
+
+
+@pytest.mark.parametrize("steps", [0, 4])
+def test_epochs_stay_whole_when_spark_runs_a_later_epoch_first(sc, tmp_path, steps):
+    """One node, two executors: the feed task of partition 1 of epoch 0 (job index 1) is
+    slow, so the other executor feeds partitions 2, 3 and then partition 0 of epoch 1 to
+    the node before it. The node holds epoch 1 back until the driver says every partition
+    of epoch 0 was handed over and it read its own to the end: both epochs hold exactly
+    the 4 x 150 rows of one pass (the first chunk of epoch 1 used to end epoch 0 early,
+    and partition 1's rows then counted in epoch 1)."""
+    n, parts, epochs = 600, 4, 2
+
+    def part(index, _it):
+        from pyspark import TaskContext
+
+        if TaskContext.get().partitionId() == 1:  # job index 1: epoch 0, partition 1
+            import time as _time
+
+            _time.sleep(5.0)
+        return [_row(i) for i in range(index * 150, index * 150 + 150)]
+
+    rdd = sc.parallelize(range(parts), parts).mapPartitionsWithIndex(part)
+    args = {"out": str(tmp_path), "batch": 40, "steps": steps}
+    cluster = TFCluster.run(sc, read_epochs, args, 1, 0, input_mode=INPUT)
+    cluster.train(rdd, num_epochs=epochs, end_of_feed=True, feed_timeout=300)
+    cluster.shutdown(timeout=300)
+    (report,) = [json.loads(p.read_text()) for p in tmp_path.glob("*.json")]
+    sx, sy = _expected(n)
+    for e in range(epochs):
+        assert report["rows"][str(e)] == n, report
+        assert report["sums"][str(e)][0] == pytest.approx(sx, rel=1e-12) and report["sums"][str(e)][1] == sy, report
+    assert report["waits"] >= 1, report  # the node did see epoch 1 first
+    if steps:
+        assert report["batches"] == epochs * steps, report

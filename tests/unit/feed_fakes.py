@@ -23,7 +23,7 @@ class Feeder:
     """One fake feed task: a FeedConnection whose peer end the test reads."""
 
     def __init__(self, hub: FeedHub, key: bytes, partition: int, mode: str = "train", epoch: int = 0, kind: str = "pickled_batch",
-                 first_epoch: int = 0):
+                 first_epoch: int = 0, feed_id: str = "", index: int = -1, parts_per_epoch: int = 0, feed_timeout: float = 10.0):
         self.hub = hub
         a, self.peer = socket.socketpair()
         # the real mutual handshake over the pair: frames both ways are authenticated
@@ -33,8 +33,8 @@ class Feeder:
         server = _wire.server_handshake(a, key, Deadline(10))
         t.join(10)
         self.session = out["s"]
-        header = {"partition": partition, "epoch": epoch, "mode": mode, "kind": kind, "qname": "input", "feed_timeout": 10.0,
-                  "first_epoch": first_epoch}
+        header = {"partition": partition, "epoch": epoch, "mode": mode, "kind": kind, "qname": "input", "feed_timeout": feed_timeout,
+                  "first_epoch": first_epoch, "feed_id": feed_id, "index": index, "parts_per_epoch": parts_per_epoch}
         self.conn = FeedConnection(a, server, header)
         with hub._lock:
             hub._conns.add(self.conn)

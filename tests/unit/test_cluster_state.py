@@ -647,3 +647,19 @@ def test_status_is_a_json_ready_snapshot():
     assert s["exit_codes"] == {"1": 0}
     assert s["failures"] == [] and s["tensorboard_url"] is None
     assert (s["feed_closed"], s["stop_requested"], s["abort"]) == (True, False, "")
+
+
+def test_epoch_handover_counts_claimed_and_skipped_partitions_and_names_the_nodes_own():
+    """The epoch-aware readers' question (tfos._data.tfdata.EpochOrder): are the job
+    partitions lo..hi-1 of a feed all handed to a node or skipped, and which went to me?"""
+    cs = _state()
+    a, b = "worker:0 (executor 1, host h)", "worker:1 (executor 2, host h)"
+    for index, node in ((0, a), (1, b), (3, a), (5, b)):
+        assert _req(cs, "claim_partition", feed_id="f1", index=index, node=node) == {"granted": True}
+    assert _req(cs, "epoch_handover", feed_id="f1", lo=0, hi=3, node=a) == {"settled": 2, "mine": [0]}
+    assert _req(cs, "partition_skipped", feed_id="f1", index=2) == {"ok": True}
+    assert _req(cs, "epoch_handover", feed_id="f1", lo=0, hi=3, node=a) == {"settled": 3, "mine": [0]}
+    assert _req(cs, "epoch_handover", feed_id="f1", lo=3, hi=6, node=b) == {"settled": 2, "mine": [5]}
+    assert _req(cs, "epoch_handover", feed_id="other", lo=0, hi=3, node=a) == {"settled": 0, "mine": []}
+    with pytest.raises(ControlProtocolError, match="bad index range 3..3"):
+        _req(cs, "epoch_handover", feed_id="f1", lo=3, hi=3, node=a)

@@ -5,6 +5,11 @@ TensorFlow."""
 from __future__ import annotations
 
 
+import logging
+import re
+import threading
+import time
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -399,3 +404,131 @@ def test_malformed_row_inside_tf_data_is_reported_as_itself(hub):
     assert "InvalidArgumentError" in rep.traceback and (rep.executor_id, rep.job_name, rep.host) == (1, "worker", "127.0.0.1")
     other = _failure(_Launch, ValueError("boom"))
     assert (other.error_type, other.message) == ("ValueError", "boom")
+
+
+class _Driver:
+    """The driver's answers to ``epoch_handover`` for one feed (see ClusterState)."""
+
+    def __init__(self, hub: FeedHub, settled_after: int, mine: list, never: bool = False):
+        self.hub, self.settled_after, self.mine, self.never = hub, settled_after, mine, never
+        self.asked: list = []
+        self.gates: list = []
+
+    def __call__(self, msg_type: str, **fields) -> dict:
+        assert msg_type == "epoch_handover" and fields["node"] == self.hub.node_name
+        self.asked.append((fields["lo"], fields["hi"]))
+        self.gates.append(self.hub._gate)
+        whole = fields["hi"] - fields["lo"]
+        settled = 0 if self.never else whole if len(self.asked) > self.settled_after else whole - 1
+        return {"settled": settled, "mine": self.mine}
+
+
+def _epoch_feeder(hub, part, epoch, parts=2, **kw):
+    return _Feeder(hub, KEY, part, "train", epoch, feed_id="feed-1", index=epoch * parts + part, parts_per_epoch=parts, **kw)
+
+
+@pytest.mark.parametrize("steps", [None, 2])
+def test_later_epoch_waits_until_the_driver_says_the_epoch_was_handed_over(hub, steps):
+    """Spark ran partition 0 of epoch 1 before partition 1 of epoch 0 reached this node (a
+    locality wait, or a slower feed task): the epoch-aware readers hold epoch 1 back (the
+    hub pauses its connections) until the driver says every partition of epoch 0 went to
+    a node and this node read its own to the end, so each epoch holds exactly its rows."""
+    late, early = _epoch_feeder(hub, 0, 1), _epoch_feeder(hub, 1, 0)
+    late.chunk(_rows(100, 4))  # epoch 1 arrives first
+    driver = _Driver(hub, settled_after=2, mine=[1])  # partition 1 of epoch 0 is claimed late
+    hub.ask_driver = driver
+    feed = DataFeed(hub, timeout_s=10)
+    reader = FeedBatches(feed, 2, COLS, per_epoch=steps is None, steps_per_epoch=steps)
+    reader.start()
+    deadline = time.monotonic() + 10
+    while len(driver.asked) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert driver.gates[0] == ("feed-1", 0)  # later epochs of this feed paused while asking
+    early.chunk(_rows(0, 3))
+    early.end()
+    late.end()
+    # The end of the feed (which would end any hold) comes only once epoch 1 was handed
+    # out: the driver's answer ended the hold.
+    if steps is None:
+        epochs = [[y.tolist() for _, y in reader]]
+        it = iter(reader)
+        epochs.append([next(it)[1].tolist()])
+        hub.queues["input"].put_nowait(END_OF_FEED)
+        epochs[1] += [y.tolist() for _, y in it]
+        epochs.append([y.tolist() for _, y in reader])
+        assert epochs == [[[0, 1], [2]], [[100, 101], [102, 103]], []]
+    else:
+        it = iter(reader)
+        got = [next(it)[1].tolist() for _ in range(2)]  # cut once the epoch-1 chunk came
+        hub.queues["input"].put_nowait(END_OF_FEED)
+        assert got + [y.tolist() for _, y in it] == [[0, 1], [2], [100, 101], [102, 103]]
+    assert reader.rows == {0: 3, 1: 4}
+    assert driver.asked[0] == (0, 2) and len(driver.asked) >= 3
+    assert reader.order.waits == 1 and hub._gate is None
+    assert early.frame() == (FrameType.ACK, {"rows": 3}) and late.frame() == (FrameType.ACK, {"rows": 4})
+
+
+def test_held_epoch_pauses_only_later_epoch_connections_of_that_feed(hub):
+    q = hub.queues["input"]
+    e0, e1 = _epoch_feeder(hub, 0, 0), _epoch_feeder(hub, 0, 1)
+    other = _Feeder(hub, KEY, 0, "train", 3, feed_id="feed-2", index=3, parts_per_epoch=1)
+    hub.hold_later_epochs("feed-1", 0)
+    assert hub._put(q, e0.conn, "e0") and hub._put(q, other.conn, "other")
+    done = threading.Event()
+    t = threading.Thread(target=lambda: (hub._put(q, e1.conn, "e1"), done.set()))
+    t.start()
+    assert not done.wait(0.5) and [q.get_nowait(), q.get_nowait()] == ["e0", "other"]
+    hub.release_epochs()
+    assert done.wait(5) and q.get_nowait() == "e1"
+    t.join(5)
+
+
+def test_epoch_order_gives_up_after_half_the_feed_timeout_with_a_warning(hub, caplog):
+    """A driver that never reports the epoch complete delays the later epoch by half the
+    feed timeout at most (the paused feed tasks must not time out), then a warning says
+    which epoch may mix."""
+    late = _epoch_feeder(hub, 0, 1, feed_timeout=1.0)
+    late.chunk(_rows(100, 2))
+    late.end()
+    hub.ask_driver = _Driver(hub, 0, [], never=True)
+    reader = FeedBatches(DataFeed(hub, timeout_s=10), 2, COLS, steps_per_epoch=1)
+    t0 = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="tfos._data.tfdata"):
+        it = iter(reader)
+        first = next(it)  # epoch 0: one empty batch, once the wait gave up
+        waited = time.monotonic() - t0
+        hub.queues["input"].put(END_OF_FEED)
+        rest = list(it)
+    assert [first[1].tolist()] + [y.tolist() for _, y in rest] == [[], [100, 101]]
+    assert 0.5 <= waited < 5, waited
+    assert re.search(r"node worker:0 \(executor 1, host 127\.0\.0\.1\): epoch 0 of the feed is still incomplete after "
+                     r"0\.[5-9] s \(2 of its partitions not yet handed to any node\); handing out epoch 1 now, so rows of "
+                     r"epoch 0 that arrive later count in epoch 1", caplog.text), caplog.text
+    assert hub._gate is None
+
+
+def test_epoch_order_with_two_later_epochs_queued_in_reverse(hub):
+    """The queue holds epoch 2's first chunk, then epoch 1's partition: epoch 1 goes out
+    first (the hold narrows to the earliest later epoch), then epoch 2 once the driver
+    says epoch 1 is complete and this node read its own partition of it."""
+    e2, e1 = _epoch_feeder(hub, 0, 2), _epoch_feeder(hub, 0, 1)
+    asked = []
+
+    def driver(msg_type, **f):
+        asked.append((f["lo"], f["hi"]))
+        return {"settled": f["hi"] - f["lo"], "mine": [i for i in (2, 4) if f["lo"] <= i < f["hi"]]}
+
+    hub.ask_driver = driver
+    e2.chunk(_rows(200, 2))
+    e1.chunk(_rows(100, 3))
+    e1.end()
+    e2.end()
+    reader = FeedBatches(DataFeed(hub, timeout_s=10), 4, COLS, steps_per_epoch=1)
+    it = iter(reader)
+    got = [next(it)[1].tolist() for _ in range(2)]  # epochs 0 and 1: cut once epoch 2 went out
+    hub.queues["input"].put_nowait(END_OF_FEED)
+    got += [y.tolist() for _, y in it]
+    assert got == [[], [100, 101, 102], [200, 201]]
+    assert reader.rows == {0: 0, 1: 3, 2: 2}
+    assert asked[0] == (0, 4) and (0, 2) in asked and asked[-1] == (2, 4), asked
+    assert e1.frame() == (FrameType.ACK, {"rows": 3}) and e2.frame() == (FrameType.ACK, {"rows": 2})

@@ -18,7 +18,7 @@ import queue
 import socket
 import threading
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 from tfos._common import wire as _wire
 from tfos._data import local_socket as _local
@@ -80,6 +80,13 @@ class FeedConnection:
         self.feed_timeout_s = float(header.get("feed_timeout", 600.0))
         if self.mode not in ("train", "inference") or not (0 < self.feed_timeout_s < math.inf):
             raise ValueError(f"bad feed header: mode {self.mode!r}, feed_timeout {self.feed_timeout_s!r}")
+        #: The feed (one train()/inference() job) and the job's partition index of this
+        #: connection ("" and -1 from a feed task that sends none).
+        self.feed_id = str(header.get("feed_id", ""))
+        self.index = int(header.get("index", -1))
+        #: Partitions in one epoch of the feed job (0: not sent); job index = (epoch -
+        #: first_epoch) x parts_per_epoch + partition.
+        self.parts_per_epoch = int(header.get("parts_per_epoch", 0))
         self.rows_taken = 0
         self.pending = 0
         self.ended = False
@@ -188,6 +195,12 @@ class FeedHub:
         self.rejected = 0
         #: Longest wait for the next chunk in DataFeed (and for queue room for END_OF_FEED).
         self.data_timeout_s = 3600.0
+        #: ``ask_driver(msg_type, **fields) -> dict``: one control request to the driver
+        #: (set by the TF process; None in tests without a driver). The epoch-aware tf.data
+        #: readers use it to learn when an epoch's partitions were all handed over.
+        self.ask_driver: Optional[Callable[..., dict]] = None
+        self._gate: Optional[tuple[str, int]] = None  # (feed id, epoch): later epochs wait
+        self._gate_cond = threading.Condition()
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.bind((host, 0))
         self._listener.listen(64)
@@ -367,10 +380,35 @@ class FeedHub:
                 with self._lock:
                     self._conns.discard(conn)
 
+    def hold_later_epochs(self, feed_id: str, epoch: int) -> None:
+        """Makes the connections of feed ``feed_id`` for epochs after ``epoch`` wait before
+        queueing anything (their feed tasks block: TCP backpressure), while the connections
+        of ``epoch`` and earlier go on (TF process, tf.data reader thread; see
+        tfos._data.tfdata.EpochOrder). Replaces any earlier hold; ends with
+        :meth:`release_epochs` (or the hub's close/abort, or the queue's terminate)."""
+        with self._gate_cond:
+            self._gate = (feed_id, epoch)
+            self._gate_cond.notify_all()
+
+    def release_epochs(self) -> None:
+        """Ends :meth:`hold_later_epochs` (idempotent)."""
+        with self._gate_cond:
+            self._gate = None
+            self._gate_cond.notify_all()
+
+    def _held(self, conn: FeedConnection) -> bool:
+        gate = self._gate
+        return gate is not None and conn.feed_id == gate[0] and conn.epoch > gate[1]
+
     def _put(self, q: queue.Queue, conn: FeedConnection, item: object) -> bool:
         while True:
             if self._closing or self.aborted or conn.closed or conn.qname in self.terminated:
                 return False
+            if self._held(conn):
+                with self._gate_cond:
+                    if self._held(conn):
+                        self._gate_cond.wait(0.2)
+                continue
             try:
                 q.put(item, timeout=0.2)
                 return True

@@ -174,6 +174,7 @@ class _Link:
                 "qname": plan.qname, "mode": plan.mode, "partition": partition, "epoch": epoch,
                 "kind": (plan.kind or ChunkKind.PICKLED_BATCH).value, "feed_timeout": plan.feed_timeout_s,
                 "feed_id": plan.feed_id, "index": index, "first_epoch": plan.first_epoch,
+                "parts_per_epoch": plan.parts_per_epoch,
             })
             ftype, status = recv_json(self.sock, self.session, hs)
         except BaseException:
@@ -468,9 +469,23 @@ def _notify_done(plan: FeedPlan, index: int) -> None:
         log.warning("could not tell the driver that partition %d was consumed: %s", index, exc)
 
 
+def _notify_skipped(plan: FeedPlan, index: int) -> None:
+    """Tells the driver partition ``index`` went to no node, so that the nodes' epoch-aware
+    readers do not wait for it (see tfos._data.tfdata.EpochOrder)."""
+    if plan.mode != "train" or not plan.feed_id:
+        return
+    try:
+        c = _client(plan)
+        c.request("partition_skipped", feed_id=plan.feed_id, index=index, timeout_s=10.0)
+        c.close()
+    except (OSError, ControlProtocolError, DeadlineExceededError) as exc:
+        log.warning("could not tell the driver that partition %d went to no node: %s", index, exc)
+
+
 def _feed_partition(plan: FeedPlan, index: int, frames: Iterator[Any]) -> tuple[int, str]:
     link, node, state = _open(plan, index)
     if link is None:
+        _notify_skipped(plan, index)
         _notify_sent(plan, index)
         if state == "terminated":
             _notify_done(plan, index)

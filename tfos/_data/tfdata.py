@@ -28,10 +28,21 @@ one ``model.fit(ds, epochs=n, steps_per_epoch=S)`` covers all epochs with one it
 no ``fit`` restart and no new iterator between epochs. All nodes must use the same
 ``S``; :func:`steps_per_epoch` derives it from the rows of one epoch.
 
+Epoch order: Spark runs the feed job's tasks in an order of its choosing, so a node can
+get the first chunk of epoch ``e + 1`` before the last partitions of epoch ``e`` (an
+executor done with its own PROCESS_LOCAL partitions of epoch ``e`` runs those of ``e + 1``
+while another executor still has partitions of ``e`` waiting; when the locality wait
+expires, the first executor runs them too, after its ``e + 1`` ones). Both epoch-aware
+modes read through :class:`EpochOrder`, which holds the later epoch back until the driver
+says every partition of epoch ``e`` went to a node and this node read its own to the
+end; so every epoch holds exactly the rows of one pass.
+
 Memory bound of a node (bytes): the feed queue ``(queue_chunks + 2) x chunk bytes``
 (see :mod:`tfos._data.feed_hub`), plus ``buffer_batches + 2`` batches here (the buffer, the
 batch being assembled and the one the generator hands over), plus the ``prefetch``
-batches of ``tf.data``, plus ``shuffle_rows`` rows with the row-level shuffle;
+batches of ``tf.data``, plus ``shuffle_rows`` rows with the row-level shuffle, plus, while
+:class:`EpochOrder` holds a later epoch back, the chunks of it that were already queued
+(at most ``queue_chunks`` + one per data connection);
 :attr:`FeedBatches.buffer_bytes` states the part held here.
 """
 
@@ -48,7 +59,7 @@ from tfos._data.framing import ChunkKind, arrow_rows, decode_chunk
 from tfos._data.feed_hub import END_OF_FEED, Chunk, PartitionEnd
 from tfos.errors import InferenceResultError, TFOSError
 
-__all__ = ["FeedBatches", "feed_dataset", "steps_per_epoch", "DEFAULT_BUFFER_BYTES"]
+__all__ = ["FeedBatches", "EpochOrder", "feed_dataset", "steps_per_epoch", "DEFAULT_BUFFER_BYTES"]
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +96,211 @@ def unwrap_tf_data_error(exc: BaseException) -> Optional[BaseException]:
     if isinstance(orig, TFOSError) and f"{type(orig).__name__}: {orig}" in str(exc):
         return orig
     return None
+
+
+class EpochOrder:
+    """A node's feed queue handed out epoch by epoch (TF process, the tf.data reader thread).
+
+    :meth:`next` returns the queue's items (``Chunk``, ``PartitionEnd``, ``END_OF_FEED``)
+    in queue order, except that the items of a later epoch of a ``train()`` feed wait
+    until the epochs before it are complete on this node. When the first item of epoch
+    ``t`` > the open epoch ``e`` arrives, it is held, the hub pauses every connection of
+    that feed for an epoch > ``e`` (:meth:`FeedHub.hold_later_epochs`: their feed tasks
+    block), the items of epoch ``e`` and earlier keep coming, and the driver is asked
+    (``epoch_handover``, at once and then every 50-500 ms) whether every partition of the
+    epochs ``e..t-1`` was handed to a node or skipped, and which ones this node got. Once
+    all are settled and this node handed out the end of each of its own, the hold ends
+    and the held items follow. A feed without a driver to ask (``hub.ask_driver`` None),
+    or whose feed tasks send no feed id or epoch size, passes through unchanged.
+
+    The wait lasts at most half of the connection's ``feed_timeout`` (the paused feed
+    tasks must not time out); then a warning names the epoch and the items go on, the
+    late rows of an earlier epoch then counting in the later one.
+
+    Args:
+        feed: The node's :class:`~tfos.datafeed.DataFeed` (its queue and hub).
+        closed: Returns True once the reader was closed; :meth:`next` then returns None.
+
+    Attributes:
+        waits: Times a later epoch was held back.
+        wait_s: Seconds spent holding later epochs back, in total.
+    """
+
+    _POLL_S = (0.05, 0.5)  # first and longest interval between two driver queries
+
+    def __init__(self, feed: Any, closed: Any = lambda: False):
+        self._feed = feed
+        self._hub = feed._hub
+        self._closed = closed
+        self._pending: collections.deque = collections.deque()  # later-epoch items held, in queue order
+        self._feed_id = ""
+        self._open = 0  # the open epoch of ``_feed_id``
+        self._first = 0
+        self._finished: set[int] = set()  # job indices of ``_feed_id`` whose end was handed out
+        self._target: Optional[int] = None  # while holding: the earliest epoch held back
+        self._draining = False  # the feed ended: held items go out in epoch order
+        self.waits = 0
+        self.wait_s = 0.0
+
+    def _tracked(self, item: Any) -> Any:
+        """The connection of a train() item that epoch order applies to, else None."""
+        if not isinstance(item, (Chunk, PartitionEnd)):
+            return None
+        conn = item.conn
+        if conn.mode != "train" or not conn.feed_id or conn.parts_per_epoch <= 0 or conn.index < 0 or self._hub.ask_driver is None:
+            return None
+        return conn
+
+    def _adopt(self, item: Any) -> None:
+        """A fresh item of another feed (the next train() call) opens that feed's first
+        epoch, unless items are held (they are handed out first)."""
+        conn = self._tracked(item)
+        if conn is not None and conn.feed_id != self._feed_id and self._target is None and not self._pending:
+            self._feed_id, self._first, self._open = conn.feed_id, conn.first_epoch, conn.first_epoch
+            self._finished = set()
+
+    def _later(self, item: Any) -> Optional[int]:
+        """The epoch of an item of the open feed that is later than the open epoch, else None."""
+        conn = self._tracked(item)
+        if conn is None or conn.feed_id != self._feed_id or conn.epoch <= self._open:
+            return None
+        return conn.epoch
+
+    def _note(self, item: Any) -> Any:
+        """Records an item handed out (partition ends read here; the open epoch)."""
+        conn = self._tracked(item)
+        if conn is not None and conn.feed_id == self._feed_id:
+            if isinstance(item, PartitionEnd):
+                self._finished.add(conn.index)
+            self._open = max(self._open, conn.epoch)  # only after a give-up or the end of the feed
+        return item
+
+    def _ready(self) -> Any:
+        """Removes and returns the first held item that may go now, else None."""
+        if self._draining:
+            return self._pending.popleft()
+        for i, item in enumerate(self._pending):
+            if self._later(item) is None:
+                del self._pending[i]
+                return item
+        return None
+
+    def next(self) -> Any:
+        """The next item (blocks like ``DataFeed._take``); None once ``closed()``.
+
+        Raises:
+            FeedAbortedError: The cluster aborted.
+            DeadlineExceededError: No item within the feed's ``timeout_s``.
+        """
+        while not self._closed():
+            if self._pending:
+                item = self._ready()
+                if item is not None:
+                    if not self._pending:
+                        self._draining = False
+                    return self._note(item)
+                if self._target is None:
+                    self._hold()
+            if self._target is not None:
+                if self._settled():
+                    self._release()
+                    continue
+                item = self._poll(min(self._next_ask - time.monotonic(), 0.2))
+                if item is None:
+                    continue
+            else:
+                item = self._feed._take()
+            self._adopt(item)
+            if item is END_OF_FEED and self._pending:
+                # No connection is reading any more: every partition came in. Hand out
+                # what is held in epoch order (stable), then the end.
+                self._pending.append(item)
+                if self._target is not None:
+                    self._release()
+                self._pending = collections.deque(sorted(self._pending, key=self._end_order))
+                self._draining = True
+                continue
+            epoch = self._later(item)
+            if epoch is not None:
+                self._pending.append(item)
+                if self._target is not None and epoch < self._target:
+                    self._target = epoch  # an earlier later epoch: wait for the epochs before it
+                continue
+            return self._note(item)
+        return None
+
+    def _end_order(self, item: Any) -> float:
+        conn = self._tracked(item)
+        return conn.epoch if conn is not None and conn.feed_id == self._feed_id else float("inf")
+
+    def _hold(self) -> None:
+        later = [(e, item.conn) for item in self._pending if (e := self._later(item)) is not None]
+        epoch, conn = min(later, key=lambda ec: ec[0])
+        self._target = epoch
+        self._parts = conn.parts_per_epoch
+        self._since = time.monotonic()
+        self._until = self._since + conn.feed_timeout_s / 2
+        self._interval = self._POLL_S[0]
+        self._next_ask = self._since  # ask at once: usually every partition went out already
+        self._hub.hold_later_epochs(self._feed_id, self._open)
+        self.waits += 1
+
+    def _release(self) -> None:
+        assert self._target is not None
+        self._hub.release_epochs()
+        self.wait_s += time.monotonic() - self._since
+        self._open = max(self._open, self._target)
+        self._target = None
+
+    def _settled(self) -> bool:
+        """Asks the driver when due; True once epochs ``open..target-1`` are complete here."""
+        now = time.monotonic()
+        if now < self._next_ask:
+            return False
+        assert self._target is not None
+        lo = (self._open - self._first) * self._parts
+        hi = (self._target - self._first) * self._parts
+        try:
+            ans = self._hub.ask_driver("epoch_handover", feed_id=self._feed_id, lo=lo, hi=hi, node=self._hub.node_name)
+            if "error" in ans:
+                raise TFOSError(str(ans["error"]))
+            settled, mine = int(ans["settled"]), {int(i) for i in ans["mine"]}
+        except Exception as exc:  # noqa: BLE001 - the driver is reached again at the next poll
+            log.debug("node %s: epoch_handover query failed: %s", self._hub.node_name, exc)
+            settled, mine = -1, set()
+        if settled == hi - lo and mine <= self._finished:
+            return True
+        if now >= self._until:
+            missing = sorted(mine - self._finished)
+            log.warning(
+                "node %s: epoch %d of the feed is still incomplete after %.1f s (%s); handing out epoch %d now, so "
+                "rows of epoch %d that arrive later count in epoch %d", self._hub.node_name, self._target - 1,
+                now - self._since,
+                (f"{hi - lo - settled} of its partitions not yet handed to any node" if settled >= 0 and settled < hi - lo
+                 else f"partitions {missing} sent here not yet read to the end" if missing else "the driver did not answer"),
+                self._target, self._target - 1, self._target)
+            return True
+        self._next_ask = now + self._interval
+        self._interval = min(self._interval * 2, self._POLL_S[1])
+        return False
+
+    def _poll(self, timeout_s: float) -> Any:
+        """One item from the queue within ``timeout_s`` (>= 0), or None."""
+        feed = self._feed
+        if self._hub.aborted:
+            feed._raise_aborted()
+        if feed._peeked is not None:
+            item, feed._peeked = feed._peeked, None
+            return item
+        try:
+            item = feed._q.get(timeout=max(timeout_s, 0.001))
+        except queue.Empty:
+            item = None
+        if self._hub.aborted:
+            feed._raise_aborted()
+        if item is None and feed.qname_in in self._hub.terminated:
+            return END_OF_FEED
+        return item
 
 
 class _EpochStart:
@@ -155,6 +371,8 @@ class FeedBatches:
         hold_batches: With ``steps_per_epoch``: the last batches of each epoch, which are
             cut only once the epoch's end is known, to spread its remaining rows evenly.
         shuffle_rows: The row-level shuffle window (rows; 0: none).
+        order: The :class:`EpochOrder` the epoch-aware modes read through (None before
+            the reader starts and in the other modes).
 
     Raises:
         ValueError: For ``batch_size`` < 1, no columns, a feed not in train mode,
@@ -226,6 +444,9 @@ class FeedBatches:
         self.first_wait_s = 0.0
         self._waited_first = False
         self.batches_out = 0
+        #: The :class:`EpochOrder` of the epoch-aware modes (None until the reader starts,
+        #: and in the other modes): its ``waits``/``wait_s`` show held-back epochs.
+        self.order: Optional[EpochOrder] = None
 
     # ------------------------------------------------------------ reader thread
     def start(self) -> None:
@@ -261,6 +482,15 @@ class FeedBatches:
                 self._read()
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer, raised there
             self._emit(exc)
+        finally:
+            self._feed._hub.release_epochs()  # no feed task stays paused for a reader that stopped
+
+    def _source(self) -> Any:
+        """The item source of the reader: epoch-ordered in the epoch-aware modes."""
+        if self.per_epoch or self.steps_per_epoch is not None:
+            self.order = EpochOrder(self._feed, lambda: self._closed)
+            return self.order.next
+        return self._feed._take
 
     def _read(self) -> None:
         import numpy as np
@@ -271,6 +501,7 @@ class FeedBatches:
         parts: list[tuple] = []  # column tuples of the batch being assembled
         have = 0
         epoch: Optional[int] = None  # epoch of the rows in ``parts``
+        take_item = self._source()
 
         def flush(final: bool) -> bool:
             # Short batches (final) are dropped by the consumer when drop_remainder.
@@ -282,7 +513,9 @@ class FeedBatches:
             return self._emit((epoch, batch))
 
         while not self._closed:
-            item = feed._take()
+            item = take_item()
+            if item is None:
+                return  # closed
             if item is END_OF_FEED:
                 feed.done_feeding = True
                 flush(True)
@@ -303,9 +536,9 @@ class FeedBatches:
             if epoch is None:
                 epoch = conn.epoch
             elif conn.epoch > epoch:
-                # A later epoch starts: with per_epoch, the batch so far ends the epoch.
-                # (Late rows of an earlier epoch, possible when several feed tasks feed
-                # this node at once, are used with the current epoch.)
+                # A later epoch starts: with per_epoch, the batch so far ends the epoch
+                # (EpochOrder handed out every row of the earlier ones first; rows it gave
+                # up waiting for, or rows outside per_epoch, go with the current epoch).
                 # The marker ends the epoch's iteration at once, before a whole batch of
                 # the next epoch has arrived.
                 if self.per_epoch and not (flush(True) and self._emit(_EpochStart(conn.epoch))):
@@ -362,6 +595,7 @@ class FeedBatches:
         empty: Optional[tuple] = None  # zero-row columns with the data's row shapes
         window = self.shuffle_rows
         pool = _RowPool(np.random.default_rng(self._shuffle_seed)) if window else None
+        take_item = self._source()
 
         def take(n: int) -> bool:
             nonlocal have, emitted
@@ -408,7 +642,9 @@ class FeedBatches:
             return True
 
         while not self._closed:
-            item = feed._take()
+            item = take_item()
+            if item is None:
+                return  # closed
             if item is END_OF_FEED:
                 feed.done_feeding = True
                 if close_epoch():
@@ -432,9 +668,9 @@ class FeedBatches:
                 # A feed resumed after a restart starts at its first epoch, not at 0.
                 started = True
                 epoch = conn.first_epoch
-            # A later epoch starts: the epochs before it are complete on this node (late
-            # rows of an earlier epoch, possible only when several feed tasks feed this
-            # node at once, count with the current one).
+            # A later epoch starts: the epochs before it are complete on this node
+            # (EpochOrder handed out their rows first; rows of an earlier epoch that it
+            # gave up waiting for count with the current one, after a warning).
             while conn.epoch > epoch:
                 if not close_epoch():
                     return

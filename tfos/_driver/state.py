@@ -20,7 +20,7 @@ import logging
 import signal
 import threading
 import time
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 from tfos._node import output as _node_output
 from tfos._common.deadline import Deadline
@@ -109,6 +109,9 @@ class ClusterState:
         #: feed id -> job partition indices a node acknowledged (restarts resume after them).
         self._done: dict[str, set[int]] = {}
         self._claimed: dict[str, dict[int, str]] = {}  # issue 9: feed id -> partition index -> node
+        #: feed id -> partition indices whose feed task ended without handing them to a node
+        #: (the node had terminated its queue or returned from main_fun).
+        self._skipped: dict[str, set[int]] = {}
         #: Queues each node's main_fun had terminated (DataFeed.terminate()) when it returned.
         self.terminated_queues: dict[int, list[str]] = {}
         #: Last resident memory (bytes) of each node's TF process tree, from heartbeats.
@@ -330,6 +333,35 @@ class ClusterState:
                 return {"granted": False, "node": claimed[index]}
             claimed[index] = node
         return {"granted": True}
+
+    def _on_partition_skipped(self, body: dict, peer: str) -> dict:
+        """A feed task ended without handing partition ``index`` of feed ``feed_id`` to any
+        node (its node had terminated the queue, or main_fun had returned)."""
+        feed_id, index = str(body["feed_id"]), int(body["index"])
+        with self._cond:
+            self._skipped.setdefault(feed_id, set()).add(index)
+        return {"ok": True}
+
+    def _on_epoch_handover(self, body: dict, peer: str) -> dict:
+        """A node's epoch-aware reader asks whether the job partition indices ``lo..hi-1``
+        of feed ``feed_id`` (whole epochs) were all settled: handed to a node (claimed) or
+        skipped. Answers ``{"settled": count, "mine": [indices claimed by node, ascending]}``;
+        the node closes those epochs once ``settled == hi - lo`` and it has read every
+        partition in ``mine`` (see tfos._data.tfdata.EpochOrder)."""
+        feed_id, lo, hi, node = str(body["feed_id"]), int(body["lo"]), int(body["hi"]), str(body["node"])
+        if not 0 <= lo < hi or hi - lo > 10_000_000:
+            raise ValueError(f"bad index range {lo}..{hi}")
+        with self._cond:
+            claimed = self._claimed.get(feed_id, {})
+            skipped = self._skipped.get(feed_id, set())
+            idx: Iterable[int]
+            if hi - lo <= len(claimed) + len(skipped):
+                idx = range(lo, hi)
+            else:
+                idx = sorted(i for i in set(claimed) | skipped if lo <= i < hi)
+            settled = sum(1 for i in idx if i in claimed or i in skipped)
+            mine = sorted(i for i in idx if claimed.get(i) == node)
+        return {"settled": settled, "mine": mine}
 
     def abort(self, reason: str) -> None:
         """Tells every node and late registrant to give up (e.g. run() failed)."""

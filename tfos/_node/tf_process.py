@@ -231,6 +231,7 @@ def run_node(launch: NodeLaunch) -> int:
             hub = FeedHub(launch.host, cfg.key, cfg.queues, cfg.queue_chunks, launch.node_name,
                           local_socket=sock_dir is not None, socket_dir=sock_dir)
             hub.data_timeout_s = cfg.data_timeout_s
+            hub.ask_driver = lambda msg_type, **fields: client.request(msg_type, timeout_s=10.0, **fields)
             preimport = _preimport_async(_FEED_MODULES, launch.node_name)
         me = NodeInfo(eid, role.job_name, role.task_index, launch.host, port_sock.getsockname()[1], hub.port if hub else 0, os.getpid(), launch.executor_key,
                       hub.path if hub else "")
