@@ -29,7 +29,9 @@ minus the first step's. It prints every repeat, min/median/max of rows/s per mod
 fed/memory ratio per repeat and over the medians (target >= 0.9), the longest gap between
 two epochs, the seconds TensorFlow waited for fed data (and for the first batch), the CPU
 seconds each kind of process used during ``train()``, each node's fed rows per epoch (Spark
-decides which executor, hence which node, feeds a partition), the chief's count of
+decides which executor, hence which node, feeds a partition), at how many epoch boundaries
+and for how long each node held a later epoch back until the earlier one was complete
+(``tfos._data.tfdata.EpochOrder``), the chief's count of
 ``train_function`` traces, median step time and steps over 20 median steps in each mode,
 and the load average.
 
@@ -234,7 +236,9 @@ def main_fun(args, ctx):
     for s in reader.sums.values():
         sums = [a + b for a, b in zip(sums, s)]
     fed.update(rows=sum(reader.rows.values()), rows_per_epoch=dict(reader.rows), sums=sums, wait_s=reader.wait_s, first_wait_s=reader.first_wait_s,
-               buffer_bytes=reader.buffer_bytes)
+               buffer_bytes=reader.buffer_bytes, order_waits=reader.order.waits if reader.order else 0,
+               order_boundaries=reader.order.boundaries if reader.order else 0,
+               order_wait_s=reader.order.wait_s if reader.order else 0.0)
     with open(os.path.join(args["out"], f"{args['tag']}-{name}.json"), "w") as f:
         json.dump({"chief": chief, "memory": mem, "fed": fed, "global_batch": global_batch}, f)
 
@@ -403,6 +407,10 @@ def main() -> int:
                 row["fed"]["wait_s"] = [n["fed"]["wait_s"] for n in nodes]
                 row["fed"]["first_wait_s"] = [n["fed"]["first_wait_s"] for n in nodes]
                 row["fed"]["rows_per_node"] = [n["fed"]["rows"] for n in nodes]
+                # times a node held a later epoch back (Spark fed it first) and the seconds it took
+                row["fed"]["order_waits"] = [n["fed"].get("order_waits", 0) for n in nodes]
+                row["fed"]["order_boundaries"] = [n["fed"].get("order_boundaries", 0) for n in nodes]
+                row["fed"]["order_wait_s"] = [n["fed"].get("order_wait_s", 0.0) for n in nodes]
                 # {epoch: rows} of each node (Spark decides which executor, hence node, feeds a partition)
                 row["fed"]["rows_per_node_epoch"] = [[n["fed"]["rows_per_epoch"].get(str(e), 0) for e in range(epochs)]
                                                      for n in nodes]
@@ -413,7 +421,9 @@ def main() -> int:
                       f"memory {row['memory']['max_gap_s']:.3f} s, fed {row['fed']['max_gap_s']:.3f} s; fed rows per node "
                       f"{row['fed']['rows_per_node']} (per epoch {row['fed']['rows_per_node_epoch']}), TF waited {', '.join(f'{w:.1f}' for w in row['fed']['wait_s'])} s "
                       f"for data ({', '.join(f'{w:.1f}' for w in row['fed']['first_wait_s'])} s of it for the first "
-                      f"batch); train() {train_s:.1f} s; verified {row['fed']['rows']:,} rows + checksums; "
+                      f"batch; later epochs held back at {row['fed']['order_waits']} of {row['fed']['order_boundaries']} "
+                      f"epoch boundaries, "
+                      f"{', '.join(f'{w:.2f}' for w in row['fed']['order_wait_s'])} s); train() {train_s:.1f} s; verified {row['fed']['rows']:,} rows + checksums; "
                       f"load {loads[-1]:.1f}; CPU s during train(): "
                       + ", ".join(f"{k} {v:.1f}" for k, v in sorted(cpu.items()))
                       + "; TF-process CPU s (both nodes) memory "

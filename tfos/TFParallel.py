@@ -17,8 +17,9 @@ import os
 from typing import Any, Callable, Optional
 
 from tfos._driver import cluster as _cluster
+from tfos._driver.user_source import with_source
 from .cluster_template import InputMode
-from .errors import ConfigurationError
+from .errors import ClusterFailedError, ConfigurationError, RecoveryFailedError
 
 __all__ = ["run"]
 
@@ -31,7 +32,8 @@ class _Independent:
     """Wraps ``map_fun`` so each instance runs alone: no TF_CONFIG, its port released."""
 
     def __init__(self, map_fun: Callable[[Any, Any], Any]):
-        self.map_fun = map_fun
+        # with its file name and source, so an instance's traceback names the user's file
+        self.map_fun = with_source(map_fun)
 
     def __call__(self, args: Any, ctx: Any) -> Any:
         os.environ.pop("TF_CONFIG", None)
@@ -83,4 +85,9 @@ def run(
     if map_fn is None or not callable(map_fn):
         raise ConfigurationError("TFParallel.run needs map_fn, a function map_fn(args, ctx)")
     cluster = _cluster.run(sc, _Independent(map_fn), tf_args, num_executors, 0, input_mode=InputMode.TENSORFLOW, **kwargs)
-    cluster.shutdown(timeout=timeout)
+    try:
+        cluster.shutdown(timeout=timeout)
+    except ClusterFailedError as exc:
+        if not isinstance(exc, RecoveryFailedError) and exc.context == "shutdown()":
+            exc.context = "TFParallel.run()"  # the caller never called shutdown() itself
+        raise

@@ -339,6 +339,10 @@ def test_tfparallel_failing_instance_raises(sc, tmp_path, no_leftovers):
     assert "worker:1 (executor 1" in text, text
     assert "RuntimeError: boom from instance 1" in text, text
     assert "Traceback" in text and "parallel_map_fun" in text, text
+    # the instance's traceback names this file and shows the failing line; the error says
+    # what the caller called
+    assert f'File "{__file__}", line' in text and 'raise RuntimeError(f"boom from instance {ctx.task_index}")' in text, text
+    assert re.match(r"tfos cluster \S+ failed during TFParallel\.run\(\): 1 node\(s\)", text), text
     assert [(f.executor_id, f.kind, f.error_type) for f in info.value.failures] == [(1, "exception", "RuntimeError")], info.value.failures
     assert "instance_1" not in _read(out, "instance_")
     assert elapsed < 120, elapsed

@@ -122,8 +122,11 @@ class EpochOrder:
         closed: Returns True once the reader was closed; :meth:`next` then returns None.
 
     Attributes:
-        waits: Times a later epoch was held back.
-        wait_s: Seconds spent holding later epochs back, in total.
+        boundaries: Times a later epoch's first item arrived (the driver was asked).
+        waits: Of those, the times the epochs before it were still incomplete at the first
+            answer: a later epoch was really held back.
+        wait_s: Seconds from the arrival of a later epoch's first item until it went on,
+            in total (a boundary that was complete at once costs one request).
     """
 
     _POLL_S = (0.05, 0.5)  # first and longest interval between two driver queries
@@ -139,8 +142,10 @@ class EpochOrder:
         self._finished: set[int] = set()  # job indices of ``_feed_id`` whose end was handed out
         self._target: Optional[int] = None  # while holding: the earliest epoch held back
         self._draining = False  # the feed ended: held items go out in epoch order
+        self.boundaries = 0
         self.waits = 0
         self.wait_s = 0.0
+        self._asked = False  # the current hold asked the driver once already
 
     def _tracked(self, item: Any) -> Any:
         """The connection of a train() item that epoch order applies to, else None."""
@@ -243,7 +248,7 @@ class EpochOrder:
         self._interval = self._POLL_S[0]
         self._next_ask = self._since  # ask at once: usually every partition went out already
         self._hub.hold_later_epochs(self._feed_id, self._open)
-        self.waits += 1
+        self._asked = False
 
     def _release(self) -> None:
         assert self._target is not None
@@ -268,7 +273,13 @@ class EpochOrder:
         except Exception as exc:  # noqa: BLE001 - the driver is reached again at the next poll
             log.debug("node %s: epoch_handover query failed: %s", self._hub.node_name, exc)
             settled, mine = -1, set()
-        if settled == hi - lo and mine <= self._finished:
+        complete = settled == hi - lo and mine <= self._finished
+        if not self._asked:
+            self._asked = True
+            self.boundaries += 1
+            if not complete:
+                self.waits += 1
+        if complete:
             return True
         if now >= self._until:
             missing = sorted(mine - self._finished)
