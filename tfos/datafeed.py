@@ -460,9 +460,9 @@ class DataFeed:
 
         Both epoch-aware forms keep every epoch whole when Spark runs a later epoch's
         task before an earlier one's (``tfos._data.tfdata.EpochOrder``): the node holds a
-        later epoch back, pausing its feed tasks, until the driver says the earlier
-        epoch's partitions all went out and this node read its own; at most
-        ``feed_timeout / 2`` seconds, then a WARNING names the epoch.
+        later epoch's chunks back in memory until the driver says the earlier epoch's
+        partitions all went out and this node read its own; at most ``feed_timeout / 2``
+        seconds and ``max(2 x buffer, 64 MiB)`` bytes, then a WARNING names the epoch.
 
         ``shuffle_rows=W`` (with ``steps_per_epoch``) shuffles rows, not batches: the
         reader thread pools the epoch's rows as they arrive, from every chunk and

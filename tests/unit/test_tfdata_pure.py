@@ -412,12 +412,10 @@ class _Driver:
     def __init__(self, hub: FeedHub, settled_after: int, mine: list, never: bool = False):
         self.hub, self.settled_after, self.mine, self.never = hub, settled_after, mine, never
         self.asked: list = []
-        self.gates: list = []
 
     def __call__(self, msg_type: str, **fields) -> dict:
         assert msg_type == "epoch_handover" and fields["node"] == self.hub.node_name
         self.asked.append((fields["lo"], fields["hi"]))
-        self.gates.append(self.hub._gate)
         whole = fields["hi"] - fields["lo"]
         settled = 0 if self.never else whole if len(self.asked) > self.settled_after else whole - 1
         return {"settled": settled, "mine": self.mine}
@@ -430,11 +428,13 @@ def _epoch_feeder(hub, part, epoch, parts=2, **kw):
 @pytest.mark.parametrize("steps", [None, 2])
 def test_later_epoch_waits_until_the_driver_says_the_epoch_was_handed_over(hub, steps):
     """Spark ran partition 0 of epoch 1 before partition 1 of epoch 0 reached this node (a
-    locality wait, or a slower feed task): the epoch-aware readers hold epoch 1 back (the
-    hub pauses its connections) until the driver says every partition of epoch 0 went to
-    a node and this node read its own to the end, so each epoch holds exactly its rows."""
+    locality wait, or a slower feed task): the epoch-aware readers hold epoch 1 back until
+    the driver says every partition of epoch 0 went to a node and this node read its own
+    to the end, so each epoch holds exactly its rows. The held partition is acknowledged
+    as soon as its end arrives (its feed task must not wait: see EpochOrder)."""
     late, early = _epoch_feeder(hub, 0, 1), _epoch_feeder(hub, 1, 0)
     late.chunk(_rows(100, 4))  # epoch 1 arrives first
+    late.end()
     driver = _Driver(hub, settled_after=2, mine=[1])  # partition 1 of epoch 0 is claimed late
     hub.ask_driver = driver
     feed = DataFeed(hub, timeout_s=10)
@@ -443,10 +443,9 @@ def test_later_epoch_waits_until_the_driver_says_the_epoch_was_handed_over(hub, 
     deadline = time.monotonic() + 10
     while len(driver.asked) < 2 and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert driver.gates[0] == ("feed-1", 0)  # later epochs of this feed paused while asking
+    assert late.frame() == (FrameType.ACK, {"rows": 0})  # held, acknowledged, not yet decoded
     early.chunk(_rows(0, 3))
     early.end()
-    late.end()
     # The end of the feed (which would end any hold) comes only once epoch 1 was handed
     # out: the driver's answer ended the hold.
     if steps is None:
@@ -464,23 +463,29 @@ def test_later_epoch_waits_until_the_driver_says_the_epoch_was_handed_over(hub, 
         assert got + [y.tolist() for _, y in it] == [[0, 1], [2], [100, 101], [102, 103]]
     assert reader.rows == {0: 3, 1: 4}
     assert driver.asked[0] == (0, 2) and len(driver.asked) >= 3
-    assert reader.order.waits == 1 and hub._gate is None
-    assert early.frame() == (FrameType.ACK, {"rows": 3}) and late.frame() == (FrameType.ACK, {"rows": 4})
+    assert reader.order.waits == 1 and reader.order.boundaries == 1 and reader.order.peak_held_bytes > 0
+    assert early.frame() == (FrameType.ACK, {"rows": 3})
 
 
-def test_held_epoch_pauses_only_later_epoch_connections_of_that_feed(hub):
-    q = hub.queues["input"]
-    e0, e1 = _epoch_feeder(hub, 0, 0), _epoch_feeder(hub, 0, 1)
-    other = _Feeder(hub, KEY, 0, "train", 3, feed_id="feed-2", index=3, parts_per_epoch=1)
-    hub.hold_later_epochs("feed-1", 0)
-    assert hub._put(q, e0.conn, "e0") and hub._put(q, other.conn, "other")
-    done = threading.Event()
-    t = threading.Thread(target=lambda: (hub._put(q, e1.conn, "e1"), done.set()))
-    t.start()
-    assert not done.wait(0.5) and [q.get_nowait(), q.get_nowait()] == ["e0", "other"]
-    hub.release_epochs()
-    assert done.wait(5) and q.get_nowait() == "e1"
-    t.join(5)
+def test_epoch_order_gives_up_when_the_held_chunks_exceed_their_bound(hub, caplog):
+    """Held later-epoch chunks are bounded (max_held_bytes): past it the reader stops
+    waiting, says so, and hands them out (the earlier epoch's late rows would then count
+    in the later one)."""
+    late = _epoch_feeder(hub, 0, 1)
+    for k in range(3):
+        late.chunk(_rows(100 + 10 * k, 10))
+    late.end()
+    hub.ask_driver = _Driver(hub, 0, [], never=True)
+    feed = DataFeed(hub, timeout_s=10)
+    from tfos._data.tfdata import EpochOrder
+
+    order = EpochOrder(feed, max_held_bytes=1)
+    with caplog.at_level(logging.WARNING, logger="tfos._data.tfdata"):
+        t0 = time.monotonic()
+        first = order.next()
+    assert time.monotonic() - t0 < 2
+    assert first.conn is late.conn and order.waits == 1
+    assert "bytes of later epochs held (max_held_bytes 1)" in caplog.text, caplog.text
 
 
 def test_epoch_order_gives_up_after_half_the_feed_timeout_with_a_warning(hub, caplog):
@@ -504,7 +509,6 @@ def test_epoch_order_gives_up_after_half_the_feed_timeout_with_a_warning(hub, ca
     assert re.search(r"node worker:0 \(executor 1, host 127\.0\.0\.1\): epoch 0 of the feed is still incomplete after "
                      r"0\.[5-9] s \(2 of its partitions not yet handed to any node\); handing out epoch 1 now, so rows of "
                      r"epoch 0 that arrive later count in epoch 1", caplog.text), caplog.text
-    assert hub._gate is None
 
 
 def test_epoch_order_with_two_later_epochs_queued_in_reverse(hub):
@@ -531,4 +535,5 @@ def test_epoch_order_with_two_later_epochs_queued_in_reverse(hub):
     assert got == [[], [100, 101, 102], [200, 201]]
     assert reader.rows == {0: 0, 1: 3, 2: 2}
     assert asked[0] == (0, 4) and (0, 2) in asked and asked[-1] == (2, 4), asked
-    assert e1.frame() == (FrameType.ACK, {"rows": 3}) and e2.frame() == (FrameType.ACK, {"rows": 2})
+    # both partitions were acknowledged while held (before their rows were decoded)
+    assert e1.frame() == (FrameType.ACK, {"rows": 0}) and e2.frame() == (FrameType.ACK, {"rows": 0})

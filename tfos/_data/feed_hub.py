@@ -199,8 +199,6 @@ class FeedHub:
         #: (set by the TF process; None in tests without a driver). The epoch-aware tf.data
         #: readers use it to learn when an epoch's partitions were all handed over.
         self.ask_driver: Optional[Callable[..., dict]] = None
-        self._gate: Optional[tuple[str, int]] = None  # (feed id, epoch): later epochs wait
-        self._gate_cond = threading.Condition()
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.bind((host, 0))
         self._listener.listen(64)
@@ -380,35 +378,10 @@ class FeedHub:
                 with self._lock:
                     self._conns.discard(conn)
 
-    def hold_later_epochs(self, feed_id: str, epoch: int) -> None:
-        """Makes the connections of feed ``feed_id`` for epochs after ``epoch`` wait before
-        queueing anything (their feed tasks block: TCP backpressure), while the connections
-        of ``epoch`` and earlier go on (TF process, tf.data reader thread; see
-        tfos._data.tfdata.EpochOrder). Replaces any earlier hold; ends with
-        :meth:`release_epochs` (or the hub's close/abort, or the queue's terminate)."""
-        with self._gate_cond:
-            self._gate = (feed_id, epoch)
-            self._gate_cond.notify_all()
-
-    def release_epochs(self) -> None:
-        """Ends :meth:`hold_later_epochs` (idempotent)."""
-        with self._gate_cond:
-            self._gate = None
-            self._gate_cond.notify_all()
-
-    def _held(self, conn: FeedConnection) -> bool:
-        gate = self._gate
-        return gate is not None and conn.feed_id == gate[0] and conn.epoch > gate[1]
-
     def _put(self, q: queue.Queue, conn: FeedConnection, item: object) -> bool:
         while True:
             if self._closing or self.aborted or conn.closed or conn.qname in self.terminated:
                 return False
-            if self._held(conn):
-                with self._gate_cond:
-                    if self._held(conn):
-                        self._gate_cond.wait(0.2)
-                continue
             try:
                 q.put(item, timeout=0.2)
                 return True

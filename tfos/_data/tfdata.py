@@ -41,8 +41,8 @@ Memory bound of a node (bytes): the feed queue ``(queue_chunks + 2) x chunk byte
 (see :mod:`tfos._data.feed_hub`), plus ``buffer_batches + 2`` batches here (the buffer, the
 batch being assembled and the one the generator hands over), plus the ``prefetch``
 batches of ``tf.data``, plus ``shuffle_rows`` rows with the row-level shuffle, plus, while
-:class:`EpochOrder` holds a later epoch back, the chunks of it that were already queued
-(at most ``queue_chunks`` + one per data connection);
+:class:`EpochOrder` holds a later epoch back, its chunks as received (at most
+``max(2 x buffer_bytes, 64 MiB)``);
 :attr:`FeedBatches.buffer_bytes` states the part held here.
 """
 
@@ -98,28 +98,43 @@ def unwrap_tf_data_error(exc: BaseException) -> Optional[BaseException]:
     return None
 
 
+def _nbytes(payload: Any) -> int:
+    """Size of a chunk's payload as received (bytes)."""
+    try:
+        return len(payload) if not isinstance(payload, (list, tuple)) else sum(len(p) for p in payload)
+    except TypeError:
+        return 0
+
+
 class EpochOrder:
     """A node's feed queue handed out epoch by epoch (TF process, the tf.data reader thread).
 
     :meth:`next` returns the queue's items (``Chunk``, ``PartitionEnd``, ``END_OF_FEED``)
     in queue order, except that the items of a later epoch of a ``train()`` feed wait
     until the epochs before it are complete on this node. When the first item of epoch
-    ``t`` > the open epoch ``e`` arrives, it is held, the hub pauses every connection of
-    that feed for an epoch > ``e`` (:meth:`FeedHub.hold_later_epochs`: their feed tasks
-    block), the items of epoch ``e`` and earlier keep coming, and the driver is asked
-    (``epoch_handover``, at once and then every 50-500 ms) whether every partition of the
-    epochs ``e..t-1`` was handed to a node or skipped, and which ones this node got. Once
-    all are settled and this node handed out the end of each of its own, the hold ends
-    and the held items follow. A feed without a driver to ask (``hub.ask_driver`` None),
-    or whose feed tasks send no feed id or epoch size, passes through unchanged.
+    ``t`` > the open epoch ``e`` arrives, it is held in memory; the items of epoch ``e``
+    and earlier keep coming, and the driver is asked (``epoch_handover``, at once and then
+    every 50-500 ms) whether every partition of the epochs ``e..t-1`` was handed to a node
+    or skipped, and which ones this node got. Once all are settled and this node handed
+    out the end of each of its own, the held items follow. A feed without a driver to ask
+    (``hub.ask_driver`` None), or whose feed tasks send no feed id or epoch size, passes
+    through unchanged.
 
-    The wait lasts at most half of the connection's ``feed_timeout`` (the paused feed
-    tasks must not time out); then a warning names the epoch and the items go on, the
-    late rows of an earlier epoch then counting in the later one.
+    Feed tasks are never paused: the queue keeps being read, and a held partition whose
+    end arrived is acknowledged at once (its rows are in this process, as for the reader's
+    buffer), so its task ends and the executor goes on to the partitions Spark still has
+    to run, the missing ones of epoch ``e`` among them. (Pausing them instead deadlocked
+    when every executor core held a task of epoch ``t`` while Spark kept epoch ``e``'s
+    remaining tasks for a busy executor.)
+
+    Bounds: at most ``max_held_bytes`` of held chunks, and at most half of the connection's
+    ``feed_timeout`` of waiting. Past either, a warning names the epoch and the held items
+    go on, so that rows of the earlier epoch that arrive later count in the later one.
 
     Args:
         feed: The node's :class:`~tfos.datafeed.DataFeed` (its queue and hub).
         closed: Returns True once the reader was closed; :meth:`next` then returns None.
+        max_held_bytes: Largest total size of held chunks (bytes, as received).
 
     Attributes:
         boundaries: Times a later epoch's first item arrived (the driver was asked).
@@ -127,15 +142,19 @@ class EpochOrder:
             answer: a later epoch was really held back.
         wait_s: Seconds from the arrival of a later epoch's first item until it went on,
             in total (a boundary that was complete at once costs one request).
+        peak_held_bytes: The most bytes of chunks held at once.
     """
 
     _POLL_S = (0.05, 0.5)  # first and longest interval between two driver queries
 
-    def __init__(self, feed: Any, closed: Any = lambda: False):
+    def __init__(self, feed: Any, closed: Any = lambda: False, max_held_bytes: int = 2 * (32 << 20)):
         self._feed = feed
         self._hub = feed._hub
         self._closed = closed
         self._pending: collections.deque = collections.deque()  # later-epoch items held, in queue order
+        self.max_held_bytes = max_held_bytes
+        self._held_bytes = 0
+        self.peak_held_bytes = 0
         self._feed_id = ""
         self._open = 0  # the open epoch of ``_feed_id``
         self._first = 0
@@ -180,15 +199,29 @@ class EpochOrder:
             self._open = max(self._open, conn.epoch)  # only after a give-up or the end of the feed
         return item
 
+    def _keep(self, item: Any) -> None:
+        """Holds a later-epoch item; acknowledges a held partition end at once."""
+        self._pending.append(item)
+        if isinstance(item, Chunk):
+            self._held_bytes += _nbytes(item.payload)
+            self.peak_held_bytes = max(self.peak_held_bytes, self._held_bytes)
+        elif isinstance(item, PartitionEnd):
+            self._feed._finish_partition(item.conn)  # the task may end: see the class doc
+
     def _ready(self) -> Any:
         """Removes and returns the first held item that may go now, else None."""
         if self._draining:
-            return self._pending.popleft()
-        for i, item in enumerate(self._pending):
-            if self._later(item) is None:
-                del self._pending[i]
-                return item
-        return None
+            item = self._pending.popleft()
+        else:
+            for i, item in enumerate(self._pending):
+                if self._later(item) is None:
+                    del self._pending[i]
+                    break
+            else:
+                return None
+        if isinstance(item, Chunk):
+            self._held_bytes -= _nbytes(item.payload)
+        return item
 
     def next(self) -> Any:
         """The next item (blocks like ``DataFeed._take``); None once ``closed()``.
@@ -227,7 +260,7 @@ class EpochOrder:
                 continue
             epoch = self._later(item)
             if epoch is not None:
-                self._pending.append(item)
+                self._keep(item)
                 if self._target is not None and epoch < self._target:
                     self._target = epoch  # an earlier later epoch: wait for the epochs before it
                 continue
@@ -247,20 +280,19 @@ class EpochOrder:
         self._until = self._since + conn.feed_timeout_s / 2
         self._interval = self._POLL_S[0]
         self._next_ask = self._since  # ask at once: usually every partition went out already
-        self._hub.hold_later_epochs(self._feed_id, self._open)
         self._asked = False
 
     def _release(self) -> None:
         assert self._target is not None
-        self._hub.release_epochs()
         self.wait_s += time.monotonic() - self._since
         self._open = max(self._open, self._target)
         self._target = None
 
     def _settled(self) -> bool:
-        """Asks the driver when due; True once epochs ``open..target-1`` are complete here."""
+        """Asks the driver when due; True once epochs ``open..target-1`` are complete here,
+        or when a bound of the wait is reached (with a warning)."""
         now = time.monotonic()
-        if now < self._next_ask:
+        if now < self._next_ask and self._held_bytes <= self.max_held_bytes:
             return False
         assert self._target is not None
         lo = (self._open - self._first) * self._parts
@@ -281,12 +313,14 @@ class EpochOrder:
                 self.waits += 1
         if complete:
             return True
-        if now >= self._until:
+        over = self._held_bytes > self.max_held_bytes
+        if now >= self._until or over:
             missing = sorted(mine - self._finished)
             log.warning(
-                "node %s: epoch %d of the feed is still incomplete after %.1f s (%s); handing out epoch %d now, so "
+                "node %s: epoch %d of the feed is still incomplete after %.1f s%s (%s); handing out epoch %d now, so "
                 "rows of epoch %d that arrive later count in epoch %d", self._hub.node_name, self._target - 1,
                 now - self._since,
+                f" with {self._held_bytes:,} bytes of later epochs held (max_held_bytes {self.max_held_bytes:,})" if over else "",
                 (f"{hi - lo - settled} of its partitions not yet handed to any node" if settled >= 0 and settled < hi - lo
                  else f"partitions {missing} sent here not yet read to the end" if missing else "the driver did not answer"),
                 self._target, self._target - 1, self._target)
@@ -493,13 +527,11 @@ class FeedBatches:
                 self._read()
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer, raised there
             self._emit(exc)
-        finally:
-            self._feed._hub.release_epochs()  # no feed task stays paused for a reader that stopped
 
     def _source(self) -> Any:
         """The item source of the reader: epoch-ordered in the epoch-aware modes."""
         if self.per_epoch or self.steps_per_epoch is not None:
-            self.order = EpochOrder(self._feed, lambda: self._closed)
+            self.order = EpochOrder(self._feed, lambda: self._closed, max(2 * self.buffer_bytes, 2 * DEFAULT_BUFFER_BYTES))
             return self.order.next
         return self._feed._take
 
