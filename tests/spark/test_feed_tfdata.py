@@ -165,29 +165,39 @@ def read_epochs(args, ctx):
 
 @pytest.mark.parametrize("steps", [0, 4])
 def test_epochs_stay_whole_when_spark_runs_a_later_epoch_first(sc, tmp_path, steps):
-    """One node, two executors: the feed task of partition 1 of epoch 0 (job index 1) is
-    slow, so the other executor feeds partitions 2, 3 and then partition 0 of epoch 1 to
-    the node before it. The node holds epoch 1 back until the driver says every partition
-    of epoch 0 was handed over and it read its own to the end: both epochs hold exactly
-    the 4 x 150 rows of one pass (the first chunk of epoch 1 used to end epoch 0 early,
-    and partition 1's rows then counted in epoch 1)."""
+    """One node, two executors: the feed task of partition 1 of epoch 0 (job index 1)
+    produces its rows only after partition 0 of epoch 1 (job index 4) was produced, so the
+    other executor feeds partitions 0, 2, 3 and then epoch 1's partition 0 to the node
+    first. The node holds epoch 1 back until the driver says every partition of epoch 0
+    was handed over and it read its own to the end: both epochs hold exactly the 4 x 150
+    rows of one pass (the first chunk of epoch 1 used to end epoch 0 early, and partition
+    1's rows then counted in epoch 1)."""
     n, parts, epochs = 600, 4, 2
+    marker = str(tmp_path / "epoch1-part0-produced")
 
     def part(index, _it):
+        import os as _os
+        import time as _time
+
         from pyspark import TaskContext
 
-        if TaskContext.get().partitionId() == 1:  # job index 1: epoch 0, partition 1
-            import time as _time
-
-            _time.sleep(5.0)
-        return [_row(i) for i in range(index * 150, index * 150 + 150)]
+        job_index = TaskContext.get().partitionId()
+        if job_index == 1:  # epoch 0, partition 1: after epoch 1's partition 0 (at most 120 s)
+            end = _time.monotonic() + 120
+            while not _os.path.exists(marker) and _time.monotonic() < end:
+                _time.sleep(0.05)
+            _time.sleep(2.0)  # its chunk reaches the node first
+        yield from (_row(i) for i in range(index * 150, index * 150 + 150))
+        if job_index == 4:
+            open(marker, "w").close()
 
     rdd = sc.parallelize(range(parts), parts).mapPartitionsWithIndex(part)
-    args = {"out": str(tmp_path), "batch": 40, "steps": steps}
+    args = {"out": str(tmp_path / "out"), "batch": 40, "steps": steps}
+    (tmp_path / "out").mkdir()
     cluster = TFCluster.run(sc, read_epochs, args, 1, 0, input_mode=INPUT)
     cluster.train(rdd, num_epochs=epochs, end_of_feed=True, feed_timeout=300)
     cluster.shutdown(timeout=300)
-    (report,) = [json.loads(p.read_text()) for p in tmp_path.glob("*.json")]
+    (report,) = [json.loads(p.read_text()) for p in (tmp_path / "out").glob("*.json")]
     sx, sy = _expected(n)
     for e in range(epochs):
         assert report["rows"][str(e)] == n, report

@@ -445,41 +445,36 @@ def _generic_frames(rows: Iterator[Any]) -> Iterator[bytes]:
         yield pickle.dumps(chunk, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def _notify_sent(plan: FeedPlan, index: int) -> None:
-    """Tells the driver partition ``index`` was handed over (before waiting for its ACK)."""
-    if not plan.report_sent:
-        return
+def _tell_driver(plan: FeedPlan, msg_type: str, index: int, what: str) -> None:
+    """Sends ``msg_type`` for partition ``index`` of the feed to the driver; a failure is
+    logged ("could not tell the driver that partition N <what>") and not raised."""
     try:
         c = _client(plan)
-        c.request("partition_sent", feed_id=plan.feed_id, index=index, timeout_s=10.0)
-        c.close()
+        try:
+            c.request(msg_type, feed_id=plan.feed_id, index=index, timeout_s=10.0)
+        finally:
+            c.close()
     except (OSError, ControlProtocolError, DeadlineExceededError) as exc:
-        log.warning("could not tell the driver that partition %d was sent: %s", index, exc)
+        log.warning("could not tell the driver that partition %d %s: %s", index, what, exc)
+
+
+def _notify_sent(plan: FeedPlan, index: int) -> None:
+    """Tells the driver partition ``index`` was handed over (before waiting for its ACK)."""
+    if plan.report_sent:
+        _tell_driver(plan, "partition_sent", index, "was sent")
 
 
 def _notify_done(plan: FeedPlan, index: int) -> None:
     """Tells the driver the node acknowledged partition ``index`` (restarts resume after it)."""
-    if not plan.report_done:
-        return
-    try:
-        c = _client(plan)
-        c.request("partition_done", feed_id=plan.feed_id, index=index, timeout_s=10.0)
-        c.close()
-    except (OSError, ControlProtocolError, DeadlineExceededError) as exc:
-        log.warning("could not tell the driver that partition %d was consumed: %s", index, exc)
+    if plan.report_done:
+        _tell_driver(plan, "partition_done", index, "was consumed")
 
 
 def _notify_skipped(plan: FeedPlan, index: int) -> None:
     """Tells the driver partition ``index`` went to no node, so that the nodes' epoch-aware
     readers do not wait for it (see tfos._data.tfdata.EpochOrder)."""
-    if plan.mode != "train" or not plan.feed_id:
-        return
-    try:
-        c = _client(plan)
-        c.request("partition_skipped", feed_id=plan.feed_id, index=index, timeout_s=10.0)
-        c.close()
-    except (OSError, ControlProtocolError, DeadlineExceededError) as exc:
-        log.warning("could not tell the driver that partition %d went to no node: %s", index, exc)
+    if plan.mode == "train" and plan.feed_id:
+        _tell_driver(plan, "partition_skipped", index, "went to no node")
 
 
 def _feed_partition(plan: FeedPlan, index: int, frames: Iterator[Any]) -> tuple[int, str]:
