@@ -205,3 +205,46 @@ def test_epochs_stay_whole_when_spark_runs_a_later_epoch_first(sc, tmp_path, ste
     assert report["waits"] >= 1, report  # the node did see epoch 1 first
     if steps:
         assert report["batches"] == epochs * steps, report
+
+
+def read_epochs_or_terminate(args, ctx):
+    """worker:1 terminates its feed at once (C11); worker:0 reads every epoch with
+    as_dataset(per_epoch=True) and writes what each epoch held."""
+    if ctx.task_index == 1:
+        ctx.get_data_feed().terminate()
+        return
+    read_epochs(dict(args, steps=0), ctx)
+
+
+def test_epoch_order_does_not_wait_for_partitions_a_terminated_node_skipped(sc, tmp_path):
+    """C11 with the epoch-aware reader: worker:1 calls terminate() before reading, so the
+    feed tasks on its executor skip their partitions and report them skipped to the driver
+    (``partition_skipped``, counted by ``epoch_handover``); worker:0 still reads every epoch
+    of its own partitions, and nothing waits for the 30 s bound (feed_timeout/2). (The end
+    of the feed also ends a hold, so the time bound alone does not show the reports: the
+    driver's record is checked directly.)"""
+    import time as _time
+
+    n, parts, epochs = 1200, 8, 3
+    rdd = sc.parallelize(range(n), parts).map(_row)
+    out = tmp_path / "out"
+    out.mkdir()
+    cluster = TFCluster.run(sc, read_epochs_or_terminate, {"out": str(out), "batch": 50}, 2, 0, input_mode=INPUT)
+    t0 = _time.monotonic()
+    cluster.train(rdd, num_epochs=epochs, end_of_feed=True, feed_timeout=60)
+    state = cluster._state
+    with state._cond:
+        claimed, skipped = dict(state._claimed), {k: set(v) for k, v in state._skipped.items()}
+    cluster.shutdown(timeout=120)
+    elapsed = _time.monotonic() - t0
+    (report,) = [json.loads(p.read_text()) for p in out.glob("*.json")]
+    assert elapsed < 25, (elapsed, report)  # no boundary waited for the 30 s bound
+    assert report["rows"] and set(report["rows"]) <= {"0", "1", "2"}, report
+    assert sum(report["rows"].values()) % 150 == 0 and 0 < sum(report["rows"].values()) <= epochs * n, report
+    # every job partition was either handed to worker:0 or reported skipped, none both
+    (feed_id,) = claimed
+    mine = set(claimed[feed_id])
+    assert all(node.startswith("worker:0 ") for node in claimed[feed_id].values()), claimed
+    assert mine | skipped.get(feed_id, set()) == set(range(parts * epochs)), (mine, skipped)
+    assert not mine & skipped.get(feed_id, set()) and skipped.get(feed_id), (mine, skipped)
+    assert sum(report["rows"].values()) == 150 * len(mine), (report, mine)
