@@ -81,6 +81,9 @@ class FeedTimeoutError(TFOSError, TimeoutError):
     """A node accepted no data (or returned no results) for ``feed_timeout`` seconds.
 
     Raised in a Spark feed task and re-raised on the driver; names the partition and node.
+    The message goes on with the current stack of the node's ``main_fun`` thread (innermost
+    call last, from ``main_fun`` inward), which the feed task asks the node for through the
+    driver (up to 3 s); it is left out when the node does not answer in that time.
     """
 
 

@@ -132,6 +132,17 @@ def stop_consuming(args, ctx):
     ctx.stop_event.wait(300)
 
 
+def answer_nothing(args, ctx):
+    """Inference feed_timeout: takes one batch, never answers it, waits for the stop."""
+    feed = ctx.get_data_feed(train_mode=False)
+    feed.next_batch(10)
+    _wait_for_the_driver(ctx)
+
+
+def _wait_for_the_driver(ctx):
+    ctx.stop_event.wait(300)  # where the stack must point
+
+
 def mwms_linear_regression(args, ctx):
     """C12: tf_keras linear regression under MultiWorkerMirroredStrategy, fed by as_dataset."""
     import os as _os
@@ -355,7 +366,8 @@ def test_c19_malformed_rows_name_partition_and_row(sc, tmp_path, no_leftovers):
 
 def test_feed_timeout_names_node_and_partition(sc, tmp_path, no_leftovers):
     """A main_fun that stops consuming: with feed_timeout=3, train() fails within seconds
-    with a FeedTimeoutError text naming the node and the partition."""
+    with a FeedTimeoutError text naming the node and the partition, and showing where
+    main_fun is (its stack, asked from the node)."""
     # 2 partitions of 40 x 1 MiB rows: far more than the node's queue (4 chunks) plus the
     # socket buffers hold, so the feed task blocks sending.
     rdd = sc.parallelize(range(2), 2).flatMap(lambda p: (bytes(1 << 20) for _ in range(40)))
@@ -375,3 +387,31 @@ def test_feed_timeout_names_node_and_partition(sc, tmp_path, no_leftovers):
     first = info.value.failures[0]
     assert (first.kind, first.error_type) == ("feed", "FeedTimeoutError"), info.value.failures
     assert "lost the data connection" not in text  # a timeout is not a lost connection
+    # Where main_fun stopped: its stack, from main_fun inward, with the user's source line.
+    assert re.search(r"main_fun's stack on worker:0 \(executor 0, host [^)]+\) \(TF process pid \d+, thread MainThread\), innermost call last:\n"
+                     r'  File "[^"]*test_feed_cases\.py", line \d+, in stop_consuming\n'
+                     r"    ctx\.stop_event\.wait\(300\)\n", first.message), first.message
+
+
+def test_inference_timeout_shows_where_main_fun_waits(sc, tmp_path, no_leftovers):
+    """Inference with a main_fun that takes a batch and never answers: with feed_timeout=3,
+    inference() fails within seconds with a FeedTimeoutError naming the node and the
+    partition, followed by main_fun's stack down to the line it waits on."""
+    rdd = sc.parallelize(range(40), 2)
+    cluster = TFCluster.run(sc, answer_nothing, {}, 1, 0, input_mode=INPUT)
+    t0 = time.monotonic()
+    with pytest.raises(ClusterFailedError) as info:
+        cluster.inference(rdd, feed_timeout=3).count()
+    assert time.monotonic() - t0 < QUICK_S
+    cluster.shutdown()
+    first = info.value.failures[0]
+    assert (first.kind, first.error_type) == ("feed", "FeedTimeoutError"), info.value.failures
+    assert re.search(r"worker:0 \(executor 0, host [^)]+\) sent nothing for 3 s for partition [01] \(epoch 0\) "
+                     r"-> worker:0 \(executor 0, host [^)]+\): main_fun stopped consuming or producing results\n"
+                     r"main_fun's stack on worker:0 \(executor 0, host [^)]+\) \(TF process pid \d+, thread MainThread\), "
+                     r"innermost call last:\n"
+                     r'  File "[^"]*test_feed_cases\.py", line \d+, in answer_nothing\n'
+                     r"    _wait_for_the_driver\(ctx\)\n"
+                     r'  File "[^"]*test_feed_cases\.py", line \d+, in _wait_for_the_driver\n'
+                     r"    ctx\.stop_event\.wait\(300\)  # where the stack must point\n", first.message), first.message
+    assert str(info.value).count("main_fun's stack on worker:0") >= 1

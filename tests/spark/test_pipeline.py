@@ -294,6 +294,10 @@ def test_c17_estimator_feed_timeout_names_node_and_partition(sc, tmp_path, no_le
         text,
     ), text
     assert info.value.failures[0].kind == "feed", info.value.failures
+    # The stack starts at the user's train_fn: the estimator's own frames are tfos's.
+    assert re.search(r"innermost call last:\n"
+                     r'  File "[^"]*test_pipeline\.py", line \d+, in stop_consuming_train_fn\n'
+                     r"    ctx\.stop_event\.wait\(300\)\n", text), text
 
 
 def test_tfparallel_runs_independent_instances(sc, tmp_path, no_leftovers):

@@ -299,7 +299,7 @@ def test_directives():
 def test_wait_event_returns_on_change_and_records_counters():
     st = _state()
     _register_all(st)
-    known = {"stop": False, "feed_closed": False, "abort": "", "failed": False}
+    known = {"stop": False, "feed_closed": False, "abort": "", "failed": False, "stack": 0}
     t0 = time.monotonic()
     r = _req(st, "wait_event", executor_id=1, known=known, poll_s=0.1, counters={"rows": 40})
     assert r == known
@@ -322,6 +322,54 @@ def test_wait_event_returns_on_change_and_records_counters():
     assert not th.is_alive()
     assert out["r"]["feed_closed"] is True
     assert time.monotonic() - t0 < 5.5
+
+
+def test_node_stack_request_reaches_only_that_node_and_returns_its_answer():
+    """A feed task's ``node_stack`` request wakes that node's wait_event (its ``stack``
+    directive counts up; the other node's does not) and returns the text the node sends
+    back with the same request number; an older answer does not count."""
+    st = _state()
+    _register_all(st)
+    known = {"stop": False, "feed_closed": False, "abort": "", "failed": False, "stack": 0}
+    out: dict = {}
+
+    def node(eid):
+        out[eid] = _req(st, "wait_event", executor_id=eid, known=known, poll_s=3.0)
+        if eid == 1:
+            _req(st, "stack", executor_id=1, seq=0, text="stale")  # ignored: not the request's number
+            _req(st, "stack", executor_id=1, seq=out[1]["stack"], text="main_fun's stack on worker:0 ...")
+
+    threads = [threading.Thread(target=node, args=(eid,)) for eid in (1, 2)]
+    for th in threads:
+        th.start()
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    r = _req(st, "node_stack", executor_id=1, wait_s=5.0)
+    assert r == {"stack": "main_fun's stack on worker:0 ..."}
+    assert time.monotonic() - t0 < 2.0
+    for th in threads:
+        th.join(10)
+    assert out[1]["stack"] == 1 and out[2]["stack"] == 0
+
+
+def test_node_stack_request_gives_up_after_its_wait():
+    """No answer (the node's event loop cannot run): an empty stack after wait_s; a node
+    that has ended is not waited for at all; a stack text is cut to its bound."""
+    from tfos._driver import state as state_mod
+
+    st = _state()
+    _register_all(st)
+    t0 = time.monotonic()
+    assert _req(st, "node_stack", executor_id=1, wait_s=0.3) == {"stack": ""}
+    assert 0.25 <= time.monotonic() - t0 < 2.0
+    _req(st, "status", executor_id=2, state="finished")
+    t0 = time.monotonic()
+    assert _req(st, "node_stack", executor_id=2, wait_s=5.0) == {"stack": ""}
+    assert time.monotonic() - t0 < 1.0
+    _req(st, "stack", executor_id=1, seq=5, text="x" * (state_mod._MAX_STACK_CHARS + 10))
+    assert len(st._stacks[1][1]) == state_mod._MAX_STACK_CHARS
+    with pytest.raises(ControlProtocolError, match="unknown executor id 7"):
+        _req(st, "node_stack", executor_id=7, wait_s=0.1)
 
 
 def test_wait_helper():

@@ -3,6 +3,8 @@ whose feed connections are socketpairs (no Spark, no TensorFlow)."""
 
 from __future__ import annotations
 
+import os
+import time
 
 import numpy as np
 import pytest
@@ -472,6 +474,52 @@ def test_event_loop_handles_the_abort_before_the_feed_closing_in_one_reply():
         _event_loop(_Client(), 1, _Hub(), stop, lambda: calls.append(("on_stop",)))
     assert calls == [("abort", "node worker:1 failed"), ("on_stop",)]
     assert stop.is_set()
+
+
+def test_main_fun_stack_shows_where_main_fun_waits_and_the_event_loop_sends_it():
+    """main_fun_stack: the frames from main_fun inward (innermost last, with source lines),
+    none of the TF process's own; '' once the thread ended. The event loop answers a
+    ``stack`` directive once per request number."""
+    import threading
+
+    from tfos._node import tf_process
+
+    release = threading.Event()
+
+    def stuck_main_fun():
+        release.wait(30)  # the line the stack must show
+
+    th = threading.Thread(target=stuck_main_fun, name="MainThread-ish")
+    th.start()
+    try:
+        time.sleep(0.1)
+        text = tf_process.main_fun_stack(th, "worker:0")
+    finally:
+        release.set()
+        th.join(10)
+    lines = text.splitlines()
+    assert lines[0] == f"main_fun's stack on worker:0 (TF process pid {os.getpid()}, thread MainThread-ish), innermost call last:"
+    assert any("in stuck_main_fun" in ln for ln in lines), text
+    assert "release.wait(30)  # the line the stack must show" in text
+    assert "threading.py" in lines[-2] and lines[-2].endswith(", in wait"), text  # innermost: inside Event.wait
+    assert tf_process.main_fun_stack(th, "worker:0") == ""
+
+    sent: list = []
+
+    class _Client:
+        replies = [{"stop": False, "stack": 0}, {"stop": False, "stack": 1}, {"stop": False, "stack": 1}, {"stop": False, "stack": 2}]
+
+        def request(self, mtype, **fields):
+            if mtype == "stack":
+                sent.append((fields["seq"], fields["text"]))
+                return {"ok": True}
+            if not self.replies:
+                raise SystemExit
+            return self.replies.pop(0)
+
+    with pytest.raises(SystemExit):
+        tf_process._event_loop(_Client(), 1, None, threading.Event(), lambda: None, lambda: "STACK")
+    assert sent == [(1, "STACK"), (2, "STACK")]
 
 
 def test_a_main_fun_failing_after_the_abort_reports_a_consequence():

@@ -258,6 +258,34 @@ def _report(plan: FeedPlan, node: NodeInfo, message: str, error_type: str = "Fee
         pass
 
 
+#: Seconds a feed task that timed out waits for the stack of the node's main_fun.
+_STACK_WAIT_S = 3.0
+
+
+def _timed_out(plan: FeedPlan, node: NodeInfo, exc: FeedTimeoutError) -> FeedTimeoutError:
+    """Reports a feed timeout to the driver with, when the node answers within
+    :data:`_STACK_WAIT_S`, the stack of its main_fun's thread (Spark task).
+
+    Returns:
+        The FeedTimeoutError to raise: ``exc``'s text plus that stack.
+    """
+    msg = str(exc)
+    try:
+        c = _client(plan)
+        try:
+            stack = str(c.request("node_stack", executor_id=node.executor_id, wait_s=_STACK_WAIT_S,
+                                  timeout_s=_STACK_WAIT_S + 5.0).get("stack") or "")
+        finally:
+            c.close()
+    except (OSError, ControlProtocolError, DeadlineExceededError) as rexc:
+        log.debug("%s: no stack of main_fun: %s", node.name, rexc)
+        stack = ""
+    if stack:
+        msg = f"{msg}\n{stack}"
+    _report(plan, node, msg, "FeedTimeoutError")
+    return FeedTimeoutError(msg)
+
+
 def _node_gone(plan: FeedPlan, node: NodeInfo, where: str, exc: BaseException) -> str:
     """Asks the driver what happened to ``node`` (Spark task).
 
@@ -506,8 +534,7 @@ def _feed_partition(plan: FeedPlan, index: int, frames: Iterator[Any]) -> tuple[
         _report(plan, node, msg)
         raise FeedError(msg)
     except FeedTimeoutError as exc:
-        _report(plan, node, str(exc), "FeedTimeoutError")
-        raise
+        raise _timed_out(plan, node, exc) from None
     finally:
         link.close()
 
@@ -712,8 +739,7 @@ def make_infer_fn(plan: FeedPlan):
             if send_error and not isinstance(send_error[0], (ConnectionError, OSError)):
                 raise send_error[0]
         except FeedTimeoutError as exc:
-            _report(plan, node, str(exc), "FeedTimeoutError")
-            raise
+            raise _timed_out(plan, node, exc) from None
         finally:
             link.close()
 

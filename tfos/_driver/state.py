@@ -32,6 +32,10 @@ __all__ = ["ClusterState", "describe_exit", "kill_hint", "format_bytes"]
 log = logging.getLogger(__name__)
 
 _MAX_POLL_S = 5.0
+#: Longest wait, in seconds, of a ``node_stack`` request for the node's answer.
+_MAX_STACK_WAIT_S = 10.0
+#: Longest stack text kept from a node, in characters.
+_MAX_STACK_CHARS = 20000
 TERMINAL = ("finished", "failed", "stopped")
 
 
@@ -122,6 +126,11 @@ class ClusterState:
         self.tensorboard_error = ""
         #: Latest checkpoint report per node: epochs of the running train() its checkpoint holds.
         self._checkpoints: dict[int, int] = {}
+        #: Stack requests per node (a counter the node sees in its event directives) and the
+        #: latest answer, (request number, text): a feed task that timed out asks for the
+        #: stack of main_fun's thread to put in its FeedTimeoutError.
+        self._stack_asked: dict[int, int] = {}
+        self._stacks: dict[int, tuple[int, str]] = {}
 
     # ----------------------------------------------------------------- queries
     def role(self, executor_id: int) -> NodeRole:
@@ -633,6 +642,7 @@ class ClusterState:
                 self._cond.notify_all()
             while True:
                 d = self._directives()
+                d["stack"] = self._stack_asked.get(eid, 0)
                 if any(d[k] != known.get(k) for k in d):
                     return d
                 left = end - time.monotonic()
@@ -672,6 +682,40 @@ class ClusterState:
                 log.info("tfos node %s: main_fun finished", self.node_name(eid))
         else:
             raise ControlProtocolError(f"unknown node state {state!r}")
+        return {"ok": True}
+
+    def _on_node_stack(self, body: dict, peer: str) -> dict:
+        """A feed task that timed out asks for the stack of main_fun's thread on a node:
+        the node's event loop sees the request within one poll and answers with ``stack``.
+        Waits ``wait_s`` (at most :data:`_MAX_STACK_WAIT_S`); ``{"stack": ""}`` when the
+        node did not answer in time (e.g. a C call that holds the GIL) or has ended."""
+        eid = int(body["executor_id"])
+        self.role(eid)
+        wait = max(0.0, min(float(body.get("wait_s", 3.0)), _MAX_STACK_WAIT_S))
+        end = time.monotonic() + wait
+        with self._cond:
+            seq = self._stack_asked.get(eid, 0) + 1
+            self._stack_asked[eid] = seq
+            self._cond.notify_all()
+            while True:
+                got, text = self._stacks.get(eid, (0, ""))
+                if got >= seq:
+                    return {"stack": text}
+                left = end - time.monotonic()
+                if left <= 0 or self.proc_state[eid] in TERMINAL:
+                    return {"stack": ""}
+                self._cond.wait(left)
+
+    def _on_stack(self, body: dict, peer: str) -> dict:
+        """A node's answer to a stack request (see :meth:`_on_node_stack`)."""
+        eid = int(body["executor_id"])
+        self.role(eid)
+        seq = int(body["seq"])
+        text = str(body["text"])[:_MAX_STACK_CHARS]
+        with self._cond:
+            if seq > self._stacks.get(eid, (0, ""))[0]:
+                self._stacks[eid] = (seq, text)
+                self._cond.notify_all()
         return {"ok": True}
 
     def _on_feed_error(self, body: dict, peer: str) -> dict:

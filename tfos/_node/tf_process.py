@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Optional
+from typing import Callable, Optional
 
 from tfos._control.client import ControlClient
 from tfos._common.deadline import Deadline
@@ -289,7 +289,12 @@ def run_node(launch: NodeLaunch) -> int:
                 run_atexit_handlers()
                 os._exit(0)
 
-        threading.Thread(target=_event_loop, args=(events, eid, hub, stop_event, _on_stop), name="tfos-events", daemon=True).start()
+        main_thread = threading.current_thread()  # main_fun runs in this thread
+
+        def _stack() -> str:
+            return "" if main_done.is_set() else main_fun_stack(main_thread, launch.node_name)
+
+        threading.Thread(target=_event_loop, args=(events, eid, hub, stop_event, _on_stop, _stack), name="tfos-events", daemon=True).start()
         if cfg.hosts_tensorboard(role):
             tb_proc = _start_tensorboard(launch, ctx, client)
         client.request("status", executor_id=eid, state="running", timeout_s=10.0)
@@ -416,7 +421,43 @@ def run_atexit_handlers(budget_s: float = ATEXIT_BUDGET_S) -> None:
         log.warning("tfos: the TF process's atexit handlers did not finish within %g s; exiting without them", budget_s)
 
 
-def _event_loop(client: ControlClient, eid: int, hub: Optional[FeedHub], stop_event: threading.Event, on_stop) -> None:
+#: Innermost frames of main_fun's stack sent to the driver when a feed task asks for it.
+_STACK_FRAMES = 40
+
+
+def main_fun_stack(thread: threading.Thread, node_name: str) -> str:
+    """Where ``thread`` (the one running main_fun) is now, as a traceback-style text with the
+    innermost call last and without the TF process's own frames around main_fun (TF
+    process). '' when the thread has ended.
+
+    A feed task that timed out puts this in its FeedTimeoutError, so that a main_fun that
+    stopped reading (stuck in a lock, a collective waiting for a peer, a long step) shows
+    where it stopped instead of only that it stopped.
+    """
+    frame = sys._current_frames().get(thread.ident) if thread.is_alive() and thread.ident is not None else None
+    if frame is None:
+        return ""
+    frames = list(traceback.extract_stack(frame))
+    del frame
+    here = os.path.abspath(__file__)
+    start = 0
+    for i, f in enumerate(frames):  # main() -> run_node() -> main_fun: keep main_fun and below
+        if f.name == "run_node" and os.path.abspath(f.filename) == here:
+            start = i + 1
+    package = os.path.dirname(os.path.dirname(here)) + os.sep
+    while start < len(frames) - 1 and os.path.abspath(frames[start].filename).startswith(package):
+        start += 1  # tfos's wrappers of main_fun (tfos._driver.user_source)
+    frames = frames[start:]
+    left_out = max(0, len(frames) - _STACK_FRAMES)
+    lines = [f"main_fun's stack on {node_name} (TF process pid {os.getpid()}, thread {thread.name}), innermost call last:\n"]
+    if left_out:
+        lines.append(f"  ... {left_out} outer frames left out ...\n")
+    lines.extend(traceback.format_list(frames[left_out:]))
+    return "".join(lines).rstrip("\n")
+
+
+def _event_loop(client: ControlClient, eid: int, hub: Optional[FeedHub], stop_event: threading.Event, on_stop,
+                stack_of: Optional[Callable[[], str]] = None) -> None:
     known: dict = {}
     while True:
         try:
@@ -433,10 +474,17 @@ def _event_loop(client: ControlClient, eid: int, hub: Optional[FeedHub], stop_ev
             hub.abort(str(d.get("abort")))  # before on_stop(): never an end of feed after an abort
         if d.get("feed_closed") and not known.get("feed_closed") and hub is not None and not hub.aborted:
             hub.close_feed()
+        ask = d.get("stack") or 0
+        if ask and ask != known.get("stack") and stack_of is not None:
+            # A feed task timed out on this node and asks where main_fun is (see main_fun_stack).
+            try:
+                client.request("stack", executor_id=eid, seq=int(ask), text=stack_of(), timeout_s=5.0)
+            except _REQ_ERRORS as exc:
+                log.warning("could not send main_fun's stack to the driver: %s", exc)
         if (d.get("stop") or d.get("abort")) and not stop_event.is_set():
             stop_event.set()
             on_stop()
-        known = {k: d.get(k) for k in ("stop", "feed_closed", "abort", "failed")}
+        known = {k: d.get(k) for k in ("stop", "feed_closed", "abort", "failed", "stack")}
 
 
 #: Exit status of a TF process whose supervisor died.
