@@ -91,6 +91,11 @@ class DataFeed:
     Raises:
         TFOSError: When ``mgr`` is None (InputMode.TENSORFLOW, or a ps/evaluator node) or
             the queue does not exist.
+
+    Threads: one thread at a time reads a DataFeed (any thread: a
+    ``tf.data.Dataset.from_generator`` generator, which tf.data runs in one thread, is
+    fine). It keeps its place in the current chunk without a lock, so two threads calling
+    :meth:`next_batch` at once are not supported.
     """
 
     def __init__(
