@@ -711,3 +711,67 @@ def test_epoch_handover_counts_claimed_and_skipped_partitions_and_names_the_node
     assert _req(cs, "epoch_handover", feed_id="other", lo=0, hi=3, node=a) == {"settled": 0, "mine": []}
     with pytest.raises(ControlProtocolError, match="bad index range 3..3"):
         _req(cs, "epoch_handover", feed_id="f1", lo=3, hi=3, node=a)
+
+
+def test_a_resent_claim_is_the_same_claim_and_a_rerun_is_refused():
+    """claim_partition carries a token per claim: the control client resends a request once
+    when its connection broke, possibly after the driver recorded it, and that resend is
+    granted again; another task's claim (another token, or none) is refused."""
+    cs = _state()
+    a = "worker:0 (executor 1, host h)"
+    assert _req(cs, "claim_partition", feed_id="f1", index=3, node=a, token="t1") == {"granted": True}
+    assert _req(cs, "claim_partition", feed_id="f1", index=3, node=a, token="t1") == {"granted": True}
+    assert _req(cs, "claim_partition", feed_id="f1", index=3, node=a, token="t2") == {"granted": False, "node": a}
+    assert _req(cs, "claim_partition", feed_id="f1", index=3, node=a) == {"granted": False, "node": a}
+    assert _req(cs, "claim_partition", feed_id="f1", index=4, node=a) == {"granted": True}  # no token: once
+    assert _req(cs, "claim_partition", feed_id="f1", index=4, node=a, token="") == {"granted": False, "node": a}
+
+
+def test_the_claim_survives_an_answer_lost_after_the_driver_recorded_it():
+    """Through a real control server whose first answer to a claim is lost after the
+    driver recorded it (the connection drops): the feed task's _claim resends it and is
+    granted, once, instead of failing as a re-run task."""
+    from tfos._common import wire
+    from tfos._control.server import ControlServer
+    from tfos._data.feed_tasks import FeedPlan, _claim
+
+    cs = _state()
+    seen: list = []
+
+    def dispatch(body, peer):
+        resp = cs.handle(body, peer)
+        if body.get("type") == "claim_partition":
+            seen.append(body.get("token"))
+            if len(seen) == 1:
+                raise ControlProtocolError("simulated: the answer is lost after the claim was recorded")
+        return resp
+
+    key = wire.new_key()
+    srv = ControlServer(key, dispatch, "127.0.0.1")
+    try:
+        node = _node(1)
+        plan = FeedPlan(CID, key, "127.0.0.1", srv.port, (node,), feed_id="f1")
+        _claim(plan, node, 3, "partition 3 (epoch 0) -> worker:0")  # raises FeedError if refused
+        assert len(seen) == 2 and seen[0] == seen[1] and len(seen[0]) == 32
+        assert cs._claimed["f1"] == {3: node.name}
+    finally:
+        srv.close()
+
+
+def test_the_driver_keeps_the_records_of_the_newest_feeds_only():
+    """A streaming job feeds every micro-batch as its own feed: the driver's per-partition
+    record (claims, skips, acknowledgements, hand-overs) is kept for the newest
+    MAX_FEEDS_KEPT feeds, so its memory does not grow with the number of micro-batches."""
+    cs = _state()
+    n = cs_mod.MAX_FEEDS_KEPT
+    for f in range(n + 10):
+        fid = f"feed{f}"
+        cs.close_feed_when_sent(fid, 100)
+        for index in range(4):
+            assert _req(cs, "claim_partition", feed_id=fid, index=index, node="w", token=f"t{index}") == {"granted": True}
+            _req(cs, "partition_done", feed_id=fid, index=index)
+        _req(cs, "partition_skipped", feed_id=fid, index=9)
+    for record in (cs._sent, cs._done, cs._claimed, cs._claim_tokens, cs._skipped):
+        assert sorted(record) == sorted(f"feed{f}" for f in range(10, n + 10))
+    assert cs.partitions_done(f"feed{n + 9}") == {0, 1, 2, 3}
+    assert cs.partitions_done("feed0") == set()

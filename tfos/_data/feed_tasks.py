@@ -34,6 +34,7 @@ import select
 import socket
 import threading
 import time
+import uuid
 from typing import Any, Iterator, Optional, Union
 
 from tfos._common import wire as _wire
@@ -365,7 +366,10 @@ def _claim(plan: FeedPlan, node: NodeInfo, index: int, where: str) -> None:
     try:
         c = _client(plan)
         try:
-            resp = c.request("claim_partition", feed_id=plan.feed_id, index=index, node=node.name, timeout_s=30.0)
+            # The token makes a resent claim (the client resends once when its connection
+            # broke, maybe after the driver recorded the claim) the same claim, not a re-run.
+            resp = c.request("claim_partition", feed_id=plan.feed_id, index=index, node=node.name,
+                             token=uuid.uuid4().hex, timeout_s=30.0)
         finally:
             c.close()
     except (OSError, ControlProtocolError, DeadlineExceededError) as exc:

@@ -36,6 +36,12 @@ _MAX_POLL_S = 5.0
 _MAX_STACK_WAIT_S = 10.0
 #: Longest stack text kept from a node, in characters.
 _MAX_STACK_CHARS = 20000
+#: Feeds whose per-partition record (claimed, skipped, acknowledged, handed over) the driver
+#: keeps; the oldest is forgotten when a newer one starts. train() calls run one after
+#: another and read their record before they return, so only inference RDDs computed
+#: after 64 newer feeds started lose their record (a re-run of one of their tasks is then
+#: no longer refused).
+MAX_FEEDS_KEPT = 64
 TERMINAL = ("finished", "failed", "stopped")
 
 
@@ -113,6 +119,10 @@ class ClusterState:
         #: feed id -> job partition indices a node acknowledged (restarts resume after them).
         self._done: dict[str, set[int]] = {}
         self._claimed: dict[str, dict[int, str]] = {}  # issue 9: feed id -> partition index -> node
+        self._claim_tokens: dict[str, dict[int, str]] = {}  # feed id -> partition index -> the claim's token
+        #: Feed ids with a record above, oldest first: only the newest
+        #: :data:`MAX_FEEDS_KEPT` are kept (a streaming job feeds every micro-batch as a feed).
+        self._feed_ids: dict[str, None] = {}
         #: feed id -> partition indices whose feed task ended without handing them to a node
         #: (the node had terminated its queue or returned from main_fun).
         self._skipped: dict[str, set[int]] = {}
@@ -277,9 +287,22 @@ class ClusterState:
             self.feed_closed = True
             self._cond.notify_all()
 
+    def _record_feed(self, feed_id: str) -> None:
+        """Notes that ``feed_id`` has a record, forgetting the oldest feeds' records beyond
+        :data:`MAX_FEEDS_KEPT` (caller holds the lock)."""
+        if feed_id in self._feed_ids:
+            return
+        self._feed_ids[feed_id] = None
+        while len(self._feed_ids) > MAX_FEEDS_KEPT:
+            old = next(iter(self._feed_ids))
+            del self._feed_ids[old]
+            for record in (self._sent, self._done, self._claimed, self._claim_tokens, self._skipped):
+                record.pop(old, None)
+
     def close_feed_when_sent(self, feed_id: str, total: int) -> None:
         """Closes the feed once ``total`` partitions of feed ``feed_id`` were handed over."""
         with self._cond:
+            self._record_feed(feed_id)
             self._sent[feed_id] = (total, set())
 
     def _on_partition_sent(self, body: dict, peer: str) -> dict:
@@ -298,6 +321,7 @@ class ClusterState:
     def _on_partition_done(self, body: dict, peer: str) -> dict:
         feed_id, index = str(body["feed_id"]), int(body["index"])
         with self._cond:
+            self._record_feed(feed_id)
             self._done.setdefault(feed_id, set()).add(index)
         return {"ok": True}
 
@@ -334,13 +358,24 @@ class ClusterState:
     # --- issue 9 (security): the driver's record of partitions handed to a node, per feed ---
     def _on_claim_partition(self, body: dict, peer: str) -> dict:
         """A feed task is about to stream partition ``index`` of feed ``feed_id`` to ``node``:
-        granted once per (feed, index); a re-run task (retry, stage resubmission) is refused."""
+        granted once per (feed, index); a re-run task (retry, stage resubmission) is refused.
+
+        ``token`` (random, one per claim a task makes) makes the request idempotent: the
+        control client resends a request once when its connection broke, possibly after
+        the driver recorded the claim, and the resent claim must be granted again, not
+        taken for a re-run task."""
         feed_id, index, node = str(body["feed_id"]), int(body["index"]), str(body.get("node", ""))
+        token = str(body.get("token", ""))
         with self._cond:
+            self._record_feed(feed_id)
             claimed = self._claimed.setdefault(feed_id, {})
+            tokens = self._claim_tokens.setdefault(feed_id, {})
             if index in claimed:
+                if token and tokens.get(index) == token:
+                    return {"granted": True}
                 return {"granted": False, "node": claimed[index]}
             claimed[index] = node
+            tokens[index] = token
         return {"granted": True}
 
     def _on_partition_skipped(self, body: dict, peer: str) -> dict:
@@ -348,6 +383,7 @@ class ClusterState:
         node (its node had terminated the queue, or main_fun had returned)."""
         feed_id, index = str(body["feed_id"]), int(body["index"])
         with self._cond:
+            self._record_feed(feed_id)
             self._skipped.setdefault(feed_id, set()).add(index)
         return {"ok": True}
 
