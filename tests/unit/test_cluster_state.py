@@ -775,3 +775,15 @@ def test_the_driver_keeps_the_records_of_the_newest_feeds_only():
         assert sorted(record) == sorted(f"feed{f}" for f in range(10, n + 10))
     assert cs.partitions_done(f"feed{n + 9}") == {0, 1, 2, 3}
     assert cs.partitions_done("feed0") == set()
+
+
+def test_a_resent_failure_report_is_recorded_once():
+    """A node's or feed task's report resent after a broken connection (the control
+    client resends once) does not show the same failure twice in the driver's error."""
+    st = _state()
+    _register_all(st)
+    f = NodeFailure(1, "worker", 0, "10.0.0.1", "feed", "FeedTimeoutError", "worker:0 accepted no data for 3 s")
+    for _ in range(2):
+        assert _req(st, "feed_error", failure=f.to_dict()) == {"ok": True}
+    assert st.failures == [f]
+    assert str(st.error("train()")).count("accepted no data for 3 s") == 1

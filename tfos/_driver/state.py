@@ -246,6 +246,8 @@ class ClusterState:
         with self._cond:
             first = not self.failures
             eid = failure.executor_id
+            if failure in self.failures:
+                return  # the control client resent the report after a broken connection
             # One root cause per node: a process exit, loss or feed error after a reported
             # root cause of the same node is a consequence of it.
             if failure.kind in ("exited", "lost", "feed") and any(
