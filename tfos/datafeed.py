@@ -460,8 +460,9 @@ class DataFeed:
         ``model.fit`` ``strategy.distribute_datasets_from_function(lambda _: ds)`` (each
         batch is one worker's step, not split again). A node's surplus rows of an epoch
         are held until the epoch ends (memory: see ``tfos._data.tfdata``).
-        Use it with one ``train()`` call per feed (``end_of_feed=True``, or
-        ``cluster.shutdown()``): epochs are numbered per ``train()`` call.
+        The dataset's epochs run on across ``train()`` calls: after ``train(data, 2)``,
+        the first epoch of ``train(data, 1)`` is the dataset's epoch 2 (its own rows only;
+        each call numbers its epochs from 0 on the driver and in error messages).
 
         Both epoch-aware forms keep every epoch whole when Spark runs a later epoch's
         task before an earlier one's (``tfos._data.tfdata.EpochOrder``): the node holds a

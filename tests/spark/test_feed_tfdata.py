@@ -248,3 +248,31 @@ def test_epoch_order_does_not_wait_for_partitions_a_terminated_node_skipped(sc, 
     assert mine | skipped.get(feed_id, set()) == set(range(parts * epochs)), (mine, skipped)
     assert not mine & skipped.get(feed_id, set()) and skipped.get(feed_id), (mine, skipped)
     assert sum(report["rows"].values()) == 150 * len(mine), (report, mine)
+
+
+@pytest.mark.parametrize("steps", [0, 3])
+def test_epochs_continue_across_train_calls(sc, tmp_path, steps):
+    """train(a, 2) then train(b, 1) on one cluster of 2 nodes, read with one epoch-aware
+    dataset per node: the dataset has 3 epochs, epochs 0 and 1 hold exactly the rows of
+    a and epoch 2 exactly those of b (the second call's epoch 0 used to be merged into the
+    dataset's epoch 0 or 1, found by a new user)."""
+    n = 600
+    a = sc.parallelize(range(n), 4).map(_row)
+    b = sc.parallelize(range(n, 2 * n), 4).map(_row)
+    out = tmp_path / "out"
+    out.mkdir()
+    cluster = TFCluster.run(sc, read_epochs, {"out": str(out), "batch": 40, "steps": steps}, 2, 0, input_mode=INPUT)
+    cluster.train(a, num_epochs=2)
+    cluster.train(b, num_epochs=1, end_of_feed=True)
+    cluster.shutdown(timeout=300)
+    reports = [json.loads(p.read_text()) for p in sorted(out.glob("*.json"))]
+    assert len(reports) == 2, reports
+    sums_a = _expected(n)
+    sums_b = (float(sum(_row(i)[0].astype(np.float64).sum() for i in range(n, 2 * n))), sum(_row(i)[1] for i in range(n, 2 * n)))
+    for e, (sx, sy) in enumerate((sums_a, sums_a, sums_b)):
+        assert sum(r["rows"].get(str(e), 0) for r in reports) == n, (e, reports)
+        assert sum(r["sums"].get(str(e), [0, 0])[0] for r in reports) == pytest.approx(sx, rel=1e-12), (e, reports)
+        assert sum(r["sums"].get(str(e), [0, 0])[1] for r in reports) == sy, (e, reports)
+    assert all(set(r["rows"]) <= {"0", "1", "2"} for r in reports), reports
+    if steps:
+        assert [r["batches"] for r in reports] == [3 * steps, 3 * steps], reports

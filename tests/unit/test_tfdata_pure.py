@@ -537,3 +537,57 @@ def test_epoch_order_with_two_later_epochs_queued_in_reverse(hub):
     assert asked[0] == (0, 4) and (0, 2) in asked and asked[-1] == (2, 4), asked
     # both partitions were acknowledged while held (before their rows were decoded)
     assert e1.frame() == (FrameType.ACK, {"rows": 0}) and e2.frame() == (FrameType.ACK, {"rows": 0})
+
+
+def _call_feeder(hub, feed_id, part, epoch, parts=2):
+    """A feed task of one train() call (``feed_id``) with ``parts`` partitions per epoch."""
+    return _Feeder(hub, KEY, part, "train", epoch, feed_id=feed_id, index=epoch * parts + part, parts_per_epoch=parts)
+
+
+@pytest.mark.parametrize("steps", [None, 2])
+def test_epochs_continue_across_train_calls(hub, steps):
+    """train(data, 2) then train(data, 1): the second call's epoch 0 is the dataset's epoch
+    2 (each call numbers its epochs from 0), not rows added to epoch 0 or 1; per_epoch ends
+    an iteration there, steps_per_epoch cuts it into its own S batches."""
+    hub.ask_driver = lambda msg_type, **f: {"settled": f["hi"] - f["lo"], "mine": list(range(f["lo"], f["hi"]))}
+    calls = [("call-1", 0, 100), ("call-1", 1, 200), ("call-2", 0, 300)]
+    for feed_id, epoch, start in calls:
+        for part in range(2):
+            f = _call_feeder(hub, feed_id, part, epoch)
+            f.chunk(_rows(start + 2 * part, 2))
+            f.end()
+    hub.queues["input"].put_nowait(END_OF_FEED)
+    reader = FeedBatches(DataFeed(hub, timeout_s=10), 2, COLS, per_epoch=steps is None, steps_per_epoch=steps)
+    if steps is None:
+        epochs = [[y.tolist() for _, y in reader] for _ in range(4)]
+        assert epochs == [[[100, 101], [102, 103]], [[200, 201], [202, 203]], [[300, 301], [302, 303]], []]
+    else:
+        assert [y.tolist() for _, y in reader] == [[100, 101], [102, 103], [200, 201], [202, 203], [300, 301], [302, 303]]
+    assert reader.rows == {0: 4, 1: 4, 2: 4}
+
+
+def test_a_new_train_calls_rows_wait_behind_the_held_rows_of_the_previous_call(hub):
+    """The first chunk of the next train() call arrives while rows of the previous call's
+    last epoch are still held (its hold ends at the driver's next answer): they wait too,
+    so the previous call's epochs stay whole and the new call's rows form the next epoch."""
+    answers = {"n": 0}
+
+    def driver(msg_type, **f):
+        answers["n"] += 1
+        whole = f["hi"] - f["lo"]
+        return {"settled": whole if answers["n"] > 2 else whole - 1, "mine": [1]}
+
+    hub.ask_driver = driver
+    late = _call_feeder(hub, "call-1", 0, 1)  # epoch 1 of call 1 comes first: held
+    late.chunk(_rows(200, 2))
+    late.end()
+    nxt = _call_feeder(hub, "call-2", 0, 0)  # then the next call's first partition
+    nxt.chunk(_rows(300, 2))
+    nxt.end()
+    early = _call_feeder(hub, "call-1", 1, 0)  # then call 1's late epoch-0 partition
+    early.chunk(_rows(100, 2))
+    early.end()
+    hub.queues["input"].put_nowait(END_OF_FEED)
+    reader = FeedBatches(DataFeed(hub, timeout_s=10), 2, COLS, steps_per_epoch=1)
+    assert [y.tolist() for _, y in reader] == [[100, 101], [200, 201], [300, 301]]
+    assert reader.rows == {0: 2, 1: 2, 2: 2}

@@ -180,8 +180,20 @@ class EpochOrder:
         epoch, unless items are held (they are handed out first)."""
         conn = self._tracked(item)
         if conn is not None and conn.feed_id != self._feed_id and self._target is None and not self._pending:
-            self._feed_id, self._first, self._open = conn.feed_id, conn.first_epoch, conn.first_epoch
-            self._finished = set()
+            self._switch(conn)
+
+    def _switch(self, conn: Any) -> None:
+        self._feed_id, self._first, self._open = conn.feed_id, conn.first_epoch, conn.first_epoch
+        self._finished = set()
+
+    def _newer_feed(self, item: Any) -> bool:
+        """True for an item of another feed than the open one (the next train() call)."""
+        conn = self._tracked(item)
+        return conn is not None and bool(self._feed_id) and conn.feed_id != self._feed_id
+
+    def _holds_open_feed(self) -> bool:
+        """True while items of the open feed are held."""
+        return any((c := self._tracked(i)) is not None and c.feed_id == self._feed_id for i in self._pending)
 
     def _later(self, item: Any) -> Optional[int]:
         """The epoch of an item of the open feed that is later than the open epoch, else None."""
@@ -214,6 +226,13 @@ class EpochOrder:
             item = self._pending.popleft()
         else:
             for i, item in enumerate(self._pending):
+                if self._newer_feed(item):
+                    # The next train() call's items follow every held item of this one.
+                    if self._target is not None or self._holds_open_feed():
+                        continue
+                    del self._pending[i]
+                    self._switch(item.conn)
+                    break
                 if self._later(item) is None:
                     del self._pending[i]
                     break
@@ -263,6 +282,11 @@ class EpochOrder:
                 self._keep(item)
                 if self._target is not None and epoch < self._target:
                     self._target = epoch  # an earlier later epoch: wait for the epochs before it
+                continue
+            if self._pending and self._newer_feed(item):
+                # The next train() call started while this one's later epoch is held (its
+                # hold ends at the driver's next answer): its items wait behind.
+                self._keep(item)
                 continue
             return self._note(item)
         return None
@@ -492,6 +516,8 @@ class FeedBatches:
         #: The :class:`EpochOrder` of the epoch-aware modes (None until the reader starts,
         #: and in the other modes): its ``waits``/``wait_s`` show held-back epochs.
         self.order: Optional[EpochOrder] = None
+        self._epoch_feed = ""  # feed id of the chunks being read (see _epoch_of)
+        self._epoch_base = 0
 
     # ------------------------------------------------------------ reader thread
     def start(self) -> None:
@@ -527,6 +553,22 @@ class FeedBatches:
                 self._read()
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer, raised there
             self._emit(exc)
+
+    def _epoch_of(self, conn: Any, current: Optional[int]) -> int:
+        """The dataset's epoch of a chunk: its feed's epoch, counted on across train() calls.
+
+        Each ``train()`` call numbers its epochs from 0 (a resumed feed from its
+        ``first_epoch``); a chunk of another feed than the previous chunk's (the next
+        call) starts the epoch after ``current``, the epoch being read (None: none yet),
+        so that ``train(data, 2)`` then ``train(data, 1)`` make epochs 0, 1 and 2.
+        """
+        if current is None or not conn.feed_id or conn.feed_id == self._epoch_feed:
+            if current is None:
+                self._epoch_feed, self._epoch_base = conn.feed_id, 0
+            return self._epoch_base + conn.epoch
+        self._epoch_feed = conn.feed_id
+        self._epoch_base = current + 1 - conn.first_epoch
+        return self._epoch_base + conn.epoch
 
     def _source(self) -> Any:
         """The item source of the reader: epoch-ordered in the epoch-aware modes."""
@@ -576,17 +618,18 @@ class FeedBatches:
                 continue
             conn.rows_taken += n
             hub.rows_taken += n
+            e = self._epoch_of(conn, epoch)
             if epoch is None:
-                epoch = conn.epoch
-            elif conn.epoch > epoch:
+                epoch = e
+            elif e > epoch:
                 # A later epoch starts: with per_epoch, the batch so far ends the epoch
                 # (EpochOrder handed out every row of the earlier ones first; rows it gave
                 # up waiting for, or rows outside per_epoch, go with the current epoch).
                 # The marker ends the epoch's iteration at once, before a whole batch of
                 # the next epoch has arrived.
-                if self.per_epoch and not (flush(True) and self._emit(_EpochStart(conn.epoch))):
+                if self.per_epoch and not (flush(True) and self._emit(_EpochStart(e))):
                     return
-                epoch = conn.epoch
+                epoch = e
             start = 0
             while start < n:
                 take = min(size - have, n - start)
@@ -707,14 +750,16 @@ class FeedBatches:
             hub.rows_taken += n
             if empty is None:
                 empty = tuple(c[:0] for c in cols)
+            e = self._epoch_of(conn, epoch if started else None)
             if not started:
                 # A feed resumed after a restart starts at its first epoch, not at 0.
                 started = True
                 epoch = conn.first_epoch
-            # A later epoch starts: the epochs before it are complete on this node
-            # (EpochOrder handed out their rows first; rows of an earlier epoch that it
-            # gave up waiting for count with the current one, after a warning).
-            while conn.epoch > epoch:
+            # A later epoch starts (or the next train() call's first one): the epochs
+            # before it are complete on this node (EpochOrder handed out their rows first;
+            # rows of an earlier epoch that it gave up waiting for count with the current
+            # one, after a warning).
+            while e > epoch:
                 if not close_epoch():
                     return
             if pool is not None:
