@@ -491,7 +491,12 @@ class DataFeed:
         partitions). See ``docs/datafeed.md``.
 
         Args:
-            batch_size: Rows per batch (the global batch under MultiWorkerMirroredStrategy).
+            batch_size: Rows per batch of this node's dataset. Under
+                MultiWorkerMirroredStrategy, a dataset given to ``model.fit`` as is is
+                distributed by Keras, which takes each batch as a global batch and splits
+                it over the replicas (every fed row is still trained once); through
+                ``strategy.distribute_datasets_from_function(lambda _: ds)`` (needed with
+                ``steps_per_epoch``) each batch is one worker's step: the per-worker batch.
             output_signature: A ``tf.TensorSpec`` or tuple of them, with a leading ``None``
                 (batch) dimension, e.g. ``(TensorSpec((None, 784), tf.float32),
                 TensorSpec((None,), tf.int64))``.

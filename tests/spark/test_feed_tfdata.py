@@ -276,3 +276,63 @@ def test_epochs_continue_across_train_calls(sc, tmp_path, steps):
     assert all(set(r["rows"]) <= {"0", "1", "2"} for r in reports), reports
     if steps:
         assert [r["batches"] for r in reports] == [3 * steps, 3 * steps], reports
+
+
+def direct_fit_counting(args, ctx):
+    """model.fit(ds) with the dataset as is (Keras distributes it under MWMS); the model's
+    train_step counts the rows and sums the ids it trained on (metrics: summed over replicas)."""
+    import os as _os
+
+    _os.environ["TF_USE_LEGACY_KERAS"] = "1"
+    _os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    import tensorflow as tf
+    import tf_keras as keras
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+
+    class Counting(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.dense = keras.layers.Dense(1)
+            self.rows = keras.metrics.Sum(name="rows")
+            self.ids = keras.metrics.Sum(name="ids")
+
+        def call(self, x):
+            return self.dense(x)
+
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean((self(x)[:, 0] - y) ** 2)
+            self.optimizer.apply_gradients(zip(tape.gradient(loss, self.trainable_variables), self.trainable_variables))
+            self.rows.update_state(tf.cast(tf.shape(x)[0], tf.float64))
+            self.ids.update_state(tf.reduce_sum(tf.cast(x[:, 0], tf.float64)))
+            return {"rows": self.rows.result(), "ids": self.ids.result()}
+
+        @property
+        def metrics(self):
+            return [self.rows, self.ids]
+
+    with strategy.scope():
+        model = Counting()
+        model.compile(optimizer=keras.optimizers.SGD(0.0))
+    ds = ctx.get_data_feed().as_dataset(args["batch"], (tf.TensorSpec((None,), tf.float32),) * 2)
+    hist = model.fit(ds.map(lambda a, b: (tf.stack([a, a], 1), b)), epochs=1, verbose=0).history
+    with open(f"{args['out']}/{ctx.job_name}{ctx.task_index}.json", "w") as f:
+        json.dump({"rows": hist["rows"][-1], "ids": hist["ids"][-1]}, f)
+
+
+def test_dataset_given_to_fit_as_is_under_mwms_trains_every_row_once(sc, tmp_path):
+    """The quick start's form: as_dataset(64) handed to model.fit as is under
+    MultiWorkerMirroredStrategy (Keras splits each batch over the replicas of all workers):
+    the 2 workers together train on each of the 4,000 fed rows exactly once (row count and
+    id sum, summed over the replicas by the metrics)."""
+    n = 4000
+    out = tmp_path / "out"
+    out.mkdir()
+    rdd = sc.parallelize([(float(i), float(i)) for i in range(n)], 4)
+    cluster = TFCluster.run(sc, direct_fit_counting, {"out": str(out), "batch": 64}, 2, 0, input_mode=INPUT, master_node="chief")
+    cluster.train(rdd, 1, end_of_feed=True)
+    cluster.shutdown(timeout=300)
+    reports = [json.loads(p.read_text()) for p in sorted(out.glob("*.json"))]
+    assert [(r["rows"], r["ids"]) for r in reports] == [(n, float(sum(range(n))))] * 2, reports
