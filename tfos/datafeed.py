@@ -450,11 +450,14 @@ class DataFeed:
         With ``steps_per_epoch=S`` (the same on every node) one iteration covers all
         epochs and every epoch is exactly ``S`` batches on every node, so one
         ``model.fit(ds, epochs=n, steps_per_epoch=S)`` trains all epochs with one iterator
-        (no gap between epochs). Batches hold ``batch_size`` rows except the last ones of
-        each epoch, which are cut once the epoch's end is known and share its remaining
-        rows evenly: smaller (down to empty) on a node that got fewer than ``S x
-        batch_size`` rows in that epoch, larger on a node that got more. Every fed row is
-        handed out exactly once, in its epoch. Take ``S`` from
+        (no gap between epochs). Batches hold ``batch_size`` rows except the last
+        ``hold_batches`` of each epoch (``min(S, buffer_batches // 2)``: all ``S`` when the
+        read-ahead buffer holds a whole epoch, as with small data), which are cut once the
+        epoch's end is known and share its remaining rows evenly: smaller (down to empty)
+        on a node that got fewer than ``S x batch_size`` rows in that epoch, larger on a
+        node that got more. Every fed row is handed out exactly once, in its epoch; a feed
+        that ends without any row gives ``S`` empty batches, so every node still takes
+        the same steps. Take ``S`` from
         :meth:`DataFeed.steps_per_epoch` ``(rows_per_epoch, batch_size, num_nodes)``, with
         ``batch_size`` the per-worker batch; under ``MultiWorkerMirroredStrategy`` give
         ``model.fit`` ``strategy.distribute_datasets_from_function(lambda _: ds)`` (each
