@@ -37,6 +37,13 @@ DRIVER = textwrap.dedent('''
         if ctx.job_name == "worker":
             raise RuntimeError("bad input 42")
 
+    def dying_main(args, ctx):
+        import os
+        if ctx.job_name == "worker":
+            print("last words of worker:0")
+            os.write(2, b"F0000 00:00:1796080592.555864    7250 check.cc:12] Check failed: x == y\\n")
+            os.abort()  # no flush of anything, no atexit: only what reached the pipe
+
     spark = (SparkSession.builder.master("local-cluster[2,1,1024]").appName("node-output")
              .config("spark.driver.host", "127.0.0.1").config("spark.executor.memory", "768m").getOrCreate())
     sc = spark.sparkContext
@@ -48,6 +55,10 @@ DRIVER = textwrap.dedent('''
         TFCluster.run(sc, failing_main, None, 2, 0, master_node="chief", reservation_timeout=180).shutdown(timeout=120)
     except ClusterFailedError as exc:
         print("FAILED:", exc)
+    try:
+        TFCluster.run(sc, dying_main, None, 2, 0, master_node="chief", reservation_timeout=180).shutdown(timeout=120)
+    except ClusterFailedError as exc:
+        print("DIED:", exc)
     spark.stop()
 ''')
 
@@ -84,3 +95,8 @@ def test_node_output_reaches_driver_stderr_quietly(tmp_path, no_leftovers):
     line = next(i for i, ln in enumerate(DRIVER.splitlines(), 1) if 'raise RuntimeError("bad input 42")' in ln)
     assert f'File "{script}", line {line}, in failing_main' in out, out[-3000:]
     assert "<dynamic-code>" not in out
+    # A TF process that dies at once (os.abort, as a TensorFlow "Check failed" does): its
+    # last lines still reach the driver (its supervisor reads its output), before the error.
+    assert "DIED:" in out and "killed by SIGABRT" in out, out[-3000:]
+    assert len(re.findall(r"^\[worker:0\] last words of worker:0$", err, re.MULTILINE)) == 1, err[-6000:]
+    assert len(re.findall(r"^\[worker:0\] F0000 \S+ +\d+ check\.cc:12\] Check failed: x == y$", err, re.MULTILINE)) == 1, err[-6000:]

@@ -2,10 +2,12 @@
 
 Two ends:
 
-* TF process (executor host): :class:`NodeOutput` replaces descriptors 1 and 2 with pipes,
-  drops TensorFlow's C++ start-up noise when tfos chose the log level (see
-  :func:`is_tf_noise`), copies every other line to the original descriptor (the executor's
-  log) and, for the nodes ``forward_logs`` selects, sends the lines to the driver.
+* Node supervisor (executor host): :class:`NodeOutput` gives the TF process pipes as its
+  descriptors 1 and 2 and reads them, drops TensorFlow's C++ start-up noise when tfos
+  chose the log level (see :func:`is_tf_noise`), copies every other line to its own
+  descriptors (the executor's log) and, for the nodes ``forward_logs`` selects, sends the
+  lines to the driver. The reader is the supervisor, not the TF process, so a TF process
+  that dies at once loses none of its last lines.
 * Driver: :func:`emit` writes the lines it receives to the driver's ``sys.stderr`` with one
   short node prefix (``[worker:0] ``), without any logging set-up by the user. A user who
   attaches a handler to the ``tfos.node`` logger gets the lines as INFO records there
@@ -99,17 +101,28 @@ def tf_noise_level(env_value: Optional[str]) -> Optional[int]:
 
 
 class NodeOutput:
-    """Captures this process's stdout/stderr (TF process); see the module docstring.
+    """Captures the TF process's stdout/stderr (supervisor); see the module docstring.
+
+    The supervisor makes two pipes, starts the TF process with their write ends as its
+    descriptors 1 and 2 (:attr:`child_stdout`, :attr:`child_stderr`), and reads them in
+    its own threads. The reading process outlives the TF process, so the last lines of a
+    TF process that dies at once (``os.abort()``, a TensorFlow ``Check failed``, a
+    segfault, ``os._exit``) still reach the executor log and the driver.
 
     Args:
         client: A control client to send lines to the driver, or None (not forwarded).
-        executor_id: This node's executor id.
-        tee: Copy lines to the original descriptors (the executor's log). tfos turns it off
-            for forwarded nodes under ``local[N]`` masters, whose executor log is the
-            driver's own terminal (the lines would show twice).
+        executor_id: The node's executor id.
+        tee: Copy lines to this process's descriptors 1 and 2 (the executor's log). tfos
+            turns it off for forwarded nodes under ``local[N]`` masters, whose executor
+            log is the driver's own terminal (the lines would show twice).
         tf_min_level: Drop TensorFlow C++ lines below this severity (see
             :func:`is_tf_noise`); None keeps every line (the user set
             ``TF_CPP_MIN_LOG_LEVEL``).
+
+    Attributes:
+        log_fd: A copy of this process's stderr (the executor log) for the TF process's
+            own tfos log lines (``TFOS_LOG_FD``): they stay in the executor log, since
+            the driver has its own account of them.
     """
 
     def __init__(self, client: Any, executor_id: int, tee: bool = True, tf_min_level: Optional[int] = None):
@@ -120,30 +133,33 @@ class NodeOutput:
         self._nvidia = _has_nvidia_driver()
         self._lines: "queue.Queue[str]" = queue.Queue(maxsize=5000)
         self._dropped = 0
-        self._readers = []
-        self._saved = []
+        self._readers: list[threading.Thread] = []
         self._stop = threading.Event()
-        for fd in (1, 2):
-            saved = os.dup(fd)
-            r, w = os.pipe()
-            os.dup2(w, fd)
+        self._pipes = [os.pipe(), os.pipe()]  # (read, write) for descriptors 1 and 2
+        self.log_fd = os.dup(2)
+        self._sender: Optional[threading.Thread] = None
+
+    @property
+    def child_stdout(self) -> int:
+        """The write end to give the TF process as its stdout."""
+        return self._pipes[0][1]
+
+    @property
+    def child_stderr(self) -> int:
+        """The write end to give the TF process as its stderr."""
+        return self._pipes[1][1]
+
+    def start(self) -> None:
+        """Starts reading, once the TF process holds the write ends (closed here, so that
+        the readers see the end of the output when the TF process and its children exit)."""
+        for out, (r, w) in zip((1, 2), self._pipes):
             os.close(w)
-            self._saved.append((fd, saved))
-            t = threading.Thread(target=self._read, args=(r, saved), name=f"tfos-out-{fd}", daemon=True)
+            t = threading.Thread(target=self._read, args=(r, out), name=f"tfos-out-{out}", daemon=True)
             t.start()
             self._readers.append(t)
-        # tfos's own node log lines stay in the executor log: the driver has its own account
-        # (and forwarding them would print two prefixes).
-        for h in logging.getLogger("tfos").handlers:
-            if isinstance(h, logging.StreamHandler) and getattr(h.stream, "fileno", None) is not None:
-                try:
-                    fd = h.stream.fileno()
-                except (OSError, ValueError):
-                    continue
-                if fd in (1, 2):
-                    h.setStream(os.fdopen(os.dup(dict(self._saved)[fd]), "w", buffering=1, encoding="utf-8", errors="replace"))
-        self._sender: Optional[threading.Thread] = None
-        if client is not None:
+        os.close(self.log_fd)  # the TF process has its copy
+        self.log_fd = -1
+        if self._client is not None:
             self._sender = threading.Thread(target=self._send_loop, name="tfos-out-send", daemon=True)
             self._sender.start()
 
@@ -219,21 +235,24 @@ class NodeOutput:
         while not self._stop.wait(0.5):
             self._flush()
 
-    def close(self) -> None:
-        """Restores the original descriptors and sends what is left (bounded, ~5 s)."""
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
-        for fd, saved in self._saved:
-            os.dup2(saved, fd)
+    def close(self, read_timeout_s: float = 2.0) -> None:
+        """After the TF process (and its process group) ended: reads its output to the
+        end (at most ``read_timeout_s`` more, for a descendant that still holds a pipe)
+        and sends what is left to the driver (at most ~5 s). Idempotent."""
         for t in self._readers:
-            t.join(2.0)
+            t.join(read_timeout_s)
         self._stop.set()
+        if self.log_fd >= 0:  # start() never ran (the TF process did not start)
+            for fd in (self.log_fd, *(end for pipe in self._pipes for end in pipe)):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            self.log_fd = -1
         if self._sender is None:
             return
         self._sender.join(2.0)
+        self._sender = None
         deadline = Deadline(5.0, "the last output lines to reach the driver")
         while not self._flush() and not deadline.expired():
             pass

@@ -26,7 +26,7 @@ import struct
 import subprocess
 import sys
 import threading
-from typing import IO, Callable, Iterable, Iterator, TypeVar
+from typing import IO, Any, Callable, Iterable, Iterator, Optional, TypeVar
 
 from tfos._node.launch import ClusterConfig, NodeLaunch
 from tfos.cluster_template import InputMode
@@ -160,11 +160,31 @@ class ExecutorLogHandler(logging.StreamHandler):
         super().handleError(record)
 
 
+#: Environment variable naming the descriptor a TF process writes its tfos log lines to
+#: (the executor log) when its stdout/stderr are pipes read by its supervisor.
+LOG_FD_ENV = "TFOS_LOG_FD"
+
+
+def _log_stream() -> Any:
+    """The stream of the process's tfos log lines: the ``TFOS_LOG_FD`` descriptor (removed
+    from the environment and not inherited further), else ``sys.stderr``."""
+    fd = os.environ.pop(LOG_FD_ENV, "")
+    if fd.isdigit():
+        try:
+            os.set_inheritable(int(fd), False)
+            return os.fdopen(int(fd), "w", buffering=1, encoding="utf-8", errors="replace")
+        except OSError:
+            pass
+    return sys.stderr
+
+
 def setup_process_logging() -> None:
     """Logging for the node processes' entry points: the 'tfos' logger to stderr (which
-    lands in the executor log), printed once even if a library configures the root logger;
-    nothing is printed about records lost because the executor JVM (the log's reader) died."""
-    handler = ExecutorLogHandler(sys.stderr)
+    lands in the executor log; in a TF process whose output its supervisor reads, the
+    ``TFOS_LOG_FD`` descriptor, a copy of that log), printed once even if a library
+    configures the root logger; nothing is printed about records lost because the
+    executor JVM (the log's reader) died."""
+    handler = ExecutorLogHandler(_log_stream())
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     tfos_log = logging.getLogger("tfos")
     tfos_log.addHandler(handler)
@@ -200,21 +220,33 @@ def _child_env(launch: NodeLaunch) -> dict[str, str]:
     return env
 
 
-def start_node_process(module: str, launch: NodeLaunch, new_session: bool = False) -> subprocess.Popen:
+def start_node_process(module: str, launch: NodeLaunch, new_session: bool = False, stdout: Optional[int] = None,
+                       stderr: Optional[int] = None, log_fd: int = -1) -> subprocess.Popen:
     """Starts ``python -m module`` in the executor's working directory with the node's
     environment, and hands it ``launch`` on its stdin (which stays open).
 
     Runs in the Spark task (the supervisor) and in the supervisor (the TF process).
 
+    Args:
+        stdout, stderr: Descriptors for the child's output (None: this process's).
+        log_fd: A descriptor the child writes its tfos log lines to (``TFOS_LOG_FD``);
+            -1: its stderr.
+
     Raises:
         OSError: When the process cannot be started.
     """
+    env = _child_env(launch)
+    if log_fd >= 0:
+        env[LOG_FD_ENV] = str(log_fd)
     proc = subprocess.Popen(
         [sys.executable, "-m", module],
         stdin=subprocess.PIPE,
-        env=_child_env(launch),
+        stdout=stdout,
+        stderr=stderr,
+        env=env,
         cwd=launch.working_dir if os.path.isdir(launch.working_dir) else None,
         close_fds=True,
+        pass_fds=(log_fd,) if log_fd >= 0 else (),
         start_new_session=new_session,
     )
     assert proc.stdin is not None

@@ -34,6 +34,7 @@ from tfos._driver.state import describe_exit
 from tfos._control.client import ControlClient
 from tfos._data import local_socket as _local
 from tfos._node.launch import NodeLaunch
+from tfos._node.output import NodeOutput, tf_noise_level
 from tfos.cluster_template import InputMode
 from tfos._node.start_task import read_launch, setup_process_logging, start_node_process, watch_stdin_eof
 from tfos.errors import ControlProtocolError, DeadlineExceededError, NodeFailure
@@ -159,6 +160,20 @@ def _report(client: ControlClient, launch: NodeLaunch, kind: str, etype: str, me
         log.warning("could not report %s to the driver: %s", kind, exc)
 
 
+def node_output(launch: NodeLaunch) -> Optional[NodeOutput]:
+    """The reader of the TF process's output: forwarded to the driver, TF's C++ noise
+    dropped (C26); None when neither applies (supervisor)."""
+    cfg = launch.config
+    forwarded = cfg.forwards_logs_of(launch.role)
+    tf_min_level = tf_noise_level(os.environ.get("TF_CPP_MIN_LOG_LEVEL"))  # what the TF process inherits
+    if not forwarded and tf_min_level is None:
+        return None
+    client = ControlClient(cfg.driver_host, cfg.driver_port, cfg.key, cfg.cluster_id) if forwarded else None
+    # Under local[N] the executor log is the driver's terminal: forwarded lines show once.
+    tee = not (forwarded and cfg.local_master)
+    return NodeOutput(client, launch.role.executor_id, tee=tee, tf_min_level=tf_min_level)
+
+
 def supervise(launch: NodeLaunch) -> int:
     """Runs one node to completion (supervisor process).
 
@@ -184,10 +199,19 @@ def supervise(launch: NodeLaunch) -> int:
             launch = dataclasses.replace(launch, feed_socket_dir=sock_dir.path)
 
     # Its own process group, so that whatever main_fun starts (subprocesses, forks,
-    # TensorBoard) is ended with the node: see _end_group.
+    # TensorBoard) is ended with the node: see _end_group. Its output is read here (it
+    # outlives the TF process), filtered, teed to the executor log and forwarded.
+    output = node_output(launch)
     try:
-        tf = start_node_process("tfos._node.tf_process", launch, new_session=True)
+        if output is None:
+            tf = start_node_process("tfos._node.tf_process", launch, new_session=True)
+        else:
+            tf = start_node_process("tfos._node.tf_process", launch, new_session=True, stdout=output.child_stdout,
+                                    stderr=output.child_stderr, log_fd=output.log_fd)
+            output.start()
     except BaseException:
+        if output is not None:
+            output.close()
         _local.remove_socket_dir(sock_dir)
         raise
     log.info("tfos node %s: TF process pid %d started", launch.node_name, tf.pid)
@@ -246,6 +270,8 @@ def supervise(launch: NodeLaunch) -> int:
             terminated = True
     _end_group(tf.pid)
     _local.remove_socket_dir(sock_dir)
+    if output is not None:
+        output.close()  # its last lines reach the driver before its exit status
     log.info("tfos node %s: TF process %s", launch.node_name, describe_exit(code))
     if not driver_gone:
         try:

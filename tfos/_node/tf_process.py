@@ -31,7 +31,7 @@ from tfos._common.deadline import Deadline
 from tfos._data import local_socket as _local
 from tfos._data.feed_hub import FeedHub
 from tfos._node.launch import NodeLaunch
-from tfos._node.output import TF_LOG_LEVEL_DEFAULT, NodeOutput, tf_noise_level
+from tfos._node.output import TF_LOG_LEVEL_DEFAULT
 from tfos._node.start_task import read_launch, setup_process_logging, watch_stdin_eof
 from tfos.cluster_template import InputMode, NodeInfo, build_cluster_spec, tf_config_json
 from tfos.errors import ControlProtocolError, DeadlineExceededError, NodeFailure, ReservationTimeoutError
@@ -195,19 +195,6 @@ def _default_legacy_keras(driver_value: Optional[str]) -> None:
 # --- end Keras flavour default --------------------------------------------------------------
 
 
-def _node_output(launch: NodeLaunch) -> Optional[NodeOutput]:
-    """Captures this node's output: forwarded to the driver, TF's C++ noise dropped (C26)."""
-    cfg = launch.config
-    forwarded = cfg.forwards_logs_of(launch.role)
-    tf_min_level = tf_noise_level(os.environ.get("TF_CPP_MIN_LOG_LEVEL"))
-    if not forwarded and tf_min_level is None:
-        return None
-    client = ControlClient(cfg.driver_host, cfg.driver_port, cfg.key, cfg.cluster_id) if forwarded else None
-    # Under local[N] the executor log is the driver's terminal: forwarded lines show once.
-    tee = not (forwarded and cfg.local_master)
-    return NodeOutput(client, launch.role.executor_id, tee=tee, tf_min_level=tf_min_level)
-
-
 def run_node(launch: NodeLaunch) -> int:
     """Runs one node in this process; returns the exit code (TF process)."""
     import cloudpickle
@@ -217,7 +204,6 @@ def run_node(launch: NodeLaunch) -> int:
     eid = role.executor_id
     client = ControlClient(cfg.driver_host, cfg.driver_port, cfg.key, cfg.cluster_id)
     events = ControlClient(cfg.driver_host, cfg.driver_port, cfg.key, cfg.cluster_id)
-    forwarder = _node_output(launch)
     hub: Optional[FeedHub] = None
     stop_event = threading.Event()
     main_done = threading.Event()
@@ -282,11 +268,10 @@ def run_node(launch: NodeLaunch) -> int:
                     client.request("status", executor_id=eid, state="stopped", timeout_s=5.0)
                 except _REQ_ERRORS:
                     pass
-                if forwarder:
-                    forwarder.close()
                 if tb_proc is not None:
                     tb_proc.terminate()
                 run_atexit_handlers()
+                _flush_std_streams()
                 os._exit(0)
 
         main_thread = threading.current_thread()  # main_fun runs in this thread
@@ -338,8 +323,6 @@ def run_node(launch: NodeLaunch) -> int:
                 tb_proc.wait(5.0)
             except subprocess.TimeoutExpired:
                 tb_proc.kill()
-        if forwarder:
-            forwarder.close()
     return code
 
 
@@ -487,6 +470,15 @@ def _event_loop(client: ControlClient, eid: int, hub: Optional[FeedHub], stop_ev
         known = {k: d.get(k) for k in ("stop", "feed_closed", "abort", "failed", "stack")}
 
 
+def _flush_std_streams() -> None:
+    """Flushes Python's stdout/stderr buffers before an ``os._exit`` (TF process)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+
+
 #: Exit status of a TF process whose supervisor died.
 SUPERVISOR_GONE_EXIT = 70
 
@@ -539,11 +531,7 @@ def main() -> int:
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the supervisor decides (see tfos._node.supervisor)
     code = run_node(launch)
     run_atexit_handlers()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
+    _flush_std_streams()
     # TensorFlow and gRPC leave non-daemon threads behind; exit without joining them.
     os._exit(code)
 
