@@ -26,10 +26,11 @@ __all__ = ["run", "TFCluster", "InputMode", "tf_status"]
 #: ``inference`` and ``shutdown`` log.
 logger = logging.getLogger("tfos._driver")
 
-#: TFoS's module-level status of the last ``run()`` (driver): empty while it succeeds;
-#: ``{'error': message}`` when the last ``run()`` raised. tfos reports every failure as an
-#: exception (``ClusterFailedError`` names the node), so this is informational only.
-tf_status: Dict[str, Any] = {}
+#: TFoS's module-level status (driver): empty while things succeed; ``{'error': message}``
+#: once the last ``run()`` raised, or a ``train()``/``shutdown()`` of its cluster raised
+#: ``ClusterFailedError`` (a node failed). tfos reports every failure as an exception
+#: (``ClusterFailedError`` names the node), so this is informational only.
+tf_status: Dict[str, Any] = _cluster.tf_status
 
 
 @functools.wraps(_cluster.run)

@@ -47,6 +47,8 @@ def test_exception_while_other_node_computes_names_only_the_root_cause(sc, no_le
     assert "worker:1 (executor 1, host" in text and "ValueError: boom on executor 1" in text
     assert "in busy_and_boom" in text  # the remote traceback
     assert "FeedError" not in text and "worker:0" not in text
+    # TFoS's module-level status records it too (TFoS set it when its node job failed).
+    assert TFCluster.tf_status["error"].startswith("ClusterFailedError: ") and "boom on executor 1" in TFCluster.tf_status["error"]
     cluster.shutdown()  # joins the background teardown: the busy node was stopped
 
 

@@ -40,6 +40,27 @@ __all__ = ["TFCluster", "run", "DriverConfig", "Attempt"]
 log = logging.getLogger("tfos.cluster")
 
 
+#: TFoS's module-level status (``tfos.TFCluster.tf_status`` is this dict): ``{'error':
+#: message}`` once ``run()`` raised, or once ``train()`` or ``shutdown()`` raised a
+#: :class:`ClusterFailedError` (a node failed; TFoS recorded those too, from its node
+#: start job); cleared by the next ``run()``.
+tf_status: dict[str, Any] = {}
+
+
+def _records_failure(method: Callable) -> Callable:
+    """Records a ClusterFailedError that ``method`` raises in :data:`tf_status` (driver)."""
+
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(*args, **kwargs)
+        except ClusterFailedError as exc:
+            tf_status["error"] = f"{type(exc).__name__}: {exc}"
+            raise
+
+    return wrapper
+
+
 def _default_fs(sc: Any) -> str:
     try:
         fs = sc._jsc.hadoopConfiguration().get("fs.defaultFS") or "file://"
@@ -245,6 +266,7 @@ class TFCluster:
             return None
         return Progress(self.sc.statusTracker(), self._state, self._runtime.job_group(kind), total, parts, epochs, desc)
     # ---------------------------------------------------------------- feeding
+    @_records_failure
     def train(self, dataRDD: Any, num_epochs: int = 1, feed_timeout: float = 600, qname: str = "input", end_of_feed: bool = False,
               **stream_options: Any) -> Any:
         """Feeds an RDD or DataFrame to the nodes' ``DataFeed`` for ``num_epochs`` epochs (driver).
@@ -494,6 +516,7 @@ class TFCluster:
             return assemble(sources, owner)
 
     # --------------------------------------------------------------- shutdown
+    @_records_failure
     def shutdown(self, ssc: Any = None, grace_secs: float = 0, timeout: float = 259200) -> None:
         """Ends the feed, waits for the workers' ``main_fun`` to return, stops every node (driver).
 
