@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import re
 import time
 
 import pytest
@@ -226,6 +227,27 @@ def test_tensorflow_mode_restart_is_transparent(sc, tmp_path, no_leftovers, capl
     assert (tmp_path / "start-1-1").read_text() == "2"  # attempt 1 resumed worker:1 at its checkpoint
     text = " ".join(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
     assert "attempt 0 failed" in text and "worker:1 (executor 1" in text and "SIGKILL" in text, text
+
+
+def _raises_once(args, ctx):
+    if ctx.attempt == 0 and ctx.executor_id == 1:
+        raise ValueError("bad shard on the first attempt")
+
+
+@needs_restarts
+def test_a_recovered_exception_logs_its_remote_traceback(sc, no_leftovers, caplog):
+    """A main_fun exception that a restart recovers is raised nowhere: the driver's
+    WARNING for the restart is followed by one with the remote traceback."""
+    import logging
+
+    caplog.set_level(logging.WARNING, logger="tfos")
+    cluster = TFCluster.run(sc, _raises_once, {}, 2, 0, input_mode=TENSORFLOW, max_restarts=1)
+    cluster.shutdown(timeout=600)
+    assert cluster.attempt == 1
+    text = "\n".join(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+    assert re.search(r"attempt 0, remote traceback of worker:1 \(executor 1, host [^)]+\):\nTraceback \(most recent call last\):\n"
+                     r"(.*\n)*  File \"[^\"]*test_restarts\.py\", line \d+, in _raises_once\n(.*\n)*"
+                     r"ValueError: bad shard on the first attempt", text), text
 
 
 def _infer_main(args, ctx):

@@ -198,6 +198,10 @@ class _Recovery:
                 raise self.policy.error(decision.reason) from err
             log.warning("tfos cluster %s: attempt %d failed during %s: %s; starting attempt %d (%s)",
                         err.cluster_id, self.attempt, context, outcome.summary(), decision.next_attempt, decision.reason)
+            for f in err.failures:  # a recovered failure is raised nowhere: its traceback goes here
+                if f.traceback:
+                    log.warning("tfos cluster %s: attempt %d, remote traceback of %s:\n%s",
+                                err.cluster_id, self.attempt, f.node_name, f.traceback.rstrip())
             self.attempt = decision.next_attempt
             self.launcher.await_executors(outer)
             t0 = time.monotonic()
