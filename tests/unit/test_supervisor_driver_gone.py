@@ -28,7 +28,10 @@ def sleeper_main(args, ctx):
     child = subprocess.Popen([_sys.executable, "-c", "import time; time.sleep(600)", "tfos-unit-child-of-main-fun"])
     with open(args["out"], "w") as f:
         f.write(f"{child.pid}\n")
-    _time.sleep(600)
+    end = _time.monotonic() + 600
+    while _time.monotonic() < end:  # printing all along: its supervisor reads the output
+        print("main_fun is alive", flush=True)
+        _time.sleep(0.01)
 
 
 def _start_sleeper_node(tmp_path, cluster_id: str, heartbeat_timeout_s: float):
@@ -86,7 +89,8 @@ def test_a_killed_supervisor_is_reported_by_its_tf_process(tmp_path):
     lost (SupervisorDied, a root cause) to the driver and exits. Before, nothing reported it:
     the driver saw only a feed task's broken connection (InputMode.SPARK) or waited for the
     heartbeat timeout (found by an attacker test). The heartbeat timeout here is 60 s, so
-    the report can only come from the TF process."""
+    the report can only come from the TF process. main_fun prints all along: with the
+    supervisor (the reader of its output) gone, a print must not fail main_fun too."""
     import signal
 
     from tfos.errors import is_root_cause
@@ -99,6 +103,7 @@ def test_a_killed_supervisor_is_reported_by_its_tf_process(tmp_path):
         sup.send_signal(signal.SIGKILL)
         sup.wait(10)
         assert state.wait_until(lambda: state.failed, 10.0), "no failure reported within 10 s of the kill"
+        time.sleep(1.0)  # a print after the reader died must not add a failure of main_fun's own
         (failure,) = state.failures
         assert (failure.kind, failure.error_type, failure.executor_id) == ("lost", "SupervisorDied", 0)
         assert "the node's supervisor process died" in failure.message and f"pid {tf.pid}" in failure.message

@@ -489,6 +489,15 @@ def _supervisor_gone(launch: NodeLaunch, sock_dir: "Optional[_local.SocketDir]" 
     (the TF process and what main_fun started) at once (TF process)."""
     r = launch.role
     cfg = launch.config
+    # The supervisor read this process's stdout/stderr: with it gone, a print in main_fun
+    # would raise BrokenPipeError and be reported as main_fun's own failure.
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+        os.close(devnull)
+    except OSError:
+        pass
     try:
         ppid = os.getppid()
         failure = NodeFailure(
