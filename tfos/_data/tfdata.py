@@ -225,10 +225,13 @@ class EpochOrder:
         if self._draining:
             item = self._pending.popleft()
         else:
+            behind: Optional[bool] = None  # whether the next call's items must still wait
             for i, item in enumerate(self._pending):
                 if self._newer_feed(item):
                     # The next train() call's items follow every held item of this one.
-                    if self._target is not None or self._holds_open_feed():
+                    if behind is None:
+                        behind = self._target is not None or self._holds_open_feed()
+                    if behind:
                         continue
                     del self._pending[i]
                     self._switch(item.conn)
