@@ -245,6 +245,9 @@ def test_a_recovered_exception_logs_its_remote_traceback(sc, no_leftovers, caplo
     cluster.shutdown(timeout=600)
     assert cluster.attempt == 1
     text = "\n".join(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+    # run() had a restart left: the failure is a WARNING, and nothing of the recovered run is an ERROR
+    assert "tfos node failed: worker:1 (executor 1, host " in text and "(run() has 1 restart(s) left" in text, text
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
     assert re.search(r"attempt 0, remote traceback of worker:1 \(executor 1, host [^)]+\):\nTraceback \(most recent call last\):\n"
                      r"(.*\n)*  File \"[^\"]*test_restarts\.py\", line \d+, in _raises_once\n(.*\n)*"
                      r"ValueError: bad shard on the first attempt", text), text

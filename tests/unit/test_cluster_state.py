@@ -251,6 +251,22 @@ def test_exception_then_exit_is_one_failure_and_callback_fires_once():
     assert r == {"state": "failed", "exit_code": 1, "failure": "ValueError: bad lr", "cluster_failed": True}
 
 
+@pytest.mark.parametrize("restarts_left, error_type, level", [
+    (0, "ValueError", logging.ERROR),            # no restart left: the failure is final
+    (1, "ValueError", logging.WARNING),          # a restart may recover it
+    (2, "ConfigurationError", logging.ERROR),    # no restart can fix it (NON_RETRYABLE)
+])
+def test_failure_log_level_follows_the_restart_budget(caplog, restarts_left, error_type, level):
+    st = _state()
+    st.restarts_left = restarts_left
+    caplog.set_level(logging.INFO, logger="tfos")
+    st.record_failure(st.make_failure(1, "exception", error_type, "bad lr"))
+    lines = [(r.levelno, r.getMessage()) for r in caplog.records if "tfos node failed" in r.getMessage()]
+    assert len(lines) == 1 and lines[0][0] == level, lines
+    assert lines[0][1].startswith(f"tfos node failed: worker:0 (executor 1, host unknown host): {error_type}: bad lr"), lines
+    assert ("restart(s) left" in lines[0][1]) == (level == logging.WARNING)
+
+
 def test_register_after_failure_refused():
     st = _state()
     st.record_failure(st.make_failure(1, "exception", "RuntimeError", "boom"))

@@ -96,10 +96,11 @@ class _Launcher:
         """The cluster id of attempt ``k``."""
         return self.base_id if k == 0 else f"{self.base_id}-r{k}"
 
-    def start(self, k: int, outer: Optional[Deadline] = None) -> tuple[DriverConfig, ClusterRuntime, Attempt]:
+    def start(self, k: int, outer: Optional[Deadline] = None, restarts_left: int = 0) -> tuple[DriverConfig, ClusterRuntime, Attempt]:
         """Launches attempt ``k`` and waits until every node registered, at most the
         reservation timeout (and at most what is left of ``outer``, e.g. shutdown()'s
-        ``timeout``, when given).
+        ``timeout``, when given). ``restarts_left``: restarts left after this attempt
+        (node failures are logged at WARNING while one is left).
 
         Raises:
             ClusterFailedError: A node failed while the cluster was forming.
@@ -108,6 +109,7 @@ class _Launcher:
         cluster_id = self.cluster_id(k)
         key = _wire.new_key()
         runtime = ClusterRuntime(self.sc, cluster_id, self.roles, self.heartbeat_timeout_s, key, self.driver_host)
+        runtime.state.restarts_left = restarts_left
         if k:
             # The failed attempt's teardown removed tfos's SIGTERM handler when it was the
             # last open cluster: chain it again for the new one (same rules as in run()).
@@ -168,7 +170,7 @@ class _Recovery:
             RecoveryFailedError: No attempt formed and no restart is left.
         """
         try:
-            return self.launcher.start(0)
+            return self.launcher.start(0, restarts_left=self.policy.max_restarts)
         except ClusterFailedError as err:
             return self.after_failure(err, "run()", False)
 
@@ -193,7 +195,7 @@ class _Recovery:
             outcome = AttemptOutcome(self.attempt, tuple(err.failures) + tuple(err.consequences), context, progressed, err.cluster_id)
             decision = self.policy.record(outcome)
             if not decision.restart:
-                log.warning("tfos cluster %s: attempt %d failed during %s: %s; no restart: %s",
+                log.error("tfos cluster %s: attempt %d failed during %s: %s; no restart: %s",
                             err.cluster_id, self.attempt, context, outcome.summary(), decision.reason)
                 raise self.policy.error(decision.reason) from err
             log.warning("tfos cluster %s: attempt %d failed during %s: %s; starting attempt %d (%s)",
@@ -206,7 +208,7 @@ class _Recovery:
             self.launcher.await_executors(outer)
             t0 = time.monotonic()
             try:
-                started = self.launcher.start(self.attempt, outer)
+                started = self.launcher.start(self.attempt, outer, self.policy.max_restarts - self.attempt)
                 log.warning("tfos cluster %s: attempt %d running (%.1f s to launch and register)",
                             started[0].cluster_id, self.attempt, time.monotonic() - t0)
                 return started

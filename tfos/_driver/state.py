@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 from tfos._node import output as _node_output
 from tfos._common.deadline import Deadline
 from tfos.cluster_template import NodeInfo, NodeRole, build_cluster_spec
+from tfos._driver.restart import NON_RETRYABLE
 from tfos.errors import ClusterFailedError, ControlProtocolError, NodeFailure, is_root_cause
 
 __all__ = ["ClusterState", "describe_exit", "kill_hint", "format_bytes"]
@@ -111,6 +112,10 @@ class ClusterState:
         self.stop_requested = False
         self.feed_closed = False
         self.abort_reason = ""
+        #: Restarts ``run(..., max_restarts=N)`` has left after this attempt (set by the
+        #: launcher). While one is left a node failure is logged at WARNING, not ERROR: the
+        #: restart may recover it (the driver logs its decision either way).
+        self.restarts_left = 0
         self.counters: dict[int, dict[str, int]] = {}
         self.tensorboard_url: Optional[str] = None
         self.hosts: dict[int, str] = {}
@@ -265,7 +270,11 @@ class ClusterState:
                 self.proc_state[eid] = "failed"
             self._cond.notify_all()
         if is_root_cause(failure):
-            log.error("tfos node failed: %s: %s: %s", failure.node_name, failure.error_type, failure.message)
+            if self.restarts_left > 0 and failure.error_type not in NON_RETRYABLE:
+                log.warning("tfos node failed: %s: %s: %s (run() has %d restart(s) left; the driver logs whether it restarts)",
+                            failure.node_name, failure.error_type, failure.message, self.restarts_left)
+            else:
+                log.error("tfos node failed: %s: %s: %s", failure.node_name, failure.error_type, failure.message)
         else:  # shown in the driver's error only if no root cause arrives
             log.info("tfos node %s reported: %s: %s", failure.node_name, failure.error_type, failure.message)
         if first and self._on_failure is not None:
