@@ -71,6 +71,35 @@ class SparkManager:
             self.sc = None
             self.key = None
 
+    def discard_jvm(self, timeout_s: float = 60.0) -> None:
+        """Stops any SparkContext of this process and ends its JVM, so the next context
+        starts a fresh one. The JVM keeps the ``--conf`` settings it was launched with as
+        system properties, which every later ``SparkConf()`` in it loads: a JVM that a
+        ``remote("local[...]")`` session launched would give every later classic context
+        its Spark Connect plugin (and that plugin's port)."""
+        from pyspark import SparkContext
+
+        self.stop()
+        if SparkContext._active_spark_context is not None:
+            SparkContext._active_spark_context.stop()
+        gateway = SparkContext._gateway
+        if gateway is None:
+            return
+        proc = getattr(gateway, "proc", None)
+        try:
+            gateway.shutdown()
+        finally:
+            SparkContext._gateway = None
+            SparkContext._jvm = None
+            if proc is not None:  # the JVM exits when its stdin closes; killed after the deadline
+                if proc.stdin is not None:
+                    proc.stdin.close()
+                try:
+                    proc.wait(timeout_s)
+                except Exception:
+                    proc.kill()
+                    proc.wait(10)
+
 
 _manager = SparkManager()
 

@@ -57,29 +57,56 @@ def _assert_all_gone(timeout_s: float = 30.0) -> None:
     assert not _connect_host_processes(), f"control host left behind: {_connect_host_processes()}"
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 @pytest.fixture(scope="module", params=["local[2]", "local-cluster[2,1,1024]"])
 def spark(request, spark_manager):
     """A Spark Connect session on a local Connect server with 2 task slots: in the
-    server's JVM (``local[2]``), or in 2 separate executor JVMs (``local-cluster``)."""
-    from pyspark.sql import SparkSession
+    server's JVM (``local[2]``), or in 2 separate executor JVMs (``local-cluster``).
 
-    spark_manager.stop()  # the Connect server below needs this JVM's only SparkContext
-    with warnings.catch_warnings():
-        # Static confs are applied when the local server starts; the client then warns
-        # that it cannot set them at run time.
-        warnings.simplefilter("ignore", UserWarning)
-        session = (
-            SparkSession.builder.remote(request.param)
-            .config("spark.executor.memory", "768m")
-            .config("spark.ui.enabled", "false")
-            .config("spark.ui.showConsoleProgress", "false")
-            .config("spark.driver.host", "127.0.0.1")
-            .getOrCreate()
-        )
-    assert type(session).__module__.startswith("pyspark.sql.connect")
+    The server listens on a free port, not Spark's default 15002, which another Connect
+    server on this host may hold (``remote("local[...]")`` would then fail to start its
+    own, or its client would reach the other one). The JVM is started fresh for the
+    server and ended afterwards (also when the server fails to start), so no later
+    classic context inherits the server's launch settings."""
+    from pyspark.sql import SparkSession
+    from pyspark.sql.connect.client import DefaultChannelBuilder
+
+    spark_manager.discard_jvm()  # the Connect server below needs this JVM's only SparkContext
+    port = _free_port()
+    try:
+        with warnings.catch_warnings(), pytest.MonkeyPatch.context() as mp:
+            # Static confs are applied when the local server starts; the client then warns
+            # that it cannot set them at run time.
+            warnings.simplefilter("ignore", UserWarning)
+            # remote("local[...]") connects its client to sc://localhost on the default port
+            mp.setattr(DefaultChannelBuilder, "default_port", staticmethod(lambda: port))
+            session = (
+                SparkSession.builder.remote(request.param)
+                .config("spark.connect.grpc.binding.port", str(port))
+                .config("spark.executor.memory", "768m")
+                .config("spark.ui.enabled", "false")
+                .config("spark.ui.showConsoleProgress", "false")
+                .config("spark.driver.host", "127.0.0.1")
+                .getOrCreate()
+            )
+        assert type(session).__module__.startswith("pyspark.sql.connect")
+        assert session.client._builder.endpoint == f"localhost:{port}"
+    except BaseException:
+        for name in ("SPARK_LOCAL_REMOTE", "SPARK_CONNECT_MODE_ENABLED"):
+            os.environ.pop(name, None)
+        spark_manager.discard_jvm()
+        raise
     yield session
     session.stop()
     assert "SPARK_CONNECT_MODE_ENABLED" not in os.environ
+    spark_manager.discard_jvm()
 
 
 # ------------------------------------------------------------------ main_funs
