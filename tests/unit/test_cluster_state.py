@@ -672,6 +672,34 @@ def test_wait_for_root_causes_gives_up_after_its_bounds():
     assert [f.error_type for f in st.error("train()").failures] == ["FeedTimeoutError"]
 
 
+@pytest.mark.parametrize("settle_s, listed", [(0.0, [1]), (2.0, [1, 2])])
+def test_nodes_failing_at_about_the_same_moment_are_all_in_the_error(settle_s, listed):
+    """Both workers raise the same error 50 ms apart: with the settle window both are in
+    the error (grouped as one distinct error); without it only the first one."""
+    st = _state()
+    _register_all(st)
+    _fail(st, 1, "exception", "ValueError", "identical failure on every node")
+    threading.Timer(0.05, lambda: _fail(st, 2, "exception", "ValueError", "identical failure on every node")).start()
+    assert st.wait_for_root_causes(5.0, 5.0, settle_s) is True
+    err = st.error("shutdown()")
+    assert [f.executor_id for f in err.failures] == listed
+    if len(listed) == 2:
+        assert "2 node(s)" in str(err) and "1 distinct error(s)" in str(err), str(err)
+    time.sleep(0.1)  # the timer fired in every case
+    assert [f.executor_id for f in st.failures] == [1, 2]
+
+
+def test_the_settle_window_ends_once_every_node_ended():
+    st = _state()
+    _register_all(st)
+    _fail(st, 1, "exception", "ValueError", "bad lr")
+    for eid in (0, 2):
+        _req(st, "status", executor_id=eid, state="exited", code=0)
+    t0 = time.monotonic()
+    assert st.wait_for_root_causes(5.0, 5.0, 30.0) is True
+    assert time.monotonic() - t0 < 20.0  # not the 30 s window: nothing more can fail
+
+
 def test_wait_until_workers_done_ignores_the_ps_and_raises_at_the_deadline():
     st = _state()
     _register_all(st)

@@ -37,6 +37,9 @@ STOP_TIMEOUT_S = 45.0
 #: Seconds to let the failed nodes' own reports (their root causes) arrive after a first
 #: failure (e.g. a feed task's report of a broken connection) before raising.
 ATTRIBUTION_S = 5.0
+#: Seconds after the first failure during which later failures of other nodes (nodes
+#: failing at about the same moment) still go into the raised error.
+SETTLE_S = 0.2
 #: Seconds after the last train() job for every fed node to send its final row counter.
 FINAL_COUNT_S = 3.0
 
@@ -210,12 +213,14 @@ class ClusterRuntime:
 
         Report first, tear down second: every node is told to abort at once, the error is
         built as soon as the failed nodes have reported their root causes (bounded by
-        ``ATTRIBUTION_S``), and the rest of the teardown (waiting for the healthy nodes'
-        processes, bounded) goes on in a background thread that logs its outcome.
+        ``ATTRIBUTION_S``) and ``SETTLE_S`` has passed since the first failure (other nodes
+        failing at about the same moment go into it too), and the rest of the teardown
+        (waiting for the healthy nodes' processes, bounded) goes on in a background thread
+        that logs its outcome.
         """
         st = self.state
         self.cancel_jobs()
-        if not st.wait_for_root_causes(ATTRIBUTION_S, st.heartbeat_timeout_s + 2.0):
+        if not st.wait_for_root_causes(ATTRIBUTION_S, st.heartbeat_timeout_s + 2.0, SETTLE_S):
             log.info("tfos cluster %s: not every failed node reported its cause within %g s", self.cluster_id, ATTRIBUTION_S)
         st.abort("the cluster failed")
         err = st.error(context)

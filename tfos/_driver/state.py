@@ -112,6 +112,8 @@ class ClusterState:
         self.stop_requested = False
         self.feed_closed = False
         self.abort_reason = ""
+        #: ``time.monotonic()`` when the first failure was recorded (None before).
+        self.first_failure_at: Optional[float] = None
         #: Restarts ``run(..., max_restarts=N)`` has left after this attempt (set by the
         #: launcher). While one is left a node failure is logged at WARNING, not ERROR: the
         #: restart may recover it (the driver logs its decision either way).
@@ -266,6 +268,8 @@ class ClusterState:
                 log.info("tfos node %s after the abort: %s: %s", failure.node_name, failure.error_type, failure.message)
                 return
             self.failures.append(failure)
+            if self.first_failure_at is None:
+                self.first_failure_at = time.monotonic()
             if 0 <= eid < len(self.roles):
                 self.proc_state[eid] = "failed"
             self._cond.notify_all()
@@ -506,7 +510,7 @@ class ClusterState:
         self.wait_until(lambda: event.is_set() or self.failed, timeout_s)
         return event.is_set()
 
-    def wait_for_root_causes(self, attribution_s: float, silent_s: float) -> bool:
+    def wait_for_root_causes(self, attribution_s: float, silent_s: float, settle_s: float = 0.0) -> bool:
         """After a failure, waits for the failed nodes to report their root causes (driver).
 
         First up to ``attribution_s`` for every failed node's own report
@@ -515,7 +519,10 @@ class ClusterState:
         with its node supervisor), a node that has gone silent is the likely cause: then
         waits up to ``silent_s`` more (about the heartbeat timeout) until a root cause
         arrives or every live node is heard from, so that the silent one is declared lost
-        and the error names it.
+        and the error names it. Last, until ``settle_s`` seconds after the first failure
+        (or until every node has ended), so that nodes failing at about the same moment
+        are all in the error, and for their reports (within what is left of
+        ``attribution_s``).
 
         Returns:
             True when every failed node reported within ``attribution_s``.
@@ -524,6 +531,13 @@ class ClusterState:
         reported = self.wait_until(self.failed_nodes_reported, attribution_s)
         if not self.has_root_cause():
             self.wait_until(lambda: self.has_root_cause() or self.heard_from_live_nodes_since(since), silent_s)
+        first = self.first_failure_at
+        if settle_s > 0 and first is not None:
+            left = first + settle_s - time.monotonic()
+            if left > 0:
+                self.wait_until(lambda: all(self.is_done(e) for e in list(self.proc_state)), left)
+            if reported:
+                reported = self.wait_until(self.failed_nodes_reported, max(0.0, since + attribution_s - time.monotonic()))
         return reported
 
     def wait_until_workers_done(self, deadline: Deadline) -> bool:
