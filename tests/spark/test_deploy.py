@@ -4,7 +4,7 @@ to the standalone cluster of scripts/spark_standalone.sh, runs the tfos nodes.
 The packed venv is small on purpose: it holds tfos (installed from its wheel) and a marker
 package, and reaches its other dependencies (PySpark, numpy, ...) through a sitecustomize that appends
 this venv's site-packages to sys.path, which exists on this one-machine cluster. Packing the full
-TensorFlow venv (about 2 GB) works the same way but would take minutes in the suite; the
+TensorFlow venv (3 GB, scripts/venv_size.sh) works the same way but would take minutes in the suite; the
 mechanics tested here (archive unpacked as ./environment on each executor, executors and the
 tfos node processes running its Python and its packages) are the same.
 """
