@@ -213,8 +213,10 @@ def wait_for_final_eval(args: argparse.Namespace, ctx: Any, final_step: int) -> 
 
 
 def _say(ctx: Any, text: str) -> None:
-    """Prints a line tagged with the node (executor log; the chief's reach the driver log)."""
-    print(f"[{ctx.job_name}:{ctx.task_index}] {text}", flush=True)
+    """Prints a line of this node: in its executor's log, and on the driver's stderr with
+    tfos's node prefix (``[worker:1] ...``) for the nodes ``forward_logs`` selects."""
+    del ctx
+    print(text, flush=True)
 
 
 # ---------------------------------------------------------------------------
