@@ -8,6 +8,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from tfos._node.output import NodeOutput
 from tfos._node.start_task import LOG_FD_ENV
 
@@ -64,3 +66,25 @@ def test_close_without_start_releases_the_descriptors():
         except OSError:
             continue
         raise AssertionError(f"descriptor {fd} is still open")
+
+
+@pytest.mark.parametrize("local_master, on_driver, tee", [(False, False, True), (True, False, False), (False, True, False)])
+def test_forwarded_lines_are_not_also_copied_to_the_drivers_terminal(local_master, on_driver, tee):
+    """A forwarded node's lines are copied to its own stdout/stderr (the executor log)
+    except where that is the driver's terminal: under local[N], and for a ps node the
+    driver started on its host (driver_ps_nodes=True); there they showed twice."""
+    from tfos._node import supervisor
+    from tfos._node.launch import ClusterConfig, NodeLaunch
+    from tfos.cluster_template import InputMode, build_template, roles_from_template
+
+    roles = tuple(roles_from_template(build_template(2, num_ps=1)))
+    cfg = ClusterConfig(cluster_id="tfos-out", key=b"k" * 32, driver_host="127.0.0.1", driver_port=1,
+                        input_mode=InputMode.TENSORFLOW, roles=roles, forward_logs="all", local_master=local_master)
+    launch = NodeLaunch(config=cfg, role=roles[0], host="127.0.0.1", executor_key="h/1", watch_pid=0, watch_stdin=False,
+                        working_dir="/tmp", python_path=(), fn_payload=b"", on_driver=on_driver)
+    out = supervisor.node_output(launch)
+    try:
+        assert out is not None and out._tee is tee
+    finally:
+        if out is not None and out._client is not None:
+            out._client.close()

@@ -135,6 +135,8 @@ class NodeLaunch:
             restart); it reaches ``main_fun`` as ``ctx.attempt``.
         feed_socket_dir: The 0700 directory for the node's Unix-domain data socket, made
             by the supervisor for the TF process ("" for none; set by the supervisor).
+        on_driver: The node runs on the driver host, started by the driver
+            (``driver_ps_nodes=True``): its stdout/stderr are the driver's own.
     """
 
     config: ClusterConfig
@@ -149,6 +151,7 @@ class NodeLaunch:
     cuda_visible_devices: Optional[str] = None
     attempt: int = 0
     feed_socket_dir: str = ""
+    on_driver: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.attempt, bool) or not isinstance(self.attempt, int) or self.attempt < 0:

@@ -113,8 +113,9 @@ class NodeOutput:
         client: A control client to send lines to the driver, or None (not forwarded).
         executor_id: The node's executor id.
         tee: Copy lines to this process's descriptors 1 and 2 (the executor's log). tfos
-            turns it off for forwarded nodes under ``local[N]`` masters, whose executor
-            log is the driver's own terminal (the lines would show twice).
+            turns it off for forwarded nodes under ``local[N]`` masters and for nodes
+            the driver started on its host (``driver_ps_nodes``), whose executor log is
+            the driver's own terminal (the lines would show twice).
         tf_min_level: Drop TensorFlow C++ lines below this severity (see
             :func:`is_tf_noise`); None keeps every line (the user set
             ``TF_CPP_MIN_LOG_LEVEL``).

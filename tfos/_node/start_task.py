@@ -407,6 +407,7 @@ def launch_local_node(config: ClusterConfig, executor_id: int, fn_payload: bytes
         fn_payload=fn_payload,
         cuda_visible_devices=None,
         attempt=int(attempt),
+        on_driver=True,
     )
     return spawn_supervisor(launch)
 

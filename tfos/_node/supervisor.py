@@ -169,8 +169,9 @@ def node_output(launch: NodeLaunch) -> Optional[NodeOutput]:
     if not forwarded and tf_min_level is None:
         return None
     client = ControlClient(cfg.driver_host, cfg.driver_port, cfg.key, cfg.cluster_id) if forwarded else None
-    # Under local[N] the executor log is the driver's terminal: forwarded lines show once.
-    tee = not (forwarded and cfg.local_master)
+    # Under local[N], and for a node the driver started on its own host, the "executor
+    # log" is the driver's terminal: forwarded lines show once (with their node prefix).
+    tee = not (forwarded and (cfg.local_master or launch.on_driver))
     return NodeOutput(client, launch.role.executor_id, tee=tee, tf_min_level=tf_min_level)
 
 
