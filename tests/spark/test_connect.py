@@ -23,7 +23,7 @@ for _mod in ("grpc", "grpc_status", "google.rpc", "zstandard", "pyarrow", "panda
 
 from tfos import TFCluster
 from tfos.cluster_template import InputMode
-from tfos.errors import ClusterFailedError, ConfigurationError
+from tfos.errors import ClusterFailedError, ConfigurationError, ReservationTimeoutError
 
 from conftest import assert_no_tfos_processes
 
@@ -212,6 +212,8 @@ def test_spark_mode_train_and_inference(spark, tmp_path):
                        queues=["input", "infer"], reservation_timeout=180) as cluster:
         with pytest.raises(ConfigurationError, match="DataFrames only"):
             cluster.train([(1, 2)])
+        with pytest.raises(ConfigurationError, match="a streaming DataFrame cannot be fed under Spark Connect"):
+            cluster.train(spark.readStream.format("rate").load())
         cluster.train(df, num_epochs=2)
         infer_in = spark.range(0, 500, 1, 3).selectExpr("id as x")
         out = cluster.inference(infer_in, qname="infer", schema="x long, sq long")
@@ -325,4 +327,67 @@ def test_tfparallel_runs_independent_instances(spark, tmp_path):
     assert sorted(seen) == ["instance0.json", "instance1.json"]
     for node in seen.values():
         assert node == {"job": "worker", "num_workers": 2, "tf_config": None, "sum": 6}
+    _assert_all_gone()
+
+
+def _sleep_in_task(batches):
+    import time
+
+    for b in batches:
+        time.sleep(120)
+        yield b
+
+
+def test_too_few_task_slots(spark, tmp_path):
+    """Both local masters have 2 task slots: 3 nodes are refused before anything runs. With
+    one of the 2 slots held by another job, the start stage of 2 nodes cannot be
+    scheduled: run() interrupts it after reservation_timeout (Spark itself would retry the
+    barrier stage for about 10 minutes)."""
+    import threading
+
+    t0 = time.monotonic()
+    with pytest.raises(ConfigurationError, match=r"has 2 task slot\(s\) but the cluster needs 3"):
+        TFCluster.run(spark, tf_mode_fun, {"out": str(tmp_path)}, 3, 0)
+    assert time.monotonic() - t0 < 30
+
+    def hold_a_slot() -> None:
+        spark.addTag("tfos-test-blocker")
+        try:
+            spark.range(0, 1, 1, 1).mapInArrow(_sleep_in_task, "id long").collect()
+        except Exception:  # interrupted below
+            pass
+
+    blocker = threading.Thread(target=hold_a_slot, daemon=True)
+    blocker.start()
+    try:
+        time.sleep(3)  # the blocking task runs
+        t0 = time.monotonic()
+        with pytest.raises(ReservationTimeoutError, match=r"did not finish within reservation_timeout=8 s, so it was interrupted"):
+            TFCluster.run(spark, tf_mode_fun, {"out": str(tmp_path)}, 2, 0, reservation_timeout=8)
+        assert time.monotonic() - t0 < 60  # 8 s, and at most 30 s for the interrupted job to end
+    finally:
+        spark.interruptTag("tfos-test-blocker")
+        blocker.join(60)
+    assert not list(tmp_path.glob("*.json"))  # no node ran main_fun
+    _assert_all_gone()
+
+
+def test_lost_control_host_is_named(spark, tmp_path):
+    """The control host process dies between two calls: the next train() raises a
+    ClusterFailedError whose first cause says the control host cannot be reached, and the
+    nodes end themselves (heartbeat_timeout)."""
+    import psutil
+
+    df = spark.range(0, 400, 1, 2).selectExpr("id", "id as y")
+    cluster = TFCluster.run(spark, spark_mode_fun, {"out": str(tmp_path)}, 2, 0, input_mode=InputMode.SPARK,
+                            queues=["input", "infer"], reservation_timeout=180, heartbeat_timeout=4)
+    cluster.train(df)
+    (host_pid, _), = _connect_host_processes()
+    psutil.Process(host_pid).kill()
+    with pytest.raises(ClusterFailedError) as ei:
+        cluster.train(df)
+    first = ei.value.failures[0]
+    assert (first.kind, first.error_type) == ("lost", "ControlHostLost"), str(ei.value)
+    assert "the tfos control host at " in first.message and "cannot be reached" in first.message
+    cluster.shutdown()  # already torn down: a no-op
     _assert_all_gone()

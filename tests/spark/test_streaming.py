@@ -164,6 +164,34 @@ def test_dstream_unauthenticated_stop_is_refused(sc, tmp_path, key_dir, no_lefto
     assert sum(r["sum"] for r in reps) == sum(values[0])
 
 
+def test_shutdown_timeout_stops_an_idle_stream_and_the_nodes_cleanly(sc, tmp_path, key_dir, no_leftovers):
+    """shutdown(ssc, timeout=T) with a stream that never ends and no stop request: after T
+    the stream is stopped and the nodes, seeing the end of the feed, return within a
+    timeout of their own (it used to raise DeadlineExceededError blaming main_fun: the
+    stream wait had used the whole T)."""
+    from pyspark.streaming import StreamingContext
+
+    out = tmp_path / "out"
+    out.mkdir()
+    rdds, values = _queue(sc, 2)
+    cluster = TFCluster.run(sc, stream_count_fun, {"out": str(out)}, 2, 0, input_mode=INPUT)
+    ssc = StreamingContext(sc, 1)
+    try:
+        cluster.train(ssc.queueStream(rdds), 1)
+        ssc.start()
+        _wait_batches(cluster, 2)  # the queue is drained: later micro-batches are empty
+        t0 = time.monotonic()
+        cluster.shutdown(ssc, timeout=8)
+        assert time.monotonic() - t0 >= 8  # the stream was waited for first
+    finally:
+        ssc.stop(stopSparkContext=False, stopGraceFully=False)
+        _close(cluster)
+    assert _no_active_ssc()
+    reps = _reports(out)
+    assert sum(r["rows"] for r in reps) == 2 * ROWS_PER_RDD
+    assert sum(r["sum"] for r in reps) == sum(sum(v) for v in values)
+
+
 def test_dstream_node_failure_stops_the_context(sc, tmp_path, key_dir, no_leftovers):
     from pyspark.streaming import StreamingContext
 

@@ -30,10 +30,10 @@ from tfos._connect.tasks import OP_SCHEMA, START_SCHEMA, StartSpec, decode_failu
 from tfos._common.deadline import Deadline
 from tfos._data.feed_tasks import FeedPlan
 from tfos._data.framing import binary_as_bytes, feed_schema_json
-from tfos._driver.spark_checks import warn_key_transport
+from tfos._driver.spark_checks import plan_layout, warn_key_transport
 from tfos._node.launch import ClusterConfig
 from tfos.cluster_template import InputMode, NodeInfo, build_cluster_spec, build_template, format_template, roles_from_template
-from tfos.errors import ClusterFailedError, ConfigurationError, NodeFailure, TFOSError
+from tfos.errors import ClusterFailedError, ConfigurationError, NodeFailure, ReservationTimeoutError, TFOSError
 
 __all__ = ["ConnectTFCluster", "run_connect", "is_connect_session", "DEFAULT_CLIENT_TIMEOUT_S"]
 
@@ -168,9 +168,20 @@ class ConnectTFCluster:
         The control host's final failure list wins over ``failures`` (it has the nodes'
         own reports, with their tracebacks).
         """
+        open_before = not self._closed
         final = self._teardown(failed=True, attribution_s=attribution_s)
         if final is not None and final.get("failures"):
             failures = self._failures(final)
+        elif final is None and open_before:
+            # The teardown could not reach the control host: that is the cause (its
+            # executor or process died), whatever the failed job saw of it.
+            host, port = self._ctrl
+            n = next((x for x in self._nodes if x.executor_id == 0), self._nodes[0] if self._nodes else None)
+            failures = [NodeFailure(
+                n.executor_id if n else 0, n.job_name if n else "worker", n.task_index if n else 0, host, "lost",
+                "ControlHostLost", f"the tfos control host at {host}:{port} cannot be reached (its executor or process "
+                "died): the cluster is lost and its nodes end themselves after heartbeat_timeout; start a new cluster",
+            )] + list(failures)
         if not failures:
             n = self._nodes[0] if self._nodes else None
             failures = [NodeFailure(n.executor_id if n else 0, n.job_name if n else "worker", n.task_index if n else 0, n.host if n else "",
@@ -384,14 +395,20 @@ class ConnectTFCluster:
 
 
 def _as_connect_dataframe(data: Any) -> Any:
-    """``data`` if it is a Spark Connect DataFrame (client).
+    """``data`` if it is a Spark Connect DataFrame, not a streaming one (client).
 
     Raises:
-        ConfigurationError: For RDDs (not available under Spark Connect) and anything else.
+        ConfigurationError: For RDDs (not available under Spark Connect), streaming
+            DataFrames, and anything else.
     """
     from pyspark.sql.connect.dataframe import DataFrame
 
     if isinstance(data, DataFrame):
+        if data.isStreaming:
+            raise ConfigurationError(
+                "a streaming DataFrame cannot be fed under Spark Connect (docs/streaming.md: streams need a "
+                "classic SparkContext); feed a batch DataFrame, e.g. spark.read... instead of spark.readStream..."
+            )
         return data
     raise ConfigurationError(
         f"under Spark Connect tfos feeds DataFrames only (there are no RDDs), got {type(data).__name__}; "
@@ -435,7 +452,7 @@ def _key_transport_conf(spark: Any) -> tuple:
         ``(master, conf)`` for :func:`tfos._driver.spark_checks.warn_key_transport`.
     """
     conf = {}
-    for name in ("spark.authenticate", "spark.network.crypto.enabled", "spark.app.id", "spark.master"):
+    for name in ("spark.authenticate", "spark.network.crypto.enabled", "spark.app.id", "spark.master", "spark.task.cpus"):
         try:
             value = spark.conf.get(name, None)
         except Exception:  # noqa: BLE001 - Connect may refuse to read a static conf
@@ -443,6 +460,78 @@ def _key_transport_conf(spark: Any) -> tuple:
         if value is not None:
             conf[name] = str(value)
     return conf.get("spark.master", ""), conf
+
+
+def _check_local_slots(master: str, conf: dict, num_nodes: int) -> None:
+    """Refuses a cluster larger than the task slots of a local Connect server (client).
+
+    Only ``local``, ``local[N]`` and ``local-cluster[E,C,M]`` masters say how many slots
+    there are (``local[*]`` counts the server host's CPUs, unknown here); on other masters
+    a barrier stage without enough free slots is bounded by ``reservation_timeout``.
+
+    Raises:
+        ConfigurationError: Fewer slots than nodes.
+    """
+    if not master.startswith("local") or master.startswith("local[*"):
+        return
+    try:
+        layout = plan_layout(master, conf)
+    except ConfigurationError:
+        return
+    if layout.total_slots is not None and layout.total_slots < num_nodes:
+        raise ConfigurationError(
+            f"the Spark Connect server's master {master} has {layout.total_slots} task slot(s) but the cluster "
+            f"needs {num_nodes} (one per node, in one barrier stage): start the server with more slots "
+            f"(e.g. local[{num_nodes}]) or ask for fewer nodes"
+        )
+
+
+def _start_stage(spark: Any, spec: StartSpec, n: int, timeout_s: float) -> list:
+    """Runs the barrier start stage of ``n`` nodes and returns its rows, within ``timeout_s``
+    (client; ``reservation_timeout``).
+
+    Spark retries a barrier stage it cannot give ``n`` free slots at once for about ten
+    minutes (``spark.scheduler.barrier.maxConcurrentTasksCheck.*``); the nodes' own
+    registration wait only starts once their tasks run. So the client bounds the whole
+    stage: past ``timeout_s`` it interrupts the stage's operation (a Spark Connect tag).
+
+    Raises:
+        ReservationTimeoutError: The stage did not finish within ``timeout_s``.
+        Exception: What the stage's ``collect()`` raised.
+    """
+    tag = f"{spec.config.cluster_id}-start"
+    out: dict = {}
+
+    def _collect() -> None:
+        try:
+            spark.addTag(tag)  # tags are per thread: only this operation carries it
+            try:
+                out["rows"] = spark.range(0, n, 1, n).mapInArrow(make_start_fn(spec), START_SCHEMA, barrier=True).collect()
+            finally:
+                spark.removeTag(tag)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            out["error"] = exc
+
+    thread = threading.Thread(target=_collect, name=tag, daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        try:
+            interrupted = spark.interruptTag(tag)
+        except Exception as exc:  # noqa: BLE001 - the server may be gone; the error below says what matters
+            interrupted = []
+            log.warning("tfos cluster %s: could not interrupt the start stage: %s", spec.config.cluster_id, exc)
+        thread.join(30.0)
+        if "rows" not in out:  # formed just as the deadline passed: use it
+            raise ReservationTimeoutError(
+                f"tfos cluster {spec.config.cluster_id} (Spark Connect): the start stage of {n} nodes did not finish "
+                f"within reservation_timeout={timeout_s:g} s, so it was interrupted ({len(interrupted)} operation(s)). "
+                f"A barrier stage needs {n} free task slots at once: the Spark application may have too few "
+                "executors or cores, or other jobs hold them; otherwise the nodes did not register (see the executor logs)"
+            )
+    if "error" in out:
+        raise out["error"]
+    return out["rows"]
 
 
 def run_connect(
@@ -471,11 +560,15 @@ def run_connect(
 
     Differences from the classic path (docs/connect.md): ``driver_ps_nodes`` is refused;
     node output stays in the executor logs (``forward_logs`` sends it to the control
-    host's log); ``progress`` is ignored; the Spark configuration checks of the classic
-    path are left to Spark (the barrier stage fails when there are too few slots).
+    host's log); ``progress`` is ignored; of the Spark configuration checks of the classic
+    path only the slot count of a local master is made; elsewhere a start stage that
+    Spark cannot schedule is interrupted after ``reservation_timeout``.
 
     Raises:
-        ConfigurationError: Bad arguments, or ``driver_ps_nodes=True``.
+        ConfigurationError: Bad arguments, ``driver_ps_nodes=True``, or a local master
+            with fewer task slots than nodes.
+        ReservationTimeoutError: The start stage did not finish within ``reservation_timeout``
+            seconds (too few free task slots, or nodes that never registered).
         ClusterFailedError: A node failed while the cluster was forming, or the start
             stage failed (too few task slots, executors that cannot reach each other).
     """
@@ -510,7 +603,8 @@ def run_connect(
     except Exception:  # noqa: BLE001 - unreadable conf: local file system
         default_fs = "file://"
     default_fs = "file://" if default_fs.startswith("file:") else default_fs.rstrip("/")
-    warn_key_transport(*_key_transport_conf(spark))
+    master, server_conf = _key_transport_conf(spark)
+    warn_key_transport(master, server_conf)
     config = ClusterConfig(
         cluster_id=cluster_id, key=_wire.new_key(), driver_host="0.0.0.0", driver_port=1,  # set by the start tasks
         input_mode=input_mode, roles=tuple(roles), default_fs=default_fs,
@@ -522,8 +616,11 @@ def run_connect(
     spec = StartSpec(config=config, fn_payload=payload, client_timeout_s=client_timeout)
     n = len(roles)
     log.info("tfos cluster %s (Spark Connect): %s (input mode %s)", cluster_id, format_template(template), input_mode.name)
+    _check_local_slots(master, server_conf, n)
     try:
-        rows = spark.range(0, n, 1, n).mapInArrow(make_start_fn(spec), START_SCHEMA, barrier=True).collect()
+        rows = _start_stage(spark, spec, n, float(reservation_timeout))
+    except ReservationTimeoutError:
+        raise
     except Exception as exc:  # noqa: BLE001 - Connect raises several exception types
         failures = decode_failures(str(exc))
         if not failures:

@@ -532,7 +532,9 @@ class TFCluster:
                 Failures are caught whatever its value, because every node reports its
                 own failure.
             timeout: Longest wait, in seconds, for the workers' ``main_fun`` to return
-                (over every attempt, with ``max_restarts``).
+                after the feed ended (over every attempt, with ``max_restarts``). With
+                ``ssc`` it also bounds the wait for the stream, before that: the nodes
+                get a fresh ``timeout`` once the streams are stopped.
 
         With ``max_restarts``, a node failure while waiting starts a fresh attempt (see
         :func:`run`), and this returns when the last attempt finished. In InputMode.SPARK,
@@ -548,15 +550,17 @@ class TFCluster:
                 returns without raising it again.
             DeadlineExceededError: The workers did not finish within ``timeout``.
         """
-        deadline = Deadline(timeout, "main_fun to return on every chief/master/worker node", "a main_fun that never ends (e.g. waiting for data after terminate())")
         # --- streaming (issue 16): stop the streams feeding this cluster before the feed ends
         try:
-            _streaming.stop_streams(self, ssc, deadline)
+            _streaming.stop_streams(self, ssc, Deadline(timeout, "the stream to end or a stop request"))
         except BaseException:
             if not self._runtime.closed:
                 self._runtime.teardown(failed=True)
             raise
         # --- end streaming
+        # A deadline of its own: when the wait for the stream above used up ``timeout``, the
+        # nodes still get ``timeout`` to see the end of the feed and return.
+        deadline = Deadline(timeout, "main_fun to return on every chief/master/worker node", "a main_fun that never ends (e.g. waiting for data after terminate())")
         while True:
             rt, st = self._runtime, self._state
             if rt.closed:
