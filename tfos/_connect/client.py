@@ -611,6 +611,9 @@ def run_connect(
         heartbeat_interval_s=min(1.0, heartbeat_timeout / 4), heartbeat_timeout_s=float(heartbeat_timeout),
         reservation_timeout_s=float(reservation_timeout), release_port=release_port, queues=queues,
         queue_chunks=queue_chunks, tensorboard=bool(tensorboard), log_dir=log_dir, forward_logs=forward_logs,
+        # local[N]: the nodes' "executor log" and the control host's stderr (where forwarded
+        # lines go) are the same stream, the server's: lines show once, prefixed.
+        local_master=master.split("[", 1)[0] == "local",
     )
     client_timeout = float(os.environ.get("TFOS_CONNECT_CLIENT_TIMEOUT_S", DEFAULT_CLIENT_TIMEOUT_S))
     spec = StartSpec(config=config, fn_payload=payload, client_timeout_s=client_timeout)
