@@ -514,7 +514,14 @@ def _start_stage(spark: Any, spec: StartSpec, n: int, timeout_s: float) -> list:
 
     thread = threading.Thread(target=_collect, name=tag, daemon=True)
     thread.start()
-    thread.join(timeout_s)
+    try:
+        thread.join(timeout_s)
+    except BaseException:  # Ctrl-C: the stage must not go on forming a cluster nobody holds
+        try:
+            spark.interruptTag(tag)
+        except Exception as exc:  # noqa: BLE001 - the interruption itself is what propagates
+            log.warning("tfos cluster %s: could not interrupt the start stage: %s", spec.config.cluster_id, exc)
+        raise
     if thread.is_alive():
         try:
             interrupted = spark.interruptTag(tag)
