@@ -162,6 +162,13 @@ class ConnectTFCluster:
     def _failures(status: dict) -> list[NodeFailure]:
         return [NodeFailure.from_dict(f) for f in status.get("failures", [])]
 
+    def _lead_failure(self, kind: str, error_type: str, message: str, host: Optional[str] = None) -> NodeFailure:
+        """A failure attributed to the node of start task 0 (its host also runs the control
+        host), for causes no node reported (client)."""
+        n = next((x for x in self._nodes if x.executor_id == 0), self._nodes[0] if self._nodes else None)
+        return NodeFailure(n.executor_id if n else 0, n.job_name if n else "worker", n.task_index if n else 0,
+                           host if host is not None else (n.host if n else ""), kind, error_type, message)
+
     def _fail(self, context: str, failures: list[NodeFailure], cause: Optional[BaseException] = None, attribution_s: float = 0.0) -> ClusterFailedError:
         """Tears the cluster down (bounded) and returns the error to raise (client).
 
@@ -176,16 +183,14 @@ class ConnectTFCluster:
             # The teardown could not reach the control host: that is the cause (its
             # executor or process died), whatever the failed job saw of it.
             host, port = self._ctrl
-            n = next((x for x in self._nodes if x.executor_id == 0), self._nodes[0] if self._nodes else None)
-            failures = [NodeFailure(
-                n.executor_id if n else 0, n.job_name if n else "worker", n.task_index if n else 0, host, "lost",
-                "ControlHostLost", f"the tfos control host at {host}:{port} cannot be reached (its executor or process "
-                "died): the cluster is lost and its nodes end themselves after heartbeat_timeout; start a new cluster",
+            failures = [self._lead_failure(
+                "lost", "ControlHostLost", f"the tfos control host at {host}:{port} cannot be reached (its executor or "
+                "process died): the cluster is lost and its nodes end themselves after heartbeat_timeout; start a new cluster",
+                host,
             )] + list(failures)
         if not failures:
-            n = self._nodes[0] if self._nodes else None
-            failures = [NodeFailure(n.executor_id if n else 0, n.job_name if n else "worker", n.task_index if n else 0, n.host if n else "",
-                                    "spark", type(cause).__name__ if cause else "TFOSError", _job_error_text(cause) if cause else "unknown failure")]
+            failures = [self._lead_failure("spark", type(cause).__name__ if cause else "TFOSError",
+                                           _job_error_text(cause) if cause else "unknown failure")]
         err = ClusterFailedError(self.cluster_id, failures, context)
         if cause is not None:
             err.__cause__ = cause
@@ -512,22 +517,22 @@ def _start_stage(spark: Any, spec: StartSpec, n: int, timeout_s: float) -> list:
         except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
             out["error"] = exc
 
+    def _interrupt() -> list:
+        try:
+            return list(spark.interruptTag(tag) or [])
+        except Exception as exc:  # noqa: BLE001 - the server may be gone; the caller's error says what matters
+            log.warning("tfos cluster %s: could not interrupt the start stage: %s", spec.config.cluster_id, exc)
+            return []
+
     thread = threading.Thread(target=_collect, name=tag, daemon=True)
     thread.start()
     try:
         thread.join(timeout_s)
     except BaseException:  # Ctrl-C: the stage must not go on forming a cluster nobody holds
-        try:
-            spark.interruptTag(tag)
-        except Exception as exc:  # noqa: BLE001 - the interruption itself is what propagates
-            log.warning("tfos cluster %s: could not interrupt the start stage: %s", spec.config.cluster_id, exc)
+        _interrupt()
         raise
     if thread.is_alive():
-        try:
-            interrupted = spark.interruptTag(tag)
-        except Exception as exc:  # noqa: BLE001 - the server may be gone; the error below says what matters
-            interrupted = []
-            log.warning("tfos cluster %s: could not interrupt the start stage: %s", spec.config.cluster_id, exc)
+        interrupted = _interrupt()
         thread.join(30.0)
         if "rows" not in out:  # formed just as the deadline passed: use it
             raise ReservationTimeoutError(

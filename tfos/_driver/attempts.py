@@ -196,7 +196,7 @@ class _Recovery:
             decision = self.policy.record(outcome)
             if not decision.restart:
                 log.error("tfos cluster %s: attempt %d failed during %s: %s; no restart: %s",
-                            err.cluster_id, self.attempt, context, outcome.summary(), decision.reason)
+                          err.cluster_id, self.attempt, context, outcome.summary(), decision.reason)
                 raise self.policy.error(decision.reason) from err
             log.warning("tfos cluster %s: attempt %d failed during %s: %s; starting attempt %d (%s)",
                         err.cluster_id, self.attempt, context, outcome.summary(), decision.next_attempt, decision.reason)
