@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import logging
+import sys
 import threading
 import time
 
@@ -440,6 +442,50 @@ def test_log_lines_reach_stderr_with_one_short_prefix(capsys):
     err = capsys.readouterr().err.splitlines()
     assert err[0] == "[worker:0] epoch 1 loss 0.5"
     assert err[1] == "[worker:0] " + "x" * 2000
+
+
+class _Tty(io.StringIO):
+    def isatty(self):
+        return True
+
+
+@pytest.mark.parametrize("spark_bar,tty,starts", [
+    (True, True, "\r\x1b[2K[worker:0] epoch 1"),   # erases Spark's unfinished bar line first
+    (True, False, "[worker:0] epoch 1"),             # a file or pipe: no escape codes
+    (False, True, "[worker:0] epoch 1"),             # no Spark bar: nothing to erase
+])
+def test_log_lines_erase_sparks_progress_bar_on_a_terminal(monkeypatch, spark_bar, tty, starts):
+    from tfos._node import output
+    err = _Tty() if tty else io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    monkeypatch.setattr(output, "_spark_bar", False)
+    output.note_spark_bar(spark_bar)
+    st = _state()
+    _register_all(st)
+    _req(st, "log", executor_id=1, lines=["epoch 1", "epoch 2"])
+    assert err.getvalue() == starts + "\n[worker:0] epoch 2\n"
+
+
+def test_spark_bar_is_noted_from_the_spark_conf():
+    from tfos._node import output
+
+    class Conf:
+        def __init__(self, v):
+            self.v = v
+
+        def get(self, key, default):
+            return self.v if key == "spark.ui.showConsoleProgress" else default
+
+    class Sc:
+        def __init__(self, v):
+            self.conf = Conf(v)
+
+        def getConf(self):
+            return self.conf
+
+    assert output.spark_shows_progress(Sc("true")) is True
+    assert output.spark_shows_progress(Sc("false")) is False
+    assert output.spark_shows_progress(object()) is False
 
 
 def test_log_lines_to_the_tfos_node_logger_when_it_has_a_handler(caplog, capsys):

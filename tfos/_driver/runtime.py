@@ -24,6 +24,7 @@ import weakref
 from typing import Any, Callable, Optional, Sequence
 
 from tfos._driver.state import ClusterState
+from tfos._node import output as _node_output
 from tfos._control.server import ControlServer
 from tfos.cluster_template import NodeRole
 from tfos.errors import ClusterFailedError, NodeFailure, TFOSError, is_root_cause
@@ -135,6 +136,7 @@ class ClusterRuntime:
         self._teardown_thread: Optional[threading.Thread] = None
         _open_clusters.add(self)
         install_py4j_redaction()
+        _node_output.note_spark_bar(_node_output.spark_shows_progress(sc))
         threading.Thread(target=self._liveness_loop, name=f"{cluster_id}-liveness", daemon=True).start()
 
     @property

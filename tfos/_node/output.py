@@ -27,7 +27,7 @@ from typing import Any, Optional
 from tfos._common.deadline import Deadline
 from tfos.errors import ControlProtocolError, DeadlineExceededError
 
-__all__ = ["NodeOutput", "emit", "is_tf_noise", "spark_shows_progress", "tf_noise_level", "TF_LOG_LEVEL_DEFAULT"]
+__all__ = ["NodeOutput", "emit", "is_tf_noise", "note_spark_bar", "spark_shows_progress", "tf_noise_level", "TF_LOG_LEVEL_DEFAULT"]
 
 node_log = logging.getLogger("tfos.node")
 
@@ -44,6 +44,12 @@ _ABSL_PREINIT = "WARNING: All log messages before absl::InitializeLog() is calle
 # The second line of TensorFlow's cpu_feature_guard INFO message.
 _CXX_CONTINUATION = "To enable the following instructions:"
 _write_lock = threading.Lock()
+#: Whether the driver's SparkContext draws Spark's console progress bar (set per cluster
+#: by :func:`note_spark_bar`): node lines then erase the bar's unfinished line first.
+_spark_bar = False
+#: What a line written over Spark's progress bar starts with on a terminal: carriage
+#: return, then "erase the line" (ANSI EL 2).
+_ERASE_LINE = "\r\x1b[2K"
 
 
 def _has_nvidia_driver() -> bool:
@@ -263,7 +269,8 @@ def emit(node: str, lines: list) -> None:
     """Shows lines a node forwarded (driver, control server thread).
 
     Writes ``[node] line`` to ``sys.stderr`` (around tfos's progress bar, if one is
-    shown), unless the ``tfos.node`` logger itself has handlers: then each line is an
+    shown; on a terminal, after erasing Spark's progress bar line, see
+    :func:`note_spark_bar`), unless the ``tfos.node`` logger itself has handlers: then each line is an
     INFO record of that logger (the user routed node output into logging).
 
     Args:
@@ -278,6 +285,10 @@ def emit(node: str, lines: list) -> None:
     text = "".join(f"[{node}] {ln}\n" for ln in lines)
     if not text:
         return
+    if _spark_bar and _isatty(sys.stderr):
+        # Spark's bar is a line without a newline ("\r[Stage 3:=>  (1 + 2) / 4]"); without
+        # the erase, the node's first line would be appended to it.
+        text = _ERASE_LINE + text
     from tqdm import tqdm
 
     with _write_lock:
@@ -287,6 +298,22 @@ def emit(node: str, lines: list) -> None:
                 sys.stderr.flush()
         except (OSError, ValueError):
             pass  # stderr closed (interpreter shutting down)
+
+
+def _isatty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
+def note_spark_bar(on: bool) -> None:
+    """Records whether Spark draws its console progress bar in this driver (driver; see
+    :func:`spark_shows_progress`). While it does, :func:`emit` starts what it writes to a
+    terminal with a carriage return and an erase-line, so a node line never lands on the
+    end of the bar's line; Spark redraws the bar at its next update."""
+    global _spark_bar
+    _spark_bar = bool(on)
 
 
 def spark_shows_progress(sc: Any) -> bool:
