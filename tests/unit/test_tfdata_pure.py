@@ -406,6 +406,36 @@ def test_malformed_row_inside_tf_data_is_reported_as_itself(hub):
     assert (other.error_type, other.message) == ("ValueError", "boom")
 
 
+def test_failure_report_survives_an_exception_whose_str_raises():
+    """An exception with a broken __str__ keeps its type and traceback (it used to kill the
+    TF process before the report was sent: "ProcessDied ... exit code 1")."""
+    from tfos._node.tf_process import _failure
+
+    class Weird(Exception):
+        def __str__(self):
+            raise RuntimeError("str() of this exception fails")
+
+        def __repr__(self):
+            raise RuntimeError("repr() fails too")
+
+    class _Role:
+        executor_id, job_name, task_index = 1, "worker", 0
+
+    class _Launch:
+        role, host = _Role, "127.0.0.1"
+
+    def main_fun():
+        raise Weird()
+
+    try:
+        main_fun()
+    except Weird as exc:
+        rep = _failure(_Launch, exc)
+    assert rep.error_type == "Weird"
+    assert rep.message == "<exception str() failed> (its Weird.__str__ raised)"
+    assert "in main_fun" in rep.traceback and "raise Weird()" in rep.traceback
+
+
 class _Driver:
     """The driver's answers to ``epoch_handover`` for one feed (see ClusterState)."""
 

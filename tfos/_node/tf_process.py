@@ -144,6 +144,14 @@ def _start_tensorboard(launch: NodeLaunch, ctx: TFNodeContext, client: ControlCl
     return proc
 
 
+def _exc_text(exc: BaseException) -> str:
+    """``str(exc)``, or what Python's traceback module shows when that raises (pure)."""
+    try:
+        return str(exc)
+    except Exception:  # noqa: BLE001 - a broken __str__ must not lose the failure report
+        return f"<exception str() failed> (its {type(exc).__name__}.__str__ raised)"
+
+
 def _failure(launch: NodeLaunch, exc: BaseException) -> NodeFailure:
     r = launch.role
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
@@ -155,7 +163,7 @@ def _failure(launch: NodeLaunch, exc: BaseException) -> NodeFailure:
     from tfos._data.tfdata import unwrap_tf_data_error
 
     shown = unwrap_tf_data_error(exc) or exc
-    msg = str(shown)
+    msg = _exc_text(shown)
     if len(msg) > 4000:
         msg = msg[:4000] + "... [truncated]"
     return NodeFailure(r.executor_id, r.job_name, r.task_index, launch.host, "exception", type(shown).__name__, msg, tb)
