@@ -393,6 +393,36 @@ def test_feed_timeout_names_node_and_partition(sc, tmp_path, no_leftovers):
                      r"    ctx\.stop_event\.wait\(300\)\n", first.message), first.message
 
 
+def read_slowly_and_steadily(args, ctx):
+    """Reads 10 rows every 0.1 s (100 rows/s) to the end of the feed: never a second
+    without taking rows, but far slower than the feed."""
+    import time as _time
+
+    feed = ctx.get_data_feed()
+    rows = []
+    while not feed.should_stop():
+        rows.extend(feed.next_batch(10))
+        _time.sleep(0.1)
+    _write(args, ctx, {"rows": len(rows), "sum": sum(rows)})
+
+
+def test_feed_timeout_bounds_a_stall_not_the_time_to_consume_queued_rows(sc, tmp_path, no_leftovers):
+    """A node that takes rows steadily, just slowly, is not "stopped consuming": each
+    partition (600 rows, one chunk, sent at once) takes the node about 6 s to read, 1.5 x
+    feed_timeout=4 after its END. The feed task waits for its ACK past feed_timeout because
+    the node tells it that main_fun is still taking rows (attacker trial, session 17)."""
+    rdd = sc.parallelize(range(1200), 2)
+    cluster = TFCluster.run(sc, read_slowly_and_steadily, {"out": str(tmp_path)}, 2, 0, input_mode=INPUT)
+    t0 = time.monotonic()
+    cluster.train(rdd, num_epochs=1, feed_timeout=4)
+    took = time.monotonic() - t0
+    cluster.shutdown(timeout=QUICK_S)
+    reports = _reports(tmp_path)
+    assert sum(r["rows"] for r in reports.values()) == 1200
+    assert sum(r["sum"] for r in reports.values()) == sum(range(1200))
+    assert took > 4  # the partitions did take longer than feed_timeout to consume
+
+
 def test_inference_timeout_shows_where_main_fun_waits(sc, tmp_path, no_leftovers):
     """Inference with a main_fun that takes a batch and never answers: with feed_timeout=3,
     inference() fails within seconds with a FeedTimeoutError naming the node and the

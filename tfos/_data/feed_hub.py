@@ -40,6 +40,11 @@ _HANDSHAKE_TIMEOUT_S = 10.0
 MAX_HANDSHAKES = 32
 #: Most authenticated connections served at once (feed tasks run at most one per Spark core).
 MAX_CONNECTIONS = 256
+#: After a partition's END, while its feed task waits for the ACK, the node sends the task
+#: a PROGRESS frame every ``min(feed_timeout / 4, PROGRESS_EVERY_S)`` seconds in which
+#: main_fun took rows, so ``feed_timeout`` bounds a stall of the node, not the time it
+#: takes to work through the chunks already queued.
+PROGRESS_EVERY_S = 30.0
 
 
 class _EndOfFeed:
@@ -91,6 +96,8 @@ class FeedConnection:
         self.pending = 0
         self.ended = False
         self.closed = False
+        #: The feed task sent END: it now waits for the ACK (or results) only.
+        self.end_received = False
         self._send_lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -354,6 +361,7 @@ class FeedHub:
                     last = self._feed_closing and self._reading == 0
                 if last:
                     self._enqueue_end_of_feed()
+            self._report_progress(conn)
         except Exception as exc:  # noqa: BLE001 - protocol errors, broken peers, bad headers
             if conn is None:
                 with self._lock:
@@ -378,6 +386,29 @@ class FeedHub:
                 with self._lock:
                     self._conns.discard(conn)
 
+    def _report_progress(self, conn: FeedConnection) -> None:
+        """While ``conn``'s partition waits in the queue after its END, tells its feed task
+        every ``min(feed_timeout / 4, PROGRESS_EVERY_S)`` s in which main_fun took rows
+        (PROGRESS frame). Returns when the connection is closed (ACK, results end, error),
+        the hub closes, or main_fun took no row for ``feed_timeout`` (the task has given up
+        by then). Runs on the connection's own thread (TF process)."""
+        every = min(conn.feed_timeout_s / 4.0, PROGRESS_EVERY_S)
+        rows_seen, last_progress = self.rows_taken, time.monotonic()
+        next_check = last_progress + every
+        while not conn.closed and not self._closing:
+            now = time.monotonic()
+            if now - last_progress > conn.feed_timeout_s:
+                return
+            if now < next_check:
+                time.sleep(min(0.25, next_check - now))
+                continue
+            next_check = now + every
+            rows = self.rows_taken
+            if rows != rows_seen:
+                rows_seen, last_progress = rows, now
+                if not conn.send_json(FrameType.PROGRESS, {"rows": conn.rows_taken}):
+                    return
+
     def _put(self, q: queue.Queue, conn: FeedConnection, item: object) -> bool:
         while True:
             if self._closing or self.aborted or conn.closed or conn.qname in self.terminated:
@@ -401,6 +432,7 @@ class FeedHub:
                     # frame, stops sending; closing now could break its pipe mid-send.
                     discard = True
             elif ftype is FrameType.END:
+                conn.end_received = True
                 if discard:
                     conn.close()
                 else:

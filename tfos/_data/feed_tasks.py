@@ -236,13 +236,24 @@ class _Link:
             ) from None
 
     def recv(self) -> tuple[FrameType, bytearray]:
-        try:
-            return recv_frame(self.sock, self.session, Deadline(self.plan.feed_timeout_s, f"an answer from {self.node.name} for {self.where}"))
-        except DeadlineExceededError:
-            raise FeedTimeoutError(
-                f"{self.node.name} sent nothing for {self.plan.feed_timeout_s:g} s for {self.where}: main_fun "
-                "stopped consuming or producing results"
-            ) from None
+        """The node's next answer frame, skipping PROGRESS frames (each gives the node a
+        fresh ``feed_timeout``: main_fun is still taking rows ahead of this partition's).
+
+        Raises:
+            FeedTimeoutError: Nothing, not even a PROGRESS frame, came for ``feed_timeout``.
+            ConnectionError, OSError, DataAuthError: As :func:`recv_frame`.
+        """
+        while True:
+            try:
+                ftype, payload = recv_frame(
+                    self.sock, self.session, Deadline(self.plan.feed_timeout_s, f"an answer from {self.node.name} for {self.where}"))
+            except DeadlineExceededError:
+                raise FeedTimeoutError(
+                    f"{self.node.name} sent nothing for {self.plan.feed_timeout_s:g} s for {self.where}: main_fun "
+                    "stopped consuming or producing results"
+                ) from None
+            if ftype is not FrameType.PROGRESS:
+                return ftype, payload
 
 
 def _client(plan: FeedPlan) -> ControlClient:

@@ -59,6 +59,10 @@ class FrameType(bytes, enum.Enum):
     RESULTS_END = b"F"
     TERMINATED = b"T"
     ERROR = b"X"
+    #: Node -> feed task, after the task's END: main_fun is still taking rows (of any
+    #: partition) while this partition waits in the queue; the task's ``feed_timeout``
+    #: clock starts again. JSON ``{"rows": rows of this partition taken so far}``.
+    PROGRESS = b"P"
 
 
 class ChunkKind(str, enum.Enum):
