@@ -444,14 +444,19 @@ class TFModel(Model, TFParams, MLWritable, MLReadable, HasInputMapping, HasOutpu
     and returns a DataFrame of the ``output_mapping`` columns, one row per input row. The
     model is loaded once per Python worker and cached.
 
+    Spark array columns are flat: as in TFoS, a row whose number of values equals that of
+    one element of a fully known signature input shape is reshaped to it (784 floats feed a
+    ``(None, 28, 28, 1)`` input).
+
     The output schema is read from the signature (floats -> double, ints -> long, bools ->
     boolean, strings -> binary, one array level per row dimension), so an empty input gives
     an empty DataFrame with that schema.
 
     Raises (from ``transform``):
         ValueError: Missing export_dir, input_mapping or output_mapping (driver); a mapping
-            that names an unknown signature input/output (raised in a Spark task, so it
-            reaches the driver inside Spark's Python error).
+            that names an unknown signature input/output, or a column whose rows fit
+            neither the input's shape nor its number of values (both raised in a Spark
+            task, so they reach the driver inside Spark's Python error).
     """
 
     def __init__(self, tf_args: Any = None):
@@ -476,6 +481,7 @@ class TFModel(Model, TFParams, MLWritable, MLReadable, HasInputMapping, HasOutpu
             "signature_def_key": local_args.signature_def_key,
             "batch_size": int(local_args.batch_size),
             "inputs": [self.getInputMapping()[c] for c in input_cols],
+            "input_cols": input_cols,
             "outputs": [name for name, _ in sorted(self.getOutputMapping().items())],
         }
         # The output schema comes from the signature (one small Spark task, which also checks
@@ -797,6 +803,37 @@ def _output_schema(cols: list, kinds: list) -> Any:
     return StructType(fields)
 
 
+def _fit_shape(values: Any, spec_shape: Any, column: str, name: str) -> Any:
+    """The batch ``values`` (numpy, ``(rows, ...)``) of DataFrame column ``column`` in the
+    shape of signature input ``name`` (pure; Spark task).
+
+    Spark columns hold flat arrays, so, as TFoS did, a flat row whose length is the number
+    of values of one element of a fully known input shape is reshaped to it: 784 values
+    feed a ``(None, 28, 28, 1)`` input.
+
+    Raises:
+        ValueError: The row shape fits neither the input's shape nor its element count;
+            names the column, the input, both shapes.
+    """
+    import numpy as np
+
+    dims = list(spec_shape.as_list()) if spec_shape.rank is not None else None
+    if dims is None or len(values) == 0:
+        return values
+    want = dims[1:]
+    got = list(values.shape[1:])
+    if len(got) == len(want) and all(w is None or w == g for w, g in zip(want, got)):
+        return values
+    if all(w is not None for w in want) and values.ndim >= 1 and values.dtype != object:
+        if int(np.prod(want, dtype=np.int64)) == int(np.prod(got, dtype=np.int64)):
+            return values.reshape([len(values)] + want)
+    raise ValueError(
+        f"TFModel: column {column!r} holds rows of shape {tuple(got)} ({int(np.prod(got, dtype=np.int64))} values), "
+        f"but signature input {name!r} takes rows of shape {tuple(want)}: give the column rows of that shape, "
+        "or of that many values in one flat array (they are reshaped)"
+    )
+
+
 def _run_model(rows: Iterator[Any], s: dict) -> Iterator[tuple]:
     """Runs the SavedModel over one partition in batches (Spark task)."""
     import numpy as np
@@ -809,10 +846,13 @@ def _run_model(rows: Iterator[Any], s: dict) -> Iterator[tuple]:
     specs = fn.structured_input_signature[1]
     batch: list = []
 
+    in_cols = s.get("input_cols") or s["inputs"]
+
     def run(batch: list) -> Iterator[tuple]:
         feeds = {}
         for i, name in enumerate(s["inputs"]):
-            feeds[name] = tf.constant(np.asarray([r[i] for r in batch]), dtype=specs[name].dtype)
+            values = _fit_shape(np.asarray([r[i] for r in batch]), specs[name].shape, in_cols[i], name)
+            feeds[name] = tf.constant(values, dtype=specs[name].dtype)
         out = fn(**feeds)
         for name in s["outputs"]:
             if name not in out:

@@ -350,3 +350,34 @@ def test_tfparallel_failing_instance_raises(sc, tmp_path, no_leftovers):
     assert [(f.executor_id, f.kind, f.error_type) for f in info.value.failures] == [(1, "exception", "RuntimeError")], info.value.failures
     assert "instance_1" not in _read(out, "instance_")
     assert elapsed < 120, elapsed
+
+
+def test_model_transform_reshapes_flat_spark_arrays_to_the_signature_shape(sc, tmp_path):
+    """Spark columns hold flat arrays: TFModel reshapes a row of 4 values to a
+    ``(None, 2, 2, 1)`` signature input, as TFoS did (new-user trial, session 17: TFoS's
+    keras/mnist_pipeline.py crashed the Python worker in a Conv2D). A row of another length
+    gets an error naming the column, the input and both shapes."""
+    import tensorflow as tf
+    from pyspark.sql import SparkSession
+
+    class Weighted(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec((None, 2, 2, 1), tf.float32, name="image")])
+        def serve(self, image):
+            w = tf.constant([[[1.0], [10.0]], [[100.0], [1000.0]]])
+            return {"score": tf.reduce_sum(image * w, axis=[1, 2, 3])}
+
+    module = Weighted()
+    export_dir = str(tmp_path / "export")
+    tf.saved_model.save(module, export_dir, signatures={"serving_default": module.serve})
+    spark = SparkSession(sc)
+    rows = [([float(i), float(i + 1), float(i + 2), float(i + 3)],) for i in range(50)]
+    df = spark.createDataFrame(rows, "pixels array<float>").repartition(3)
+    model = TFModel().setExportDir(export_dir).setInputMapping({"pixels": "image"}).setOutputMapping({"score": "score"}).setBatchSize(7)
+    got = sorted(r.score for r in model.transform(df).collect())
+    assert got == sorted(i + 10 * (i + 1) + 100 * (i + 2) + 1000 * (i + 3) for i in range(50))
+
+    bad = spark.createDataFrame([([1.0, 2.0, 3.0],)], "pixels array<float>")
+    with pytest.raises(Exception) as info:
+        model.transform(bad).collect()
+    assert ("TFModel: column 'pixels' holds rows of shape (3,) (3 values), but signature input 'image' "
+            "takes rows of shape (2, 2, 1)") in str(info.value), str(info.value)[-3000:]
