@@ -410,7 +410,20 @@ def start_cluster_server(
     )
     cluster = tf.train.ClusterSpec(cluster_def)
     server = _create_server(ctx, cluster, protocol, config, max_attempts, retry_backoff_s)
+    _SERVER_STARTED.set()
     return cluster, server
+
+
+#: Set once :func:`start_cluster_server` started a server in this process.
+_SERVER_STARTED = threading.Event()
+
+
+def server_started() -> bool:
+    """Whether :func:`start_cluster_server` started a TF server in this process (TF
+    process). A tfos node whose ``main_fun`` did so keeps its process, hence the server, up
+    after ``main_fun`` returns, until the driver stops the cluster: a peer's TF1 session
+    may still need it (TFoS's reused Python worker kept it serving)."""
+    return _SERVER_STARTED.is_set()
 
 
 def run_server_and_wait(

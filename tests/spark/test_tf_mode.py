@@ -459,6 +459,40 @@ def test_run_shutdown_run_again_with_tf_servers(sc, tmp_path, no_leftovers):
     assert specs[0] != specs[1]
 
 
+def tf1_worker_returns_at_once_main(args, ctx):
+    """TF1 between-graph as users write it: the worker starts its server and returns; the
+    chief, 3 s later, runs an op on the worker's server in a session (TF's CreateSession
+    waits without end for every task of the cluster spec)."""
+    import time as _time
+
+    import tensorflow as tf
+
+    from tfos import TFNode
+
+    cluster, server = TFNode.start_cluster_server(ctx)
+    if ctx.job_name == "chief":
+        _time.sleep(3)
+        g = tf.Graph()
+        with g.as_default():
+            with tf.device("/job:worker/task:0"):
+                answer = tf.constant(20) + tf.constant(22)
+        with tf.compat.v1.Session(server.target, graph=g) as sess:
+            _write_json(_node_file(args["out"], ctx), {"remote_answer": int(sess.run(answer))})
+
+
+def test_tf1_worker_server_outlives_its_main_fun_until_shutdown(sc, tmp_path, no_leftovers):
+    """A node's TF server started with start_cluster_server keeps serving after main_fun
+    returns, until shutdown() stops the cluster (new-user trial, session 17: the chief's
+    session waited for the exited worker until shutdown()'s timeout; TFoS's reused Python
+    worker kept the server up)."""
+    cluster = TFCluster.run(sc, tf1_worker_returns_at_once_main, {"out": str(tmp_path)}, 2, 0, False,
+                            TFCluster.InputMode.TENSORFLOW, master_node="chief", reservation_timeout=120)
+    t0 = time.monotonic()
+    cluster.shutdown(timeout=90)
+    assert _read_nodes(tmp_path) == {"chief:0": {"remote_answer": 42}}
+    assert time.monotonic() - t0 < 90
+
+
 def test_worker_exception_fails_shutdown(sc, tmp_path, no_leftovers):
     t0 = time.monotonic()
     with pytest.raises(ClusterFailedError) as info:

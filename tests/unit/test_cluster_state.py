@@ -761,6 +761,28 @@ def test_wait_until_workers_done_ignores_the_ps_and_raises_at_the_deadline():
     assert st2.wait_until_workers_done(Deadline(30.0, "workers to finish")) is False
 
 
+def test_workers_done_timeout_names_the_running_nodes_with_main_funs_stack():
+    """shutdown(timeout=T) expiring names the nodes whose main_fun has not returned and
+    shows where main_fun waits (new-user trial, session 17: a TF1 chief waited in
+    CreateSession and the error named no node)."""
+    st = _state()
+    _register_all(st)
+    _req(st, "status", executor_id=2, state="finished")
+
+    def answer() -> None:  # the node's event loop sees the request and answers
+        deadline = time.monotonic() + 5
+        while st._stack_asked.get(1, 0) < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        _req(st, "stack", executor_id=1, seq=1, text="main_fun's stack on worker:0: in CreateSession")
+
+    threading.Thread(target=answer, daemon=True).start()
+    with pytest.raises(DeadlineExceededError) as info:
+        st.wait_until_workers_done(Deadline(0.05, "main_fun to return on every chief/master/worker node"))
+    assert str(info.value).startswith("timed out after 0.05 s waiting for main_fun to return on every chief/master/worker node")
+    assert "; main_fun had not returned on worker:0 (executor 1, host 10.0.0.1)\nmain_fun's stack on worker:0: in CreateSession" in str(info.value)
+    assert "worker:1" not in str(info.value)
+
+
 def test_wait_for_tensorboard_url_or_error():
     st = _state()
     threading.Timer(0.1, lambda: _req(st, "tensorboard", executor_id=1, url="http://10.0.0.1:6006/")).start()

@@ -26,7 +26,7 @@ from tfos._node import output as _node_output
 from tfos._common.deadline import Deadline
 from tfos.cluster_template import NodeInfo, NodeRole, build_cluster_spec
 from tfos._driver.restart import NON_RETRYABLE
-from tfos.errors import ClusterFailedError, ControlProtocolError, NodeFailure, is_root_cause
+from tfos.errors import ClusterFailedError, ControlProtocolError, DeadlineExceededError, NodeFailure, is_root_cause
 
 __all__ = ["ClusterState", "describe_exit", "kill_hint", "format_bytes"]
 
@@ -547,10 +547,24 @@ class ClusterState:
             True when all are done, False when a failure was recorded first.
 
         Raises:
-            DeadlineExceededError: When ``deadline`` expires first.
+            DeadlineExceededError: When ``deadline`` expires first; names the nodes whose
+                main_fun had not returned, with the stack of main_fun's thread of the first
+                two (asked from the nodes, up to 3 s each; left out when one does not answer).
         """
         workers = self.feedable_ids()
-        return self.wait(lambda: all(self.is_done(e) for e in workers), deadline)
+        try:
+            return self.wait(lambda: all(self.is_done(e) for e in workers), deadline)
+        except DeadlineExceededError as exc:
+            with self._cond:
+                running = [self.node_name(e) for e in workers if not self.is_done(e)]
+            if not running:
+                raise
+            msg = f"{exc}; main_fun had not returned on {', '.join(running)}"
+            for e in [e for e in workers if not self.is_done(e)][:2]:  # where they wait (<= 3 s each)
+                stack = str(self._on_node_stack({"executor_id": e, "wait_s": 3.0}, "driver").get("stack") or "")
+                if stack:
+                    msg += f"\n{stack}"
+            raise DeadlineExceededError(msg) from None
 
     def wait_for_tensorboard(self, deadline: Deadline) -> bool:
         """Waits for the TensorBoard node to report its URL or its start-up error.

@@ -152,6 +152,13 @@ def _exc_text(exc: BaseException) -> str:
         return f"<exception str() failed> (its {type(exc).__name__}.__str__ raised)"
 
 
+def _tf_server_started() -> bool:
+    """Whether main_fun started a TF server with ``start_cluster_server`` (TF process); only
+    asked when tfos.tf_server was imported, so nodes that never use it import nothing."""
+    mod = sys.modules.get("tfos.tf_server")
+    return bool(mod is not None and mod.server_started())
+
+
 def _failure(launch: NodeLaunch, exc: BaseException) -> NodeFailure:
     r = launch.role
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
@@ -308,8 +315,14 @@ def run_node(launch: NodeLaunch) -> int:
         # skip their partitions as 'terminated', not as 'main_fun returned early' (C11).
         terminated = sorted(hub.terminated) if hub is not None else []
         client.request("status", executor_id=eid, state="finished", terminated=terminated, timeout_s=10.0)
-        if tb_proc is not None and tb_proc.poll() is None:
-            # Keep TensorBoard up until the driver shuts the cluster down.
+        serving = _tf_server_started()
+        if serving or (tb_proc is not None and tb_proc.poll() is None):
+            # Keep TensorBoard, and a TF server main_fun started with start_cluster_server,
+            # up until the driver stops the cluster (the supervisor ends this process if the
+            # driver goes away): a TF1 peer may still be creating its session on this
+            # node's server (it waits without end for every task of the cluster spec).
+            if serving:
+                log.info("tfos node %s: main_fun returned; its TF server serves until the cluster stops", launch.node_name)
             stop_event.wait()
     except BaseException as exc:  # noqa: BLE001 - every failure is reported, then the process ends
         main_done.set()
