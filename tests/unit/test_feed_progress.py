@@ -101,3 +101,15 @@ def test_no_progress_frame_before_the_partitions_end(hub):
         assert ftype is FrameType.ACK and parse_json(ftype, payload) == {"rows": 3}
     finally:
         link.close()
+
+
+def test_tfos_manager_methods_say_what_to_use_instead(hub):
+    """TFoS's ctx.mgr.get_queue()/get()/set() (new-user trial: a bare AttributeError)."""
+    from tfos.errors import TFOSError
+
+    with pytest.raises(TFOSError, match=r"ctx.mgr.get_queue\('input'\): a tfos node has no manager row queues .*next_batch"):
+        hub.get_queue("input")
+    with pytest.raises(TFOSError, match=r"ctx.mgr.get\('state'\): .*should_stop\(\)"):
+        hub.get("state")
+    with pytest.raises(TFOSError, match=r"ctx.mgr.set\('state', ...\): .*DataFeed.terminate\(\)"):
+        hub.set("state", "terminating")

@@ -18,7 +18,7 @@ import queue
 import socket
 import threading
 import time
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from tfos._common import wire as _wire
 from tfos._data import local_socket as _local
@@ -26,7 +26,7 @@ from tfos._data.local_socket import SocketDir
 from tfos._data.framing import ChunkKind, FrameType, recv_frame, recv_json, send_frame, send_json
 from tfos._common.deadline import Deadline
 from tfos._common.wire import DataSession
-from tfos.errors import ControlProtocolError, DeadlineExceededError
+from tfos.errors import ControlProtocolError, DeadlineExceededError, TFOSError
 
 __all__ = ["FeedHub", "FeedConnection", "Chunk", "PartitionEnd", "END_OF_FEED"]
 
@@ -440,6 +440,42 @@ class FeedHub:
                 return
             else:
                 raise ConnectionError(f"unexpected {ftype.name} frame from a feed task")
+
+    # ------------------------------------------------ TFoS's TFManager methods
+    def get_queue(self, qname: str) -> Any:
+        """TFoS's ``ctx.mgr.get_queue(qname)`` (TF process).
+
+        Raises:
+            TFOSError: Always: a tfos node has no row queues (rows arrive in chunks on the
+                node's data connections); the message says what to use instead.
+        """
+        raise TFOSError(
+            f"ctx.mgr.get_queue({qname!r}): a tfos node has no manager row queues (rows arrive in chunks on the "
+            "node's data connections); read rows with ctx.get_data_feed(qname_in=...).next_batch(n), batches() or "
+            "as_dataset(), and answer inference batches with batch_results()"
+        )
+
+    def get(self, key: str) -> Any:
+        """TFoS's ``ctx.mgr.get(key)`` (TF process; TFoS kept the node's ``'state'`` there).
+
+        Raises:
+            TFOSError: Always; the message says what to use instead.
+        """
+        raise TFOSError(
+            f"ctx.mgr.get({key!r}): a tfos node keeps no manager state; DataFeed.should_stop() says whether "
+            "the feed ended or was terminated (TFoS's 'terminating' state)"
+        )
+
+    def set(self, key: str, value: Any) -> None:
+        """TFoS's ``ctx.mgr.set(key, value)`` (TF process).
+
+        Raises:
+            TFOSError: Always; the message says what to use instead.
+        """
+        raise TFOSError(
+            f"ctx.mgr.set({key!r}, ...): a tfos node keeps no manager state; to stop the feed call "
+            "DataFeed.terminate() (TFoS set 'state' to 'terminating')"
+        )
 
     # ------------------------------------------------------------ consumer API
     def finish_connection(self, conn: FeedConnection, ftype: FrameType, info: dict) -> None:
