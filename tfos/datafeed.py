@@ -519,7 +519,9 @@ class DataFeed:
 
         Raises:
             TypeError: When ``output_signature`` is not a TensorSpec or tuple of them.
-            ValueError: In inference mode (``train_mode=False``), for ``batch_size`` < 1,
+            ValueError: For a spec without the leading batch dimension (a per-row shape such
+                as ``TensorSpec(())``) or with a first dimension fixed to another size than
+                ``batch_size``; in inference mode (``train_mode=False``), for ``batch_size`` < 1,
                 ``shuffle_rows`` < 0, or ``shuffle_rows`` without ``steps_per_epoch``.
             MalformedRowError: (while iterating) a row that does not fit the signature
                 (or, with ``shuffle_rows``, a column whose row shape changes).

@@ -621,3 +621,19 @@ def test_a_new_train_calls_rows_wait_behind_the_held_rows_of_the_previous_call(h
     reader = FeedBatches(DataFeed(hub, timeout_s=10), 2, COLS, steps_per_epoch=1)
     assert [y.tolist() for _, y in reader] == [[100, 101], [200, 201], [300, 301]]
     assert reader.rows == {0: 2, 1: 2, 2: 2}
+
+
+def test_a_per_row_signature_is_refused_with_what_to_write(hub):
+    """as_dataset yields batches: a per-row spec (TFoS's from_generator style) gets an error
+    that says to add the batch dimension (new-user trial: TensorFlow's "yielded an element
+    of shape (8,) where an element of shape () was expected", several times per node)."""
+    import tensorflow as tf
+
+    feed = DataFeed(hub, timeout_s=10)
+    with pytest.raises(ValueError, match=r"output_signature column 1 is TensorSpec\(shape=\(\), dtype=tf.int64, name=None\), "
+                                         r"a shape without the batch dimension: .*every spec starts with None"):
+        feed.as_dataset(8, (tf.TensorSpec((None, 4), tf.float32), tf.TensorSpec((), tf.int64)))
+    with pytest.raises(ValueError, match=r"column 0 is .*: its first dimension is the batch \(8 rows, or fewer at an epoch's end\), not 784"):
+        feed.as_dataset(8, tf.TensorSpec((784,), tf.float32))
+    ds = feed.as_dataset(8, (tf.TensorSpec((8, 4), tf.float32), tf.TensorSpec((None,), tf.int64)))  # fixed = batch_size
+    assert ds.element_spec[1].shape.as_list() == [None]

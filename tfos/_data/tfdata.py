@@ -1040,6 +1040,26 @@ def _list_view(arr: Any, n: int, width: int) -> Any:
     return None if flat is None else flat.reshape(n, width)
 
 
+def _check_batch_dims(output_signature: Any, batch_size: int) -> None:
+    """Raises ValueError for a spec of ``output_signature`` that is not batched (TF process)."""
+    import tensorflow as tf
+
+    specs = (output_signature,) if isinstance(output_signature, tf.TensorSpec) else tuple(output_signature)
+    for i, spec in enumerate(specs):
+        if spec.shape.rank is None:
+            continue
+        example = "TensorSpec((None,), ...) for one value per row, TensorSpec((None, 784), ...) for 784 values per row"
+        if spec.shape.rank == 0:
+            raise ValueError(
+                f"as_dataset: output_signature column {i} is {spec}, a shape without the batch dimension: the "
+                f"dataset yields whole batches, so every spec starts with None ({example})")
+        first = spec.shape[0]
+        if first is not None and first != batch_size:
+            raise ValueError(
+                f"as_dataset: output_signature column {i} is {spec}: its first dimension is the batch ({batch_size} "
+                f"rows, or fewer at an epoch's end), not {first}; start it with None ({example})")
+
+
 def columns_of(output_signature: Any) -> tuple[list[tuple[Any, Optional[tuple]]], bool]:
     """``(columns, single)`` for a TensorSpec or tuple of them (TF process).
 
@@ -1078,8 +1098,12 @@ def feed_dataset(
 
     Raises:
         TypeError: When ``output_signature`` is not a TensorSpec or tuple of them.
+        ValueError: A spec without the leading batch dimension (a per-row shape such as
+            ``TensorSpec(())``), or whose first dimension is fixed to another size than
+            ``batch_size``.
     """
     columns, single = columns_of(output_signature)
+    _check_batch_dims(output_signature, batch_size)
     reader = FeedBatches(feed, batch_size, columns, single=single, per_epoch=per_epoch,
                          drop_remainder=drop_remainder, buffer_batches=buffer_batches,
                          steps_per_epoch=steps_per_epoch, shuffle_rows=shuffle_rows, shuffle_seed=shuffle_seed)
