@@ -357,9 +357,9 @@ def _refuse_retry(plan: FeedPlan, node: NodeInfo, part: int, epoch: int) -> None
     if attempt > 0:
         msg = (
             f"partition {part} (epoch {epoch}) -> {node.name}: Spark retried the feed task (attempt {attempt + 1}) "
-            "after an earlier attempt failed part-way; tfos does not feed a partition twice, because the rows "
-            "already consumed would be trained on again. Fix the cause of the first failure (see the executor "
-            "log), then run train() again"
+            "after an earlier attempt failed; tfos does not feed a partition twice, because rows the earlier "
+            "attempt may have fed would be trained on again. Fix the cause of the first failure (the other errors "
+            "listed, or the executor log), then run train() again"
         )
         _report(plan, node, msg)
         raise FeedError(msg)
@@ -384,7 +384,11 @@ def _claim(plan: FeedPlan, node: NodeInfo, index: int, where: str) -> None:
         finally:
             c.close()
     except (OSError, ControlProtocolError, DeadlineExceededError) as exc:
-        raise FeedError(f"{where}: could not record the partition with the tfos driver: {exc}") from None
+        # Reported (best effort: the driver may be just as unreachable for the report) so
+        # that the driver's error names this cause, not only the refused retry it leads to.
+        msg = f"{where}: could not record the partition with the tfos driver: {exc}"
+        _report(plan, node, msg)
+        raise FeedError(msg) from None
     if not resp.get("granted"):
         msg = (
             f"{where}: the driver's record shows partition index {index} of this feed was already handed to "
