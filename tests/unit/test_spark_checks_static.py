@@ -166,3 +166,36 @@ def test_gpus_not_cores_limit_the_slots_like_spark():
 def test_task_resource_without_executor_amount_refused():
     with pytest.raises(ConfigurationError, match="spark.executor.resource.gpu.amount"):
         plan_layout("yarn", {"spark.task.resource.gpu.amount": "1"})
+
+
+def test_a_multi_core_standalone_executor_is_refused_at_once_with_the_executor_cores_fix(monkeypatch):
+    """One standalone executor took both cores of its worker: refused as soon as it
+    registers, not after the 60 s wait for a second executor, and the message says to set
+    spark.executor.cores=1 (new-user trial, session 17: 71 s, then advice that led to a
+    second error)."""
+    import time
+
+    from tfos._driver import spark_checks
+
+    class Conf:
+        def getAll(self):
+            return [("spark.master", "spark://127.0.0.1:7077"), ("spark.cores.max", "2"), ("spark.task.cpus", "1"),
+                    ("spark.app.id", "app-unit")]
+
+    class Sc:
+        master = "spark://127.0.0.1:7077"
+
+        def getConf(self):
+            return Conf()
+
+    monkeypatch.setattr(spark_checks, "live_executors", lambda sc: 1)
+    monkeypatch.setattr(spark_checks, "_max_slots", lambda sc: 2)
+    monkeypatch.setattr(spark_checks, "_scheduler_executors", lambda sc: 1)
+    t0 = time.monotonic()
+    with pytest.raises(ConfigurationError) as info:
+        spark_checks.check_spark(Sc(), 2, InputMode.SPARK, wait_s=60.0)
+    assert time.monotonic() - t0 < 5
+    text = str(info.value)
+    assert text.startswith("the Spark application has 2 task slots on 1 executors"), text
+    assert ("The cluster needs 2 executors and Spark gave the application 1 with 2 task slots in all: to get one "
+            "executor per core, set spark.executor.cores=1 (spark-submit --executor-cores 1") in text, text

@@ -300,6 +300,11 @@ def check_spark(sc: Any, num_nodes: int, input_mode: InputMode, wait_s: float = 
     deadline = Deadline(wait_s, f"{num_nodes} Spark executors to register")
     have = live_executors(sc)
     while have < num_nodes and not deadline.expired():
+        # An executor with several task slots is an error whatever else registers later:
+        # say so now, not after wait_s (a standalone worker's cores all go to one
+        # executor unless spark.executor.cores is set).
+        if have:
+            _check_one_slot_per_executor(sc, num_nodes, have)
         # Executor registration happens in the JVM, with no event to wait on from Python:
         # polling Spark here is the one sleep on the driver (not a ClusterState wait).
         time.sleep(deadline.slice(0.5))
@@ -316,18 +321,34 @@ def check_spark(sc: Any, num_nodes: int, input_mode: InputMode, wait_s: float = 
             f"Spark driver within {wait_s:g} s ({sc.master}). Reduce num_executors/cluster_size to {have}, or "
             f"give the application {num_nodes} executors (spark.executor.instances={num_nodes}, enough worker cores)"
         )
+    _check_one_slot_per_executor(sc, num_nodes, have)
+    return layout
+
+
+def _check_one_slot_per_executor(sc: Any, num_nodes: int, have: int) -> None:
+    """Raises ConfigurationError when some executor has several task slots (driver).
+
+    ``have``: executors registered so far; when fewer than ``num_nodes``, the message also
+    says how to get one executor per core instead.
+    """
     # Slots first, then executors: an executor registering in between can only raise the
     # executor count, never make a healthy layout look like several slots per executor.
     slots = _max_slots(sc)
     execs = _scheduler_executors(sc)
     if slots is not None and execs is not None and slots > execs:
+        more = ""
+        if have < num_nodes:
+            more = (
+                f". The cluster needs {num_nodes} executors and Spark gave the application {execs} with {slots} "
+                f"task slots in all: to get one executor per core, set spark.executor.cores=1 (spark-submit "
+                "--executor-cores 1; on a standalone cluster an executor otherwise takes all of its worker's cores)"
+            )
         raise ConfigurationError(
             f"the Spark application has {slots} task slots on {execs} executors (counting cores and every "
             "task resource, as Spark does), so two tfos nodes could share an executor. tfos needs exactly one "
             "task slot per executor: set spark.task.cpus equal to spark.executor.cores, or "
-            "spark.task.resource.gpu.amount equal to spark.executor.resource.gpu.amount"
+            f"spark.task.resource.gpu.amount equal to spark.executor.resource.gpu.amount{more}"
         )
-    return layout
 
 
 def busy_slots_report(sc: Any, own_group_prefix: str) -> str:
