@@ -392,10 +392,12 @@ class FeedHub:
         (PROGRESS frame). Returns when the connection is closed (ACK, results end, error),
         the hub closes, or main_fun took no row for ``feed_timeout`` (the task has given up
         by then). Runs on the connection's own thread (TF process)."""
+        if not conn.end_received:
+            return  # the reader stopped early (abort, hub closing): nothing waits in the queue
         every = min(conn.feed_timeout_s / 4.0, PROGRESS_EVERY_S)
         rows_seen, last_progress = self.rows_taken, time.monotonic()
         next_check = last_progress + every
-        while not conn.closed and not self._closing:
+        while not conn.closed and not self._closing and not self.aborted:
             now = time.monotonic()
             if now - last_progress > conn.feed_timeout_s:
                 return
