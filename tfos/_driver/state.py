@@ -556,11 +556,12 @@ class ClusterState:
             return self.wait(lambda: all(self.is_done(e) for e in workers), deadline)
         except DeadlineExceededError as exc:
             with self._cond:
-                running = [self.node_name(e) for e in workers if not self.is_done(e)]
-            if not running:
+                stuck = [e for e in workers if not self.is_done(e)]
+                names = [self.node_name(e) for e in stuck]
+            if not stuck:
                 raise
-            msg = f"{exc}; main_fun had not returned on {', '.join(running)}"
-            for e in [e for e in workers if not self.is_done(e)][:2]:  # where they wait (<= 3 s each)
+            msg = f"{exc}; main_fun had not returned on {', '.join(names)}"
+            for e in stuck[:2]:  # where main_fun waits (up to 3 s each)
                 stack = str(self._on_node_stack({"executor_id": e, "wait_s": 3.0}, "driver").get("stack") or "")
                 if stack:
                     msg += f"\n{stack}"
