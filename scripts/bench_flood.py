@@ -42,7 +42,7 @@ import psutil
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from tfos import _wire  # noqa: E402
+from tfos._common import wire as _wire  # noqa: E402
 from tfos._control.client import ControlClient  # noqa: E402
 from tfos._control.server import ControlServer  # noqa: E402
 from tfos._data.framing import FrameType, recv_json, send_json  # noqa: E402
@@ -218,12 +218,12 @@ def main() -> None:
                     print(json.dumps(r), flush=True)
     print()
     print(f"load average {os.getloadavg()[0]:.1f}; min / median / max of {args.repeat} runs")
-    print("| plane | flood | RSS before MB | RSS in flood MB | threads before | threads in flood | legit client s |")
-    print("|---|---|---|---|---|---|---|")
+    print("| plane | flood | runs | RSS before MB | RSS in flood MB | threads before | threads in flood | legit client s |")
+    print("|---|---|---|---|---|---|---|---|")
     for plane in PLANES:
         for n in sizes:
             rs = [r for r in results if r["plane"] == plane and r["flood"] == n]
-            print(f"| {plane} | {n} | {_spread([r['rss_mb_before'] for r in rs])} | {_spread([r['rss_mb_flood'] for r in rs])} "
+            print(f"| {plane} | {n} | {len(rs)} | {_spread([r['rss_mb_before'] for r in rs])} | {_spread([r['rss_mb_flood'] for r in rs])} "
                   f"| {_spread([r['threads_before'] for r in rs])} | {_spread([r['threads_flood'] for r in rs])} "
                   f"| {_spread([t for r in rs for t in r['legit_s']])} |")
     if args.json:
