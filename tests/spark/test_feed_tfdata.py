@@ -212,6 +212,7 @@ def read_epochs_or_terminate(args, ctx):
     as_dataset(per_epoch=True) and writes what each epoch held."""
     if ctx.task_index == 1:
         ctx.get_data_feed().terminate()
+        open(f"{args['out']}/worker1-terminated", "w").close()  # the test feeds after this
         return
     read_epochs(dict(args, steps=0), ctx)
 
@@ -230,6 +231,12 @@ def test_epoch_order_does_not_wait_for_partitions_a_terminated_node_skipped(sc, 
     out = tmp_path / "out"
     out.mkdir()
     cluster = TFCluster.run(sc, read_epochs_or_terminate, {"out": str(out), "batch": 50}, 2, 0, input_mode=INPUT)
+    # Feed only once worker:1 has terminated: a feed task that reached it earlier would hand
+    # it a partition (run() returns when the nodes registered, before main_fun runs).
+    end = _time.monotonic() + 120
+    while not (out / "worker1-terminated").exists() and _time.monotonic() < end:
+        _time.sleep(0.1)
+    assert (out / "worker1-terminated").exists(), "worker:1 never called terminate()"
     t0 = _time.monotonic()
     cluster.train(rdd, num_epochs=epochs, end_of_feed=True, feed_timeout=60)
     state = cluster._state
