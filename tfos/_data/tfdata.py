@@ -1040,12 +1040,16 @@ def _list_view(arr: Any, n: int, width: int) -> Any:
     return None if flat is None else flat.reshape(n, width)
 
 
-def _check_batch_dims(output_signature: Any, batch_size: int) -> None:
-    """Raises ValueError for a spec of ``output_signature`` that is not batched (TF process)."""
+def _specs(output_signature: Any) -> tuple:
+    """The TensorSpecs of ``output_signature`` (one spec or a tuple of them), as a tuple."""
     import tensorflow as tf
 
-    specs = (output_signature,) if isinstance(output_signature, tf.TensorSpec) else tuple(output_signature)
-    for i, spec in enumerate(specs):
+    return (output_signature,) if isinstance(output_signature, tf.TensorSpec) else tuple(output_signature)
+
+
+def _check_batch_dims(output_signature: Any, batch_size: int) -> None:
+    """Raises ValueError for a spec of ``output_signature`` that is not batched (TF process)."""
+    for i, spec in enumerate(_specs(output_signature)):
         if spec.shape.rank is None:
             continue
         example = "TensorSpec((None,), ...) for one value per row, TensorSpec((None, 784), ...) for 784 values per row"
@@ -1069,7 +1073,7 @@ def columns_of(output_signature: Any) -> tuple[list[tuple[Any, Optional[tuple]]]
     import tensorflow as tf
 
     single = isinstance(output_signature, tf.TensorSpec)
-    specs = (output_signature,) if single else tuple(output_signature)
+    specs = _specs(output_signature)
     if not specs or not all(isinstance(s, tf.TensorSpec) for s in specs):
         raise TypeError("output_signature must be a tf.TensorSpec or a tuple of tf.TensorSpec")
     columns = []
