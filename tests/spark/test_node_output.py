@@ -35,6 +35,8 @@ DRIVER = textwrap.dedent('''
 
     def failing_main(args, ctx):
         if ctx.job_name == "worker":
+            print("stdout before the raise")
+            print("stderr before the raise", file=sys.stderr, end="")  # no newline yet
             raise RuntimeError("bad input 42")
 
     def dying_main(args, ctx):
@@ -55,6 +57,7 @@ DRIVER = textwrap.dedent('''
         TFCluster.run(sc, failing_main, None, 2, 0, master_node="chief", reservation_timeout=180).shutdown(timeout=120)
     except ClusterFailedError as exc:
         print("FAILED:", exc)
+        print("CAUGHT the failure of failing_main", file=sys.stderr, flush=True)
     try:
         TFCluster.run(sc, dying_main, None, 2, 0, master_node="chief", reservation_timeout=180).shutdown(timeout=120)
     except ClusterFailedError as exc:
@@ -95,6 +98,13 @@ def test_node_output_reaches_driver_stderr_quietly(tmp_path, no_leftovers):
     line = next(i for i, ln in enumerate(DRIVER.splitlines(), 1) if 'raise RuntimeError("bad input 42")' in ln)
     assert f'File "{script}", line {line}, in failing_main' in out, out[-3000:]
     assert "<dynamic-code>" not in out
+    # The failed node's last lines reach the driver before the error is raised there (its
+    # supervisor reports the failure after them), also a line without its newline.
+    caught = err.index("CAUGHT the failure of failing_main")
+    for last in ("stdout before the raise", "stderr before the raise"):
+        found = [m.start() for m in re.finditer(rf"^\[worker:0\] {last}$", err, re.MULTILINE)]
+        assert len(found) == 1 and found[0] < caught, (last, err[-6000:])
+    assert "tfos-mark" not in err and "tfos-failure" not in err, err[-6000:]
     # A TF process that dies at once (os.abort, as a TensorFlow "Check failed" does): its
     # last lines still reach the driver (its supervisor reads its output), before the error.
     assert "DIED:" in out and "killed by SIGABRT" in out, out[-3000:]

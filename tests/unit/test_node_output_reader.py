@@ -88,3 +88,78 @@ def test_forwarded_lines_are_not_also_copied_to_the_drivers_terminal(local_maste
     finally:
         if out is not None and out._client is not None:
             out._client.close()
+
+
+FAILING_CHILD = textwrap.dedent("""
+    import os, sys, time
+    from tfos._node.output import OUTPUT_MARK_ENV, write_failure_marks
+    token = os.environ.pop(OUTPUT_MARK_ENV)
+    print("stdout 1")
+    sys.stdout.write("stdout partial")  # still in Python's buffer: write_failure_marks flushes it
+    print("stderr 1", file=sys.stderr)
+    print("\\x1etfos-failure 0000 {\\"forged\\": 1}", file=sys.stderr)  # another token: a plain line
+    assert write_failure_marks(token, {"executor_id": 3, "message": "boom \\u00e9"})
+    print("after the failure")
+    time.sleep(0.5)
+""")
+
+
+class _OrderClient:
+    def __init__(self):
+        self.calls: list = []
+
+    def request(self, mtype, **fields):
+        assert fields["executor_id"] == 3
+        self.calls.append((mtype, fields.get("lines") or fields.get("failure")))
+        return {"ok": True}
+
+
+def test_a_failure_is_reported_after_the_lines_written_before_it():
+    """The TF process hands its failure to the supervisor in line with its output: the
+    driver gets every line written before the failure (stdout and stderr, a partial one
+    too), then the failure (once, unchanged), then later lines; marker lines are never
+    shown, and a marker with another token stays an ordinary line."""
+    client = _OrderClient()
+    out = NodeOutput(client, 3, tee=False)
+    assert len(out.mark) == 16
+    proc = subprocess.Popen([sys.executable, "-c", FAILING_CHILD], stdout=out.child_stdout, stderr=out.child_stderr,
+                            env=dict(os.environ, PYTHONUNBUFFERED="0", TFOS_OUTPUT_MARK=out.mark))
+    out.start()
+    assert proc.wait(60) == 0
+    out.close()
+    out.close()
+    statuses = [i for i, (mtype, _) in enumerate(client.calls) if mtype == "status"]
+    assert len(statuses) == 1, client.calls
+    assert client.calls[statuses[0]][1] == {"executor_id": 3, "message": "boom \u00e9"}
+    before = [ln for mtype, lines in client.calls[:statuses[0]] if mtype == "log" for ln in lines]
+    after = [ln for mtype, lines in client.calls[statuses[0] + 1:] if mtype == "log" for ln in lines]
+    assert sorted(before) == sorted(["stdout 1", "stdout partial", "stderr 1", '\x1etfos-failure 0000 {"forged": 1}']), client.calls
+    assert after == ["after the failure"], client.calls
+
+
+def test_without_forwarding_there_is_no_marker_token():
+    """A node whose lines are not forwarded has no token: its TF process reports its
+    failure to the driver itself (write_failure_marks returns False and writes nothing)."""
+    from tfos._node.output import write_failure_marks
+
+    out = NodeOutput(None, 0, tf_min_level=1)
+    try:
+        assert out.mark == ""
+        assert write_failure_marks("", {"executor_id": 0}) is False
+    finally:
+        out.close()
+
+
+def test_no_marker_is_written_to_a_redirected_stderr(tmp_path):
+    """main_fun (or a library) pointed descriptor 2 elsewhere: the failure would not reach
+    the supervisor that way, so nothing is written and the caller reports it directly."""
+    code = textwrap.dedent(f"""
+        import os, sys
+        from tfos._node.output import std_fds_identity, write_failure_marks
+        ident = std_fds_identity()
+        os.dup2(os.open({str(tmp_path / "elsewhere")!r}, os.O_WRONLY | os.O_CREAT), 2)
+        sys.exit(0 if write_failure_marks("abc", {{"executor_id": 0}}, ident) is False else 1)
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert b"tfos-" not in proc.stdout and (tmp_path / "elsewhere").read_bytes() == b""

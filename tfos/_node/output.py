@@ -12,14 +12,22 @@ Two ends:
   short node prefix (``[worker:0] ``), without any logging set-up by the user. A user who
   attaches a handler to the ``tfos.node`` logger gets the lines as INFO records there
   instead (and not on stderr).
+
+A forwarded node's failure report travels the same way as its output, so that the driver
+shows the node's last lines before it raises (:meth:`NodeOutput.failure_marks`): the TF
+process writes a marker line to its stdout, then its failure (JSON) on a marker line to
+its stderr, both tagged with a per-launch token; the supervisor sends every line read
+before them, then the failure.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import queue
 import re
+import secrets
 import sys
 import threading
 from typing import Any, Optional
@@ -27,9 +35,18 @@ from typing import Any, Optional
 from tfos._common.deadline import Deadline
 from tfos.errors import ControlProtocolError, DeadlineExceededError
 
-__all__ = ["NodeOutput", "emit", "is_tf_noise", "note_spark_bar", "spark_shows_progress", "tf_noise_level", "TF_LOG_LEVEL_DEFAULT"]
+__all__ = ["NodeOutput", "emit", "is_tf_noise", "note_spark_bar", "spark_shows_progress", "tf_noise_level",
+           "TF_LOG_LEVEL_DEFAULT", "OUTPUT_MARK_ENV", "std_fds_identity", "write_failure_marks"]
 
 node_log = logging.getLogger("tfos.node")
+log = logging.getLogger(__name__)
+
+#: Environment variable with the token of a forwarded TF process's marker lines (set by
+#: the supervisor, popped by the TF process at start; not a secret: it only keeps the
+#: markers apart from what main_fun prints).
+OUTPUT_MARK_ENV = "TFOS_OUTPUT_MARK"
+#: Start of a marker line: an ASCII record separator (not in normal output), then "tfos-".
+_MARK_START = "\x1etfos-"
 
 #: The ``TF_CPP_MIN_LOG_LEVEL`` tfos sets in node processes when the user set none:
 #: TensorFlow's C++ INFO lines are dropped, warnings and errors are kept.
@@ -130,6 +147,9 @@ class NodeOutput:
         log_fd: A copy of this process's stderr (the executor log) for the TF process's
             own tfos log lines (``TFOS_LOG_FD``): they stay in the executor log, since
             the driver has its own account of them.
+        mark: The token of the TF process's marker lines (``TFOS_OUTPUT_MARK``; see
+            :func:`write_failure_marks`), or "" when lines are not forwarded (the TF
+            process then reports its failure to the driver itself).
     """
 
     def __init__(self, client: Any, executor_id: int, tee: bool = True, tf_min_level: Optional[int] = None):
@@ -145,6 +165,12 @@ class NodeOutput:
         self._pipes = [os.pipe(), os.pipe()]  # (read, write) for descriptors 1 and 2
         self.log_fd = os.dup(2)
         self._sender: Optional[threading.Thread] = None
+        self.mark = secrets.token_hex(8) if client is not None else ""
+        self._wake = threading.Event()  # lines or a failure to send, or close()
+        self._stdout_marked = threading.Event()
+        self._failure: Optional[dict] = None
+        self._failure_lock = threading.Lock()  # one send of the failure
+        self._failure_sent = False
 
     @property
     def child_stdout(self) -> int:
@@ -185,6 +211,10 @@ class NodeOutput:
             kept = []
             for raw in lines:
                 text = raw.decode("utf-8", "replace").rstrip("\r")
+                if self.mark and _MARK_START in text:
+                    text, raw = self._take_mark(text, out)
+                    if not text:
+                        continue
                 if self._tf_min_level is not None and is_tf_noise(text, self._tf_min_level, self._nvidia, dropped):
                     dropped = True
                     continue
@@ -204,6 +234,28 @@ class NodeOutput:
                     pass
             self._offer(pending.decode("utf-8", "replace"))
         os.close(r)
+
+    def _take_mark(self, text: str, out: int) -> "tuple[str, bytes]":
+        """Handles a marker line (see :func:`write_failure_marks`); returns what main_fun
+        printed before it on the same line (it had no newline yet), else ``("", b"")``.
+        Text that only looks like a marker (another token, bad JSON) stays a line."""
+        at = text.index(_MARK_START)
+        kind, _, rest = text[at + len(_MARK_START):].partition(" ")
+        token, _, payload = rest.partition(" ")
+        if token != self.mark:
+            return text, text.encode("utf-8", "replace")
+        if kind == "mark" and out == 1:
+            self._stdout_marked.set()
+        elif kind == "failure" and out == 2:
+            try:
+                failure = json.loads(payload)
+            except ValueError:
+                return text, text.encode("utf-8", "replace")
+            if isinstance(failure, dict):
+                self._failure = failure
+                self._wake.set()
+        before = text[:at]
+        return before, before.encode("utf-8", "replace")
 
     def _offer(self, text: str) -> None:
         if self._client is None:
@@ -238,9 +290,31 @@ class NodeOutput:
                 pass
         return self._lines.empty()
 
+    def _send_failure(self, stdout_wait_s: float) -> None:
+        """Sends every line read so far (and, after waiting up to ``stdout_wait_s`` for the
+        stdout marker, the stdout lines written before the failure), then the failure."""
+        with self._failure_lock:
+            if self._failure is None or self._failure_sent:
+                return
+            self._failure_sent = True
+            self._stdout_marked.wait(stdout_wait_s)
+            deadline = Deadline(5.0, "the lines before a failure to reach the driver")
+            while not self._flush() and not deadline.expired():
+                pass
+            failure = self._failure
+            try:
+                self._client.request("status", executor_id=self._eid, state="failed", failure=failure, timeout_s=10.0)
+            except _REQ_ERRORS as exc:
+                log.error("could not report the failure of executor %s to the driver: %s", self._eid, exc)
+
     def _send_loop(self) -> None:
-        while not self._stop.wait(0.5):
-            self._flush()
+        while not self._stop.is_set():
+            self._wake.wait(0.5)
+            self._wake.clear()
+            if self._failure is not None:
+                self._send_failure(1.0)
+            else:
+                self._flush()
 
     def close(self, read_timeout_s: float = 2.0) -> None:
         """After the TF process (and its process group) ended: reads its output to the
@@ -249,6 +323,7 @@ class NodeOutput:
         for t in self._readers:
             t.join(read_timeout_s)
         self._stop.set()
+        self._wake.set()
         if self.log_fd >= 0:  # start() never ran (the TF process did not start)
             for fd in (self.log_fd, *(end for pipe in self._pipes for end in pipe)):
                 try:
@@ -260,9 +335,63 @@ class NodeOutput:
             return
         self._sender.join(2.0)
         self._sender = None
+        self._send_failure(0.0)  # the readers are done: every marker was read
         deadline = Deadline(5.0, "the last output lines to reach the driver")
         while not self._flush() and not deadline.expired():
             pass
+
+
+def std_fds_identity() -> tuple:
+    """(device, inode) of descriptors 1 and 2 (None for a closed one): a TF process takes
+    it at start, and :func:`write_failure_marks` writes only when it is unchanged."""
+    ident = []
+    for fd in (1, 2):
+        try:
+            st = os.fstat(fd)
+            ident.append((st.st_dev, st.st_ino))
+        except OSError:
+            ident.append(None)
+    return tuple(ident)
+
+
+def write_failure_marks(token: str, failure: dict, fds_identity: Optional[tuple] = None) -> bool:
+    """Hands a failure to the supervisor in line with the output (TF process).
+
+    Flushes Python's stdout/stderr, then writes a marker line with ``token`` to
+    descriptor 1 and the failure as JSON on a marker line to descriptor 2. The supervisor
+    (:class:`NodeOutput`) sends the driver every line written before the markers, then
+    reports the failure, so the driver shows the node's last lines before it raises.
+
+    Args:
+        token: The supervisor's ``TFOS_OUTPUT_MARK``; "" means the lines are not forwarded.
+        failure: ``NodeFailure.to_dict()``.
+        fds_identity: :func:`std_fds_identity` taken at start, or None: when descriptor 1
+            or 2 no longer is the supervisor's pipe (main_fun or a library redirected it),
+            nothing is written.
+
+    Returns:
+        False when there is no token, a descriptor was redirected, or a write failed (the
+        caller reports the failure to the driver itself).
+    """
+    if not token or (fds_identity is not None and std_fds_identity() != fds_identity):
+        return False
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    try:
+        _write_all(1, f"{_MARK_START}mark {token}\n".encode())
+        _write_all(2, f"{_MARK_START}failure {token} {json.dumps(failure)}\n".encode())
+    except OSError:
+        return False
+    return True
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def emit(node: str, lines: list) -> None:

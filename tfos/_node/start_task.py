@@ -28,6 +28,7 @@ import sys
 import threading
 from typing import IO, Any, Callable, Iterable, Iterator, Optional, TypeVar
 
+from tfos._node.output import OUTPUT_MARK_ENV
 from tfos._node.launch import ClusterConfig, NodeLaunch
 from tfos.cluster_template import InputMode
 from tfos.errors import TFOSError
@@ -221,7 +222,7 @@ def _child_env(launch: NodeLaunch) -> dict[str, str]:
 
 
 def start_node_process(module: str, launch: NodeLaunch, new_session: bool = False, stdout: Optional[int] = None,
-                       stderr: Optional[int] = None, log_fd: int = -1) -> subprocess.Popen:
+                       stderr: Optional[int] = None, log_fd: int = -1, output_mark: str = "") -> subprocess.Popen:
     """Starts ``python -m module`` in the executor's working directory with the node's
     environment, and hands it ``launch`` on its stdin (which stays open).
 
@@ -231,6 +232,8 @@ def start_node_process(module: str, launch: NodeLaunch, new_session: bool = Fals
         stdout, stderr: Descriptors for the child's output (None: this process's).
         log_fd: A descriptor the child writes its tfos log lines to (``TFOS_LOG_FD``);
             -1: its stderr.
+        output_mark: The token of the child's marker lines (``TFOS_OUTPUT_MARK``, see
+            :func:`tfos._node.output.write_failure_marks`); "" for none.
 
     Raises:
         OSError: When the process cannot be started.
@@ -238,6 +241,9 @@ def start_node_process(module: str, launch: NodeLaunch, new_session: bool = Fals
     env = _child_env(launch)
     if log_fd >= 0:
         env[LOG_FD_ENV] = str(log_fd)
+    env.pop(OUTPUT_MARK_ENV, None)
+    if output_mark:
+        env[OUTPUT_MARK_ENV] = output_mark
     proc = subprocess.Popen(
         [sys.executable, "-m", module],
         stdin=subprocess.PIPE,

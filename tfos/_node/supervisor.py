@@ -208,7 +208,7 @@ def supervise(launch: NodeLaunch) -> int:
             tf = start_node_process("tfos._node.tf_process", launch, new_session=True)
         else:
             tf = start_node_process("tfos._node.tf_process", launch, new_session=True, stdout=output.child_stdout,
-                                    stderr=output.child_stderr, log_fd=output.log_fd)
+                                    stderr=output.child_stderr, log_fd=output.log_fd, output_mark=output.mark)
             output.start()
     except BaseException:
         if output is not None:

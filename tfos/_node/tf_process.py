@@ -31,7 +31,7 @@ from tfos._common.deadline import Deadline
 from tfos._data import local_socket as _local
 from tfos._data.feed_hub import FeedHub
 from tfos._node.launch import NodeLaunch
-from tfos._node.output import TF_LOG_LEVEL_DEFAULT
+from tfos._node.output import OUTPUT_MARK_ENV, TF_LOG_LEVEL_DEFAULT, std_fds_identity, write_failure_marks
 from tfos._node.start_task import read_launch, setup_process_logging, watch_stdin_eof
 from tfos.cluster_template import InputMode, NodeInfo, build_cluster_spec, tf_config_json
 from tfos.errors import ControlProtocolError, DeadlineExceededError, NodeFailure, ReservationTimeoutError
@@ -333,10 +333,13 @@ def run_node(launch: NodeLaunch) -> int:
         if hub is not None:
             hub.close("failed", f"main_fun on {launch.node_name} failed: {failure.error_type}: {failure.message}")
         log.error("tfos node %s failed:\n%s", launch.node_name, failure.traceback)
-        try:
-            client.request("status", executor_id=eid, state="failed", failure=failure.to_dict(), timeout_s=10.0)
-        except _REQ_ERRORS as rexc:
-            log.error("could not report the failure to the driver: %s", rexc)
+        # A forwarded node's supervisor reports the failure after the lines main_fun
+        # printed before it, so the driver shows them before it raises.
+        if not write_failure_marks(_OUTPUT_MARK, failure.to_dict(), _OUTPUT_FDS):
+            try:
+                client.request("status", executor_id=eid, state="failed", failure=failure.to_dict(), timeout_s=10.0)
+            except _REQ_ERRORS as rexc:
+                log.error("could not report the failure to the driver: %s", rexc)
     finally:
         if tb_proc is not None and tb_proc.poll() is None:
             tb_proc.terminate()
@@ -543,8 +546,17 @@ def _supervisor_gone(launch: NodeLaunch, sock_dir: "Optional[_local.SocketDir]" 
         os._exit(SUPERVISOR_GONE_EXIT)
 
 
+#: The supervisor's token for this process's marker lines ("": report failures directly).
+_OUTPUT_MARK = ""
+#: What descriptors 1 and 2 were at start (the supervisor's pipes when _OUTPUT_MARK is set).
+_OUTPUT_FDS: Optional[tuple] = None
+
+
 def main() -> int:
     """Entry point of ``python -m tfos._node.tf_process``; returns the exit code."""
+    global _OUTPUT_MARK, _OUTPUT_FDS
+    _OUTPUT_MARK = os.environ.pop(OUTPUT_MARK_ENV, "")
+    _OUTPUT_FDS = std_fds_identity()
     setup_process_logging()
     launch = read_launch(sys.stdin.buffer)
 
