@@ -445,3 +445,38 @@ def test_inference_timeout_shows_where_main_fun_waits(sc, tmp_path, no_leftovers
                      r'  File "[^"]*test_feed_cases\.py", line \d+, in _wait_for_the_driver\n'
                      r"    ctx\.stop_event\.wait\(300\)  # where the stack must point\n", first.message), first.message
     assert str(info.value).count("main_fun's stack on worker:0") >= 1
+
+
+def _corrupt_at_12345(x):
+    if x == 12345:
+        raise ValueError(f"corrupt record {x}: cannot parse")
+    return x
+
+
+@pytest.mark.parametrize("mode", ["train", "inference"])
+def test_an_error_in_the_rdds_own_code_is_the_error_shown(sc, tmp_path, mode, no_leftovers):
+    """The fed RDD's own map raises on a corrupt record: Spark retries the feed task and
+    tfos refuses the retry (it would feed rows twice). The error shown names the user's
+    exception, its text and traceback, and the partition, not only the refusal (before,
+    only "Spark retried the feed task" was listed; the cause was in Spark's WARN log)."""
+    rdd = sc.parallelize(range(20000), 8).map(_corrupt_at_12345)
+    main = infer_times_three if mode == "inference" else count_until_end
+    args = {"out": str(tmp_path), "batch_size": 100}
+    cluster = TFCluster.run(sc, main, args, 2, 0, input_mode=INPUT)
+    t0 = time.monotonic()
+    with pytest.raises(ClusterFailedError) as info:
+        if mode == "train":
+            cluster.train(rdd, num_epochs=1, feed_timeout=60)
+        else:
+            cluster.inference(rdd, feed_timeout=60).collect()
+    assert time.monotonic() - t0 < QUICK_S
+    causes = [f for f in info.value.failures if f.kind == "spark"]
+    assert len(causes) == 1, info.value.failures
+    f = causes[0]
+    assert f.error_type == "ValueError" and f.message.startswith("corrupt record 12345: cannot parse (raised by the RDD's or "), f
+    # partition 4 of 8 holds 10000-12499; attempt 1 is Spark's first try
+    assert "Spark task of partition 4, attempt 1," in f.message and f.message.endswith("not by main_fun)"), f
+    assert 'raise ValueError(f"corrupt record {x}: cannot parse")' in f.traceback, f.traceback
+    assert f.traceback.endswith("ValueError: corrupt record 12345: cannot parse"), f.traceback
+    assert f"- [spark] {f.node_name}: ValueError: corrupt record 12345" in str(info.value)
+    cluster.shutdown()

@@ -226,9 +226,26 @@ def test_exit_while_stopping_is_not_a_failure():
     st = _state()
     _register_all(st)
     st.request_stop()
-    _req(st, "status", executor_id=0, state="exited", code=-15)
+    _req(st, "status", executor_id=0, state="exited", code=-15, unprompted=False)
     assert st.failures == []
     assert st.exit_codes[0] == -15
+
+
+def test_a_death_of_its_own_while_stopping_is_a_failure():
+    """A peer's error (the consequence) aborted the cluster before the supervisor of a
+    SIGKILLed node reported its exit: that exit, which its supervisor did not cause, is
+    recorded, so the error names the node that died (under MWMS the peer's gRPC error
+    often reaches the driver first)."""
+    st = _state()
+    _register_all(st)
+    _req(st, "status", executor_id=0, state="running")
+    _req(st, "status", executor_id=1, state="running")
+    peer = st.make_failure(1, "exception", "UnavailableError", "recvmsg: Connection reset by peer")
+    _req(st, "status", executor_id=1, state="failed", failure=peer.to_dict())
+    st.abort("the cluster failed")
+    _req(st, "status", executor_id=0, state="exited", code=-9, unprompted=True, rss=5 << 30)
+    assert [(f.executor_id, f.kind, f.error_type) for f in st.failures] == [(1, "exception", "UnavailableError"), (0, "exited", "ProcessDied")]
+    assert "killed by SIGKILL" in str(st.error("shutdown()"))
 
 
 def test_exception_then_exit_is_one_failure_and_callback_fires_once():
@@ -899,3 +916,19 @@ def test_a_resent_failure_report_is_recorded_once():
         assert _req(st, "feed_error", failure=f.to_dict()) == {"ok": True}
     assert st.failures == [f]
     assert str(st.error("train()")).count("accepted no data for 3 s") == 1
+
+
+def test_python_error_of_a_spark_task_error_text():
+    """The Python exception inside Spark's task error text: type, message, traceback
+    (without Spark's Java frames and SQLSTATE line); None when there is none."""
+    from tfos._driver.runtime import python_error_of
+
+    text = ("org.apache.spark.api.python.PythonException: [PYTHON_EXCEPTION] An exception was thrown from the "
+            "Python worker: Traceback (most recent call last):\n  File \"/x/worker.py\", line 1, in main\n"
+            "    raise ValueError(\"corrupt: a: b\")\nValueError: corrupt: a: b\n SQLSTATE: 38000\n"
+            "\tat org.apache.spark.api.python.BasePythonRunner.foo(PythonRunner.scala:1)\n")
+    etype, message, tb = python_error_of(text)
+    assert (etype, message) == ("ValueError", "corrupt: a: b")
+    assert tb.startswith("Traceback (most recent call last):") and tb.endswith("ValueError: corrupt: a: b")
+    assert python_error_of(text.replace("ValueError", "pyspark.errors.PySparkRuntimeError"))[0] == "PySparkRuntimeError"
+    assert python_error_of("ExecutorLostFailure (executor 1 exited)") is None

@@ -359,7 +359,7 @@ def _refuse_retry(plan: FeedPlan, node: NodeInfo, part: int, epoch: int) -> None
             f"partition {part} (epoch {epoch}) -> {node.name}: Spark retried the feed task (attempt {attempt + 1}) "
             "after an earlier attempt failed; tfos does not feed a partition twice, because rows the earlier "
             "attempt may have fed would be trained on again. Fix the cause of the first failure (the other errors "
-            "listed, or the executor log), then run train() again"
+            "listed, or the executor log), then run it again"
         )
         _report(plan, node, msg)
         raise FeedError(msg)

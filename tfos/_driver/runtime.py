@@ -16,6 +16,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -103,6 +104,67 @@ def spark_error_text(exc: BaseException) -> str:
                 if marker in line:
                     return line.strip()[:500]
     return lines[0][:500] if text else type(exc).__name__
+
+
+#: Python errors of tfos's own refusals and of the teardown: consequences, never the
+#: cause a failed task reports (see :func:`failed_task_errors`).
+_TFOS_TASK_ERRORS = ("FeedError", "FeedTimeoutError", "TFOSError", "DataAuthError", "TaskKilled", "FeedAbortedError")
+
+
+def python_error_of(text: str) -> Optional[tuple[str, str, str]]:
+    """(error type, message, traceback) of the Python exception in a Spark task's error
+    text (``PythonException: ... Traceback ...``), or None when it holds none (pure)."""
+    at = text.find("Traceback (most recent call last):")
+    if at < 0:
+        return None
+    lines = text[at:].split("\n\tat ", 1)[0].rstrip().splitlines()
+    # The exception line: the last unindented "Type: message" line (Spark appends its own
+    # lines, e.g. " SQLSTATE: 38000", indented).
+    last = next((i for i in range(len(lines) - 1, 0, -1) if re.match(r"[A-Za-z_][\w.]*: ", lines[i])), None)
+    if last is None:
+        return None
+    etype, _, message = lines[last].partition(": ")
+    return etype.rsplit(".", 1)[-1], message.strip(), "\n".join(lines[:last + 1])
+
+
+def failed_task_errors(sc: Any, groups: Sequence[str], limit: int = 5) -> list[tuple[int, int, str, tuple[str, str, str]]]:
+    """The Python errors of failed tasks of the Spark jobs of ``groups``, first attempts
+    first (driver; reads Spark's status store through py4j, best effort: [] when it
+    cannot).
+
+    A feed task that fails in the RDD's or DataFrame's own code (a ``map`` raising on a
+    corrupt record) is retried by Spark, and tfos refuses the retry (it would feed rows
+    twice): the refusal is what reaches tfos, the cause only Spark's task list.
+
+    Returns:
+        Up to ``limit`` tuples (partition index, task attempt, Spark executor id,
+        (error type, message, traceback)), without tfos's own errors.
+    """
+    out: list = []
+    try:
+        tracker = sc.statusTracker()
+        store = sc._jsc.sc().statusStore()
+        for group in groups:
+            for job_id in tracker.getJobIdsForGroup(group):
+                info = tracker.getJobInfo(job_id)
+                for stage_id in (info.stageIds if info is not None else ()):
+                    stage = tracker.getStageInfo(stage_id)
+                    for attempt_id in range((stage.currentAttemptId if stage is not None else 0) + 1):
+                        tasks = store.taskList(stage_id, attempt_id, 10000)
+                        for i in range(tasks.size()):
+                            t = tasks.apply(i)
+                            if t.status() != "FAILED" or not t.errorMessage().isDefined():
+                                continue
+                            err = python_error_of(str(t.errorMessage().get()))
+                            if err is not None and err[0] not in _TFOS_TASK_ERRORS:
+                                out.append((int(t.index()), int(t.attempt()), str(t.executorId()), err))
+    except Exception as exc:  # noqa: BLE001 - a diagnosis only (Spark Connect, a stopped context)
+        log.debug("could not read the failed tasks of %s: %s", list(groups), exc)
+    out.sort(key=lambda x: (x[1], x[0]))
+    first: dict = {}
+    for item in out:  # the first failed attempt of each partition
+        first.setdefault(item[0], item)
+    return list(first.values())[:limit]
 
 
 class ClusterRuntime:
@@ -224,10 +286,31 @@ class ClusterRuntime:
         self.cancel_jobs()
         if not st.wait_for_root_causes(ATTRIBUTION_S, st.heartbeat_timeout_s + 2.0, SETTLE_S):
             log.info("tfos cluster %s: not every failed node reported its cause within %g s", self.cluster_id, ATTRIBUTION_S)
+        if not st.has_root_cause():
+            self._record_task_errors()
         st.abort("the cluster failed")
         err = st.error(context)
         self.teardown_async()
         return err
+
+    def _record_task_errors(self) -> None:
+        """Only consequences were reported (e.g. a refused retry of a feed task): records
+        the Python errors Spark's failed tasks of this cluster's jobs died with, which say
+        why (the RDD's own code raised), each charged to the node its partition went to."""
+        errors: list = []
+        deadline = time.monotonic() + 1.0  # the status store lags the task events a little
+        while not errors and time.monotonic() < deadline:
+            errors = failed_task_errors(self.sc, [job.group for job in self.jobs if job.group.split("-")[-2] in ("train", "inference")])
+            if not errors:
+                time.sleep(0.1)
+        st = self.state
+        for index, attempt, spark_eid, (etype, message, tb) in errors:
+            target = next((f.executor_id for f in st.failures if f.message.startswith(f"partition {index} ")), st.roles[0].executor_id)
+            st.record_failure(st.make_failure(
+                target, "spark", etype,
+                f"{message} (raised by the RDD's or DataFrame's own code in the Spark task of partition {index}, "
+                f"attempt {attempt + 1}, on Spark executor {spark_eid}; not by main_fun)", tb,
+            ))
 
     def check_open(self, what: str) -> None:
         """Raises when the cluster was shut down or has failed.

@@ -743,7 +743,11 @@ class ClusterState:
                 proc = self.proc_state[eid]
                 stopping = self.stop_requested
                 self._cond.notify_all()
-            if code != 0 and proc not in ("finished", "stopped", "failed") and not stopping:
+            # While the cluster stops, the supervisors end the TF processes themselves; an
+            # exit they did not cause ('unprompted') is a death of its own, e.g. a node
+            # SIGKILLed just before a peer's error (a consequence of that death) aborted
+            # the cluster: it is recorded, so the error names the node that died.
+            if code != 0 and proc not in ("finished", "stopped", "failed") and (not stopping or body.get("unprompted") is True):
                 self.record_failure(
                     self.make_failure(eid, "exited", "ProcessDied", f"the TF process died ({describe_exit(code)}) before main_fun returned{kill_hint(code, rss)}")
                 )

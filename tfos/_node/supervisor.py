@@ -277,7 +277,9 @@ def supervise(launch: NodeLaunch) -> int:
     if not driver_gone:
         try:
             client.request(
-                "status", executor_id=eid, state="exited", code=int(code), rss=rss,
+                # unprompted: the TF process ended without this supervisor ending it, so a
+                # non-zero code is a death of its own even if the cluster is stopping.
+                "status", executor_id=eid, state="exited", code=int(code), rss=rss, unprompted=not terminated,
                 timeout_s=_REQUEST_TIMEOUT_S, retry=False, connect_timeout_s=2.0,
             )
         except (OSError, ControlProtocolError, DeadlineExceededError) as exc:
