@@ -17,6 +17,7 @@ import dataclasses
 import functools
 import logging
 import os
+import threading
 import time
 import uuid
 from typing import Any, Callable, Optional, Sequence
@@ -85,6 +86,24 @@ class _TrainCall:
     resume: Optional[FeedResume]
 
 
+
+def _feeding_call(method: Callable) -> Callable:
+    """Counts a running train()/inference() call, so that a shutdown() from another thread
+    waits for it to end instead of ending its feed part-way (driver)."""
+
+    @functools.wraps(method)
+    def wrapper(self: "TFCluster", *args: Any, **kwargs: Any) -> Any:
+        with self._feeds_cond:
+            self._feeds_running += 1
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            with self._feeds_cond:
+                self._feeds_running -= 1
+                self._feeds_cond.notify_all()
+
+    return wrapper
+
 class TFCluster:
     """A running tfos cluster (driver side). Created by :func:`run`, not directly.
 
@@ -125,6 +144,9 @@ class TFCluster:
         self._recovery = recovery
         #: The last train() call, kept with max_restarts for a restart noticed by shutdown().
         self._last_train: Optional[_TrainCall] = None
+        #: train()/inference() calls running (in any thread): shutdown() waits for them.
+        self._feeds_running = 0
+        self._feeds_cond = threading.Condition()
         self.cluster_id = config.cluster_id
         self.input_mode = config.node.input_mode
         self.num_executors = config.node.num_nodes
@@ -267,6 +289,7 @@ class TFCluster:
         return Progress(self.sc.statusTracker(), self._state, self._runtime.job_group(kind), total, parts, epochs, desc)
     # ---------------------------------------------------------------- feeding
     @_records_failure
+    @_feeding_call
     def train(self, dataRDD: Any, num_epochs: int = 1, feed_timeout: float = 600, qname: str = "input", end_of_feed: bool = False,
               **stream_options: Any) -> Any:
         """Feeds an RDD or DataFrame to the nodes' ``DataFeed`` for ``num_epochs`` epochs (driver).
@@ -421,6 +444,7 @@ class TFCluster:
                 len(skipped), total,
             )
 
+    @_feeding_call
     def inference(self, dataRDD: Any, feed_timeout: float = 600, qname: str = "input") -> Any:
         """Runs inference over an RDD (or DataFrame) and returns the results (driver).
 
@@ -517,6 +541,21 @@ class TFCluster:
 
     # --------------------------------------------------------------- shutdown
     @_records_failure
+    def _await_running_feeds(self, deadline: Deadline) -> None:
+        """shutdown() called while train()/inference() runs in another thread: waits until
+        that call ends (or a node failed), so the feed is never ended part-way (the nodes
+        would see a clean end of feed with partitions unfed: silent data loss)."""
+        with self._feeds_cond:
+            if not self._feeds_running:
+                return
+            log.warning("tfos cluster %s: shutdown() waits for the train()/inference() call running in another thread "
+                        "(%d) to end (at most %.0f s)", self.cluster_id, self._feeds_running, deadline.remaining())
+            while self._feeds_running and not self._state.failed and not self._runtime.closed:
+                if deadline.expired():
+                    raise deadline.error(extra="a train()/inference() call in another thread was still feeding; "
+                                               "the feed was not ended and the cluster is still up")
+                self._feeds_cond.wait(deadline.slice(0.5))
+
     def shutdown(self, ssc: Any = None, grace_secs: float = 0, timeout: float = 259200) -> None:
         """Ends the feed, waits for the workers' ``main_fun`` to return, stops every node (driver).
 
@@ -548,7 +587,9 @@ class TFCluster:
                 causes when restarts were allowed. A failure that ``train()`` or
                 ``inference()`` already raised tore the cluster down then; ``shutdown()``
                 returns without raising it again.
-            DeadlineExceededError: The workers did not finish within ``timeout``.
+            DeadlineExceededError: The workers did not finish within ``timeout``; or a
+                train()/inference() call running in another thread did not end within
+                it (shutdown() waits for such a call before it ends the feed).
         """
         # --- streaming (issue 16): stop the streams feeding this cluster before the feed ends
         try:
@@ -561,6 +602,7 @@ class TFCluster:
         # A deadline of its own: when the wait for the stream above used up ``timeout``, the
         # nodes still get ``timeout`` to see the end of the feed and return.
         deadline = Deadline(timeout, "main_fun to return on every chief/master/worker node", "a main_fun that never ends (e.g. waiting for data after terminate())")
+        self._await_running_feeds(deadline)
         while True:
             rt, st = self._runtime, self._state
             if rt.closed:
