@@ -46,7 +46,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .errors import TFOSError
+from .errors import ConfigurationError, TFOSError
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import tensorflow as tf
@@ -476,13 +476,24 @@ def run_server_and_wait(
 
     Raises:
         ValueError: If the context is inconsistent or ``poll_interval_s`` <= 0.
+        ConfigurationError: On a node fed by InputMode.SPARK (``ctx.mgr`` set): a node
+            that only serves would never read its feed.
         PortUnavailableError: If the port stays in use by another process.
         TFServerError: If TF fails to create the server for another reason.
     """
-    import tensorflow as tf
-
     if poll_interval_s <= 0:
         raise ValueError(f"tfos: poll_interval_s must be > 0, got {poll_interval_s}.")
+    if getattr(ctx, "mgr", None) is not None:
+        # A fed node (InputMode.SPARK, a chief/worker with a data queue) that only serves
+        # never reads its feed: train() would wait feed_timeout for it. Fail at once.
+        raise ConfigurationError(
+            f"run_server_and_wait() on {getattr(ctx, 'job_name', '?')}:{getattr(ctx, 'task_index', '?')}: this node is "
+            "fed by InputMode.SPARK, but a node that only serves never reads its feed. ParameterServerStrategy "
+            "does not fit InputMode.SPARK (its workers run no main_fun loop): run the cluster with "
+            "InputMode.TENSORFLOW and read the data with tf.data (docs/parameter_servers.md)"
+        )
+    import tensorflow as tf
+
     cluster = tf.train.ClusterSpec(node_cluster(ctx))
     _create_server(ctx, cluster, "grpc", None, max_attempts, retry_backoff_s)
     on_serving = getattr(ctx, "on_serving", None)

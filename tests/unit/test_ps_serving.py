@@ -138,3 +138,18 @@ def test_run_server_and_wait_reports_serving_once_the_server_listens():
     assert run_server_and_wait(ctx, timeout_s=30, poll_interval_s=0.05) is True
     assert time.monotonic() - start < 20
     assert seen == [True]
+
+
+def test_a_fed_node_that_would_only_serve_fails_at_once():
+    """InputMode.SPARK with ParameterServerStrategy: a fed worker (ctx.mgr set) calling
+    run_server_and_wait() would never read its feed, and train() waited feed_timeout
+    (600 s by default) for it. It raises at once, naming the node and what to do."""
+    from tfos.errors import ConfigurationError
+    from tfos.tf_server import run_server_and_wait
+
+    ctx = _Ctx("worker", 1, {"worker": ["localhost:1", "localhost:2"]})
+    ctx.mgr = object()  # the node's FeedHub
+    with pytest.raises(ConfigurationError) as info:
+        run_server_and_wait(ctx, timeout_s=30)
+    assert str(info.value).startswith("run_server_and_wait() on worker:1: this node is fed by InputMode.SPARK")
+    assert "InputMode.TENSORFLOW" in str(info.value) and "docs/parameter_servers.md" in str(info.value)
