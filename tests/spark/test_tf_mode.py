@@ -556,3 +556,22 @@ def test_driver_ps_nodes(sc, tmp_path, no_leftovers):
     assert info["worker:0"]["executor_key"] != info["worker:1"]["executor_key"]
     # the driver-hosted ps supervisor exited cleanly (it used to abort at interpreter exit)
     assert [p.returncode for p in cluster._runtime.local_nodes] == [0]
+
+
+def test_tensorboard_relative_log_dir_is_ctx_absolute_path(sc, tmp_path, monkeypatch, no_leftovers):
+    """A relative log_dir resolves as ctx.absolute_path does (the driver's working
+    directory), so TensorBoard reads where main_fun writes ctx.absolute_path(log_dir); it
+    used to resolve against the executor's directory and showed nothing."""
+    import json as _json
+
+    monkeypatch.chdir(tmp_path)
+    cluster = TFCluster.run(sc, tensorboard_main, {"out": str(tmp_path), "log_dir": str(tmp_path / "tb_rel")}, 2, 0, True,
+                            TFCluster.InputMode.TENSORFLOW, log_dir="tb_rel", master_node="chief", reservation_timeout=120)
+    try:
+        url = cluster.tensorboard_url(timeout_s=150.0)
+        assert url is not None, "TensorBoard did not start"
+        with urllib.request.urlopen(url.rstrip("/") + "/data/environment", timeout=30) as resp:
+            env = _json.loads(resp.read().decode("utf-8"))
+        assert env["data_location"] == str(tmp_path / "tb_rel"), env
+    finally:
+        cluster.shutdown(timeout=SHUTDOWN_TIMEOUT_S)

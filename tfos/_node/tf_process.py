@@ -79,8 +79,13 @@ def _start_tensorboard(launch: NodeLaunch, ctx: TFNodeContext, client: ControlCl
     or its stderr when it exits (or never listens) first (TF process)."""
     cfg = launch.config
     # Default: 'tensorboard_<id>' in the executor's own directory (TFoS), where a main_fun that
-    # writes to that relative path puts its summaries (ctx.working_dir is the driver's).
-    logdir = cfg.log_dir or absolute_path(f"tensorboard_{launch.role.executor_id}", cfg.default_fs, launch.working_dir)
+    # writes to that relative path puts its summaries (ctx.working_dir is the driver's). A
+    # log_dir given to run() resolves as ctx.absolute_path does (a relative one under the
+    # driver's working directory), so main_fun can write to ctx.absolute_path(log_dir).
+    if cfg.log_dir:
+        logdir = ctx.absolute_path(cfg.log_dir)
+    else:
+        logdir = absolute_path(f"tensorboard_{launch.role.executor_id}", cfg.default_fs, launch.working_dir)
     if logdir.startswith("file://"):
         logdir = logdir[len("file://"):]
     with socket.socket() as s:
