@@ -575,10 +575,25 @@ def _result_items(results: Any) -> list:
 
     Returns:
         ``list(results)``; a ``tf.Tensor`` is first converted with ``.numpy()``.
+
+    Raises:
+        InferenceResultError: For None, a string/bytes, or anything not iterable.
     """
     if type(results).__module__.startswith("tensorflow") and callable(getattr(results, "numpy", None)):
         results = results.numpy()
-    return list(results)
+    if isinstance(results, (str, bytes, bytearray)) or results is None:
+        # list("abc") would answer one row per character: never what main_fun meant.
+        raise InferenceResultError(
+            f"batch_results() needs one result per input row (a list, tuple, numpy array or tf.Tensor), got "
+            f"{type(results).__name__}{'' if results is None else ' (a string would give one result per character)'}"
+        )
+    try:
+        return list(results)
+    except TypeError:
+        raise InferenceResultError(
+            f"batch_results() needs one result per input row (a list, tuple, numpy array or tf.Tensor), got "
+            f"{type(results).__name__}, which is not iterable"
+        ) from None
 
 
 class _QueueFeed:

@@ -199,3 +199,25 @@ def test_a_multi_core_standalone_executor_is_refused_at_once_with_the_executor_c
     assert text.startswith("the Spark application has 2 task slots on 1 executors"), text
     assert ("The cluster needs 2 executors and Spark gave the application 1 with 2 task slots in all: to get one "
             "executor per core, set spark.executor.cores=1 (spark-submit --executor-cores 1") in text, text
+
+
+def test_too_few_executors_offers_driver_ps_nodes_when_there_are_ps_nodes():
+    """3 nodes (1 ps) on 2 executors: the error also offers running the ps on the driver."""
+    from tfos._driver import spark_checks
+
+    class Conf:
+        def getAll(self):
+            return [("spark.master", "local-cluster[2,1,1024]")]
+
+    class Sc:
+        master = "local-cluster[2,1,1024]"
+
+        def getConf(self):
+            return Conf()
+
+    with pytest.raises(ConfigurationError) as info:
+        spark_checks.check_spark(Sc(), 3, InputMode.TENSORFLOW, wait_s=1.0, ps_on_executors=1)
+    assert str(info.value).endswith("; or run the 1 ps node(s) on the driver (driver_ps_nodes=True), which needs 2 executor(s)"), info.value
+    with pytest.raises(ConfigurationError) as info:
+        spark_checks.check_spark(Sc(), 3, InputMode.TENSORFLOW, wait_s=1.0)
+    assert "driver_ps_nodes" not in str(info.value)

@@ -395,3 +395,17 @@ def test_reservation_non_json_register_leaves_the_connection_in_step(caplog):
         c.close()
     finally:
         s.stop()
+
+
+@pytest.mark.parametrize("bad, text", [(None, "got NoneType"), ("xxxx", "got str (a string would give one result per character)"),
+                                       (b"xx", "got bytes (a string"), (3, "got int, which is not iterable")])
+def test_result_items_refuse_what_is_not_one_result_per_row(bad, text):
+    """batch_results(None) raised a bare TypeError and batch_results("xxxx") answered one
+    row per character; both are InferenceResultError now, saying what was passed."""
+    from tfos.datafeed import _result_items
+    from tfos.errors import InferenceResultError
+
+    with pytest.raises(InferenceResultError) as info:
+        _result_items(bad)
+    assert str(info.value).startswith("batch_results() needs one result per input row (a list, tuple, numpy array or tf.Tensor), ")
+    assert text in str(info.value)

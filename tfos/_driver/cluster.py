@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import math
 import os
 import threading
 import time
@@ -327,6 +328,7 @@ class TFCluster:
         """
         if self.input_mode != InputMode.SPARK:
             raise ConfigurationError("train() feeds data only in InputMode.SPARK; this cluster runs InputMode.TENSORFLOW, where TensorFlow reads its own data")
+        _check_seconds("train(): feed_timeout", feed_timeout)
         # --- streaming (issue 16): DStreams and streaming DataFrames, tfos/_driver/streaming.py
         if _streaming.is_dstream(dataRDD) or _streaming.is_streaming_df(dataRDD):
             if end_of_feed:
@@ -474,6 +476,7 @@ class TFCluster:
         """
         if self.input_mode != InputMode.SPARK:
             raise ConfigurationError("inference() needs InputMode.SPARK")
+        _check_seconds("inference(): feed_timeout", feed_timeout)
         # --- streaming (issue 16)
         if _streaming.is_dstream(dataRDD):
             return _streaming.inference_dstream(self, dataRDD, feed_timeout, qname)
@@ -591,6 +594,8 @@ class TFCluster:
                 train()/inference() call running in another thread did not end within
                 it (shutdown() waits for such a call before it ends the feed).
         """
+        _check_seconds("shutdown(): timeout", timeout, allow_zero=True)
+        _check_seconds("shutdown(): grace_secs", grace_secs, allow_zero=True)
         # --- streaming (issue 16): stop the streams feeding this cluster before the feed ends
         try:
             _streaming.stop_streams(self, ssc, Deadline(timeout, "the stream to end or a stop request"))
@@ -665,6 +670,14 @@ class TFCluster:
                 log.warning("teardown after an error failed: %s", texc)
         else:
             rt.join_teardown()
+
+
+def _check_seconds(name: str, value: Any, allow_zero: bool = False) -> None:
+    """Raises ConfigurationError unless ``value`` is a finite number of seconds > 0 (or
+    >= 0 with ``allow_zero``); checked before the call does anything (driver)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and (value > 0 or (allow_zero and value == 0))
+    if not ok:
+        raise ConfigurationError(f"{name} must be a finite number of seconds {'>= 0' if allow_zero else '> 0'}, got {value!r}")
 
 
 def _as_dataframe(data: Any) -> Any:
@@ -804,6 +817,9 @@ def run(
     """
     from tfos._connect.client import is_connect_session, run_connect
 
+    _check_seconds("reservation_timeout", reservation_timeout)
+    _check_seconds("heartbeat_timeout", heartbeat_timeout)
+    _check_seconds("executor_wait_s", executor_wait_s, allow_zero=True)
     if is_connect_session(sc):  # Spark Connect client: see tfos/_connect/client.py and docs/connect.md
         if max_restarts:
             raise ConfigurationError("max_restarts is not available under Spark Connect (docs/connect.md); use a classic SparkContext")
@@ -816,7 +832,8 @@ def run(
     template = build_template(num_executors, num_ps, master_node, eval_node)
     roles = roles_from_template(template)
     spark_ids = tuple(r.executor_id for r in roles if not (driver_ps_nodes and r.job_name == "ps"))
-    check_spark(sc, len(spark_ids), input_mode, wait_s=min(executor_wait_s, reservation_timeout))
+    check_spark(sc, len(spark_ids), input_mode, wait_s=min(executor_wait_s, reservation_timeout),
+                ps_on_executors=sum(1 for r in roles if r.job_name == "ps" and r.executor_id in spark_ids))
 
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
         raise ConfigurationError(f"max_restarts must be an integer >= 0, got {max_restarts!r}")

@@ -275,7 +275,14 @@ def warn_key_transport(master: str, conf: Mapping[str, str]) -> bool:
     return True
 
 
-def check_spark(sc: Any, num_nodes: int, input_mode: InputMode, wait_s: float = 60.0) -> SparkLayout:
+def _ps_hint(num_ps: int, num_nodes: int, text: str) -> str:
+    """The driver_ps_nodes alternative for a too-few-executors error (pure)."""
+    if not num_ps or "Reduce num_executors" not in text:
+        return ""
+    return f"; or run the {num_ps} ps node(s) on the driver (driver_ps_nodes=True), which needs {num_nodes - num_ps} executor(s)"
+
+
+def check_spark(sc: Any, num_nodes: int, input_mode: InputMode, wait_s: float = 60.0, ps_on_executors: int = 0) -> SparkLayout:
     """Checks the live SparkContext and waits for enough executors (driver side).
 
     Args:
@@ -283,6 +290,8 @@ def check_spark(sc: Any, num_nodes: int, input_mode: InputMode, wait_s: float = 
         num_nodes: Nodes that need a Spark task slot.
         input_mode: The cluster's input mode.
         wait_s: Longest wait for executors to register (they start asynchronously).
+        ps_on_executors: ps nodes among ``num_nodes`` (``driver_ps_nodes=False``): the
+            too-few-executors error then also offers ``driver_ps_nodes=True``.
 
     Returns:
         The layout used.
@@ -293,7 +302,10 @@ def check_spark(sc: Any, num_nodes: int, input_mode: InputMode, wait_s: float = 
     """
     conf = dict(sc.getConf().getAll())
     layout = plan_layout(sc.master, conf)
-    check_static(layout, conf, num_nodes, input_mode)
+    try:
+        check_static(layout, conf, num_nodes, input_mode)
+    except ConfigurationError as exc:
+        raise ConfigurationError(str(exc) + _ps_hint(ps_on_executors, num_nodes, str(exc))) from None
     warn_key_transport(sc.master, conf)
     if layout.local:
         return layout
@@ -320,6 +332,7 @@ def check_spark(sc: Any, num_nodes: int, input_mode: InputMode, wait_s: float = 
             f"the cluster needs {num_nodes} executors (one per node) but only {have} registered with the "
             f"Spark driver within {wait_s:g} s ({sc.master}). Reduce num_executors/cluster_size to {have}, or "
             f"give the application {num_nodes} executors (spark.executor.instances={num_nodes}, enough worker cores)"
+            + _ps_hint(ps_on_executors, num_nodes, "Reduce num_executors")
         )
     _check_one_slot_per_executor(sc, num_nodes, have)
     return layout
