@@ -157,3 +157,19 @@ def test_watch_describes_a_live_process_with_its_spark_executor_id():
         plain.kill()
         plain.wait(10)
         plain.stdout.close()
+
+
+def test_a_closed_control_port_ends_the_node_before_heartbeat_timeout(tmp_path):
+    """Nothing listens on the control port any more (the driver tore the cluster down, e.g.
+    a Ctrl-C in run() before this node registered): refused connections end the node
+    within seconds, not heartbeat_timeout (60 s here) later; before, a Ctrl-C in run()
+    left node processes for the whole heartbeat_timeout."""
+    from tfos._node.supervisor import REFUSED_GIVE_UP_S
+
+    state, server, sup, child_pid = _start_sleeper_node(tmp_path, "tfos-unit-refused", 60.0)
+    server.close()
+    t0 = time.monotonic()
+    code = sup.wait(40.0)
+    took = time.monotonic() - t0
+    assert code != 0
+    assert REFUSED_GIVE_UP_S <= took < 20.0, took

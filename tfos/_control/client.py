@@ -54,6 +54,9 @@ class ControlClient:
         self._seq = 0
         #: ``time.monotonic()`` of the last answer from the driver (0.0: none yet).
         self.last_contact = 0.0
+        #: The error of the last failed connection attempt (None after a connection):
+        #: a ConnectionRefusedError means nothing listens on the control port any more.
+        self.last_connect_error: Optional[BaseException] = None
 
     def __repr__(self) -> str:
         return f"ControlClient(driver={self._addr[0]}:{self._addr[1]}, cluster={self._cluster_id})"
@@ -76,11 +79,12 @@ class ControlClient:
                 if hello.get("type") != "hello" or not isinstance(hello.get("sn"), str):
                     raise ControlProtocolError("unexpected first frame from the control server")
                 self._sock, self._snonce, self._seq = sock, hello["sn"], 0
+                self.last_connect_error = None
                 self._cnonce = os.urandom(16).hex()
                 sock = None  # owned by the client now
                 return
             except (OSError, DeadlineExceededError) as exc:
-                last_err = exc
+                last_err = self.last_connect_error = exc
                 time.sleep(deadline.slice(0.2))
             finally:
                 if sock is not None:  # a failed attempt (wrong key, bad hello...) must not leak it

@@ -67,6 +67,8 @@ class JobThread:
         def _run() -> None:
             try:
                 sc.setJobGroup(group, description, interruptOnCancel=True)
+                if self.cancelled:  # cancelled before it was submitted (Ctrl-C in run())
+                    raise TFOSError(f"job group {group} was cancelled before it started")
                 self.result = action()
             except BaseException as exc:  # noqa: BLE001 - handed to the waiting driver thread
                 self.error = exc
@@ -82,10 +84,29 @@ class JobThread:
         if self.done.is_set() or self.cancelled:
             return  # nothing left to cancel: Spark would WARN 'Failed to cancel job group'
         self.cancelled = True
+        self._cancel_group()
+        # The job thread may not have submitted its job yet (a Ctrl-C right after run()
+        # started it): a cancellation of a group with no job does nothing, and the job
+        # would then start node processes nobody waits for. Cancel again once Spark has
+        # the job (bounded; the thread itself skips an action not yet started).
+        threading.Thread(target=self._recancel, name=f"tfos-cancel-{self.group}", daemon=True).start()
+
+    def _cancel_group(self) -> None:
         try:
             self.sc.cancelJobGroup(self.group)
         except Exception as exc:  # noqa: BLE001 - the context may already be stopping
             log.debug("cancelJobGroup(%s) failed: %s", self.group, exc)
+
+    def _recancel(self, within_s: float = 10.0) -> None:
+        deadline = time.monotonic() + within_s
+        while not self.done.wait(0.2) and time.monotonic() < deadline:
+            try:
+                submitted = bool(self.sc.statusTracker().getJobIdsForGroup(self.group))
+            except Exception:  # noqa: BLE001 - the context is stopping
+                return
+            if submitted:
+                self._cancel_group()
+                return
 
 
 def spark_error_text(exc: BaseException) -> str:

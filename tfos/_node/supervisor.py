@@ -51,6 +51,14 @@ KILL_GRACE_S = 5.0
 ABORT_KILL_S = 2.0
 #: Longest wait for one driver answer (heartbeat, report).
 _REQUEST_TIMEOUT_S = 5.0
+#: Seconds of refused connections (nothing listens on the control port: the driver tore
+#: the cluster down, e.g. after a Ctrl-C in run() before this node registered, or exited)
+#: after which the node stops without waiting for heartbeat_timeout.
+REFUSED_GIVE_UP_S = 3.0
+#: Longest connection attempt of one heartbeat: the loop tries again (the silence budget
+#: still ends the node heartbeat_timeout after the driver's last answer), and sees
+#: refused connections within REFUSED_GIVE_UP_S.
+_CONNECT_SLICE_S = 2.0
 
 
 def spark_executor_id(cmdline: list[str]) -> Optional[str]:
@@ -218,6 +226,7 @@ def supervise(launch: NodeLaunch) -> int:
     log.info("tfos node %s: TF process pid %d started", launch.node_name, tf.pid)
 
     started = time.monotonic()
+    refused_since: Optional[float] = None
     stop_since: Optional[float] = None
     aborted = False
     driver_gone = False
@@ -245,10 +254,12 @@ def supervise(launch: NodeLaunch) -> int:
             if budget <= 0:
                 raise ConnectionError("no answer from the driver")
             # Connect and answer both bounded by the silence budget left: a dead driver
-            # is given up on heartbeat_timeout_s after its last answer, not later.
+            # is given up on heartbeat_timeout_s after its last answer, not later. One
+            # connection attempt takes at most _CONNECT_SLICE_S; the next heartbeat retries.
             d = client.request(
                 "heartbeat", executor_id=eid, pid=os.getpid(), host=launch.host, rss=rss,
-                timeout_s=max(0.1, min(_REQUEST_TIMEOUT_S, budget)), retry=False, connect_timeout_s=max(0.1, budget),
+                timeout_s=max(0.1, min(_REQUEST_TIMEOUT_S, budget)), retry=False,
+                connect_timeout_s=max(0.1, min(budget, _CONNECT_SLICE_S)),
             )
             if (d.get("stop") or d.get("abort")) and stop_since is None:
                 stop_since = time.monotonic()
@@ -260,6 +271,16 @@ def supervise(launch: NodeLaunch) -> int:
                 break
         except (OSError, ControlProtocolError, DeadlineExceededError) as exc:
             silence = time.monotonic() - max(client.last_contact, started)
+            if isinstance(client.last_connect_error, ConnectionRefusedError):
+                refused_since = time.monotonic() if refused_since is None else refused_since
+            else:
+                refused_since = None
+            if refused_since is not None and time.monotonic() - refused_since >= min(REFUSED_GIVE_UP_S, cfg.heartbeat_timeout_s):
+                log.error("tfos node %s: the driver's control port refuses connections for %.1f s (the cluster was torn "
+                          "down or the driver exited); stopping the node", launch.node_name, time.monotonic() - refused_since)
+                driver_gone = True
+                code = _stop_tf(tf, ABORT_KILL_S)
+                break
             if silence >= cfg.heartbeat_timeout_s:
                 log.error("tfos node %s: no answer from the driver for %.1f s (%s); stopping the node", launch.node_name, silence, exc)
                 driver_gone = True
