@@ -932,3 +932,24 @@ def test_python_error_of_a_spark_task_error_text():
     assert tb.startswith("Traceback (most recent call last):") and tb.endswith("ValueError: corrupt: a: b")
     assert python_error_of(text.replace("ValueError", "pyspark.errors.PySparkRuntimeError"))[0] == "PySparkRuntimeError"
     assert python_error_of("ExecutorLostFailure (executor 1 exited)") is None
+
+
+def test_a_cluster_where_every_worker_only_served_is_warned_about(caplog):
+    """ParameterServerStrategy without master_node='chief': every worker serves, nobody
+    trains, shutdown() returns cleanly; a WARNING says that nothing was trained."""
+    import logging
+
+    from tfos._driver.cluster import _warn_if_nobody_trained
+
+    st = _state()
+    _register_all(st)
+    caplog.set_level(logging.WARNING, logger="tfos.cluster")
+    for r in st.roles:
+        _req(st, "status", executor_id=r.executor_id, state="serving")
+    _warn_if_nobody_trained("tfos-test-1", st)
+    assert [rec.getMessage() for rec in caplog.records if "none ran a training loop" in rec.getMessage()], caplog.records
+    caplog.clear()
+    worker = next(r.executor_id for r in st.roles if not r.is_background)
+    _req(st, "status", executor_id=worker, state="finished")
+    _warn_if_nobody_trained("tfos-test-1", st)
+    assert not caplog.records

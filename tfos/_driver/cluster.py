@@ -620,6 +620,7 @@ class TFCluster:
                 if not st.wait_until_workers_done(deadline):
                     raise rt.fail("shutdown()")
                 trained = True
+                _warn_if_nobody_trained(self.cluster_id, st)
                 if grace_secs and any(r.is_background for r in st.roles):
                     if st.wait_for_failure(float(grace_secs)):
                         raise rt.fail("shutdown()")
@@ -670,6 +671,20 @@ class TFCluster:
                 log.warning("teardown after an error failed: %s", texc)
         else:
             rt.join_teardown()
+
+
+def _warn_if_nobody_trained(cluster_id: str, st: Any) -> None:
+    """Logs a WARNING when every chief/master/worker node only served (run_server_and_wait)
+    and none ran main_fun to its end: a ParameterServerStrategy cluster without its
+    coordinator (no master_node='chief') trains nothing, silently (driver)."""
+    fg = [r.executor_id for r in st.roles if not r.is_background]
+    if fg and all(st.proc_state.get(eid) == "serving" for eid in fg):
+        log.warning(
+            "tfos cluster %s: every chief/master/worker node only served (run_server_and_wait) and none ran a "
+            "training loop, so nothing was trained. A ParameterServerStrategy cluster needs its coordinator: "
+            "TFCluster.run(..., master_node='chief') and a main_fun whose chief builds the strategy and trains "
+            "(docs/parameter_servers.md)", cluster_id,
+        )
 
 
 def _check_seconds(name: str, value: Any, allow_zero: bool = False) -> None:
