@@ -23,7 +23,8 @@ class Feeder:
     """One fake feed task: a FeedConnection whose peer end the test reads."""
 
     def __init__(self, hub: FeedHub, key: bytes, partition: int, mode: str = "train", epoch: int = 0, kind: str = "pickled_batch",
-                 first_epoch: int = 0, feed_id: str = "", index: int = -1, parts_per_epoch: int = 0, feed_timeout: float = 10.0):
+                 first_epoch: int = 0, feed_id: str = "", index: int = -1, parts_per_epoch: int = 0, feed_timeout: float = 10.0,
+                 last_epoch: int = -1):
         self.hub = hub
         a, self.peer = socket.socketpair()
         # the real mutual handshake over the pair: frames both ways are authenticated
@@ -34,7 +35,8 @@ class Feeder:
         t.join(10)
         self.session = out["s"]
         header = {"partition": partition, "epoch": epoch, "mode": mode, "kind": kind, "qname": "input", "feed_timeout": feed_timeout,
-                  "first_epoch": first_epoch, "feed_id": feed_id, "index": index, "parts_per_epoch": parts_per_epoch}
+                  "first_epoch": first_epoch, "feed_id": feed_id, "index": index, "parts_per_epoch": parts_per_epoch,
+                  "last_epoch": last_epoch}
         self.conn = FeedConnection(a, server, header)
         with hub._lock:
             hub._conns.add(self.conn)

@@ -229,6 +229,26 @@ def test_steps_per_epoch_counts_from_the_resumed_feeds_first_epoch(hub):
     assert reader.rows == {2: 0, 3: 8}
 
 
+def test_steps_per_epoch_pads_the_last_epochs_a_node_got_no_row_of(hub):
+    """train(data, 3) where this node got rows of epoch 0 only (the other node took every
+    partition of epochs 1 and 2): the feed header says the job's last epoch is 2, so the
+    dataset still holds S batches for each of the 3 epochs (S empty ones for epochs 1 and
+    2); before, it ended after epoch 0, 2 of 6 batches, while the other node had 6."""
+    f = _Feeder(hub, KEY, 0, "train", 0, last_epoch=2)
+    f.chunk(_rows(0, 5))
+    f.end()
+    hub.queues["input"].put_nowait(END_OF_FEED)
+    reader = FeedBatches(DataFeed(hub, timeout_s=10), 4, COLS, steps_per_epoch=2, buffer_batches=2)
+    got = [y.tolist() for _, y in reader]
+    assert got == [[0, 1, 2, 3], [4], [], [], [], []]
+    assert reader.rows == {0: 5, 1: 0, 2: 0}
+
+
+def test_feed_header_last_epoch_checked(hub):
+    with pytest.raises(ValueError, match="bad feed header: last_epoch 1 for epoch 2"):
+        _Feeder(hub, KEY, 0, "train", 2, last_epoch=1)
+
+
 def test_feed_header_first_epoch_checked(hub):
     with pytest.raises(ValueError, match="first_epoch"):
         _Feeder(hub, KEY, 0, "train", 1, first_epoch=2)

@@ -92,6 +92,10 @@ class FeedConnection:
         #: Partitions in one epoch of the feed job (0: not sent); job index = (epoch -
         #: first_epoch) x parts_per_epoch + partition.
         self.parts_per_epoch = int(header.get("parts_per_epoch", 0))
+        #: The feed job's last epoch (-1: not sent/not known).
+        self.last_epoch = int(header.get("last_epoch", -1))
+        if self.last_epoch != -1 and self.last_epoch < self.epoch:
+            raise ValueError(f"bad feed header: last_epoch {self.last_epoch!r} for epoch {self.epoch!r}")
         self.rows_taken = 0
         self.pending = 0
         self.ended = False

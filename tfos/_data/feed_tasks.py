@@ -89,6 +89,9 @@ class FeedPlan:
         report_done: Tell the driver each partition the node acknowledged (consumed or
             skipped after ``terminate()``), so a restart knows where to resume
             (``max_restarts``).
+        last_epoch: Epoch number of the job's last epoch (-1: not known, e.g. a stream's
+            feed), so a node that gets no row of the last epochs still knows they exist
+            (``as_dataset(steps_per_epoch=S)`` gives ``S`` batches for each).
     """
 
     cluster_id: str
@@ -105,6 +108,7 @@ class FeedPlan:
     report_sent: bool = False
     first_epoch: int = 0
     report_done: bool = False
+    last_epoch: int = -1
 
     def __post_init__(self) -> None:
         if not self.nodes:
@@ -175,7 +179,7 @@ class _Link:
                 "qname": plan.qname, "mode": plan.mode, "partition": partition, "epoch": epoch,
                 "kind": (plan.kind or ChunkKind.PICKLED_BATCH).value, "feed_timeout": plan.feed_timeout_s,
                 "feed_id": plan.feed_id, "index": index, "first_epoch": plan.first_epoch,
-                "parts_per_epoch": plan.parts_per_epoch,
+                "parts_per_epoch": plan.parts_per_epoch, "last_epoch": plan.last_epoch,
             })
             ftype, status = recv_json(self.sock, self.session, hs)
         except BaseException:

@@ -521,6 +521,7 @@ class FeedBatches:
         self.order: Optional[EpochOrder] = None
         self._epoch_feed = ""  # feed id of the chunks being read (see _epoch_of)
         self._epoch_base = 0
+        self._last_epoch = -1  # the dataset epoch of the last feed job's last epoch (-1: not known)
 
     # ------------------------------------------------------------ reader thread
     def start(self) -> None:
@@ -568,9 +569,11 @@ class FeedBatches:
         if current is None or not conn.feed_id or conn.feed_id == self._epoch_feed:
             if current is None:
                 self._epoch_feed, self._epoch_base = conn.feed_id, 0
-            return self._epoch_base + conn.epoch
-        self._epoch_feed = conn.feed_id
-        self._epoch_base = current + 1 - conn.first_epoch
+        else:
+            self._epoch_feed = conn.feed_id
+            self._epoch_base = current + 1 - conn.first_epoch
+        if getattr(conn, "last_epoch", -1) >= 0:
+            self._last_epoch = self._epoch_base + conn.last_epoch
         return self._epoch_base + conn.epoch
 
     def _source(self) -> Any:
@@ -660,8 +663,9 @@ class FeedBatches:
         epoch (a restarted ``train()`` resumes its feed at epoch ``c > 0``: the dataset
         then holds ``S`` batches for each of the epochs ``c..n-1``, as a ``fit`` resumed
         after ``c`` checkpointed epochs expects). At the end of the feed the current epoch is
-        completed; epochs after it are not known here (under MultiWorkerMirroredStrategy,
-        tf.distribute feeds empty batches to a worker whose input ended first).
+        completed, and so is every later epoch of the last feed job this node got rows of
+        (its feed header names the job's last epoch): ``S`` empty batches each. A node that
+        got no row at all of a later ``train()`` call cannot know that call's epochs.
 
         With ``shuffle_rows = W`` the epoch's rows go into a :class:`_RowPool` instead and
         each batch is drawn from it at random: the first ``S - hold_batches`` batches once
@@ -736,8 +740,14 @@ class FeedBatches:
                 return  # closed
             if item is END_OF_FEED:
                 feed.done_feeding = True
-                if close_epoch():
-                    self._emit(_END)
+                # The current epoch, then any later epoch of the last feed job this node
+                # saw rows of, that brought it no row (S empty batches each).
+                if not close_epoch():
+                    return
+                while started and epoch <= self._last_epoch:
+                    if not close_epoch():
+                        return
+                self._emit(_END)
                 return
             if isinstance(item, PartitionEnd):
                 feed._finish_partition(item.conn)

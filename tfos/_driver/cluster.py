@@ -270,14 +270,15 @@ class TFCluster:
     def _feed_nodes(self) -> tuple:
         return tuple(n for n in self._state.nodes_snapshot() if n.role.feedable)
 
-    def _plan(self, mode: str, qname: str, kind: Any, parts: int, feed_timeout: float, report_sent: bool = False, first_epoch: int = 0) -> FeedPlan:
+    def _plan(self, mode: str, qname: str, kind: Any, parts: int, feed_timeout: float, report_sent: bool = False, first_epoch: int = 0,
+              last_epoch: int = -1) -> FeedPlan:
         cfg = self._config.node
         if qname not in self.queues:
             raise ConfigurationError(f"qname {qname!r} is not one of the cluster's queues {self.queues}; pass queues=[...] to TFCluster.run()")
         return FeedPlan(
             cfg.cluster_id, cfg.key, cfg.driver_host, cfg.driver_port, self._feed_nodes(), qname, mode, kind, parts,
             float(feed_timeout), feed_id=uuid.uuid4().hex, report_sent=report_sent,
-            first_epoch=first_epoch, report_done=self._recovery is not None,
+            first_epoch=first_epoch, report_done=self._recovery is not None, last_epoch=last_epoch,
         )
 
     def _await_job(self, job: JobThread, context: str, progress: Optional[Progress] = None) -> Any:
@@ -413,7 +414,7 @@ class TFCluster:
         numbered from ``first_epoch`` (driver)."""
         if df is not None and _arrow_ok():
             parts = df.rdd.getNumPartitions()
-            plan = self._plan("train", qname, _chunk_kind("arrow"), parts, feed_timeout, end_of_feed, first_epoch)
+            plan = self._plan("train", qname, _chunk_kind("arrow"), parts, feed_timeout, end_of_feed, first_epoch, first_epoch + epochs - 1)
             data = functools.reduce(lambda a, b: a.union(b), [df] * epochs)
             fn = make_arrow_feed_fn(plan, feed_schema_json(df.schema, binary_as_bytes(df.sparkSession)))  # UDT and binary columns need it
             action: Callable[[], Any] = lambda: [tuple(r) for r in data.mapInArrow(fn, "partition long, outcome string").collect()]
@@ -421,7 +422,7 @@ class TFCluster:
             rdd = df.rdd if df is not None else dataRDD
             parts = rdd.getNumPartitions()
             data, kind = _raw_source(rdd, epochs)
-            plan = self._plan("train", qname, kind, parts, feed_timeout, end_of_feed, first_epoch)
+            plan = self._plan("train", qname, kind, parts, feed_timeout, end_of_feed, first_epoch, first_epoch + epochs - 1)
             fn = make_feed_fn(plan)
             action = lambda: data.mapPartitionsWithIndex(fn).collect()
         return plan, action
