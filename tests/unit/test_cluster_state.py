@@ -953,3 +953,18 @@ def test_a_cluster_where_every_worker_only_served_is_warned_about(caplog):
     _req(st, "status", executor_id=worker, state="finished")
     _warn_if_nobody_trained("tfos-test-1", st)
     assert not caplog.records
+
+
+def test_a_node_ending_with_feed_aborted_after_the_abort_is_not_a_death_of_its_own():
+    """After the abort, a healthy node's main_fun raises FeedAbortedError (a consequence,
+    not listed) and its TF process exits 1 by itself: that exit is not a ProcessDied."""
+    st = _state()
+    _register_all(st)
+    _req(st, "status", executor_id=0, state="running")
+    root = st.make_failure(1, "exception", "ValueError", "boom")
+    _req(st, "status", executor_id=1, state="failed", failure=root.to_dict())
+    st.abort("the cluster failed")
+    aborted = st.make_failure(0, "exception", "FeedAbortedError", "the cluster aborted")
+    _req(st, "status", executor_id=0, state="failed", failure=aborted.to_dict())
+    _req(st, "status", executor_id=0, state="exited", code=1, unprompted=True)
+    assert st.failures == [root]

@@ -266,6 +266,11 @@ class ClusterState:
                 # The cluster already failed and tfos is stopping it: broken feeds and killed
                 # start tasks are consequences of that teardown, not new errors.
                 log.info("tfos node %s after the abort: %s: %s", failure.node_name, failure.error_type, failure.message)
+                if 0 <= eid < len(self.roles) and failure.kind != "feed":
+                    # The node itself ended with that error: its exit that follows is not
+                    # a death of its own (see _on_status, 'unprompted').
+                    self.proc_state[eid] = "failed"
+                    self._cond.notify_all()
                 return
             self.failures.append(failure)
             if self.first_failure_at is None:

@@ -344,7 +344,7 @@ class NodeOutput:
 def std_fds_identity() -> tuple:
     """(device, inode) of descriptors 1 and 2 (None for a closed one): a TF process takes
     it at start, and :func:`write_failure_marks` writes only when it is unchanged."""
-    ident = []
+    ident: list[Optional[tuple[int, int]]] = []
     for fd in (1, 2):
         try:
             st = os.fstat(fd)

@@ -83,7 +83,7 @@ def _start_tensorboard(launch: NodeLaunch, ctx: TFNodeContext, client: ControlCl
     # log_dir given to run() resolves as ctx.absolute_path does (a relative one under the
     # driver's working directory), so main_fun can write to ctx.absolute_path(log_dir).
     if cfg.log_dir:
-        logdir = ctx.absolute_path(cfg.log_dir)
+        logdir = absolute_path(cfg.log_dir, cfg.default_fs, cfg.driver_working_dir or launch.working_dir)
     else:
         logdir = absolute_path(f"tensorboard_{launch.role.executor_id}", cfg.default_fs, launch.working_dir)
     if logdir.startswith("file://"):
