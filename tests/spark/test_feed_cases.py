@@ -521,3 +521,15 @@ def test_shutdown_from_another_thread_waits_for_the_running_train(sc, tmp_path, 
     assert sum(r["rows"] for r in reports.values()) == rows
     assert sum(r["sum"] for r in reports.values()) == sum(range(rows))
     assert any("shutdown() waits for the train()/inference() call running in another thread" in r.getMessage() for r in caplog.records)
+
+
+def test_an_exception_in_the_with_block_tells_the_nodes_why_they_were_aborted(sc, tmp_path, no_leftovers):
+    """The driver's own code raises inside ``with TFCluster.run(...)``: the nodes' feeds are
+    cut off with that reason (their FeedAbortedError said "the cluster failed", though no
+    node had failed), and the user's exception propagates unchanged."""
+    with pytest.raises(ValueError, match="driver-side bug"):
+        with TFCluster.run(sc, count_until_end, {"out": str(tmp_path)}, 2, 0, input_mode=INPUT) as cluster:
+            cluster.train(sc.parallelize(range(100), 2), num_epochs=1)
+            raise ValueError("driver-side bug")
+    assert cluster._state.abort_reason == "the driver program raised ValueError inside `with TFCluster.run(...)`"
+    assert not cluster._state.failures

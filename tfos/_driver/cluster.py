@@ -667,7 +667,7 @@ class TFCluster:
             self.shutdown()
         elif not rt.closed:
             try:
-                rt.teardown(failed=True)
+                rt.teardown(failed=True, reason=f"the driver program raised {exc_type.__name__} inside `with TFCluster.run(...)`")
             except Exception as texc:  # noqa: BLE001 - never mask the user's exception
                 log.warning("teardown after an error failed: %s", texc)
         else:

@@ -286,7 +286,7 @@ class ClusterRuntime:
                 # Ctrl-C (or SIGTERM, see _install_sigterm) while a job runs: tear the
                 # cluster down before the interruption propagates.
                 log.warning("tfos cluster %s: %s during %s; tearing the cluster down", self.cluster_id, type(exc).__name__, context)
-                self.teardown(failed=True)
+                self.teardown(failed=True, reason=f"{type(exc).__name__} on the driver during {context}")
             raise
         finally:
             if progress and not ok:
@@ -362,16 +362,20 @@ class ClusterRuntime:
             self.state.check_liveness()
 
     # -------------------------------------------------------------- teardown
-    def teardown(self, failed: bool) -> None:
+    def teardown(self, failed: bool, reason: str = "") -> None:
         """Stops every node, waits (bounded) for their processes, closes the server (driver).
 
         Synchronous; also joins a teardown already running in the background.
+
+        Args:
+            failed: Abort the nodes (their feeds are cut off) instead of stopping them.
+            reason: Why, for the nodes' FeedAbortedError ("the cluster failed" when empty).
         """
         if self._closed:
             self.join_teardown()
             return
         self._closed = True
-        self._teardown_now(failed)
+        self._teardown_now(failed, reason)
 
     def teardown_async(self) -> None:
         """Starts the teardown after a failure in a background thread (driver); its outcome
@@ -391,11 +395,11 @@ class ClusterRuntime:
             if t.is_alive():
                 log.warning("tfos cluster %s: teardown still running after %g s", self.cluster_id, timeout_s)
 
-    def _teardown_now(self, failed: bool) -> None:
+    def _teardown_now(self, failed: bool, reason: str = "") -> None:
         st = self.state
         t0 = time.monotonic()
         if failed:
-            st.abort("the cluster failed")
+            st.abort(reason or "the cluster failed")
         else:
             st.request_stop()
         alive: list[int] = []
