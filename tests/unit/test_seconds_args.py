@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from tfos._driver.cluster import _check_seconds
@@ -20,7 +21,7 @@ def test_bad_seconds_are_refused_with_the_argument_named(value):
     assert str(info.value) == f"train(): feed_timeout must be a finite number of seconds > 0, got {value!r}"
 
 
-@pytest.mark.parametrize("value", [0.001, 1, 600, 259200.0])
+@pytest.mark.parametrize("value", [0.001, 1, 600, 259200.0, np.int64(60), np.float32(0.5)])
 def test_good_seconds_pass(value):
     _check_seconds("feed_timeout", value)
 

@@ -17,6 +17,7 @@ import dataclasses
 import functools
 import logging
 import math
+import numbers
 import os
 import threading
 import time
@@ -691,7 +692,10 @@ def _warn_if_nobody_trained(cluster_id: str, st: Any) -> None:
 def _check_seconds(name: str, value: Any, allow_zero: bool = False) -> None:
     """Raises ConfigurationError unless ``value`` is a finite number of seconds > 0 (or
     >= 0 with ``allow_zero``); checked before the call does anything (driver)."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and (value > 0 or (allow_zero and value == 0))
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(float(value))
+    if ok:
+        seconds = float(value)
+        ok = seconds > 0 or (allow_zero and seconds == 0)
     if not ok:
         raise ConfigurationError(f"{name} must be a finite number of seconds {'>= 0' if allow_zero else '> 0'}, got {value!r}")
 

@@ -14,7 +14,7 @@ Two ends:
   instead (and not on stderr).
 
 A forwarded node's failure report travels the same way as its output, so that the driver
-shows the node's last lines before it raises (:meth:`NodeOutput.failure_marks`): the TF
+shows the node's last lines before it raises (:func:`write_failure_marks`): the TF
 process writes a marker line to its stdout, then its failure (JSON) on a marker line to
 its stderr, both tagged with a per-launch token; the supervisor sends every line read
 before them, then the failure.
@@ -311,10 +311,10 @@ class NodeOutput:
         while not self._stop.is_set():
             self._wake.wait(0.5)
             self._wake.clear()
-            if self._failure is not None:
+            if self._failure is not None and not self._failure_sent:
                 self._send_failure(1.0)
             else:
-                self._flush()
+                self._flush()  # also the lines written after a failure was sent
 
     def close(self, read_timeout_s: float = 2.0) -> None:
         """After the TF process (and its process group) ended: reads its output to the
