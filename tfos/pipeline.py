@@ -424,6 +424,7 @@ class TFEstimator(
             data = dataset.select(input_cols) if input_cols else dataset
             cluster.train(data.rdd, local_args.epochs, feed_timeout=local_args.feed_timeout)
             cluster.shutdown(grace_secs=local_args.grace_secs)
+        _warn_if_not_exported(local_args.export_dir)
         return self._copyValues(TFModel(self.args))
 
     def write(self) -> "TFStageWriter":
@@ -434,6 +435,31 @@ class TFEstimator(
     def read(cls) -> "TFEstimatorReader":
         """A Spark ML reader; its ``load`` unpickles ``train_fn`` (trusted paths only) (driver)."""
         return TFEstimatorReader(cls)
+
+
+def _warn_if_not_exported(export_dir: Optional[str]) -> None:
+    """WARNING when ``fit`` ends with no SavedModel the driver can see at ``export_dir`` (driver).
+
+    ``TFModel.transform`` loads ``export_dir`` in every Spark task; without this the first sign
+    of a ``train_fn`` that exported nothing (or elsewhere) is a failed transform job. Only
+    local paths (no scheme, or ``file:``) are checked; a path on another host's local disk
+    shows as missing here too, which is also what transform's tasks on other hosts would see.
+    """
+    if not export_dir:
+        log.warning("TFEstimator.fit: export_dir is not set; TFModel.transform needs the SavedModel train_fn "
+                    "exports (set it with setExportDir or an export_dir argument, and export there from train_fn)")
+        return
+    path = str(export_dir)
+    if path.startswith("file:"):
+        path = path[len("file:"):]
+        if path.startswith("//"):
+            path = path[2:]
+    elif "://" in path:
+        return
+    if not os.path.exists(os.path.join(path, "saved_model.pb")):
+        log.warning("TFEstimator.fit: no SavedModel at export_dir %s after training (no saved_model.pb there, as "
+                    "seen from the driver); TFModel.transform loads it from there in every Spark task, so train_fn "
+                    "should export to it (e.g. the chief with model.export or tf.saved_model.save)", export_dir)
 
 
 class TFModel(Model, TFParams, MLWritable, MLReadable, HasInputMapping, HasOutputMapping, HasBatchSize, HasModelDir, HasExportDir, HasSignatureDefKey, HasTagSet):

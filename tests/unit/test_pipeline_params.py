@@ -4,6 +4,7 @@ the checks that fail before any Spark work."""
 
 from __future__ import annotations
 
+import logging
 import argparse
 import pickle
 
@@ -296,3 +297,25 @@ def test_signature_outputs_and_run_model(tmp_path):
         list(_run_model(iter(rows), dict(s, inputs=["y"])))
     with pytest.raises(ValueError, match=r"has no signature 'predict'; it has \['serving_default'\]"):
         _signature_outputs(dict(s, signature_def_key="predict"))
+
+
+def test_fit_warns_when_train_fn_exported_nothing(tmp_path, caplog):
+    """fit() names a missing SavedModel at once rather than leaving it to transform's tasks."""
+    from tfos.pipeline import _warn_if_not_exported
+
+    caplog.set_level(logging.WARNING, logger="tfos.pipeline")
+    _warn_if_not_exported(str(tmp_path / "export"))
+    assert f"no SavedModel at export_dir {tmp_path / 'export'}" in caplog.text
+    caplog.clear()
+    _warn_if_not_exported(None)
+    assert "export_dir is not set" in caplog.text
+    caplog.clear()
+    (tmp_path / "export").mkdir()
+    (tmp_path / "export" / "saved_model.pb").write_bytes(b"x")
+    _warn_if_not_exported(str(tmp_path / "export"))
+    _warn_if_not_exported(f"file://{tmp_path / 'export'}")
+    _warn_if_not_exported(f"file:{tmp_path / 'export'}")
+    _warn_if_not_exported("hdfs://namenode/models/export")  # not checked from the driver
+    assert caplog.text == ""
+    _warn_if_not_exported(f"file://{tmp_path / 'other'}")
+    assert "no SavedModel at export_dir file://" in caplog.text
