@@ -968,3 +968,31 @@ def test_a_node_ending_with_feed_aborted_after_the_abort_is_not_a_death_of_its_o
     _req(st, "status", executor_id=0, state="failed", failure=aborted.to_dict())
     _req(st, "status", executor_id=0, state="exited", code=1, unprompted=True)
     assert st.failures == [root]
+
+
+def test_a_failed_spark_job_with_no_node_cause_says_so(monkeypatch):
+    """A Spark job of the cluster failed and no node reported a cause (e.g. the driver JVM
+    ran out of memory collecting results): the error is listed under the first node, and
+    its text says it may not be that node's doing."""
+    import tfos._driver.runtime as rt
+
+    monkeypatch.setattr(rt, "ATTRIBUTION_S", 0.05)
+    runtime = object.__new__(rt.ClusterRuntime)
+    runtime.cluster_id, runtime.state, runtime._closed, runtime.jobs = CID, _state(), False, []
+    runtime.teardown_async = lambda: None
+
+    class FailedJob:
+        done = threading.Event()
+        error = RuntimeError("An error occurred while calling o123.collectToPython.\n"
+                             ": java.lang.OutOfMemoryError: Java heap space")
+        result = None
+
+    FailedJob.done.set()
+    with pytest.raises(ClusterFailedError) as info:
+        runtime.await_job(FailedJob(), "inference()")
+    (f,) = info.value.failures
+    assert (f.kind, f.job_name, f.task_index, f.error_type) == ("spark", "ps", 0, "RuntimeError")
+    assert f.message == ("An error occurred while calling o123.collectToPython. java.lang.OutOfMemoryError: Java heap "
+                         "space (the Spark job of inference() failed "
+                         "and no node reported a cause: it may lie on the driver or in Spark itself; listed under "
+                         "the first node, ps:0)"), f.message

@@ -124,6 +124,10 @@ def spark_error_text(exc: BaseException) -> str:
             for line in lines[1:]:
                 if marker in line:
                     return line.strip()[:500]
+        # Otherwise the Java exception's own line (": java.lang.OutOfMemoryError: ...").
+        cause = next((ln.strip().lstrip(": ").strip() for ln in lines[1:] if ln.strip().lstrip(": ").strip()), "")
+        if cause:
+            return f"{lines[0].strip()} {cause}"[:500]
     return lines[0][:500] if text else type(exc).__name__
 
 
@@ -276,6 +280,8 @@ class ClusterRuntime:
                 text = spark_error_text(job.error)
                 st.abort("a Spark job of the cluster failed")
                 self.teardown_async()
+                text += (f" (the Spark job of {context} failed and no node reported a cause: it may lie on the driver "
+                         f"or in Spark itself; listed under the first node, {st.roles[0].job_name}:{st.roles[0].task_index})")
                 raise ClusterFailedError(self.cluster_id, [st.make_failure(st.roles[0].executor_id, "spark", type(job.error).__name__, text)], context) from job.error
             ok = True
             if progress:
