@@ -10,6 +10,7 @@ import textwrap
 import traceback
 
 import cloudpickle
+import pytest
 
 from tfos._node.output import is_tf_noise, tf_noise_level
 
@@ -77,6 +78,42 @@ def test_traceback_names_the_drivers_file_even_where_it_is_absent(tmp_path):
     assert f'File "{script}", line 6, in helper' in text and 'raise ValueError("bad value %s" % x)' in text, text
     assert "<dynamic-code>" not in text
     assert cloudpickle  # the payload format is cloudpickle's
+
+
+@pytest.mark.parametrize("cell_name", ["/tmp/ipykernel_4242/2716393459.py", "<ipython-input-3-5d1e2a>"])
+def test_traceback_shows_a_notebook_cells_source(tmp_path, cell_name):
+    """A main_fun defined in a notebook cell: the cell has no file, IPython keeps its
+    source in linecache, and the node's traceback shows the cell's lines from it."""
+    script = tmp_path / "kernel.py"
+    payload = tmp_path / "payload.pkl"
+    cell = textwrap.dedent('''
+        def helper(x):
+            raise ValueError("bad cell value %s" % x)
+
+        def main_fun(args, ctx):
+            helper(args)
+    ''')
+    script.write_text(textwrap.dedent(f'''
+        import linecache, cloudpickle
+        from tfos._driver.user_source import with_source
+
+        cell, name = {cell!r}, {cell_name!r}
+        # as IPython's compiler does for every cell it runs
+        linecache.cache[name] = (len(cell), None, cell.splitlines(True), name)
+        ns = {{"__name__": "__main__"}}
+        exec(compile(cell, name, "exec"), ns)
+        with open({str(payload)!r}, "wb") as f:
+            f.write(cloudpickle.dumps((with_source(ns["main_fun"]), 5)))
+    '''))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]))
+    subprocess.run([sys.executable, str(script)], check=True, env=env, timeout=120)
+    fn, args = pickle.loads(payload.read_bytes())
+    try:
+        fn(args, None)
+    except ValueError:
+        text = traceback.format_exc()
+    assert f'File "{cell_name}", line 6, in main_fun\n    helper(args)' in text, text
+    assert f'File "{cell_name}", line 3, in helper\n    raise ValueError("bad cell value %s" % x)' in text, text
 
 
 def test_filter_follows_the_level_in_force_whoever_set_it():

@@ -60,13 +60,14 @@ def with_source(fn: Callable[..., Any]) -> Any:
 
     Returns:
         A :class:`SourcedFunction`, or ``fn`` itself when it is no plain Python function or
-        its code has no real file (then there is nothing to restore).
+        its code has neither a real file nor source in :mod:`linecache` (a notebook cell's
+        has the latter; then there is nothing to restore).
     """
     code = getattr(fn, "__code__", None)
     if not isinstance(code, types.CodeType):
         return fn
     filename = code.co_filename
-    if not filename or filename.startswith("<"):
+    if not filename or filename == _DYNAMIC:
         return fn
     source: Optional[str] = None
     try:
@@ -74,7 +75,13 @@ def with_source(fn: Callable[..., Any]) -> Any:
             with open(filename, encoding="utf-8", errors="replace") as f:
                 source = f.read()
     except OSError:
-        source = None
+        # A notebook cell (ipykernel's /tmp/ipykernel_PID/N.py, IPython's <ipython-input-N-...>)
+        # has no file: IPython keeps its source in linecache.
+        lines = linecache.cache.get(filename)
+        text = "".join(lines[2]) if lines and len(lines) >= 3 and isinstance(lines[2], list) else ""
+        source = text if text and len(text) <= MAX_SOURCE_BYTES else None
+    if source is None and filename.startswith("<"):
+        return fn
     return SourcedFunction(fn, filename, source)
 
 
