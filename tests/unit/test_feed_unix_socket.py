@@ -36,8 +36,8 @@ def _node(hub: FeedHub, path: str | None = None) -> NodeInfo:
                     hub.path if path is None else path)
 
 
-def _plan(node: NodeInfo) -> FeedPlan:
-    return FeedPlan("tfos-unit-unix", KEY, "127.0.0.1", 1, (node,), "input", "train", None, feed_timeout_s=20.0)
+def _plan(node: NodeInfo, feed_id: str = "feed-unit") -> FeedPlan:
+    return FeedPlan("tfos-unit-unix", KEY, "127.0.0.1", 1, (node,), "input", "train", None, feed_timeout_s=20.0, feed_id=feed_id)
 
 
 def _feed_one(link: _Link, hub: FeedHub) -> list:
@@ -69,8 +69,8 @@ def test_same_host_feed_goes_over_the_unix_socket(hub):
 
 
 def test_remote_node_and_missing_socket_use_tcp(hub, tmp_path):
-    for node, local in ((_node(hub), False), (_node(hub, str(tmp_path / "gone")), True)):
-        link = _Link(_plan(node), node, 0, 0, 0, local=local)
+    for feed, (node, local) in enumerate(((_node(hub), False), (_node(hub, str(tmp_path / "gone")), True))):
+        link = _Link(_plan(node, f"feed-{feed}"), node, 0, 0, 0, local=local)  # a new feed: index 0 again
         try:
             assert link.sock.family == socket.AF_INET
             assert link.status == {"state": "ok"}

@@ -86,7 +86,8 @@ class FeedConnection:
         if self.mode not in ("train", "inference") or not (0 < self.feed_timeout_s < math.inf):
             raise ValueError(f"bad feed header: mode {self.mode!r}, feed_timeout {self.feed_timeout_s!r}")
         #: The feed (one train()/inference() job) and the job's partition index of this
-        #: connection ("" and -1 from a feed task that sends none).
+        #: connection (the hub refuses a header without them; "" and -1 only in tests that
+        #: build a connection directly).
         self.feed_id = str(header.get("feed_id", ""))
         self.index = int(header.get("index", -1))
         #: Partitions in one epoch of the feed job (0: not sent); job index = (epoch -
@@ -327,6 +328,10 @@ class FeedHub:
                 raise ConnectionError("first data frame is not a header")
             qname = str(header["qname"])
             feed_key = (str(header.get("feed_id", "")), int(header.get("index", -1)))
+            if not feed_key[0] or feed_key[1] < 0:
+                # Every tfos feed task sends both, after claiming the partition index at the
+                # driver; a header without them was sent by no feed task of this cluster.
+                raise ValueError(f"bad feed header: feed_id {feed_key[0]!r}, index {feed_key[1]!r} (a feed task sends both)")
             q = self.queues.get(qname)
             with self._lock:
                 if q is None:
