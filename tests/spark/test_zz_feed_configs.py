@@ -58,21 +58,52 @@ def test_c06_more_executors_than_nodes(spark_manager, tmp_path, caplog, no_lefto
     assert not [r for r in caplog.records if r.levelno >= 40], [r.getMessage() for r in caplog.records if r.levelno >= 40]
 
 
-def test_spark_authenticate_and_crypto_on(spark_manager, tmp_path, caplog, no_leftovers):
+def _cmdlines_with(text: bytes) -> list[int]:
+    import os
+
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if text in f.read():
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+def test_spark_authenticate_and_crypto_on(spark_manager, tmp_path, caplog, monkeypatch, no_leftovers):
     """The configuration the key-transport WARNING asks for works: with spark.authenticate
-    (a secret) and spark.network.crypto.enabled on, Spark's block managers no longer serve
-    the task closures (and the cluster key in them) to unauthenticated processes; a cluster
-    starts, every row of 2 epochs arrives, and no key-transport WARNING is logged."""
+    (its secret in a spark-defaults.conf only the user can read, so no command line shows
+    it) and spark.network.crypto.enabled on, Spark's block managers no longer serve the task
+    closures (and the cluster key in them) to unauthenticated processes; a cluster starts,
+    every row of 2 epochs arrives, and no key-transport WARNING is logged."""
     import logging
+    import os
     import secrets
 
     secret = secrets.token_hex(16)
-    sc = spark_manager.get(
-        "local-cluster[2,1,1024]",
-        spark__authenticate="true",
-        spark__authenticate__secret=secret,
-        spark__network__crypto__enabled="true",
-    )
+    conf_dir = tmp_path / "spark-conf"
+    conf_dir.mkdir(mode=0o700)
+    defaults = conf_dir / "spark-defaults.conf"
+    defaults.write_text(f"spark.authenticate.secret {secret}\n")
+    defaults.chmod(0o600)
+    out = tmp_path / "out"
+    out.mkdir()
+    spark_manager.discard_jvm()  # spark-submit reads SPARK_CONF_DIR when it starts the JVM
+    monkeypatch.setenv("SPARK_CONF_DIR", str(conf_dir))
+    try:
+        sc = spark_manager.get("local-cluster[2,1,1024]", spark__authenticate="true", spark__network__crypto__enabled="true")
+        assert sc.getConf().get("spark.authenticate.secret") == secret
+        assert _cmdlines_with(secret.encode()) == [] and _cmdlines_with(b"spark.authenticate.secret=") == []
+        _run_authenticated(sc, out, caplog, secret)
+    finally:
+        spark_manager.discard_jvm()  # the next test must not inherit the authenticated JVM
+
+
+def _run_authenticated(sc, tmp_path, caplog, secret) -> None:
+    import logging
+
     caplog.set_level(logging.WARNING, logger="tfos")
     rows, parts = 3000, 4
     rdd = sc.parallelize(range(rows), parts)
@@ -86,4 +117,3 @@ def test_spark_authenticate_and_crypto_on(spark_manager, tmp_path, caplog, no_le
     texts = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert not [t for t in texts if "spark.authenticate" in t or "cluster key" in t], texts
     assert all(secret not in t for t in texts)
-    spark_manager.stop()  # the next test must not inherit the authenticated context

@@ -498,7 +498,10 @@ def test_key_transport_warning(caplog):
     assert warn_key_transport("local-cluster[2,1,1024]", {"spark.network.crypto.enabled": "true"}) is True
     msgs = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(msgs) == 2
-    assert all("spark.authenticate=true" in m and "spark.authenticate.secret" in m and "crypto" not in m for m in msgs)
+    assert all("spark.authenticate=true" in m and "crypto" not in m for m in msgs)
+    # local[N]: Spark makes its own secret; local-cluster needs one, kept off command lines
+    assert "(on local[N] Spark generates the secret)" in msgs[0], msgs[0]
+    assert "spark.authenticate.secret in a properties file only you can read (not --conf or" in msgs[1], msgs[1]
     caplog.clear()
     assert warn_key_transport("local[4]", {"spark.authenticate": "true"}) is False
     assert warn_key_transport("local-cluster[2,1,1024]", {"spark.authenticate": "True "}) is False
@@ -511,6 +514,35 @@ def test_key_transport_warning(caplog):
     # and never the key itself: the warning names settings, not secrets
     assert warn_key_transport("yarn", {"spark.authenticate.secret": "s3cr3t-value"}) is True
     assert all("s3cr3t-value" not in r.getMessage() for r in caplog.records)
+
+
+def test_the_secret_on_a_command_line_is_warned_about(caplog):
+    """A secret given with builder.config/--conf lands on the driver JVM's command line,
+    which every user of the host can read: tfos finds it there and says so, without the
+    secret, naming the process."""
+    import logging
+    import subprocess
+    import sys
+
+    from tfos._driver.spark_checks import secret_on_command_line, warn_key_transport
+
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()", "--conf", "spark.authenticate.secret=s3cr3t-on-argv"],
+                            stdin=subprocess.PIPE)
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        assert secret_on_command_line(proc.pid) == proc.pid
+        assert secret_on_command_line(child.pid) is None  # nor its parent, this test process
+        assert secret_on_command_line(None) is None
+        caplog.set_level(logging.WARNING, logger="tfos")
+        conf = {"spark.authenticate": "true", "spark.authenticate.secret": "s3cr3t-on-argv"}
+        assert warn_key_transport("local-cluster[2,1,1024]", conf, proc.pid) is True
+        assert warn_key_transport("local-cluster[2,1,1024]", conf, None) is False
+        (msg,) = [r.getMessage() for r in caplog.records]
+        assert msg.startswith(f"spark.authenticate.secret is on the command line of process {proc.pid} "), msg
+        assert "properties file only you can read" in msg and "s3cr3t" not in msg, msg
+    finally:
+        for p in (proc, child):
+            p.communicate(b"", timeout=30)
 
 
 def test_tags_over_foreign_buffers_without_copy():

@@ -18,7 +18,7 @@ from tfos._common.deadline import Deadline
 from tfos.cluster_template import InputMode
 from tfos.errors import ConfigurationError
 
-__all__ = ["SparkLayout", "plan_layout", "resource_slots", "check_static", "check_spark", "live_executors", "busy_slots_report", "warn_key_transport"]
+__all__ = ["SparkLayout", "plan_layout", "resource_slots", "check_static", "check_spark", "live_executors", "busy_slots_report", "warn_key_transport", "secret_on_command_line", "driver_jvm_pid"]
 
 log = logging.getLogger(__name__)
 
@@ -223,7 +223,38 @@ def _scheduler_executors(sc: Any) -> Optional[int]:
 _key_warned: set = set()
 
 
-def warn_key_transport(master: str, conf: Mapping[str, str]) -> bool:
+def secret_on_command_line(pid: Optional[int]) -> Optional[int]:
+    """The pid of the process, ``pid`` or its parent, whose command line carries
+    ``spark.authenticate.secret=...`` (driver, Linux /proc; None elsewhere or when none does).
+
+    A command line is readable by every user of the host (``ps``, ``/proc/PID/cmdline``,
+    unless /proc is mounted with ``hidepid``). PySpark puts every ``SparkSession.builder.config``
+    / ``SparkConf`` setting made before the JVM starts on the driver JVM's command line as
+    ``--conf k=v``, and ``spark-submit --conf`` does the same.
+    """
+    seen = 0
+    while pid and pid > 1 and seen < 2:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"spark.authenticate.secret=" in f.read():
+                    return pid
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                pid = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return None
+        seen += 1
+    return None
+
+
+def driver_jvm_pid(sc: Any) -> Optional[int]:
+    """The driver JVM's pid, asked through py4j (driver); None when it cannot be asked."""
+    try:
+        return int(sc._jvm.java.lang.ProcessHandle.current().pid())
+    except Exception:  # noqa: BLE001 - no py4j gateway (Spark Connect), or an old JVM
+        return None
+
+
+def warn_key_transport(master: str, conf: Mapping[str, str], secret_pid: Optional[int] = None) -> bool:
     """Logs a WARNING when Spark exposes the cluster key to others (driver, pure but for a
     once-per-application memo).
 
@@ -237,10 +268,16 @@ def warn_key_transport(master: str, conf: Mapping[str, str]) -> bool:
     well. With the key, whoever holds it can send rows to the nodes and impersonate the
     driver or the nodes.
 
+    ``spark.authenticate`` protects the blocks only while its secret stays secret: a secret
+    on a command line (``secret_pid``) is readable by every user of the host, and with it
+    anyone can fetch the closures.
+
     Args:
         master: The Spark master URL.
         conf: The SparkConf as a mapping; ``spark.app.id`` (when present) makes the WARNING
             appear once per application instead of once per cluster started.
+        secret_pid: The pid of a process whose command line shows ``spark.authenticate.secret``
+            (:func:`secret_on_command_line`), or None.
 
     Returns:
         True when the configuration exposes the key (whether or not the WARNING was logged
@@ -249,8 +286,23 @@ def warn_key_transport(master: str, conf: Mapping[str, str]) -> bool:
     auth = str(conf.get("spark.authenticate", "false")).strip().lower() == "true"
     crypto = str(conf.get("spark.network.crypto.enabled", "false")).strip().lower() == "true"
     local = master.startswith("local")
+    if auth and secret_pid:
+        memo = (conf.get("spark.app.id"), "cmdline")
+        if memo[0] is None or memo not in _key_warned:
+            _key_warned.add(memo)
+            log.warning(
+                "spark.authenticate.secret is on the command line of process %d (the driver JVM or what started it), "
+                "which every user of this host can read (ps, /proc/%d/cmdline): with it they can fetch this "
+                "application's task closures, and the tfos cluster key inside them, from Spark's block managers, and "
+                "then send rows to the nodes and impersonate the driver or the nodes. Give the secret in a properties "
+                "file only you can read (spark-defaults.conf in a SPARK_CONF_DIR of mode 0700, or spark-submit "
+                "--properties-file), not with SparkSession.builder.config(), SparkConf before the first SparkContext, "
+                "or --conf, which all reach the JVM's command line%s",
+                secret_pid, secret_pid,
+                "; on local[N] masters leave it unset: Spark generates one" if re.match(r"local(\[|$)", master) else "",
+            )
     if auth and (crypto or local):
-        return False
+        return bool(secret_pid)
     app_id = conf.get("spark.app.id")
     if app_id is not None:
         if (app_id, auth) in _key_warned:
@@ -262,7 +314,10 @@ def warn_key_transport(master: str, conf: Mapping[str, str]) -> bool:
             "tfos cluster key inside them, to any process that connects (they listen on the driver's and the "
             "executors' addresses, not on loopback; other users of this host included, on local masters too): "
             "whoever fetches the key can send rows to the nodes and impersonate the driver or the nodes. Set "
-            "spark.authenticate=true with spark.authenticate.secret%s",
+            "spark.authenticate=true%s%s",
+            " (on local[N] Spark generates the secret)" if re.match(r"local(\[|$)", master) else
+            " with spark.authenticate.secret in a properties file only you can read (not --conf or "
+            "SparkSession.builder.config(), which put it on the JVM's command line)",
             "" if local else ", and spark.network.crypto.enabled=true so that closures do not cross the network in clear text",
         )
     else:
@@ -306,7 +361,7 @@ def check_spark(sc: Any, num_nodes: int, input_mode: InputMode, wait_s: float = 
         check_static(layout, conf, num_nodes, input_mode)
     except ConfigurationError as exc:
         raise ConfigurationError(str(exc) + _ps_hint(ps_on_executors, num_nodes, str(exc))) from None
-    warn_key_transport(sc.master, conf)
+    warn_key_transport(sc.master, conf, secret_on_command_line(driver_jvm_pid(sc)))
     if layout.local:
         return layout
     deadline = Deadline(wait_s, f"{num_nodes} Spark executors to register")
