@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Start or stop a one-machine Spark standalone cluster (a master and one worker) for
-# trying the examples with spark-submit. pip's PySpark has no sbin/ start scripts, so this
+# Start or stop a one-machine Spark standalone cluster (a master and one or more workers)
+# for trying the examples with spark-submit. pip's PySpark has no sbin/ start scripts, so this
 # runs the master and worker classes with bin/spark-class in the background and keeps
 # their PIDs in a pid file; "stop" ends exactly those PIDs.
 #
@@ -10,8 +10,10 @@
 #
 # Settings (environment):
 #   PYTHON              Python whose PySpark to use (default: the repo's .venv, else python3)
-#   SPARK_WORKER_CORES  cores the worker offers = max. executors with 1 core each (default 4)
-#   SPARK_WORKER_MEMORY memory the worker offers (default 4g)
+#   SPARK_WORKER_INSTANCES  how many workers (default 1; each is its own process, as
+#                       separate machines would be)
+#   SPARK_WORKER_CORES  cores each worker offers = max. executors with 1 core each (default 4)
+#   SPARK_WORKER_MEMORY memory each worker offers (default 4g)
 #   SPARK_MASTER_PORT   (default 7077)      SPARK_MASTER_WEBUI_PORT (default 8080)
 #   SPARK_STANDALONE_DIR  pid file, logs and worker dir (default /tmp/tfos-spark-standalone)
 set -euo pipefail
@@ -27,6 +29,7 @@ MASTER_PORT="${SPARK_MASTER_PORT:-7077}"
 WEBUI_PORT="${SPARK_MASTER_WEBUI_PORT:-8080}"
 CORES="${SPARK_WORKER_CORES:-4}"
 MEMORY="${SPARK_WORKER_MEMORY:-4g}"
+WORKERS="${SPARK_WORKER_INSTANCES:-1}"
 MASTER_URL="spark://$HOST:$MASTER_PORT"
 
 spark_home() {
@@ -35,18 +38,6 @@ spark_home() {
 
 alive() {  # alive PID -> true while that process runs
   kill -0 "$1" 2>/dev/null
-}
-
-wait_for_port() {  # wait_for_port PORT SECONDS
-  local port=$1 secs=$2 i
-  for ((i = 0; i < secs * 2; i++)); do
-    if "$PYTHON" - "$port" <<'EOF' 2>/dev/null; then return 0; fi
-import socket, sys
-socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=1).close()
-EOF
-    sleep 0.5
-  done
-  return 1
 }
 
 start() {
@@ -64,31 +55,51 @@ start() {
   export SPARK_HOME; SPARK_HOME="$(spark_home)"
   export SPARK_LOCAL_IP="$HOST" PYSPARK_PYTHON="${PYSPARK_PYTHON:-$PYTHON}"
   echo "SPARK_HOME=$SPARK_HOME"
+  # spark.port.maxRetries=0: if the port is taken the master fails rather than moving to
+  # the next port, where our worker would not find it (and might join another master).
+  SPARK_MASTER_OPTS="${SPARK_MASTER_OPTS:-} -Dspark.port.maxRetries=0" \
   nohup "$SPARK_HOME/bin/spark-class" org.apache.spark.deploy.master.Master \
     --host "$HOST" --port "$MASTER_PORT" --webui-port "$WEBUI_PORT" \
     > "$STATE_DIR/master.log" 2>&1 < /dev/null &
-  echo $! > "$PID_FILE"
-  if ! wait_for_port "$MASTER_PORT" 60; then
-    echo "the master did not listen on port $MASTER_PORT within 60 s; see $STATE_DIR/master.log" >&2
+  local master_pid=$!
+  echo $master_pid > "$PID_FILE"
+  local i ok=0
+  for ((i = 0; i < 120; i++)); do
+    if grep -q "Successfully started service 'sparkMaster' on port $MASTER_PORT\." "$STATE_DIR/master.log" 2>/dev/null; then
+      ok=1; break
+    fi
+    if ! alive "$master_pid"; then break; fi
+    sleep 0.5
+  done
+  if [[ $ok != 1 ]]; then
+    echo "the master did not start on port $MASTER_PORT (it exited, or 60 s passed: is the port taken? set SPARK_MASTER_PORT); see $STATE_DIR/master.log" >&2
     stop
     return 1
   fi
-  nohup "$SPARK_HOME/bin/spark-class" org.apache.spark.deploy.worker.Worker "$MASTER_URL" \
-    --host "$HOST" --cores "$CORES" --memory "$MEMORY" --work-dir "$STATE_DIR/work" \
-    > "$STATE_DIR/worker.log" 2>&1 < /dev/null &
-  echo $! >> "$PID_FILE"
-  local i
-  for ((i = 0; i < 120; i++)); do
-    if grep -q "Successfully registered with master" "$STATE_DIR/worker.log" 2>/dev/null; then
-      echo "master $MASTER_URL (UI http://$HOST:$WEBUI_PORT), worker with $CORES cores and $MEMORY"
-      echo "pids $(tr '\n' ' ' < "$PID_FILE")(in $PID_FILE); logs in $STATE_DIR"
-      return 0
-    fi
-    sleep 0.5
+  local w log
+  for ((w = 1; w <= WORKERS; w++)); do
+    log="$STATE_DIR/worker.log"; [[ $w == 1 ]] || log="$STATE_DIR/worker-$w.log"
+    mkdir -p "$STATE_DIR/work/$w"
+    nohup "$SPARK_HOME/bin/spark-class" org.apache.spark.deploy.worker.Worker "$MASTER_URL" \
+      --host "$HOST" --cores "$CORES" --memory "$MEMORY" --work-dir "$STATE_DIR/work/$w" \
+      > "$log" 2>&1 < /dev/null &
+    echo $! >> "$PID_FILE"
   done
-  echo "the worker did not register within 60 s; see $STATE_DIR/worker.log" >&2
-  stop
-  return 1
+  for ((w = 1; w <= WORKERS; w++)); do
+    log="$STATE_DIR/worker.log"; [[ $w == 1 ]] || log="$STATE_DIR/worker-$w.log"
+    for ((i = 0; i < 120; i++)); do
+      if grep -q "Successfully registered with master $MASTER_URL" "$log" 2>/dev/null; then break; fi
+      sleep 0.5
+    done
+    if [[ $i == 120 ]]; then
+      echo "worker $w did not register with $MASTER_URL within 60 s; see $log" >&2
+      stop
+      return 1
+    fi
+  done
+  echo "master $MASTER_URL (UI http://$HOST:$WEBUI_PORT), $WORKERS worker(s) with $CORES cores and $MEMORY each"
+  echo "pids $(tr '\n' ' ' < "$PID_FILE")(in $PID_FILE); logs in $STATE_DIR"
+  return 0
 }
 
 stop() {

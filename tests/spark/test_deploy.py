@@ -92,7 +92,8 @@ def test_venv_pack_archive_on_standalone_cluster(tmp_path, no_leftovers):
     env = _clean_env()
     port = _free_port()
     env.update(PYTHON=sys.executable, SPARK_STANDALONE_DIR=str(state), SPARK_MASTER_PORT=str(port),
-               SPARK_MASTER_WEBUI_PORT=str(_free_port()), SPARK_WORKER_CORES="2", SPARK_WORKER_MEMORY="2g")
+               SPARK_MASTER_WEBUI_PORT=str(_free_port()), SPARK_WORKER_CORES="1", SPARK_WORKER_MEMORY="1g",
+               SPARK_WORKER_INSTANCES="2")  # two workers, as two machines would be
     script = os.path.join(ROOT, "scripts", "spark_standalone.sh")
     subprocess.run(["bash", script, "start"], check=True, env=env, timeout=300)
     try:
@@ -112,9 +113,12 @@ def test_venv_pack_archive_on_standalone_cluster(tmp_path, no_leftovers):
     assert proc.returncode == 0, f"stdout:\n{out[-3000:]}\nstderr:\n{err[-6000:]}"
     m = re.search(r"^executor python: (\S+)$", out, re.MULTILINE)
     assert m and m.group(1).endswith("/environment/bin/python") and str(state) in m.group(1), out
+    workers = set()
     for node in ("chief-0", "worker-0"):
         with open(tmp_path / f"{node}.json") as f:
             seen = json.load(f)
+        workers.add(re.search(r"/work/(\d+)/", seen["python"]).group(1))
         assert seen["python"].endswith("/environment/bin/python") and str(state) in seen["python"], seen
         assert "/environment/lib/" in seen["tfos"], seen  # tfos from the archive
         assert seen["marker"] == "shipped-42"
+    assert workers == {"1", "2"}, workers  # one node on each worker (1 core each)
