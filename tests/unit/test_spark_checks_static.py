@@ -221,3 +221,36 @@ def test_too_few_executors_offers_driver_ps_nodes_when_there_are_ps_nodes():
     with pytest.raises(ConfigurationError) as info:
         spark_checks.check_spark(Sc(), 3, InputMode.TENSORFLOW, wait_s=1.0)
     assert "driver_ps_nodes" not in str(info.value)
+
+
+def test_too_few_executors_on_standalone_with_gpus_names_the_gpus(monkeypatch):
+    """3 nodes on a standalone master whose workers start only 2 executors asking for a GPU
+    each: the error says how standalone sizes an application (spark.executor.instances
+    does nothing there) and that the workers' GPUs may be what is missing."""
+    from tfos._driver import spark_checks
+
+    conf = {"spark.master": "spark://10.0.0.1:7077", "spark.executor.cores": "1", "spark.task.cpus": "1",
+            "spark.executor.resource.gpu.amount": "1", "spark.task.resource.gpu.amount": "1"}
+
+    class Conf:
+        def getAll(self):
+            return list(conf.items())
+
+    class Sc:
+        master = conf["spark.master"]
+
+        def getConf(self):
+            return Conf()
+
+    monkeypatch.setattr(spark_checks, "live_executors", lambda sc: 2)
+    monkeypatch.setattr(spark_checks, "_check_one_slot_per_executor", lambda sc, n, have: None)
+    monkeypatch.setattr(spark_checks, "driver_jvm_pid", lambda sc: None)
+    with pytest.raises(ConfigurationError) as info:
+        spark_checks.check_spark(Sc(), 3, InputMode.TENSORFLOW, wait_s=0.2)
+    text = str(info.value)
+    assert "give the application 3 executors (--total-executor-cores 3 (spark.cores.max) with --executor-cores 1" in text, text
+    assert "spark.executor.instances" not in text, text
+    assert text.endswith("so 3 executors need 3 GPUs in all on the workers (spark.worker.resource.gpu.amount and what its "
+                         "discoveryScript finds; the master's log and UI show each worker's resources), and waiting "
+                         "longer does not help when they are not there"), text
+    assert spark_checks._gpu_hint({}, 3) == "" and spark_checks._gpu_hint({"spark.executor.resource.gpu.amount": "x"}, 3) == ""

@@ -380,17 +380,34 @@ def check_spark(sc: Any, num_nodes: int, input_mode: InputMode, wait_s: float = 
         raise ConfigurationError(
             f"only {have} of the {num_nodes} executors the cluster needs registered with the Spark driver within "
             f"{wait_s:g} s ({sc.master}): they are probably still starting. Wait for them, or raise "
-            "executor_wait_s / reservation_timeout in TFCluster.run()"
+            "executor_wait_s / reservation_timeout in TFCluster.run()" + _gpu_hint(conf, num_nodes)
         )
     if have < num_nodes:
+        how = (f"--total-executor-cores {num_nodes} (spark.cores.max) with --executor-cores 1 and enough worker cores"
+               if sc.master.startswith("spark://") else f"spark.executor.instances={num_nodes}, enough worker cores")
         raise ConfigurationError(
             f"the cluster needs {num_nodes} executors (one per node) but only {have} registered with the "
             f"Spark driver within {wait_s:g} s ({sc.master}). Reduce num_executors/cluster_size to {have}, or "
-            f"give the application {num_nodes} executors (spark.executor.instances={num_nodes}, enough worker cores)"
-            + _ps_hint(ps_on_executors, num_nodes, "Reduce num_executors")
+            f"give the application {num_nodes} executors ({how})"
+            + _ps_hint(ps_on_executors, num_nodes, "Reduce num_executors") + _gpu_hint(conf, num_nodes)
         )
     _check_one_slot_per_executor(sc, num_nodes, have)
     return layout
+
+
+def _gpu_hint(conf: Mapping[str, str], num_nodes: int) -> str:
+    """Why executors that ask for GPUs may never start, for the too-few-executors errors (pure)."""
+    try:
+        gpus = float(conf.get("spark.executor.resource.gpu.amount", 0) or 0)
+    except ValueError:
+        return ""
+    if gpus <= 0:
+        return ""
+    return (f". Each executor asks for {gpus:g} GPU(s) (spark.executor.resource.gpu.amount): a cluster manager "
+            f"starts an executor only where a worker has that many GPUs free, so {num_nodes} executors need "
+            f"{num_nodes * gpus:g} GPUs in all on the workers (spark.worker.resource.gpu.amount and what its "
+            "discoveryScript finds; the master's log and UI show each worker's resources), and waiting longer does "
+            "not help when they are not there")
 
 
 def _check_one_slot_per_executor(sc: Any, num_nodes: int, have: int) -> None:
