@@ -254,3 +254,21 @@ def test_too_few_executors_on_standalone_with_gpus_names_the_gpus(monkeypatch):
                          "discoveryScript finds; the master's log and UI show each worker's resources), and waiting "
                          "longer does not help when they are not there"), text
     assert spark_checks._gpu_hint({}, 3) == "" and spark_checks._gpu_hint({"spark.executor.resource.gpu.amount": "x"}, 3) == ""
+
+
+def test_standalone_executors_come_from_cores_max_not_instances():
+    """Standalone ignores spark.executor.instances: 3 total cores of 1-core executors give
+    at most 3 executors, and 4 nodes are refused at once (not after executor_wait_s)."""
+    from tfos._driver.spark_checks import check_static, plan_layout
+
+    conf = {"spark.cores.max": "3", "spark.executor.cores": "1", "spark.executor.instances": "8"}
+    layout = plan_layout("spark://10.0.0.1:7077", conf)
+    assert (layout.executors, layout.slots_per_executor, layout.total_slots) == (3, 1, 3)
+    with pytest.raises(ConfigurationError) as info:
+        check_static(layout, conf, 4, InputMode.SPARK)
+    assert str(info.value) == (
+        "the cluster needs 4 executors (one per node) but the Spark application has 3 (spark://10.0.0.1:7077). "
+        "Reduce num_executors/cluster_size to 3, or start Spark with 4 executors (--total-executor-cores 4 "
+        "(spark.cores.max) with --executor-cores 1)")
+    assert plan_layout("spark://10.0.0.1:7077", {"spark.executor.cores": "1", "spark.executor.instances": "8"}).executors is None
+    assert plan_layout("yarn", conf).executors == 8

@@ -134,6 +134,11 @@ def plan_layout(master: str, conf: Mapping[str, str]) -> SparkLayout:
         return SparkLayout(master, False, n_exec, per_lc, n_exec * per_lc)
     instances = _int_conf(conf, "spark.executor.instances")
     cores = _int_conf(conf, "spark.executor.cores")
+    if master.startswith("spark://"):
+        # Standalone sizes an application by spark.cores.max (--total-executor-cores) and
+        # ignores spark.executor.instances: at most cores.max // executor.cores executors.
+        cores_max = _int_conf(conf, "spark.cores.max")
+        instances = cores_max // cores if cores_max is not None and cores else None
     per = per_exec(cores)
     total = None if instances is None or per is None else instances * per
     return SparkLayout(master, False, instances, per, total)
@@ -189,7 +194,9 @@ def check_static(layout: SparkLayout, conf: Mapping[str, str], num_nodes: int, i
         raise ConfigurationError(
             f"the cluster needs {num_nodes} executors (one per node) but the Spark application has "
             f"{layout.executors} ({layout.master}). Reduce num_executors/cluster_size to {layout.executors}, "
-            f"or start Spark with {num_nodes} executors (spark.executor.instances={num_nodes})"
+            f"or start Spark with {num_nodes} executors ("
+            + (f"--total-executor-cores {num_nodes} (spark.cores.max) with --executor-cores 1"
+               if layout.master.startswith("spark://") else f"spark.executor.instances={num_nodes}") + ")"
         )
 
 
