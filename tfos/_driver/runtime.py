@@ -125,7 +125,7 @@ def spark_error_text(exc: BaseException) -> str:
                 if marker in line:
                     return line.strip()[:500]
         # Otherwise the Java exception's own line (": java.lang.OutOfMemoryError: ...").
-        cause = next((ln.strip().lstrip(": ").strip() for ln in lines[1:] if ln.strip().lstrip(": ").strip()), "")
+        cause = next((c for c in (ln.strip().lstrip(": ").strip() for ln in lines[1:]) if c), "")
         if cause:
             return f"{lines[0].strip()} {cause}"[:500]
     return lines[0][:500] if text else type(exc).__name__

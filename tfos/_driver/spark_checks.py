@@ -194,10 +194,16 @@ def check_static(layout: SparkLayout, conf: Mapping[str, str], num_nodes: int, i
         raise ConfigurationError(
             f"the cluster needs {num_nodes} executors (one per node) but the Spark application has "
             f"{layout.executors} ({layout.master}). Reduce num_executors/cluster_size to {layout.executors}, "
-            f"or start Spark with {num_nodes} executors ("
-            + (f"--total-executor-cores {num_nodes} (spark.cores.max) with --executor-cores 1"
-               if layout.master.startswith("spark://") else f"spark.executor.instances={num_nodes}") + ")"
+            f"or start Spark with {num_nodes} executors ({_executors_setting(layout.master, num_nodes)})"
         )
+
+
+def _executors_setting(master: str, n: int) -> str:
+    """The setting that gives an application ``n`` one-core executors on ``master`` (pure):
+    standalone sizes it by total cores and ignores ``spark.executor.instances``."""
+    if master.startswith("spark://"):
+        return f"--total-executor-cores {n} (spark.cores.max) with --executor-cores 1"
+    return f"spark.executor.instances={n}"
 
 
 def live_executors(sc: Any) -> int:
@@ -390,12 +396,10 @@ def check_spark(sc: Any, num_nodes: int, input_mode: InputMode, wait_s: float = 
             "executor_wait_s / reservation_timeout in TFCluster.run()" + _gpu_hint(conf, num_nodes)
         )
     if have < num_nodes:
-        how = (f"--total-executor-cores {num_nodes} (spark.cores.max) with --executor-cores 1 and enough worker cores"
-               if sc.master.startswith("spark://") else f"spark.executor.instances={num_nodes}, enough worker cores")
         raise ConfigurationError(
             f"the cluster needs {num_nodes} executors (one per node) but only {have} registered with the "
             f"Spark driver within {wait_s:g} s ({sc.master}). Reduce num_executors/cluster_size to {have}, or "
-            f"give the application {num_nodes} executors ({how})"
+            f"give the application {num_nodes} executors ({_executors_setting(sc.master, num_nodes)}, enough worker cores)"
             + _ps_hint(ps_on_executors, num_nodes, "Reduce num_executors") + _gpu_hint(conf, num_nodes)
         )
     _check_one_slot_per_executor(sc, num_nodes, have)
