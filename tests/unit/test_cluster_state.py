@@ -996,3 +996,43 @@ def test_a_failed_spark_job_with_no_node_cause_says_so(monkeypatch):
                          "space (the Spark job of inference() failed "
                          "and no node reported a cause: it may lie on the driver or in Spark itself; listed under "
                          "the first node, ps:0)"), f.message
+
+
+@pytest.mark.parametrize("when, status, cancels", [
+    ("submitted", "RUNNING", 1),   # Spark had the job: the one cancellation reached it
+    ("later", "RUNNING", 2),       # submitted after the cancellation: cancelled again
+    ("later", "FAILED", 1),        # ...unless it already ended (Spark would WARN
+])                                 # 'Failed to cancel job group', seen under CPU load)
+def test_job_group_is_cancelled_again_only_while_a_job_runs(when, status, cancels):
+    import tfos._driver.runtime as rt
+
+    class Info:
+        def __init__(self, status):
+            self.status = status
+
+    class Sc:
+        def __init__(self):
+            self.ids, self.cancelled = ([7] if when == "submitted" else []), []
+
+        def statusTracker(self):
+            return self
+
+        def getJobIdsForGroup(self, group):
+            return list(self.ids)
+
+        def getJobInfo(self, jid):
+            return Info(status)
+
+        def cancelJobGroup(self, group):
+            self.cancelled.append(group)
+
+    job = object.__new__(rt.JobThread)
+    job.sc, job.group, job.done, job.cancelled = Sc(), "tfos-x-start-1", threading.Event(), False
+    job.cancel()
+    job.sc.ids = [7]  # the job thread submits its job now
+    deadline = time.monotonic() + 5.0
+    while len(job.sc.cancelled) < cancels and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.6)  # a few polls of the re-cancel thread
+    job.done.set()
+    assert job.sc.cancelled == ["tfos-x-start-1"] * cancels

@@ -84,12 +84,24 @@ class JobThread:
         if self.done.is_set() or self.cancelled:
             return  # nothing left to cancel: Spark would WARN 'Failed to cancel job group'
         self.cancelled = True
+        had = self._job_ids()
         self._cancel_group()
-        # The job thread may not have submitted its job yet (a Ctrl-C right after run()
+        if had is None or had:
+            return  # Spark had the job, so the cancellation reached it (or Spark is stopping)
+        # The job thread had not submitted its job yet (a Ctrl-C right after run()
         # started it): a cancellation of a group with no job does nothing, and the job
         # would then start node processes nobody waits for. Cancel again once Spark has
-        # the job (bounded; the thread itself skips an action not yet started).
+        # the job (bounded; the thread itself skips an action not yet started). Only a
+        # job still running is cancelled again: cancelling a group whose job already
+        # ended makes Spark WARN 'Failed to cancel job group'.
         threading.Thread(target=self._recancel, name=f"tfos-cancel-{self.group}", daemon=True).start()
+
+    def _job_ids(self) -> Optional[list]:
+        """Spark's job ids of this group so far; None when Spark cannot be asked."""
+        try:
+            return list(self.sc.statusTracker().getJobIdsForGroup(self.group))
+        except Exception:  # noqa: BLE001 - the context is stopping
+            return None
 
     def _cancel_group(self) -> None:
         try:
@@ -100,12 +112,16 @@ class JobThread:
     def _recancel(self, within_s: float = 10.0) -> None:
         deadline = time.monotonic() + within_s
         while not self.done.wait(0.2) and time.monotonic() < deadline:
-            try:
-                submitted = bool(self.sc.statusTracker().getJobIdsForGroup(self.group))
-            except Exception:  # noqa: BLE001 - the context is stopping
+            ids = self._job_ids()
+            if ids is None:
                 return
-            if submitted:
-                self._cancel_group()
+            if ids:
+                try:
+                    infos = [self.sc.statusTracker().getJobInfo(j) for j in ids]
+                except Exception:  # noqa: BLE001 - the context is stopping
+                    return
+                if any(i is not None and i.status == "RUNNING" for i in infos):
+                    self._cancel_group()
                 return
 
 
