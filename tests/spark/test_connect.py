@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import time
 import warnings
 from pathlib import Path
@@ -170,6 +171,14 @@ def failing_feed_fun(args, ctx):
     raise RuntimeError(f"bad batch on purpose in {ctx.job_name}:{ctx.task_index}")
 
 
+def read_ten_and_return_fun(args, ctx):
+    """InputMode.SPARK: reads 10 rows and returns without DataFeed.terminate() (C02)."""
+    from tfos.datafeed import DataFeed
+
+    rows = DataFeed(ctx.mgr, train_mode=True).next_batch(10)
+    _write_json(os.path.join(args["out"], f"{ctx.job_name}{ctx.task_index}.json"), {"rows": len(rows)})
+
+
 def rows_to_pickle_fun(args, ctx):
     """InputMode.SPARK: pickles every row it reads to ``<out>/<node>.pkl``."""
     import pickle
@@ -259,6 +268,25 @@ def test_feed_failure_names_the_node(spark, tmp_path):
     assert "RuntimeError: bad batch on purpose in worker:" in text
     assert any(f.kind == "exception" and f.error_type == "RuntimeError" for f in ei.value.failures)
     cluster.shutdown()  # already torn down: a no-op
+    _assert_all_gone()
+
+
+def test_main_fun_returning_early_is_named_in_the_warning(spark, tmp_path, caplog):
+    """C02 on Connect: main_fun reads 10 rows and returns; train() ends, and its WARNING
+    says how many partitions were skipped and names the nodes, as on the classic path."""
+    caplog.set_level(logging.INFO, logger="tfos.connect")
+    df = spark.range(0, 1000, 1, 4).selectExpr("id", "id as y")
+    with TFCluster.run(spark, read_ten_and_return_fun, {"out": str(tmp_path)}, 2, 0, input_mode=InputMode.SPARK,
+                       reservation_timeout=180) as cluster:
+        cluster.train(df)
+    assert {p.stem: json.loads(p.read_text())["rows"] for p in tmp_path.glob("*.json")} == {"worker0": 10, "worker1": 10}
+    warned = [r.getMessage() for r in caplog.records if r.name == "tfos.connect" and r.levelno == logging.WARNING
+              and "not consumed to their end" in r.getMessage()]
+    node = r"worker:[01] \(executor [01], host [^)]+\)"
+    assert len(warned) == 1 and re.fullmatch(
+        r"train\(\): 4 of 4 partitions were not consumed to their end because main_fun on their node had "
+        r"returned \(it stopped reading without DataFeed\.terminate\(\)\); their unread rows were not trained on"
+        rf"\. main_fun returned without terminate\(\) on {node}(, {node})?", warned[0]), warned
     _assert_all_gone()
 
 

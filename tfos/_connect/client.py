@@ -258,10 +258,17 @@ class ConnectTFCluster:
         outcomes = [r["outcome"] for r in rows]
         skipped = sum(1 for o in outcomes if o in ("finished", "skipped"))
         if skipped:
+            try:
+                # The nodes' reports may still be on their way: the control host waits up to 2 s.
+                done = self._op("client_returned", "train()", executors=[n.executor_id for n in plan.nodes],
+                                qname=plan.qname, wait_s=2.0).get("names", [])
+            except TFOSError as exc:
+                log.debug("tfos: could not ask which node returned: %s", exc)
+                done = []
             log.warning(
                 "train(): %d of %d partitions were not consumed to their end because main_fun on their node had "
-                "returned (it stopped reading without DataFeed.terminate()); their unread rows were not trained on",
-                skipped, len(rows),
+                "returned (it stopped reading without DataFeed.terminate()); their unread rows were not trained on%s",
+                skipped, len(rows), f". main_fun returned without terminate() on {', '.join(done)}" if done else "",
             )
 
     def inference(self, dataRDD: Any, feed_timeout: float = 600, qname: str = "input", schema: Any = "result double") -> Any:

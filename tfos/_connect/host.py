@@ -139,6 +139,10 @@ class ControlHost:
                 return self._client_control(str(body["action"]), str(body.get("reason", "")))
             if kind == "client_teardown":
                 return self._client_teardown(bool(body["abort"]), float(body.get("attribution_s", 0.0)), float(body.get("poll_s", MAX_POLL_S)), bool(body.get("release")))
+            if kind == "client_returned":
+                ids = [int(e) for e in body["executors"]]
+                wait_s = max(0.0, min(float(body.get("wait_s", 0.0)), MAX_POLL_S))
+                return {"names": self.state.returned_without_terminate(ids, str(body["qname"]), wait_s)}
             if kind == "client_release":
                 self.released.set()
                 return {"ok": True}

@@ -442,16 +442,7 @@ class TFCluster:
         if terminated:
             log.info("train(): %d of %d partitions skipped after DataFeed.terminate()", len(terminated), total)
         if skipped:
-            st = self._state
-
-            def returned() -> list:
-                return [n.executor_id for n in plan.nodes if st.proc_state.get(n.executor_id) in ("finished", "stopped")
-                        and plan.qname not in st.terminated_queues.get(n.executor_id, ())]
-
-            # A skipped partition means some node's main_fun returned; its report may still
-            # be on its way (bounded: the warning goes out without names after 2 s).
-            st.wait_until(lambda: bool(returned()), 2.0)
-            done = [st.node_name(eid) for eid in returned()]
+            done = self._state.returned_without_terminate([n.executor_id for n in plan.nodes], plan.qname, 2.0)
             log.warning(
                 "train(): %d of %d partitions were not consumed to their end because main_fun on their node had "
                 "returned (it stopped reading without DataFeed.terminate()); their unread rows were not trained on%s",

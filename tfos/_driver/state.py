@@ -609,6 +609,25 @@ class ClusterState:
                     return "tick"
                 self._cond.wait(end.slice(_MAX_POLL_S))
 
+    def returned_without_terminate(self, executor_ids: Sequence[int], qname: str, timeout_s: float) -> list[str]:
+        """Names the nodes among ``executor_ids`` whose ``main_fun`` returned without
+        ``DataFeed.terminate()`` of ``qname`` (the cause of skipped partitions, C02).
+
+        A skipped partition means such a node exists, but its report may still be on its
+        way: waits up to ``timeout_s`` for at least one (driver or control host).
+
+        Returns:
+            ``job:index (executor N, host H)`` of each such node, in executor order; empty
+            when none reported in time.
+        """
+        def returned() -> list[int]:
+            return [e for e in executor_ids if self.proc_state.get(e) in ("finished", "stopped")
+                    and qname not in self.terminated_queues.get(e, ())]
+
+        self.wait_until(lambda: bool(returned()), timeout_s)
+        with self._cond:
+            return [self.node_name(e) for e in sorted(returned())]
+
     def wait_until_exited(self, executor_ids: Sequence[int], timeout_s: float) -> list[int]:
         """Waits for the processes of ``executor_ids`` to exit (or be lost).
 
