@@ -18,7 +18,7 @@ import pytest
 pytestmark = [pytest.mark.spark, pytest.mark.tf]
 
 DRIVER = textwrap.dedent('''
-    import sys
+    import logging, sys
     from pyspark.sql import SparkSession
     from tfos import TFCluster, TFNode
     from tfos.errors import ClusterFailedError
@@ -46,6 +46,11 @@ DRIVER = textwrap.dedent('''
             os.write(2, b"F0000 00:00:1796080592.555864    7250 check.cc:12] Check failed: x == y\\n")
             os.abort()  # no flush of anything, no atexit: only what reached the pipe
 
+    # Only the driver's "main_fun finished" lines (INFO) join the output, to check their order.
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(lambda r: "main_fun finished" in r.getMessage())
+    logging.getLogger("tfos._driver.state").addHandler(handler)
+    logging.getLogger("tfos._driver.state").setLevel(logging.INFO)
     spark = (SparkSession.builder.master("local-cluster[2,1,1024]").appName("node-output")
              .config("spark.driver.host", "127.0.0.1").config("spark.executor.memory", "768m").getOrCreate())
     sc = spark.sparkContext
@@ -89,6 +94,13 @@ def test_node_output_reaches_driver_stderr_quietly(tmp_path, no_leftovers):
         sums[node] = int(found[0])
         assert len(re.findall(rf"^\[{node}\] stderr line of {node}$", err, re.MULTILINE)) == 1, err[-6000:]
     assert sum(sums.values()) == sum(range(1000)), sums
+    # The driver says main_fun finished after the node's last lines (its supervisor reports
+    # the return after them).
+    for node in ("chief:0", "worker:0"):
+        done = [m.start() for m in re.finditer(rf"^tfos node {node} \(executor \d, host [^)]+\): main_fun finished$", err, re.MULTILINE)]
+        # (chief:0 finishes in all three clusters; the first is the summing one)
+        assert done and done[0] < err.index("CAUGHT the failure of failing_main"), err[-6000:]
+        assert err.index(f"[{node}] node {node} summed") < done[0] and err.index(f"[{node}] stderr line of {node}") < done[0], err[-6000:]
     # Quiet: no TensorFlow C++ start-up lines, no WARNs from tfos's own jobs.
     for noise in ("cuInit", "oneDNN custom operations", "absl::InitializeLog", "cpu_feature_guard",
                   "task of very large size", "Failed to cancel job group"):

@@ -99,6 +99,7 @@ FAILING_CHILD = textwrap.dedent("""
     print("stderr 1", file=sys.stderr)
     print("\\x1etfos-failure 0000 {\\"forged\\": 1}", file=sys.stderr)  # another token: a plain line
     assert write_failure_marks(token, {"executor_id": 3, "message": "boom \\u00e9"})
+    time.sleep(0.3)  # lines written after the markers may be sent with those before them
     print("after the failure")
     time.sleep(0.5)
 """)
@@ -135,6 +136,54 @@ def test_a_failure_is_reported_after_the_lines_written_before_it():
     after = [ln for mtype, lines in client.calls[statuses[0] + 1:] if mtype == "log" for ln in lines]
     assert sorted(before) == sorted(["stdout 1", "stdout partial", "stderr 1", '\x1etfos-failure 0000 {"forged": 1}']), client.calls
     assert after == ["after the failure"], client.calls
+
+
+FINISHING_CHILD = textwrap.dedent("""
+    import os, sys, time
+    from tfos._node.output import OUTPUT_MARK_ENV, write_failure_marks, write_finished_marks
+    token = os.environ.pop(OUTPUT_MARK_ENV)
+    print("last stdout line of main_fun")
+    sys.stdout.write("partial")  # still in Python's buffer: write_finished_marks flushes it
+    print("last stderr line of main_fun", file=sys.stderr)
+    assert write_finished_marks(token, ["input"])
+    time.sleep(0.3)  # lines written after the markers may be sent with those before them
+    print("serving")
+    time.sleep(0.3)
+    print("before the failure")
+    assert write_failure_marks(token, {"executor_id": 3, "message": "late"})
+""")
+
+
+class _StatusClient:
+    def __init__(self):
+        self.calls: list = []
+
+    def request(self, mtype, **fields):
+        assert fields["executor_id"] == 3
+        if mtype == "log":
+            self.calls.extend(("line", ln) for ln in fields["lines"])
+        else:
+            self.calls.append((fields["state"], fields.get("terminated") or fields.get("failure")))
+        return {"ok": True}
+
+
+def test_main_funs_return_is_reported_after_its_last_lines():
+    """The report that main_fun returned travels in line with the output, like a
+    failure: the driver gets main_fun's last lines (a partial one too) first, then one
+    'finished' status with the terminated queues; a later failure still follows the
+    lines written before it (each marker pairs with its own stdout marker)."""
+    client = _StatusClient()
+    out = NodeOutput(client, 3, tee=False)
+    proc = subprocess.Popen([sys.executable, "-c", FINISHING_CHILD], stdout=out.child_stdout, stderr=out.child_stderr,
+                            env=dict(os.environ, PYTHONUNBUFFERED="0", TFOS_OUTPUT_MARK=out.mark))
+    out.start()
+    assert proc.wait(60) == 0
+    out.close()
+    states = [c for c in client.calls if c[0] != "line"]
+    assert states == [("finished", ["input"]), ("failed", {"executor_id": 3, "message": "late"})], client.calls
+    fin, fail = client.calls.index(states[0]), client.calls.index(states[1])
+    assert sorted(ln for _, ln in client.calls[:fin]) == ["last stderr line of main_fun", "last stdout line of main_fun", "partial"]
+    assert [ln for _, ln in client.calls[fin + 1:fail]] == ["serving", "before the failure"], client.calls
 
 
 def test_without_forwarding_there_is_no_marker_token():

@@ -17,7 +17,9 @@ A forwarded node's failure report travels the same way as its output, so that th
 shows the node's last lines before it raises (:func:`write_failure_marks`): the TF
 process writes a marker line to its stdout, then its failure (JSON) on a marker line to
 its stderr, both tagged with a per-launch token; the supervisor sends every line read
-before them, then the failure.
+before them, then the failure. The report that ``main_fun`` returned travels the same way
+(:func:`write_finished_marks`), so the driver's "main_fun finished" line follows the
+node's last lines.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ from tfos._common.deadline import Deadline
 from tfos.errors import ControlProtocolError, DeadlineExceededError
 
 __all__ = ["NodeOutput", "emit", "is_tf_noise", "note_spark_bar", "spark_shows_progress", "tf_noise_level",
-           "TF_LOG_LEVEL_DEFAULT", "OUTPUT_MARK_ENV", "std_fds_identity", "write_failure_marks"]
+           "TF_LOG_LEVEL_DEFAULT", "OUTPUT_MARK_ENV", "std_fds_identity", "write_failure_marks",
+           "write_finished_marks"]
 
 node_log = logging.getLogger("tfos.node")
 log = logging.getLogger(__name__)
@@ -167,10 +170,18 @@ class NodeOutput:
         self._sender: Optional[threading.Thread] = None
         self.mark = secrets.token_hex(8) if client is not None else ""
         self._wake = threading.Event()  # lines or a failure to send, or close()
-        self._stdout_marked = threading.Event()
+        # Marker pairs: the n-th marker on stderr (a failure, or main_fun's return) goes
+        # with the n-th "mark" line on stdout; its report waits for that one.
+        self._marks = threading.Condition()
+        self._stdout_marks = 0
+        self._stderr_marks = 0
+        self._failure_mark = 0
+        self._finished_mark = 0
         self._failure: Optional[dict] = None
-        self._failure_lock = threading.Lock()  # one send of the failure
+        self._failure_lock = threading.Lock()  # one send of the failure (and of the finished report)
         self._failure_sent = False
+        self._finished: Optional[dict] = None  # the 'finished' status fields (terminated queues)
+        self._finished_sent = False
 
     @property
     def child_stdout(self) -> int:
@@ -245,17 +256,40 @@ class NodeOutput:
         if token != self.mark:
             return text, text.encode("utf-8", "replace")
         if kind == "mark" and out == 1:
-            self._stdout_marked.set()
+            with self._marks:
+                self._stdout_marks += 1
+                self._marks.notify_all()
         elif kind == "failure" and out == 2:
             try:
                 failure = json.loads(payload)
             except ValueError:
                 return text, text.encode("utf-8", "replace")
             if isinstance(failure, dict):
+                self._failure_mark = self._count_stderr_mark()
                 self._failure = failure
+                self._wake.set()
+        elif kind == "finished" and out == 2:
+            try:
+                fields = json.loads(payload)
+            except ValueError:
+                return text, text.encode("utf-8", "replace")
+            if isinstance(fields, dict):
+                self._finished_mark = self._count_stderr_mark()
+                self._finished = fields
                 self._wake.set()
         before = text[:at]
         return before, before.encode("utf-8", "replace")
+
+    def _count_stderr_mark(self) -> int:
+        with self._marks:
+            self._stderr_marks += 1
+            return self._stderr_marks
+
+    def _wait_stdout_mark(self, n: int, timeout_s: float) -> None:
+        """Waits up to ``timeout_s`` for the ``n``-th stdout marker: the stdout lines written
+        before the stderr marker it goes with were read by then."""
+        with self._marks:
+            self._marks.wait_for(lambda: self._stdout_marks >= n, timeout_s)
 
     def _offer(self, text: str) -> None:
         if self._client is None:
@@ -297,7 +331,7 @@ class NodeOutput:
             if self._failure is None or self._failure_sent:
                 return
             self._failure_sent = True
-            self._stdout_marked.wait(stdout_wait_s)
+            self._wait_stdout_mark(self._failure_mark, stdout_wait_s)
             deadline = Deadline(5.0, "the lines before a failure to reach the driver")
             while not self._flush() and not deadline.expired():
                 pass
@@ -307,12 +341,31 @@ class NodeOutput:
             except _REQ_ERRORS as exc:
                 log.error("could not report the failure of executor %s to the driver: %s", self._eid, exc)
 
+    def _send_finished(self, stdout_wait_s: float) -> None:
+        """Like :meth:`_send_failure`, for the report that main_fun returned: the lines
+        written before it, then the ``finished`` status (once)."""
+        with self._failure_lock:
+            if self._finished is None or self._finished_sent or self._failure_sent:
+                return
+            self._finished_sent = True
+            self._wait_stdout_mark(self._finished_mark, stdout_wait_s)
+            deadline = Deadline(5.0, "the lines before main_fun's return to reach the driver")
+            while not self._flush() and not deadline.expired():
+                pass
+            terminated = [str(q) for q in self._finished.get("terminated", [])]
+            try:
+                self._client.request("status", executor_id=self._eid, state="finished", terminated=terminated, timeout_s=10.0)
+            except _REQ_ERRORS as exc:
+                log.error("could not report to the driver that main_fun of executor %s returned: %s", self._eid, exc)
+
     def _send_loop(self) -> None:
         while not self._stop.is_set():
             self._wake.wait(0.5)
             self._wake.clear()
             if self._failure is not None and not self._failure_sent:
                 self._send_failure(1.0)
+            elif self._finished is not None and not self._finished_sent:
+                self._send_finished(1.0)
             else:
                 self._flush()  # also the lines written after a failure was sent
 
@@ -336,6 +389,7 @@ class NodeOutput:
         self._sender.join(2.0)
         self._sender = None
         self._send_failure(0.0)  # the readers are done: every marker was read
+        self._send_finished(0.0)
         deadline = Deadline(5.0, "the last output lines to reach the driver")
         while not self._flush() and not deadline.expired():
             pass
@@ -373,6 +427,26 @@ def write_failure_marks(token: str, failure: dict, fds_identity: Optional[tuple]
         False when there is no token, a descriptor was redirected, or a write failed (the
         caller reports the failure to the driver itself).
     """
+    return _write_marks(token, "failure", failure, fds_identity)
+
+
+def write_finished_marks(token: str, terminated: list, fds_identity: Optional[tuple] = None) -> bool:
+    """Hands the report that ``main_fun`` returned to the supervisor in line with the
+    output (TF process), as :func:`write_failure_marks` does for a failure: the driver
+    gets the node's last lines, then the ``finished`` status.
+
+    Args:
+        token: The supervisor's ``TFOS_OUTPUT_MARK``; "" means the lines are not forwarded.
+        terminated: The queue names main_fun ended with ``DataFeed.terminate()``.
+        fds_identity: As for :func:`write_failure_marks`.
+
+    Returns:
+        False when nothing was handed over (the caller reports to the driver itself).
+    """
+    return _write_marks(token, "finished", {"terminated": [str(q) for q in terminated]}, fds_identity)
+
+
+def _write_marks(token: str, kind: str, body: dict, fds_identity: Optional[tuple]) -> bool:
     if not token or (fds_identity is not None and std_fds_identity() != fds_identity):
         return False
     for stream in (sys.stdout, sys.stderr):
@@ -382,7 +456,7 @@ def write_failure_marks(token: str, failure: dict, fds_identity: Optional[tuple]
             pass
     try:
         _write_all(1, f"{_MARK_START}mark {token}\n".encode())
-        _write_all(2, f"{_MARK_START}failure {token} {json.dumps(failure)}\n".encode())
+        _write_all(2, f"{_MARK_START}{kind} {token} {json.dumps(body)}\n".encode())
     except OSError:
         return False
     return True

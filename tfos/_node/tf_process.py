@@ -31,7 +31,7 @@ from tfos._common.deadline import Deadline
 from tfos._data import local_socket as _local
 from tfos._data.feed_hub import FeedHub
 from tfos._node.launch import NodeLaunch
-from tfos._node.output import OUTPUT_MARK_ENV, TF_LOG_LEVEL_DEFAULT, std_fds_identity, write_failure_marks
+from tfos._node.output import OUTPUT_MARK_ENV, TF_LOG_LEVEL_DEFAULT, std_fds_identity, write_failure_marks, write_finished_marks
 from tfos._node.start_task import read_launch, setup_process_logging, watch_stdin_eof
 from tfos.cluster_template import InputMode, NodeInfo, build_cluster_spec, tf_config_json
 from tfos.errors import ControlProtocolError, DeadlineExceededError, NodeFailure, ReservationTimeoutError
@@ -319,7 +319,10 @@ def run_node(launch: NodeLaunch) -> int:
         # The queues main_fun terminated: feed tasks that find the data server gone then
         # skip their partitions as 'terminated', not as 'main_fun returned early' (C11).
         terminated = sorted(hub.terminated) if hub is not None else []
-        client.request("status", executor_id=eid, state="finished", terminated=terminated, timeout_s=10.0)
+        # A forwarded node's supervisor reports it after the lines main_fun printed, so
+        # the driver's "main_fun finished" line follows them.
+        if not write_finished_marks(_OUTPUT_MARK, terminated, _OUTPUT_FDS):
+            client.request("status", executor_id=eid, state="finished", terminated=terminated, timeout_s=10.0)
         serving = _tf_server_started()
         if serving or (tb_proc is not None and tb_proc.poll() is None):
             # Keep TensorBoard, and a TF server main_fun started with start_cluster_server,
