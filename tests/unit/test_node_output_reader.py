@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -184,6 +185,51 @@ def test_main_funs_return_is_reported_after_its_last_lines():
     fin, fail = client.calls.index(states[0]), client.calls.index(states[1])
     assert sorted(ln for _, ln in client.calls[:fin]) == ["last stderr line of main_fun", "last stdout line of main_fun", "partial"]
     assert [ln for _, ln in client.calls[fin + 1:fail]] == ["serving", "before the failure"], client.calls
+
+
+CHATTY_CHILD = textwrap.dedent("""
+    import os, sys, time
+    from tfos._node.output import OUTPUT_MARK_ENV, write_failure_marks
+    token = os.environ.pop(OUTPUT_MARK_ENV)
+    for i in range(200):
+        print(f"step {i}")
+        time.sleep(0.005)
+    assert write_failure_marks(token, {"executor_id": 3, "message": "the driver went away"})
+""")
+
+
+class _DeadDriverClient:
+    """A driver that is gone: each request tries to connect for its whole connect timeout
+    (the client's default: the heartbeat timeout), then fails as refused."""
+
+    def __init__(self):
+        self.calls: list = []
+
+    def request(self, mtype, timeout_s=10.0, retry=True, connect_timeout_s=None, **fields):
+        self.calls.append((mtype, retry, connect_timeout_s))
+        time.sleep(min(connect_timeout_s if connect_timeout_s is not None else 15.0, 15.0) * (2 if retry else 1))
+        raise ConnectionRefusedError(111, "Connection refused")
+
+
+def test_output_to_a_dead_driver_costs_seconds_not_minutes():
+    """The driver was SIGKILLed while a node printed: the supervisor must end within
+    heartbeat_timeout + 5 s. Each request of the output sender gives up connecting after
+    2 s (not the client's default, twice), and once the supervisor gave up on the driver
+    (abandon()) nothing more is sent: close() returns within seconds, the lines stay in
+    the executor log."""
+    client = _DeadDriverClient()
+    out = NodeOutput(client, 3, tee=False)
+    proc = subprocess.Popen([sys.executable, "-c", CHATTY_CHILD], stdout=out.child_stdout, stderr=out.child_stderr,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1", TFOS_OUTPUT_MARK=out.mark))
+    out.start()
+    assert proc.wait(60) == 0
+    time.sleep(1.0)  # the sender is now in the middle of a request to the dead driver
+    out.abandon()
+    t0 = time.monotonic()
+    out.close()
+    assert time.monotonic() - t0 < 6.0, client.calls
+    assert client.calls and all(c == 2.0 for _, _, c in client.calls), client.calls
+    assert all(not retry for mtype, retry, _ in client.calls if mtype == "log"), client.calls
 
 
 def test_without_forwarding_there_is_no_marker_token():

@@ -56,6 +56,10 @@ _MARK_START = "\x1etfos-"
 TF_LOG_LEVEL_DEFAULT = "1"
 
 _REQ_ERRORS = (OSError, ControlProtocolError, DeadlineExceededError)
+#: Longest (re)connect to the driver for one request of the output sender, in seconds: a
+#: driver that refuses or does not answer costs the sender this much, not the control
+#: client's default (the heartbeat timeout, twice with a retry).
+_CONNECT_S = 2.0
 _MAX_LINE_CHARS = 2000
 # TensorFlow/absl C++ log lines: "I0000 00:00:1796080592.555864    7250 port.cc:153] ...".
 _CXX_LINE = re.compile(r"^([IWEF])\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ [^\s\]]+:\d+\] ")
@@ -182,6 +186,7 @@ class NodeOutput:
         self._failure_sent = False
         self._finished: Optional[dict] = None  # the 'finished' status fields (terminated queues)
         self._finished_sent = False
+        self._abandoned = threading.Event()  # the driver is gone: lines are no longer sent
 
     @property
     def child_stdout(self) -> int:
@@ -317,9 +322,10 @@ class NodeOutput:
         if self._dropped:
             batch.append(f"[{self._dropped} output lines dropped]")
             self._dropped = 0
-        if batch and self._client is not None:
+        if batch and self._client is not None and not self._abandoned.is_set():
             try:
-                self._client.request("log", executor_id=self._eid, lines=batch, timeout_s=10.0)
+                self._client.request("log", executor_id=self._eid, lines=batch, timeout_s=10.0, retry=False,
+                                     connect_timeout_s=_CONNECT_S)
             except _REQ_ERRORS:
                 pass
         return self._lines.empty()
@@ -336,8 +342,11 @@ class NodeOutput:
             while not self._flush() and not deadline.expired():
                 pass
             failure = self._failure
+            if self._abandoned.is_set():
+                return
             try:
-                self._client.request("status", executor_id=self._eid, state="failed", failure=failure, timeout_s=10.0)
+                self._client.request("status", executor_id=self._eid, state="failed", failure=failure, timeout_s=10.0,
+                                     connect_timeout_s=_CONNECT_S)
             except _REQ_ERRORS as exc:
                 log.error("could not report the failure of executor %s to the driver: %s", self._eid, exc)
 
@@ -353,8 +362,11 @@ class NodeOutput:
             while not self._flush() and not deadline.expired():
                 pass
             terminated = [str(q) for q in self._finished.get("terminated", [])]
+            if self._abandoned.is_set():
+                return
             try:
-                self._client.request("status", executor_id=self._eid, state="finished", terminated=terminated, timeout_s=10.0)
+                self._client.request("status", executor_id=self._eid, state="finished", terminated=terminated, timeout_s=10.0,
+                                     connect_timeout_s=_CONNECT_S)
             except _REQ_ERRORS as exc:
                 log.error("could not report to the driver that main_fun of executor %s returned: %s", self._eid, exc)
 
@@ -368,6 +380,13 @@ class NodeOutput:
                 self._send_finished(1.0)
             else:
                 self._flush()  # also the lines written after a failure was sent
+
+    def abandon(self) -> None:
+        """The driver is gone (supervisor): from now on nothing is sent to it, so
+        :meth:`close` does not spend its deadlines on a driver that cannot answer. The
+        lines are still copied to the executor log."""
+        self._abandoned.set()
+        self._wake.set()
 
     def close(self, read_timeout_s: float = 2.0) -> None:
         """After the TF process (and its process group) ended: reads its output to the

@@ -293,6 +293,8 @@ def supervise(launch: NodeLaunch) -> int:
     _end_group(tf.pid)
     _local.remove_socket_dir(sock_dir)
     if output is not None:
+        if driver_gone:
+            output.abandon()  # nobody to send the last lines to: they stay in the executor log
         output.close()  # its last lines reach the driver before its exit status
     log.info("tfos node %s: TF process %s", launch.node_name, describe_exit(code))
     if not driver_gone:
