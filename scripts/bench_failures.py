@@ -15,7 +15,9 @@ One fault per run is injected on worker:1 (executor 1) after it consumed its fir
 
 * ``driver-kill``: a driver program (this script with ``--as-driver``, its own
   local-cluster) is SIGKILLed while it feeds; the time is until every node process and
-  every process main_fun started (found by command line) is gone;
+  every process main_fun started (found by command line) is gone. Its nodes print a line
+  every 20 ms, as a Keras progress bar does, so their supervisors are forwarding output
+  to the driver when it dies;
 * ``driver-term``: the same with SIGTERM; the time is until the driver exited (after its
   teardown) and every such process is gone.
 
@@ -88,6 +90,17 @@ def main_fun(args, ctx):
     child = None
     if args.get("child"):
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)", CHILD_TAG])
+    if args.get("chatty"):
+        import threading
+
+        def _progress() -> None:  # output the supervisor forwards to the driver
+            step = 0
+            while True:
+                step += 1
+                print(f"{ctx.job_name}:{ctx.task_index} step {step}", flush=True)
+                time.sleep(0.02)
+
+        threading.Thread(target=_progress, daemon=True).start()
     feed = ctx.get_data_feed(train_mode=True)
     first = True
     while not feed.should_stop():
@@ -284,7 +297,7 @@ def as_driver(out: str, hb: float, busy: str) -> int:
 
     sc = _new_context("tfos-bench-driver")
     cluster = TFCluster.run(
-        sc, main_fun, {"child": True, "busy": busy}, 2, 0, input_mode=TFCluster.InputMode.SPARK,
+        sc, main_fun, {"child": True, "busy": busy, "chatty": True}, 2, 0, input_mode=TFCluster.InputMode.SPARK,
         heartbeat_timeout=hb, progress=False, executor_wait_s=300, reservation_timeout=300,
     )
 

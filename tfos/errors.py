@@ -64,6 +64,27 @@ class ConfigurationError(TFOSError, ValueError):
     """
 
 
+def check_num_epochs(num_epochs: object, streaming: bool = False) -> None:
+    """Checks ``num_epochs`` of ``train()`` (driver or Spark Connect client).
+
+    Args:
+        num_epochs: The argument; must be an ``int`` >= 1 (not a ``bool``).
+        streaming: The feed is a DStream or a streaming DataFrame (an epoch is one pass
+            over a micro-batch).
+
+    Raises:
+        ConfigurationError: Otherwise; for 0 the message says what TFoS did with it and
+            which value keeps that (TFoS fed 10 epochs of an RDD, one pass of a DStream).
+    """
+    if isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or num_epochs < 1:
+        unit = "passes over each micro-batch" if streaming else "one epoch = one pass over every partition"
+        hint = ""
+        if num_epochs == 0 and not isinstance(num_epochs, bool):
+            hint = (" (TFoS fed each micro-batch once whatever num_epochs said: pass num_epochs=1 to keep that)" if streaming
+                    else " (TFoS fed 10 epochs for 0: pass num_epochs=10 to keep that)")
+        raise ConfigurationError(f"num_epochs must be an integer >= 1 ({unit}), got {num_epochs!r}{hint}")
+
+
 class ReservationTimeoutError(TFOSError, TimeoutError):
     """Not every node registered with the driver before ``reservation_timeout`` seconds.
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import re
 
 import pytest
 
@@ -129,3 +130,46 @@ def test_cluster_failed_error_without_context():
         "tfos cluster c9 failed: 1 node(s) reported 1 distinct error(s)\n"
         "- [lost] worker:0 (executor 3, host 10.0.0.7): NodeLost: no heartbeat"
     )
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_num_epochs_zero_names_the_value_that_keeps_tfos_behaviour(streaming):
+    """num_epochs=0 (TFoS's default) is refused on every train() path (classic, Spark
+    Connect, DStream, streaming DataFrame) with the value that keeps what TFoS did: 10
+    epochs of an RDD, one pass of each micro-batch of a stream (docs/migration.md)."""
+    from tfos.errors import ConfigurationError, check_num_epochs
+
+    with pytest.raises(ConfigurationError) as info:
+        check_num_epochs(0, streaming=streaming)
+    if streaming:
+        assert str(info.value) == ("num_epochs must be an integer >= 1 (passes over each micro-batch), got 0 (TFoS fed "
+                                   "each micro-batch once whatever num_epochs said: pass num_epochs=1 to keep that)")
+    else:
+        assert str(info.value) == ("num_epochs must be an integer >= 1 (one epoch = one pass over every partition), got 0 "
+                                   "(TFoS fed 10 epochs for 0: pass num_epochs=10 to keep that)")
+    for bad in (-1, True, 2.0, "3"):
+        with pytest.raises(ConfigurationError, match=rf"got {re.escape(repr(bad))}$"):
+            check_num_epochs(bad, streaming=streaming)
+    check_num_epochs(1, streaming=streaming)
+    check_num_epochs(7)
+
+
+def test_every_train_path_refuses_num_epochs_zero_with_the_tfos_hint():
+    """The Spark Connect client and both streaming feeds give the same message as the
+    classic train() (tests/spark/test_feed_cases.py), before touching the data."""
+    from types import SimpleNamespace
+
+    from tfos._connect.client import ConnectTFCluster
+    from tfos._driver import streaming
+    from tfos.cluster_template import InputMode
+    from tfos.errors import ConfigurationError
+
+    connect = object.__new__(ConnectTFCluster)
+    connect.input_mode = InputMode.SPARK
+    with pytest.raises(ConfigurationError, match=r"got 0 \(TFoS fed 10 epochs for 0: pass num_epochs=10 to keep that\)$"):
+        connect.train(None, num_epochs=0)
+    stub = SimpleNamespace(input_mode=InputMode.SPARK, queues=["input"], _runtime=SimpleNamespace(check_open=lambda what: None))
+    for feed in (streaming.train_dstream, streaming.train_stream):
+        with pytest.raises(ConfigurationError, match=r"got 0 \(TFoS fed each micro-batch once whatever num_epochs said: "
+                                                     r"pass num_epochs=1 to keep that\)$"):
+            feed(stub, None, 0, 600.0, "input")

@@ -33,7 +33,7 @@ from tfos._data.framing import binary_as_bytes, feed_schema_json
 from tfos._driver.spark_checks import plan_layout, warn_key_transport
 from tfos._node.launch import ClusterConfig
 from tfos.cluster_template import InputMode, NodeInfo, build_cluster_spec, build_template, format_template, roles_from_template
-from tfos.errors import ClusterFailedError, ConfigurationError, NodeFailure, ReservationTimeoutError, TFOSError
+from tfos.errors import ClusterFailedError, ConfigurationError, NodeFailure, ReservationTimeoutError, TFOSError, check_num_epochs
 
 __all__ = ["ConnectTFCluster", "run_connect", "is_connect_session", "DEFAULT_CLIENT_TIMEOUT_S"]
 
@@ -231,8 +231,7 @@ class ConnectTFCluster:
         """
         if self.input_mode != InputMode.SPARK:
             raise ConfigurationError("train() feeds data only in InputMode.SPARK; this cluster runs InputMode.TENSORFLOW, where TensorFlow reads its own data")
-        if isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or num_epochs < 1:
-            raise ConfigurationError(f"num_epochs must be an integer >= 1 (one epoch = one pass over every partition), got {num_epochs!r}")
+        check_num_epochs(num_epochs)
         df = _as_connect_dataframe(dataRDD)
         self._check_open("train()")
         if self._feed_closed:

@@ -36,7 +36,7 @@ from tfos._driver.spark_checks import check_spark
 from tfos._driver import streaming as _streaming
 from tfos._driver.user_source import with_source
 from tfos.cluster_template import InputMode, build_template, format_template, roles_from_template
-from tfos.errors import ClusterFailedError, ConfigurationError, DeadlineExceededError, RecoveryFailedError, ReservationTimeoutError
+from tfos.errors import ClusterFailedError, ConfigurationError, DeadlineExceededError, RecoveryFailedError, ReservationTimeoutError, check_num_epochs
 
 __all__ = ["TFCluster", "run", "DriverConfig", "Attempt"]
 
@@ -343,9 +343,7 @@ class TFCluster:
         if stream_options:
             raise ConfigurationError(f"train(): {sorted(stream_options)} apply to streaming DataFrames only")
         # --- end streaming
-        if isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or num_epochs < 1:
-            tfos_zero = " (TFoS fed 10 epochs for 0: pass num_epochs=10 to keep that)" if num_epochs == 0 and not isinstance(num_epochs, bool) else ""
-            raise ConfigurationError(f"num_epochs must be an integer >= 1 (one epoch = one pass over every partition), got {num_epochs!r}{tfos_zero}")
+        check_num_epochs(num_epochs)
         df = _as_dataframe(dataRDD)
         parts = (df.rdd if df is not None else dataRDD).getNumPartitions()
         # With max_restarts, the partitions the nodes acknowledged are recorded, and a restart

@@ -31,7 +31,7 @@ import time
 from typing import Any, Callable, Optional, Union
 
 from tfos._common.deadline import Deadline
-from tfos.errors import ClusterFailedError, ConfigurationError, TFOSError
+from tfos.errors import ClusterFailedError, ConfigurationError, TFOSError, check_num_epochs
 
 __all__ = [
     "StreamSet", "is_dstream", "is_streaming_df", "train_dstream", "inference_dstream", "train_stream",
@@ -239,8 +239,7 @@ def train_dstream(cluster: Any, dstream: Any, num_epochs: int, feed_timeout: flo
     raised by ``ssc.awaitTermination()`` and ``cluster.shutdown()``.
     """
     _check_spark_mode(cluster, "train(DStream)")
-    if isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or num_epochs < 1:
-        raise ConfigurationError(f"num_epochs must be an integer >= 1 (passes over each micro-batch), got {num_epochs!r}")
+    check_num_epochs(num_epochs, streaming=True)
     if qname not in cluster.queues:
         raise ConfigurationError(f"qname {qname!r} is not one of the cluster's queues {cluster.queues}")
     jobs = cluster.sc.getConf().get("spark.streaming.concurrentJobs", "1")
@@ -375,8 +374,7 @@ def train_stream(cluster: Any, sdf: Any, num_epochs: int = 1, feed_timeout: floa
     raises it.
     """
     _check_spark_mode(cluster, "train(streaming DataFrame)")
-    if isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or num_epochs < 1:
-        raise ConfigurationError(f"num_epochs must be an integer >= 1 (passes over each micro-batch), got {num_epochs!r}")
+    check_num_epochs(num_epochs, streaming=True)
     if qname not in cluster.queues:
         raise ConfigurationError(f"qname {qname!r} is not one of the cluster's queues {cluster.queues}")
     streams = _streams(cluster)
