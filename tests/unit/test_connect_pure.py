@@ -181,3 +181,20 @@ def test_control_host_long_polls_for_tensorboard():
         c.close()
     finally:
         host.server.close()
+
+
+@pytest.mark.parametrize("master, example", [
+    ("local[2]", "local[3]"),
+    ("local-cluster[2,1,1024]", "local-cluster[3,1,1024]"),
+    ("local-cluster[1, 2, 2048]", "local-cluster[2,2,2048]"),
+])
+def test_too_few_slots_suggests_a_master_of_the_same_kind(master, example):
+    """A Connect server with too few task slots is refused with an example master of the
+    kind it runs (a local-cluster server is not told to use local[N])."""
+    from tfos._connect.client import _check_local_slots
+    from tfos.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError) as info:
+        _check_local_slots(master, {}, 3)
+    assert str(info.value).endswith(f"start the server with more slots (e.g. {example}) or ask for fewer nodes")
+    _check_local_slots(master, {}, 2)

@@ -20,6 +20,7 @@ import functools
 import json
 import logging
 import os
+import re
 import threading
 import time
 import uuid
@@ -490,10 +491,15 @@ def _check_local_slots(master: str, conf: dict, num_nodes: int) -> None:
     except ConfigurationError:
         return
     if layout.total_slots is not None and layout.total_slots < num_nodes:
+        example = f"local[{num_nodes}]"
+        m = re.fullmatch(r"local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*(\d+)\s*\]", master.strip())
+        if m and layout.slots_per_executor:
+            executors = -(-num_nodes // layout.slots_per_executor)
+            example = f"local-cluster[{executors},{m.group(2)},{m.group(3)}]"
         raise ConfigurationError(
             f"the Spark Connect server's master {master} has {layout.total_slots} task slot(s) but the cluster "
             f"needs {num_nodes} (one per node, in one barrier stage): start the server with more slots "
-            f"(e.g. local[{num_nodes}]) or ask for fewer nodes"
+            f"(e.g. {example}) or ask for fewer nodes"
         )
 
 
