@@ -331,6 +331,10 @@ def driver_run(fault: str, hb: float, workdir: str, run: int, busy: str) -> tupl
     _wait_file(ready, 900.0)
     time.sleep(1.0)
     before = len(_marked(mark))
+    if proc.poll() is not None:  # not a measurement: the driver ended before the fault
+        with open(err_path, errors="replace") as f:
+            tail = f.read()[-3000:]
+        raise RuntimeError(f"the {fault} driver exited on its own (status {proc.returncode}) before the signal; its stderr ends:\n{tail}")
     t0 = time.monotonic()
     proc.send_signal(signal.SIGKILL if fault == "driver-kill" else signal.SIGTERM)
     proc.wait(300)

@@ -279,11 +279,15 @@ def supervise(launch: NodeLaunch) -> int:
                 log.error("tfos node %s: the driver's control port refuses connections for %.1f s (the cluster was torn "
                           "down or the driver exited); stopping the node", launch.node_name, time.monotonic() - refused_since)
                 driver_gone = True
+                if output is not None:
+                    output.abandon()  # at once: its sender stops trying while the TF process stops
                 code = _stop_tf(tf, ABORT_KILL_S)
                 break
             if silence >= cfg.heartbeat_timeout_s:
                 log.error("tfos node %s: no answer from the driver for %.1f s (%s); stopping the node", launch.node_name, silence, exc)
                 driver_gone = True
+                if output is not None:
+                    output.abandon()  # at once: its sender stops trying while the TF process stops
                 code = _stop_tf(tf, ABORT_KILL_S)
                 break
         if stop_since is not None and not terminated and time.monotonic() - stop_since >= STOP_GRACE_S:
@@ -293,8 +297,6 @@ def supervise(launch: NodeLaunch) -> int:
     _end_group(tf.pid)
     _local.remove_socket_dir(sock_dir)
     if output is not None:
-        if driver_gone:
-            output.abandon()  # nobody to send the last lines to: they stay in the executor log
         output.close()  # its last lines reach the driver before its exit status
     log.info("tfos node %s: TF process %s", launch.node_name, describe_exit(code))
     if not driver_gone:
