@@ -204,11 +204,13 @@ class _DeadDriverClient:
 
     def __init__(self):
         self.calls: list = []
+        self.last_connect_error = None
 
     def request(self, mtype, timeout_s=10.0, retry=True, connect_timeout_s=None, **fields):
         self.calls.append((mtype, retry, connect_timeout_s))
         time.sleep(min(connect_timeout_s if connect_timeout_s is not None else 15.0, 15.0) * (2 if retry else 1))
-        raise ConnectionRefusedError(111, "Connection refused")
+        self.last_connect_error = ConnectionRefusedError(111, "Connection refused")
+        raise ConnectionError("no connection to the tfos driver (last error: ConnectionRefusedError(111, 'Connection refused'))")
 
 
 def test_output_to_a_dead_driver_costs_seconds_not_minutes():
@@ -230,6 +232,23 @@ def test_output_to_a_dead_driver_costs_seconds_not_minutes():
     assert time.monotonic() - t0 < 6.0, client.calls
     assert client.calls and all(c == 2.0 for _, _, c in client.calls), client.calls
     assert all(not retry for mtype, retry, _ in client.calls if mtype == "log"), client.calls
+
+
+def test_a_refused_connection_ends_the_sending():
+    """The executor JVM died with the driver (local-cluster), so the supervisor ends the
+    node without deciding the driver is gone, while the TF process reported a failure:
+    the first refused connection stops all sending, so close() returns within seconds
+    instead of spending every flush deadline on a closed port."""
+    client = _DeadDriverClient()
+    out = NodeOutput(client, 3, tee=False)
+    proc = subprocess.Popen([sys.executable, "-c", CHATTY_CHILD], stdout=out.child_stdout, stderr=out.child_stderr,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1", TFOS_OUTPUT_MARK=out.mark))
+    out.start()
+    assert proc.wait(60) == 0
+    t0 = time.monotonic()
+    out.close()
+    assert time.monotonic() - t0 < 5.0, client.calls
+    assert len(client.calls) <= 2, client.calls
 
 
 def test_without_forwarding_there_is_no_marker_token():

@@ -327,7 +327,7 @@ class NodeOutput:
                 self._client.request("log", executor_id=self._eid, lines=batch, timeout_s=10.0, retry=False,
                                      connect_timeout_s=_CONNECT_S)
             except _REQ_ERRORS:
-                pass
+                self._after_send_error()
         return self._lines.empty()
 
     def _send_failure(self, stdout_wait_s: float) -> None:
@@ -348,6 +348,7 @@ class NodeOutput:
                 self._client.request("status", executor_id=self._eid, state="failed", failure=failure, timeout_s=10.0,
                                      connect_timeout_s=_CONNECT_S)
             except _REQ_ERRORS as exc:
+                self._after_send_error()
                 log.error("could not report the failure of executor %s to the driver: %s", self._eid, exc)
 
     def _send_finished(self, stdout_wait_s: float) -> None:
@@ -368,7 +369,15 @@ class NodeOutput:
                 self._client.request("status", executor_id=self._eid, state="finished", terminated=terminated, timeout_s=10.0,
                                      connect_timeout_s=_CONNECT_S)
             except _REQ_ERRORS as exc:
+                self._after_send_error()
                 log.error("could not report to the driver that main_fun of executor %s returned: %s", self._eid, exc)
+
+    def _after_send_error(self) -> None:
+        """A request failed: when the driver's control port refused the connection (the
+        driver exited or tore the cluster down; its port listens for the cluster's whole
+        life), nothing more is sent, as after :meth:`abandon`."""
+        if isinstance(getattr(self._client, "last_connect_error", None), ConnectionRefusedError):
+            self.abandon()
 
     def _send_loop(self) -> None:
         while not self._stop.is_set():
