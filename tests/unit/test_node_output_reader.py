@@ -91,6 +91,17 @@ def test_forwarded_lines_are_not_also_copied_to_the_drivers_terminal(local_maste
             out._client.close()
 
 
+def _run_marked_child(code: str, client, unbuffered: str = "1") -> NodeOutput:
+    """Runs ``code`` as a forwarded TF process would run (its descriptors 1 and 2 the pipes
+    of a NodeOutput for executor 3, with its marker token), until it exits with 0."""
+    out = NodeOutput(client, 3, tee=False)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=out.child_stdout, stderr=out.child_stderr,
+                            env=dict(os.environ, PYTHONUNBUFFERED=unbuffered, TFOS_OUTPUT_MARK=out.mark))
+    out.start()
+    assert proc.wait(60) == 0
+    return out
+
+
 FAILING_CHILD = textwrap.dedent("""
     import os, sys, time
     from tfos._node.output import OUTPUT_MARK_ENV, write_failure_marks
@@ -174,11 +185,7 @@ def test_main_funs_return_is_reported_after_its_last_lines():
     'finished' status with the terminated queues; a later failure still follows the
     lines written before it (each marker pairs with its own stdout marker)."""
     client = _StatusClient()
-    out = NodeOutput(client, 3, tee=False)
-    proc = subprocess.Popen([sys.executable, "-c", FINISHING_CHILD], stdout=out.child_stdout, stderr=out.child_stderr,
-                            env=dict(os.environ, PYTHONUNBUFFERED="0", TFOS_OUTPUT_MARK=out.mark))
-    out.start()
-    assert proc.wait(60) == 0
+    out = _run_marked_child(FINISHING_CHILD, client, unbuffered="0")
     out.close()
     states = [c for c in client.calls if c[0] != "line"]
     assert states == [("finished", ["input"]), ("failed", {"executor_id": 3, "message": "late"})], client.calls
@@ -220,11 +227,7 @@ def test_output_to_a_dead_driver_costs_seconds_not_minutes():
     (abandon()) nothing more is sent: close() returns within seconds, the lines stay in
     the executor log."""
     client = _DeadDriverClient()
-    out = NodeOutput(client, 3, tee=False)
-    proc = subprocess.Popen([sys.executable, "-c", CHATTY_CHILD], stdout=out.child_stdout, stderr=out.child_stderr,
-                            env=dict(os.environ, PYTHONUNBUFFERED="1", TFOS_OUTPUT_MARK=out.mark))
-    out.start()
-    assert proc.wait(60) == 0
+    out = _run_marked_child(CHATTY_CHILD, client, unbuffered="1")
     time.sleep(1.0)  # the sender is now in the middle of a request to the dead driver
     out.abandon()
     t0 = time.monotonic()
@@ -240,11 +243,7 @@ def test_a_refused_connection_ends_the_sending():
     the first refused connection stops all sending, so close() returns within seconds
     instead of spending every flush deadline on a closed port."""
     client = _DeadDriverClient()
-    out = NodeOutput(client, 3, tee=False)
-    proc = subprocess.Popen([sys.executable, "-c", CHATTY_CHILD], stdout=out.child_stdout, stderr=out.child_stderr,
-                            env=dict(os.environ, PYTHONUNBUFFERED="1", TFOS_OUTPUT_MARK=out.mark))
-    out.start()
-    assert proc.wait(60) == 0
+    out = _run_marked_child(CHATTY_CHILD, client, unbuffered="1")
     t0 = time.monotonic()
     out.close()
     assert time.monotonic() - t0 < 5.0, client.calls

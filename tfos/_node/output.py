@@ -56,6 +56,12 @@ _MARK_START = "\x1etfos-"
 TF_LOG_LEVEL_DEFAULT = "1"
 
 _REQ_ERRORS = (OSError, ControlProtocolError, DeadlineExceededError)
+#: Stderr marker kinds that carry a status report for the driver: kind -> the status
+#: request's fields, from the marker's JSON (see :func:`_write_marks`).
+_REPORTS = {
+    "failure": lambda body: {"state": "failed", "failure": body},
+    "finished": lambda body: {"state": "finished", "terminated": [str(q) for q in body.get("terminated", [])]},
+}
 #: Longest (re)connect to the driver for one request of the output sender, in seconds: a
 #: driver that refuses or does not answer costs the sender this much, not the control
 #: client's default (the heartbeat timeout, twice with a retry).
@@ -176,16 +182,11 @@ class NodeOutput:
         self._wake = threading.Event()  # lines or a failure to send, or close()
         # Marker pairs: the n-th marker on stderr (a failure, or main_fun's return) goes
         # with the n-th "mark" line on stdout; its report waits for that one.
-        self._marks = threading.Condition()
+        self._marks = threading.Condition()  # also guards _pending
         self._stdout_marks = 0
         self._stderr_marks = 0
-        self._failure_mark = 0
-        self._finished_mark = 0
-        self._failure: Optional[dict] = None
-        self._failure_lock = threading.Lock()  # one send of the failure (and of the finished report)
-        self._failure_sent = False
-        self._finished: Optional[dict] = None  # the 'finished' status fields (terminated queues)
-        self._finished_sent = False
+        self._pending: list[tuple[int, str, dict]] = []  # reports to send: (stderr marker no., kind, status fields)
+        self._report_lock = threading.Lock()  # one sender of reports at a time (send loop, close)
         self._abandoned = threading.Event()  # the driver is gone: lines are no longer sent
 
     @property
@@ -264,31 +265,19 @@ class NodeOutput:
             with self._marks:
                 self._stdout_marks += 1
                 self._marks.notify_all()
-        elif kind == "failure" and out == 2:
+        elif kind in _REPORTS and out == 2:
             try:
-                failure = json.loads(payload)
+                body = json.loads(payload)
             except ValueError:
                 return text, text.encode("utf-8", "replace")
-            if isinstance(failure, dict):
-                self._failure_mark = self._count_stderr_mark()
-                self._failure = failure
-                self._wake.set()
-        elif kind == "finished" and out == 2:
-            try:
-                fields = json.loads(payload)
-            except ValueError:
+            if not isinstance(body, dict):
                 return text, text.encode("utf-8", "replace")
-            if isinstance(fields, dict):
-                self._finished_mark = self._count_stderr_mark()
-                self._finished = fields
-                self._wake.set()
+            with self._marks:
+                self._stderr_marks += 1
+                self._pending.append((self._stderr_marks, kind, _REPORTS[kind](body)))
+            self._wake.set()
         before = text[:at]
         return before, before.encode("utf-8", "replace")
-
-    def _count_stderr_mark(self) -> int:
-        with self._marks:
-            self._stderr_marks += 1
-            return self._stderr_marks
 
     def _wait_stdout_mark(self, n: int, timeout_s: float) -> None:
         """Waits up to ``timeout_s`` for the ``n``-th stdout marker: the stdout lines written
@@ -330,47 +319,27 @@ class NodeOutput:
                 self._after_send_error()
         return self._lines.empty()
 
-    def _send_failure(self, stdout_wait_s: float) -> None:
-        """Sends every line read so far (and, after waiting up to ``stdout_wait_s`` for the
-        stdout marker, the stdout lines written before the failure), then the failure."""
-        with self._failure_lock:
-            if self._failure is None or self._failure_sent:
-                return
-            self._failure_sent = True
-            self._wait_stdout_mark(self._failure_mark, stdout_wait_s)
-            deadline = Deadline(5.0, "the lines before a failure to reach the driver")
-            while not self._flush() and not deadline.expired():
-                pass
-            failure = self._failure
-            if self._abandoned.is_set():
-                return
-            try:
-                self._client.request("status", executor_id=self._eid, state="failed", failure=failure, timeout_s=10.0,
-                                     connect_timeout_s=_CONNECT_S)
-            except _REQ_ERRORS as exc:
-                self._after_send_error()
-                log.error("could not report the failure of executor %s to the driver: %s", self._eid, exc)
-
-    def _send_finished(self, stdout_wait_s: float) -> None:
-        """Like :meth:`_send_failure`, for the report that main_fun returned: the lines
-        written before it, then the ``finished`` status (once)."""
-        with self._failure_lock:
-            if self._finished is None or self._finished_sent or self._failure_sent:
-                return
-            self._finished_sent = True
-            self._wait_stdout_mark(self._finished_mark, stdout_wait_s)
-            deadline = Deadline(5.0, "the lines before main_fun's return to reach the driver")
-            while not self._flush() and not deadline.expired():
-                pass
-            terminated = [str(q) for q in self._finished.get("terminated", [])]
-            if self._abandoned.is_set():
-                return
-            try:
-                self._client.request("status", executor_id=self._eid, state="finished", terminated=terminated, timeout_s=10.0,
-                                     connect_timeout_s=_CONNECT_S)
-            except _REQ_ERRORS as exc:
-                self._after_send_error()
-                log.error("could not report to the driver that main_fun of executor %s returned: %s", self._eid, exc)
+    def _send_reports(self, stdout_wait_s: float) -> None:
+        """Sends the pending reports in marker order, each after the lines written before
+        it: every line read so far and (after waiting up to ``stdout_wait_s`` for its
+        stdout marker) the stdout lines written before it, then the report (once)."""
+        with self._report_lock:
+            while True:
+                with self._marks:
+                    if not self._pending:
+                        return
+                    n, kind, fields = self._pending.pop(0)
+                self._wait_stdout_mark(n, stdout_wait_s)
+                deadline = Deadline(5.0, f"the lines before the node's {kind} report to reach the driver")
+                while not self._flush() and not deadline.expired():
+                    pass
+                if self._abandoned.is_set():
+                    continue
+                try:
+                    self._client.request("status", executor_id=self._eid, timeout_s=10.0, connect_timeout_s=_CONNECT_S, **fields)
+                except _REQ_ERRORS as exc:
+                    self._after_send_error()
+                    log.error("could not send the %s report of executor %s to the driver: %s", kind, self._eid, exc)
 
     def _after_send_error(self) -> None:
         """A request failed: when the driver's control port refused the connection (the
@@ -383,12 +352,10 @@ class NodeOutput:
         while not self._stop.is_set():
             self._wake.wait(0.5)
             self._wake.clear()
-            if self._failure is not None and not self._failure_sent:
-                self._send_failure(1.0)
-            elif self._finished is not None and not self._finished_sent:
-                self._send_finished(1.0)
+            if self._pending:
+                self._send_reports(1.0)
             else:
-                self._flush()  # also the lines written after a failure was sent
+                self._flush()  # also the lines written after a report was sent
 
     def abandon(self) -> None:
         """The driver is gone (supervisor): from now on nothing is sent to it, so
@@ -416,8 +383,7 @@ class NodeOutput:
             return
         self._sender.join(2.0)
         self._sender = None
-        self._send_failure(0.0)  # the readers are done: every marker was read
-        self._send_finished(0.0)
+        self._send_reports(0.0)  # the readers are done: every marker was read
         deadline = Deadline(5.0, "the last output lines to reach the driver")
         while not self._flush() and not deadline.expired():
             pass
