@@ -8,6 +8,7 @@ import sys
 import time
 
 import cloudpickle
+import pytest
 import psutil
 
 from tfos._common import wire as _wire
@@ -21,6 +22,7 @@ HEARTBEAT_TIMEOUT_S = 3.0
 
 
 def sleeper_main(args, ctx):
+    import os
     import subprocess
     import sys as _sys
     import time as _time
@@ -32,12 +34,19 @@ def sleeper_main(args, ctx):
     while _time.monotonic() < end:  # printing all along: its supervisor reads the output
         print("main_fun is alive", flush=True)
         _time.sleep(0.01)
+        if args.get("trigger") and os.path.exists(args["trigger"]):
+            # SIGKILL the supervisor from here and print without pause: the print's
+            # BrokenPipeError reaches main_fun before the supervisor watch can run.
+            os.kill(os.getppid(), 9)
+            while True:
+                print("main_fun is alive", flush=True)
 
 
-def _start_sleeper_node(tmp_path, cluster_id: str, heartbeat_timeout_s: float):
+def _start_sleeper_node(tmp_path, cluster_id: str, heartbeat_timeout_s: float, trigger: str = ""):
     """One InputMode.TENSORFLOW node (real supervisor and TF process running sleeper_main)
     against an in-process control server; returns ``(state, server, supervisor, child_pid)``
-    once main_fun's child runs. The caller closes ``server``."""
+    once main_fun's child runs. Once the file ``trigger`` exists, main_fun kills its
+    supervisor itself. The caller closes ``server``."""
     roles = roles_from_template(build_template(1, 0))
     state = ClusterState(cluster_id, roles, heartbeat_timeout_s)
     key = _wire.new_key()
@@ -52,7 +61,7 @@ def _start_sleeper_node(tmp_path, cluster_id: str, heartbeat_timeout_s: float):
         launch = NodeLaunch(
             config=cfg, role=roles[0], host="127.0.0.1", executor_key="h/1", watch_pid=0, watch_stdin=False,
             working_dir=str(tmp_path), python_path=tuple(p for p in sys.path if p),
-            fn_payload=cloudpickle.dumps((sleeper_main, {"out": str(out)})),
+            fn_payload=cloudpickle.dumps((sleeper_main, {"out": str(out), "trigger": trigger})),
         )
         sup = spawn_supervisor(launch)
         deadline = time.monotonic() + 120
@@ -84,23 +93,32 @@ def test_node_ends_heartbeat_timeout_after_the_driver_is_gone(tmp_path):
     assert took <= HEARTBEAT_TIMEOUT_S + 5.0
 
 
-def test_a_killed_supervisor_is_reported_by_its_tf_process(tmp_path):
+@pytest.mark.parametrize("killer", ["test", "main_fun"])
+def test_a_killed_supervisor_is_reported_by_its_tf_process(tmp_path, killer):
     """SIGKILL of a node's supervisor: its TF process sees the pipe close, reports the node
     lost (SupervisorDied, a root cause) to the driver and exits. Before, nothing reported it:
     the driver saw only a feed task's broken connection (InputMode.SPARK) or waited for the
     heartbeat timeout (found by an attacker test). The heartbeat timeout here is 60 s, so
     the report can only come from the TF process. main_fun prints all along: with the
-    supervisor (the reader of its output) gone, a print must not fail main_fun too."""
+    supervisor (the reader of its output) gone, a print must not fail main_fun too. When
+    main_fun itself kills the supervisor and prints on, its print's BrokenPipeError comes
+    before the supervisor watch runs: it is still SupervisorDied that is reported (seen
+    once under CPU load with the test as the killer)."""
     import signal
 
     from tfos.errors import is_root_cause
 
-    state, server, sup, child_pid = _start_sleeper_node(tmp_path, "tfos-unit-supkill", 60.0)
+    trigger = tmp_path / "kill-your-supervisor"
+    state, server, sup, child_pid = _start_sleeper_node(tmp_path, "tfos-unit-supkill", 60.0,
+                                                        str(trigger) if killer == "main_fun" else "")
     try:
         tf = psutil.Process(state.nodes_snapshot()[0].pid)
         child = psutil.Process(child_pid)
         assert not state.failed
-        sup.send_signal(signal.SIGKILL)
+        if killer == "main_fun":
+            trigger.touch()
+        else:
+            sup.send_signal(signal.SIGKILL)
         sup.wait(10)
         assert state.wait_until(lambda: state.failed, 10.0), "no failure reported within 10 s of the kill"
         time.sleep(1.0)  # a print after the reader died must not add a failure of main_fun's own

@@ -333,6 +333,11 @@ def run_node(launch: NodeLaunch) -> int:
                 log.info("tfos node %s: main_fun returned; its TF server serves until the cluster stops", launch.node_name)
             stop_event.wait()
     except BaseException as exc:  # noqa: BLE001 - every failure is reported, then the process ends
+        if isinstance(exc, BrokenPipeError) and (_SUPERVISOR_GONE.is_set() or _output_reader_gone()):
+            # main_fun's print hit the pipes of a supervisor that just died: the supervisor
+            # watch reports SupervisorDied (the root cause, not this) and ends this process;
+            # only if it has not within the wait is this failure reported as main_fun's own.
+            time.sleep(_SUPERVISOR_GONE_WAIT_S)
         main_done.set()
         code = 1
         failure = _failure(launch, exc)
@@ -515,10 +520,34 @@ def _flush_std_streams() -> None:
 SUPERVISOR_GONE_EXIT = 70
 
 
+#: Seconds main_fun's BrokenPipeError waits for the supervisor watch to report the death of
+#: the supervisor (it reads stdout/stderr) and end the process.
+_SUPERVISOR_GONE_WAIT_S = 5.0
+#: Set by the supervisor watch when it starts handling the supervisor's death (it then
+#: points descriptors 1 and 2 at /dev/null, so they no longer show the broken pipes).
+_SUPERVISOR_GONE = threading.Event()
+
+
+def _output_reader_gone() -> bool:
+    """Whether descriptor 1 or 2 is a pipe that nobody reads any more (TF process): the
+    supervisor reading them died. ``poll`` reports ``POLLERR`` on the write end of a pipe
+    whose read end is closed."""
+    import select
+
+    poller = select.poll()
+    for fd in (1, 2):
+        poller.register(fd, 0)  # POLLERR and POLLHUP are always reported
+    try:
+        return any(ev & select.POLLERR for _, ev in poller.poll(0))
+    except OSError:
+        return False
+
+
 def _supervisor_gone(launch: NodeLaunch, sock_dir: "Optional[_local.SocketDir]" = None) -> None:
     """The supervisor's pipe closed, so it died (it never closes the pipe itself while the
     TF process runs): report the node lost to the driver, then end this process's group
     (the TF process and what main_fun started) at once (TF process)."""
+    _SUPERVISOR_GONE.set()
     r = launch.role
     cfg = launch.config
     # The supervisor read this process's stdout/stderr: with it gone, a print in main_fun
