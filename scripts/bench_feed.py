@@ -495,9 +495,16 @@ def main() -> int:
         assert rdd.count() == rows
         raw = raw_frames(rdd)
         sizes = raw.rdd.map(len).collect()
-        rdd_chunk = statistics.mean(sizes)
-        print(f"RDD cached: {len(sizes)} PySpark batches, {rows / len(sizes):.1f} rows and {rdd_chunk / 1024:.0f} KB "
-              f"each (max {max(sizes) / 1024:.0f} KB), raw kind {raw.kind}", flush=True)
+        rdd_batch = statistics.mean(sizes)
+        # Feed tasks pack PySpark's batches into frames that close at the batch reaching
+        # PACK_BYTES: a node's chunk is at most PACK_BYTES plus one batch (and its prefix).
+        from tfos._data import feed_tasks as _ftasks
+
+        pack = getattr(_ftasks, "PACK_BYTES", 0)
+        rdd_chunk = (pack + max(sizes) + 4) if pack else max(sizes)
+        print(f"RDD cached: {len(sizes)} PySpark batches, {rows / len(sizes):.1f} rows and {rdd_batch / 1024:.0f} KB "
+              f"each (max {max(sizes) / 1024:.0f} KB), raw kind {raw.kind}; fed in chunks of up to {rdd_chunk / 1024:.0f} KB"
+              + (f" (batches packed into frames of >= {pack / 2**20:.0f} MiB)" if pack else ""), flush=True)
         # warm the Python workers
         rdd.mapPartitions(_count_rows).collect()
 
@@ -823,8 +830,7 @@ def main() -> int:
     from tfos._data import feed_tasks as _ft
 
     arrow_chunk = getattr(_ft, "ARROW_CHUNK_BYTES", 1 << 20) + 64 * 1024  # slices overshoot by < 1 row + metadata
-    # A train feed task may pack PySpark's batches into frames of PACK_BYTES (plus one batch).
-    rdd_frame = rdd_chunk + getattr(_ft, "PACK_BYTES", 0)
+    rdd_frame = rdd_chunk  # PACK_BYTES plus one batch
     checks = [
         ("scale", "next_batch consumer, RDD input", (a.queue_chunks + 2) * rdd_frame + 2 * a.batch * (IMAGE * 4 + 100),
          f"(queue_chunks + 2) x {rdd_frame / 1024:.0f} KB chunk + 2 x next_batch({a.batch}) rows"),

@@ -19,6 +19,14 @@ It prints microseconds per frame (min / median / max of ``--repeat`` runs) and t
 seconds per 100,000 rows. The difference between ``tfos frame`` and ``bare socket`` is
 what tfos adds to moving the bytes; ``bare socket`` is what any process hop costs.
 
+It then times the whole path of 100,000 rows through a node, both ends in this process
+(CPU s, all threads; min / median / max, the two modes interleaved in each repeat): a feed
+task's sends over a Unix-domain socket, the node's reader thread (``FeedHub``: receive,
+tag check, bounded queue) and ``DataFeed.next_batch(1000)`` in the main thread (unpickling),
+with each PySpark batch sent as its own frame (``one batch per frame``) and with the
+batches packed into frames of ``PACK_BYTES`` (``packed``, what feed tasks send). The
+row count and the label sum are checked in every run.
+
 Usage::
 
     .venv/bin/python scripts/bench_frame_hop.py --repeat 7
@@ -78,6 +86,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--frames", type=int, default=2000, help="frames per run")
+    ap.add_argument("--no-path", action="store_true", help="skip the feed-path comparison (one batch per frame / packed)")
     args = ap.parse_args()
 
     import numpy as np
@@ -131,6 +140,94 @@ def main() -> None:
     for name, xs in results.items():
         med = statistics.median(xs)
         print(f"{name:<18} {min(xs):>8.1f} {med:>8.1f} {max(xs):>8.1f}   {med * 1e-6 * 100_000 / ROWS_PER_FRAME:.3f}")
+    if not args.no_path:
+        feed_path(payload, sum(r[1] for r in batch), args.repeat)
+
+
+def _feed_path_cpu(payload: bytes, frames: int, packed: bool, labels_per_frame: int) -> float:
+    """CPU s of one partition of ``frames`` PySpark batches through a node's feed path
+    (feed task sends, FeedHub reader thread, DataFeed consumer), both ends in this process.
+
+    Raises:
+        AssertionError: The consumer did not get every row exactly once.
+    """
+    from tfos._common import wire
+    from tfos._data.feed_hub import FeedConnection, FeedHub
+    from tfos._data.feed_tasks import _packed_frames
+    from tfos._data.framing import send_frame_parts
+    from tfos.datafeed import DataFeed
+
+    key = os.urandom(32)
+    hub = FeedHub("127.0.0.1", key, ("input",), 4, "bench", local_socket=False)
+    a, peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        out: dict = {}
+        hs = threading.Thread(target=lambda: out.setdefault("s", wire.client_handshake(peer, key, Deadline(10.0))))
+        hs.start()
+        server = wire.server_handshake(a, key, Deadline(10.0))
+        hs.join()
+        tx = out["s"]
+        header = {"partition": 0, "epoch": 0, "mode": "train", "kind": "pickled_batches" if packed else "pickled_batch",
+                  "qname": "input", "feed_timeout": 60, "feed_id": "bench", "index": 0}
+        conn = FeedConnection(a, server, header)
+        with hub._lock:
+            hub._conns.add(conn)
+        answer: list = []
+
+        def feed_task() -> None:
+            if packed:
+                for parts in _packed_frames(iter([payload] * frames)):
+                    send_frame_parts(peer, tx, FrameType.DATA, parts)
+            else:
+                for _ in range(frames):
+                    send_frame(peer, tx, FrameType.DATA, payload)
+            send_frame(peer, tx, FrameType.END, b"")
+            answer.append(recv_frame(peer, tx, Deadline(60.0, "the ACK"))[0])
+
+        c0 = time.process_time()
+        sender = threading.Thread(target=feed_task, daemon=True)
+        reader = threading.Thread(target=hub._read_partition, args=(conn, hub.queues["input"]), daemon=True)
+        sender.start()
+        reader.start()
+        feed = DataFeed(hub, timeout_s=60)
+        rows = label_sum = 0
+        while rows < frames * ROWS_PER_FRAME:
+            batch = feed.next_batch(1000)
+            rows += len(batch)
+            label_sum += sum(r[1] for r in batch)
+        reader.join(60)
+        hub.close_feed()
+        assert feed.next_batch(1) == [] and feed.should_stop()
+        sender.join(60)
+        cpu = time.process_time() - c0
+        assert answer == [FrameType.ACK], answer
+        assert (rows, label_sum) == (frames * ROWS_PER_FRAME, frames * labels_per_frame), (rows, label_sum)
+        return cpu
+    finally:
+        hub.close()
+        a.close()
+        peer.close()
+
+
+def feed_path(payload: bytes, labels_per_frame: int, repeat: int) -> None:
+    """Prints the CPU s per 100,000 rows of the node's feed path, one batch per frame
+    against packed frames (see the module docstring)."""
+    from tfos._data.feed_tasks import PACK_BYTES
+
+    frames = 100_000 // ROWS_PER_FRAME
+    res: dict[str, list[float]] = {"one batch per frame": [], "packed": []}
+    for _ in range(repeat):
+        for packed, name in ((False, "one batch per frame"), (True, "packed")):
+            res[name].append(_feed_path_cpu(payload, frames, packed, labels_per_frame))
+    print(f"\nfeed path of {frames * ROWS_PER_FRAME:,} rows through a node (Unix socket, FeedHub, DataFeed.next_batch(1000)), "
+          f"packed frames of >= {PACK_BYTES / 2**20:.0f} MiB; CPU s, min / median / max of {repeat} interleaved runs; "
+          "row count and label sum checked")
+    print(f"{'':<20} {'min':>8} {'median':>8} {'max':>8}")
+    for name, xs in res.items():
+        print(f"{name:<20} {min(xs):>8.3f} {statistics.median(xs):>8.3f} {max(xs):>8.3f}")
+    one, pk = statistics.median(res["one batch per frame"]), statistics.median(res["packed"])
+    print(f"packed / one batch per frame: {pk / one:.2f} (median / median); per repeat "
+          + " ".join(f"{p / o:.2f}" for o, p in zip(res["one batch per frame"], res["packed"])))
 
 
 if __name__ == "__main__":

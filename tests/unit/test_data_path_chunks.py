@@ -146,3 +146,85 @@ def test_send_frame_gathers_large_payloads_and_resumes_partial_sends():
     b.close()
     ftype, data = got["frame"]
     assert ftype is _FT.DATA and bytes(data) == payload
+
+
+# ----------------------------------------------------------- packed pickled batches
+def _pyspark_batches(n_batches: int, rows_per_batch: int) -> list:
+    """PySpark-style pickled batches of (float32[784] image, label) rows; labels count up."""
+    out, label = [], 0
+    for _ in range(n_batches):
+        rows = []
+        for _ in range(rows_per_batch):
+            rows.append((np.full(784, label, dtype=np.float32), label))
+            label += 1
+        out.append(pickle.dumps(rows, protocol=5))
+    return out
+
+
+def test_packed_frames_close_at_the_limit_and_keep_every_batch():
+    from tfos._data.feed_tasks import _packed_frames
+    from tfos._data.framing import ChunkKind, decode_chunk
+
+    batches = _pyspark_batches(8, 5)
+    size = len(batches[0])
+    frames = list(_packed_frames(iter(batches), limit=3 * size))
+    # a frame closes once it holds >= limit bytes: 3 + 3 + 2 batches, each with a 4-byte prefix
+    assert [len(f) // 2 for f in frames] == [3, 3, 2]
+    assert all(f[i] is batches[j] for f, js in zip(frames, ([0, 1, 2], [3, 4, 5], [6, 7])) for i, j in zip(range(1, 7, 2), js))
+    rows = [r for f in frames for r in decode_chunk(ChunkKind.PICKLED_BATCHES, b"".join(f))]
+    assert [r[1] for r in rows] == list(range(40))
+    assert all(float(r[0][0]) == r[1] and r[0].dtype == np.float32 and r[0].shape == (784,) for r in rows)
+    assert list(_packed_frames(iter([]))) == []
+
+
+def test_packed_frames_sent_gathered_arrive_as_one_authenticated_frame():
+    """A packed frame goes out as parts (4-byte prefixes and the batches, not joined) and
+    the node decodes the exact rows from the one frame it receives."""
+    import socket as _socket
+    import threading
+
+    from tfos._common.deadline import Deadline
+    from tfos._common.wire import DataSession
+    from tfos._data.feed_tasks import PACK_BYTES, _packed_frames
+    from tfos._data.framing import ChunkKind, FrameType as _FT, decode_chunk, recv_frame, send_frame_parts
+
+    batches = _pyspark_batches(40, 32)  # about 100 KB each, as PySpark batches MNIST rows
+    frames = list(_packed_frames(iter(batches)))
+    assert len(frames) == 4 and all(sum(len(p) for p in f) >= PACK_BYTES for f in frames[:-1])
+    a, b = _socket.socketpair()
+    k1, k2 = b"1" * 32, b"2" * 32
+    got: list = []
+
+    def _read() -> None:
+        rx = DataSession(k2, k1)
+        for _ in frames:
+            got.append(recv_frame(b, rx, Deadline(30, "frame")))
+
+    reader = threading.Thread(target=_read)
+    reader.start()
+    tx = DataSession(k1, k2)
+    for f in frames:
+        send_frame_parts(a, tx, _FT.DATA, f)
+    reader.join(30)
+    a.close()
+    b.close()
+    assert len(got) == 4 and all(t is _FT.DATA for t, _ in got)
+    labels = [r[1] for _, p in got for r in decode_chunk(ChunkKind.PICKLED_BATCHES, p)]
+    assert labels == list(range(40 * 32))
+
+
+def test_packed_batches_malformed_payloads_are_refused():
+    from tfos._data.framing import ChunkKind, decode_chunk
+
+    one = (3).to_bytes(4, "big") + pickle.dumps([1])[:3]
+    good = len(pickle.dumps([1, 2])).to_bytes(4, "big") + pickle.dumps([1, 2])
+    assert decode_chunk(ChunkKind.PICKLED_BATCHES, good + good) == [1, 2, 1, 2]
+    with pytest.raises(ValueError, match="ends inside a length prefix at byte"):
+        decode_chunk(ChunkKind.PICKLED_BATCHES, good + b"\x00\x00")
+    with pytest.raises(ValueError, match="ends inside a batch of 1000 bytes"):
+        decode_chunk(ChunkKind.PICKLED_BATCHES, good + (1000).to_bytes(4, "big") + b"x")
+    with pytest.raises(TypeError, match="must hold lists of rows, not dict"):
+        decode_chunk(ChunkKind.PICKLED_BATCHES, len(pickle.dumps({})).to_bytes(4, "big") + pickle.dumps({}))
+    with pytest.raises(Exception):
+        decode_chunk(ChunkKind.PICKLED_BATCHES, one)
+    assert decode_chunk(ChunkKind.PICKLED_BATCHES, b"") == []

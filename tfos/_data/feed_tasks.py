@@ -32,6 +32,7 @@ import logging
 import pickle
 import select
 import socket
+import struct
 import threading
 import time
 import uuid
@@ -60,6 +61,13 @@ GENERIC_CHUNK_ROWS = 1024
 #: they are sliced (zero copy) so that the node's bounded queue holds megabytes, not
 #: hundreds of megabytes, and the node decodes while the task still sends.
 ARROW_CHUNK_BYTES = 1 << 20
+#: Bytes of PySpark pickled batches a feed task packs into one data frame
+#: (``ChunkKind.PICKLED_BATCHES``; a frame closes once it holds at least this many, so it
+#: is at most this plus one batch). PySpark pickles an RDD's rows in batches of about 64 to
+#: 100 KB (32 MNIST rows), and each frame costs a tag, a send, a receive and a queue
+#: hand-over on top of its bytes: ``scripts/bench_frame_hop.py`` measures the
+#: difference.
+PACK_BYTES = 1 << 20
 _CONNECT_TIMEOUT_S = 30.0
 #: Handshakes retried when the node closes the connection during one (it sheds the oldest
 #: unauthenticated connections while strangers flood its port).
@@ -485,6 +493,48 @@ def _stream(link: _Link, frames: Iterator[Any]) -> str:
     return "sent"
 
 
+def _frames(plan: FeedPlan, rows: Iterator[Any]) -> Iterator[Any]:
+    """The data frame payloads of one partition's input (Spark task): PySpark's raw batches
+    packed (``PICKLED_BATCHES``), or rows pickled in chunks (kind None), or the input's
+    items as they are (Arrow parts, other raw kinds)."""
+    if plan.kind is ChunkKind.PICKLED_BATCHES:
+        return _packed_frames(rows)
+    if plan.kind is None:
+        return _generic_frames(rows)
+    return rows
+
+
+def _packed_frames(batches: Iterator[Any], limit: int = PACK_BYTES) -> Iterator[list]:
+    """PySpark's pickled batches packed into ``ChunkKind.PICKLED_BATCHES`` payloads of at
+    least ``limit`` bytes (the last one may be smaller), each batch preceded by its uint32
+    big-endian length (Spark task).
+
+    Yields:
+        Lists of parts (length prefixes and the batches themselves, not copied), sent as
+        one frame each by :func:`~tfos._data.framing.send_frame_parts`.
+
+    Raises:
+        ValueError: A batch of 4 GiB or more (its length does not fit the prefix).
+    """
+    parts: list = []
+    size = 0
+    for batch in batches:
+        n = len(batch) if isinstance(batch, (bytes, bytearray)) else memoryview(batch).nbytes
+        if n >= 1 << 32:
+            raise ValueError(f"a PySpark batch of {n} bytes is too large to feed (the limit is 4 GiB)")
+        parts.append(_BATCH_LEN.pack(n))
+        parts.append(batch)
+        size += 4 + n
+        if size >= limit:
+            yield parts
+            parts, size = [], 0
+    if parts:
+        yield parts
+
+
+_BATCH_LEN = struct.Struct(">I")
+
+
 def _generic_frames(rows: Iterator[Any]) -> Iterator[bytes]:
     chunk: list = []
     for row in rows:
@@ -574,8 +624,7 @@ def make_feed_fn(plan: FeedPlan):
     """
 
     def _feed(index: int, rows: Iterator[Any]) -> Iterator[tuple[int, str]]:
-        frames = rows if plan.kind is not None else _generic_frames(rows)
-        result = _feed_partition(plan, index, frames)
+        result = _feed_partition(plan, index, _frames(plan, rows))
         if result[1] != "ok":
             _drain(rows)
         yield result
@@ -754,7 +803,7 @@ def make_infer_fn(plan: FeedPlan):
             msg = f"partition {index} -> {node.name}: the node is not running inference (state {state})"
             _report(plan, node, msg)
             raise FeedError(msg)
-        frames = rows if plan.kind is not None else _generic_frames(rows)
+        frames = _frames(plan, rows)
         send_error: list[BaseException] = []
 
         def _send() -> None:

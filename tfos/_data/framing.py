@@ -73,9 +73,14 @@ class ChunkKind(str, enum.Enum):
         PICKLED_ROW: One pickled row.
         UTF8: One row of UTF-8 text (e.g. ``sc.textFile``).
         ARROW: An Arrow IPC stream holding one record batch (DataFrames).
+        PICKLED_BATCHES: Several ``PICKLED_BATCH`` payloads, each preceded by its length
+            (uint32, big-endian): a feed task packs PySpark's batches of an RDD (about 64 to
+            100 KB each) into frames of about 1 MiB (``feed_tasks.PACK_BYTES``), so a frame's
+            fixed costs (tag, send, receive, queue hand-over) are paid once per ~10 batches.
     """
 
     PICKLED_BATCH = "pickled_batch"
+    PICKLED_BATCHES = "pickled_batches"
     PICKLED_ROW = "pickled_row"
     UTF8 = "utf8"
     ARROW = "arrow"
@@ -276,6 +281,8 @@ def decode_chunk(kind: ChunkKind, payload: Union[bytes, bytearray]) -> list:
     # on its first chunk (from pyspark.zip, pyspark is compiled from source on import).
     # Rows that need pyspark (``df.rdd`` Rows, rows pickled by value) import it when
     # unpickled.
+    if kind is ChunkKind.PICKLED_BATCHES:
+        return _unpack_batches(payload)
     if kind is ChunkKind.PICKLED_BATCH:
         rows = pickle.loads(payload, encoding="bytes")
         if type(rows) is list:
@@ -288,6 +295,38 @@ def decode_chunk(kind: ChunkKind, payload: Union[bytes, bytearray]) -> list:
     if kind is ChunkKind.UTF8:
         return [str(payload, "utf-8")]
     raise ValueError(f"unknown chunk kind {kind!r}")
+
+
+def _unpack_batches(payload: Union[bytes, bytearray, memoryview]) -> list:
+    """The rows of a ``PICKLED_BATCHES`` payload, in order (TF process side; see
+    :class:`ChunkKind`). Each batch is unpickled from a view of the payload (no copy).
+
+    Raises:
+        ValueError: The payload ends inside a length prefix or inside a batch.
+        TypeError: A batch does not unpickle to a list or tuple of rows.
+    """
+    view = memoryview(payload)
+    end = len(view)
+    out: list = []
+    at = 0
+    while at < end:
+        if at + 4 > end:
+            raise ValueError(f"a PICKLED_BATCHES frame of {end} bytes ends inside a length prefix at byte {at}")
+        size = _BATCH_LEN.unpack_from(view, at)[0]
+        at += 4
+        if at + size > end:
+            raise ValueError(f"a PICKLED_BATCHES frame of {end} bytes ends inside a batch of {size} bytes at byte {at}")
+        rows = pickle.loads(view[at : at + size], encoding="bytes")
+        if isinstance(rows, (list, tuple)):
+            out.extend(rows)
+        else:
+            raise TypeError(f"a PICKLED_BATCHES frame must hold lists of rows, not {type(rows).__name__}")
+        at += size
+    return out
+
+
+#: The length prefix of each batch in a ``PICKLED_BATCHES`` payload.
+_BATCH_LEN = struct.Struct(">I")
 
 
 #: Arrow schema metadata key under which a DataFrame feed task puts the DataFrame's Spark

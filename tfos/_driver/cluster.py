@@ -733,7 +733,7 @@ def _raw_source(rdd: Any, epochs: int = 1) -> tuple[Any, Any]:
     """The RDD to feed (``epochs`` passes, unioned) and its chunk kind (driver).
 
     RDDs stored as PySpark pickled batches are fed as raw frames (the feed task never
-    unpickles them); any other RDD is fed row by row, re-pickled in chunks (kind None).
+    unpickles them; it packs them into frames of about 1 MiB); any other RDD is fed row by row, re-pickled in chunks (kind None).
     """
     from tfos._data.framing import ChunkKind
     from tfos._data.spark_rawio import FrameKind, raw_frames, union_raw_frames
@@ -743,7 +743,7 @@ def _raw_source(rdd: Any, epochs: int = 1) -> tuple[Any, Any]:
         return (rdd if epochs == 1 else rdd.context.union([rdd] * epochs)), None
     if epochs > 1:
         raw = union_raw_frames([raw] * epochs)
-    return raw.rdd, ChunkKind.PICKLED_BATCH
+    return raw.rdd, ChunkKind.PICKLED_BATCHES  # feed tasks pack the batches (feed_tasks._packed_frames)
 
 def run(
     sc: Any,
