@@ -369,9 +369,9 @@ def feed_schema_json(schema: Any, as_bytes: bool) -> Optional[str]:
         as_bytes: :func:`binary_as_bytes` of the session.
 
     Raises:
-        ConfigurationError: A ``CalendarIntervalType`` at any depth: ``df.rdd`` has no
-            Python value for it (PySpark raises), so neither has the feed; the message names
-            the column.
+        ConfigurationError: A ``CalendarIntervalType`` or ``YearMonthIntervalType`` at any
+            depth: ``df.rdd`` has no Python value for it (PySpark raises), so neither has the
+            feed; the message names the column.
     """
     from pyspark.sql.types import ArrayType, BinaryType, MapType, StructType, UserDefinedType
 
@@ -402,6 +402,7 @@ def _refuse_unfeedable(schema: Any) -> None:
     from tfos.errors import ConfigurationError
 
     interval = getattr(T, "CalendarIntervalType", None)  # not in every PySpark version
+    year_month = getattr(T, "YearMonthIntervalType", None)
     ArrayType, MapType, StructType = T.ArrayType, T.MapType, T.StructType
 
     def walk(t: Any, path: str) -> None:
@@ -409,6 +410,13 @@ def _refuse_unfeedable(schema: Any) -> None:
             raise ConfigurationError(
                 f"train(df): column {path!r} is a CalendarIntervalType (INTERVAL with months), which df.rdd "
                 "cannot convert to Python either; cast it (e.g. to a string or a number of days) or drop it")
+        if year_month is not None and isinstance(t, year_month):
+            # df.rdd raises NOT_IMPLEMENTED (no fromInternal), and Spark's Arrow batches of it
+            # cannot reach Python either (mapInArrow fails in the Spark task).
+            raise ConfigurationError(
+                f"train(df): column {path!r} is a YearMonthIntervalType ({t.simpleString()}, e.g. INTERVAL 1 MONTH), "
+                "which neither df.rdd nor Spark's Arrow batches can convert to Python; cast it to a number of months "
+                f"(col({path.split('.')[0].split('[')[0].split('{')[0]!r}).cast('int')) or to a string, or drop it")
         if isinstance(t, StructType):
             for f in t.fields:
                 walk(f.dataType, f"{path}.{f.name}" if path else f.name)
