@@ -83,8 +83,12 @@ class DataFeed:
         qname_out: Kept for TFoS compatibility (results go back on the row's own
             connection, in order).
         input_mapping: Optional ``{column: tensor_name}``; then :meth:`next_batch` returns
-            ``{tensor_name: [values]}`` with columns taken in sorted column-name order
-            (the order in which TFEstimator selects them).
+            ``{tensor_name: [values]}``. Rows that carry column names (a DataFrame's rows,
+            ``Row`` objects) give each tensor its column by name; plain tuples give the i-th
+            mapped column, in sorted column-name order (the order in which TFEstimator
+            selects them, as in TFoS), the i-th value. When the rows' names do not include
+            every mapped column, the positional pairing is used and a WARNING names the
+            missing columns.
         timeout_s: Longest wait for the next chunk, in seconds (default: the cluster's
             ``data_timeout_s``).
 
@@ -117,7 +121,10 @@ class DataFeed:
         self.train_mode = train_mode
         self.qname_in = qname_in
         self.qname_out = qname_out
-        self.input_tensors = [input_mapping[c] for c in sorted(input_mapping)] if input_mapping else None
+        #: ``[(column, tensor)]`` of ``input_mapping``, sorted by column name.
+        self._mapping: Optional[list] = sorted(input_mapping.items(), key=lambda kv: str(kv[0])) if input_mapping else None
+        self.input_tensors = [t for _, t in self._mapping] if self._mapping else None
+        self._mapping_idx: dict = {}  # column names of a chunk -> the value index of each mapped column
         self.done_feeding = False
         #: ``'train'`` or ``'inference'``: the job (``cluster.train()`` or
         #: ``cluster.inference()``) that fed the rows of the last non-empty batch
@@ -269,6 +276,7 @@ class DataFeed:
             self._raise_aborted()
         out: list = []
         origins: list[tuple[int, int, int, int]] = []
+        segments: list[tuple[int, tuple]] = []  # (first row in out, column names of its rows) with input_mapping
         batch_conn: Optional[FeedConnection] = None
         while len(out) < batch_size and not self.done_feeding:
             if self._pos >= len(self._rows):
@@ -297,6 +305,8 @@ class DataFeed:
             assert conn is not None
             take = min(batch_size - len(out), len(self._rows) - self._pos)
             origins.append((len(out), conn.partition, conn.epoch, conn.rows_taken))
+            if self._mapping is not None:
+                segments.append((len(out), self._row_names(self._rows, self._pos)))
             out.extend(self._rows[self._pos : self._pos + take])
             self._pos += take
             conn.rows_taken += take
@@ -313,7 +323,46 @@ class DataFeed:
             self._pending.append((batch_conn, len(out), origins[0]))
         if self.input_tensors is None:
             return out
-        return _to_columns(out, self.input_tensors)
+        return self._mapped_columns(out, segments)
+
+    @staticmethod
+    def _row_names(rows: Sequence, pos: int) -> tuple:
+        """The column names the rows of a chunk carry: a DataFrame chunk's columns, or the
+        fields of a ``Row`` (``df.rdd``); () for plain tuples."""
+        names = getattr(rows, "column_names", None)
+        if names:
+            return tuple(names)
+        fields = getattr(rows[pos], "__fields__", None) if pos < len(rows) else None
+        return tuple(fields) if fields else ()
+
+    def _mapped_columns(self, rows: list, segments: list) -> dict[str, list]:
+        """``{tensor: [values]}`` of ``input_mapping`` (TF process). Rows that carry column
+        names (DataFrame chunks, ``Row`` objects) give each tensor its column by name; plain
+        tuples give the i-th mapped column (sorted by name) the i-th value, as in TFoS."""
+        assert self._mapping is not None
+        cols: dict[str, list] = {t: [] for _, t in self._mapping}
+        ends = [start for start, _ in segments[1:]] + [len(rows)]
+        for (start, names), end in zip(segments, ends):
+            idx = self._mapping_idx.get(names)
+            if idx is None:
+                idx = self._mapping_idx[names] = self._value_index(names)
+            for row in rows[start:end]:
+                for i, (_, t) in zip(idx, self._mapping):
+                    cols[t].append(row[i])
+        return cols
+
+    def _value_index(self, names: tuple) -> list[int]:
+        assert self._mapping is not None
+        wanted = [str(c) for c, _ in self._mapping]
+        if names and all(c in names for c in wanted):
+            return [names.index(c) for c in wanted]
+        if names:
+            missing = [c for c in wanted if c not in names]
+            log.warning(
+                "node %s: input_mapping columns %s are not among the fed rows' columns %s; pairing the i-th mapped "
+                "column (sorted by name: %s) with the i-th value of each row, as TFoS did", self._hub.node_name,
+                missing, list(names), wanted)
+        return list(range(len(wanted)))
 
     def should_stop(self) -> bool:
         """True once the feed ended (end of feed from the driver, or :meth:`terminate`)."""

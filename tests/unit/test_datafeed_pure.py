@@ -162,6 +162,32 @@ def test_input_mapping_sorted_columns(hub):
     assert feed.next_batch(10) == {"x_in": [1, 2], "y_in": ["a", "b"]}
 
 
+def test_input_mapping_takes_named_columns_by_name(hub, caplog):
+    """DataFrame rows carry their column names: each tensor gets its own column whatever the
+    DataFrame's column order (a docs audit fed columns zeta, alpha, mid and got alpha's values
+    under zeta's tensor); Row objects too; names that miss a mapped column fall back to
+    TFoS's positional pairing with a WARNING."""
+    pa = pytest.importorskip("pyarrow")
+    from pyspark.sql import Row
+
+    a = Feeder(hub, 0, kind="arrow")
+    a.arrow(pa.RecordBatch.from_pydict({"zeta": [0, 1], "alpha": [0, 2], "mid": [0, 3]}))
+    a.arrow(pa.RecordBatch.from_pydict({"mid": [6], "zeta": [2], "alpha": [4]}))  # another order in one batch
+    a.end()
+    b = Feeder(hub, 1)
+    b.chunk([Row(zeta=3, alpha=6, mid=9)])
+    b.chunk([Row(x=1, y=2, z=3)])  # none of the mapped names: positional, warned
+    b.end()
+    hub.queues["input"].put_nowait(END_OF_FEED)
+    feed = DataFeed(hub, input_mapping={"zeta": "tz", "alpha": "ta", "mid": "tm"}, timeout_s=10)
+    assert feed.next_batch(3) == {"tz": [0, 1, 2], "ta": [0, 2, 4], "tm": [0, 3, 6]}
+    assert feed.next_batch(1) == {"tz": [3], "ta": [6], "tm": [9]}
+    with caplog.at_level("WARNING", logger="tfos.datafeed"):
+        assert feed.next_batch(1) == {"ta": [1], "tm": [2], "tz": [3]}
+    assert "input_mapping columns ['alpha', 'mid', 'zeta'] are not among the fed rows' columns ['x', 'y', 'z']" in caplog.text
+    assert "worker:0 (executor 1, host 127.0.0.1)" in caplog.text
+
+
 def test_batches_convert_and_name_bad_rows(hub):
     a = Feeder(hub, 6)
     a.chunk(_good_rows(3))
