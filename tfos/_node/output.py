@@ -24,10 +24,10 @@ node's last lines.
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
-import queue
 import re
 import secrets
 import sys
@@ -67,6 +67,14 @@ _REPORTS = {
 #: client's default (the heartbeat timeout, twice with a retry).
 _CONNECT_S = 2.0
 _MAX_LINE_CHARS = 2000
+#: A line without a newline is handled in pieces of this many bytes (the supervisor
+#: holds at most this much of one line): each piece goes to the executor log as it is;
+#: the driver gets the line's first piece (cut at _MAX_LINE_CHARS) and, of later pieces,
+#: only a progress bar's state after the last carriage return.
+_LONG_LINE_BYTES = 1 << 20
+#: Lines of one node queued for the driver; under a flood the oldest queued lines give
+#: way, so the driver gets the node's last lines and a count of the ones left out.
+_QUEUED_LINES = 5000
 # TensorFlow/absl C++ log lines: "I0000 00:00:1796080592.555864    7250 port.cc:153] ...".
 _CXX_LINE = re.compile(r"^([IWEF])\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ [^\s\]]+:\d+\] ")
 _CXX_SEVERITY = {"I": 0, "W": 1, "E": 2, "F": 3}
@@ -171,8 +179,9 @@ class NodeOutput:
         self._tee = tee
         self._tf_min_level = tf_min_level
         self._nvidia = _has_nvidia_driver()
-        self._lines: "queue.Queue[str]" = queue.Queue(maxsize=5000)
-        self._dropped = 0
+        self._lines: "collections.deque[str]" = collections.deque()
+        self._lines_lock = threading.Lock()  # _lines and _dropped: readers add, the sender takes
+        self._dropped = 0  # lines that gave way since the last send (they precede the queued ones)
         self._readers: list[threading.Thread] = []
         self._stop = threading.Event()
         self._pipes = [os.pipe(), os.pipe()]  # (read, write) for descriptors 1 and 2
@@ -214,8 +223,10 @@ class NodeOutput:
             self._sender.start()
 
     def _read(self, r: int, out: int) -> None:
-        pending = b""
-        dropped = False
+        # Linear in the bytes read: only new data is searched for a newline, and a line
+        # longer than _LONG_LINE_BYTES is handled in pieces of that size (see _pieces).
+        pending = bytearray()
+        state = {"dropped": False, "cont": False}  # last line was noise; pending continues a cut line
         while True:
             try:
                 data = os.read(r, 65536)
@@ -223,34 +234,51 @@ class NodeOutput:
                 break
             if not data:
                 break
+            scan = len(pending)
             pending += data
-            *lines, pending = pending.split(b"\n")
-            kept = []
-            for raw in lines:
-                text = raw.decode("utf-8", "replace").rstrip("\r")
-                if self.mark and _MARK_START in text:
-                    text, raw = self._take_mark(text, out)
-                    if not text:
-                        continue
-                if self._tf_min_level is not None and is_tf_noise(text, self._tf_min_level, self._nvidia, dropped):
-                    dropped = True
-                    continue
-                dropped = False
-                kept.append(raw)
-                self._offer(text)
-            if self._tee and kept:
-                try:
-                    os.write(out, b"\n".join(kept) + b"\n")
-                except OSError:
-                    pass
+            end = pending.rfind(b"\n", scan)
+            if end >= 0:
+                lines = bytes(pending[:end]).split(b"\n")
+                del pending[:end + 1]
+                self._handle(lines, out, state, cut=False)
+            while len(pending) > _LONG_LINE_BYTES:
+                at, at_mark = _cut_at(pending)
+                piece = bytes(pending[:at])
+                del pending[:at]
+                # A marker line ends main_fun's unfinished line (as when both are read together).
+                self._handle([piece], out, state, cut=not at_mark)
         if pending:
-            if self._tee:
-                try:
-                    os.write(out, pending)
-                except OSError:
-                    pass
-            self._offer(pending.decode("utf-8", "replace"))
+            self._handle([bytes(pending)], out, state, cut=True)
         os.close(r)
+
+    def _handle(self, lines: "list[bytes]", out: int, state: dict, cut: bool) -> None:
+        """Filters, tees and offers complete lines; with ``cut``, the one item is a piece
+        of a longer line (or the output's unterminated end): teed without a newline, and
+        offered to the driver only as its first piece or for a progress bar's last state."""
+        kept = []
+        for raw in lines:
+            cont, state["cont"] = state["cont"], cut
+            text = raw.decode("utf-8", "replace").rstrip("\r")
+            if self.mark and _MARK_START in text:
+                text, raw = self._take_mark(text, out)
+                if not text:
+                    continue
+            if cont:
+                if state["dropped"]:
+                    continue  # the rest of a noise line
+            elif self._tf_min_level is not None and is_tf_noise(text, self._tf_min_level, self._nvidia,
+                                                                state["dropped"]):
+                state["dropped"] = True
+                continue
+            state["dropped"] = False
+            kept.append(raw)
+            if not cont or "\r" in text:
+                self._offer(text)
+        if self._tee and kept:
+            try:
+                _write_all(out, b"\n".join(kept) + (b"" if cut else b"\n"))
+            except OSError:
+                pass
 
     def _take_mark(self, text: str, out: int) -> "tuple[str, bytes]":
         """Handles a marker line (see :func:`write_failure_marks`); returns what main_fun
@@ -292,32 +320,33 @@ class NodeOutput:
             text = text.rsplit("\r", 1)[-1]
         if not text.strip():
             return
-        try:
-            self._lines.put_nowait(text[:_MAX_LINE_CHARS])
-        except queue.Full:
-            self._dropped += 1
+        with self._lines_lock:
+            if len(self._lines) >= _QUEUED_LINES:
+                self._lines.popleft()
+                self._dropped += 1
+            self._lines.append(text[:_MAX_LINE_CHARS])
 
     def _flush(self) -> bool:
         """Sends up to ~256 KB of queued lines; True when the queue is now empty."""
         batch: list[str] = []
         size = 0
-        while size < 256 * 1024:
-            try:
-                line = self._lines.get_nowait()
-            except queue.Empty:
-                break
-            batch.append(line)
-            size += 6 * len(line) + 4  # worst case of JSON escaping
-        if self._dropped:
-            batch.append(f"[{self._dropped} output lines dropped]")
-            self._dropped = 0
+        with self._lines_lock:
+            if self._dropped:
+                where = "; the executor log has them" if self._tee else ""
+                batch.append(f"[{self._dropped} output lines dropped here{where}]")
+                self._dropped = 0
+            while size < 256 * 1024 and self._lines:
+                line = self._lines.popleft()
+                batch.append(line)
+                size += 6 * len(line) + 4  # worst case of JSON escaping
         if batch and self._client is not None and not self._abandoned.is_set():
             try:
                 self._client.request("log", executor_id=self._eid, lines=batch, timeout_s=10.0, retry=False,
                                      connect_timeout_s=_CONNECT_S)
             except _REQ_ERRORS:
                 self._after_send_error()
-        return self._lines.empty()
+        with self._lines_lock:
+            return not self._lines
 
     def _send_reports(self, stdout_wait_s: float) -> None:
         """Sends the pending reports in marker order, each after the lines written before
@@ -454,6 +483,15 @@ def _write_marks(token: str, kind: str, body: dict, fds_identity: Optional[tuple
     except OSError:
         return False
     return True
+
+
+def _cut_at(pending: bytearray) -> "tuple[int, bool]":
+    """Where to cut a line longer than _LONG_LINE_BYTES (pure): at that length, or before
+    a marker line's start in its last quarter, so a marker is never split in two.
+    Returns (offset, whether the cut is before a marker)."""
+    at = _LONG_LINE_BYTES
+    mark = pending.rfind(_MARK_START.encode(), at - _LONG_LINE_BYTES // 4, at)
+    return (mark, True) if mark > 0 else (at, False)
 
 
 def _write_all(fd: int, data: bytes) -> None:
