@@ -42,26 +42,42 @@ def sleeper_main(args, ctx):
                 print("main_fun is alive", flush=True)
 
 
-def _start_sleeper_node(tmp_path, cluster_id: str, heartbeat_timeout_s: float, trigger: str = ""):
-    """One InputMode.TENSORFLOW node (real supervisor and TF process running sleeper_main)
+def returner_main(args, ctx):
+    """Writes a pid (its own, standing for a child's), waits for the trigger file, then
+    SIGKILLs its supervisor and returns at once."""
+    import os
+    import time as _time
+
+    with open(args["out"], "w") as f:
+        f.write(f"{os.getpid()}\n")
+    end = _time.monotonic() + 600
+    while not os.path.exists(args["trigger"]) and _time.monotonic() < end:
+        _time.sleep(0.01)
+    os.kill(os.getppid(), 9)
+
+
+def _start_sleeper_node(tmp_path, cluster_id: str, heartbeat_timeout_s: float, trigger: str = "",
+                        input_mode: InputMode = InputMode.TENSORFLOW, fn=sleeper_main, handle=None):
+    """One node (real supervisor and TF process running ``fn``, by default sleeper_main)
     against an in-process control server; returns ``(state, server, supervisor, child_pid)``
     once main_fun's child runs. Once the file ``trigger`` exists, main_fun kills its
-    supervisor itself. The caller closes ``server``."""
+    supervisor itself. ``handle`` wraps the server's request handler. The caller closes
+    ``server``."""
     roles = roles_from_template(build_template(1, 0))
     state = ClusterState(cluster_id, roles, heartbeat_timeout_s)
     key = _wire.new_key()
-    server = ControlServer(key, state.handle, host="127.0.0.1")
+    server = ControlServer(key, handle(state.handle) if handle else state.handle, host="127.0.0.1")
     try:
         cfg = ClusterConfig(
             cluster_id=cluster_id, key=key, driver_host="127.0.0.1", driver_port=server.port,
-            input_mode=InputMode.TENSORFLOW, roles=tuple(roles), heartbeat_interval_s=0.5,
+            input_mode=input_mode, roles=tuple(roles), heartbeat_interval_s=0.5,
             heartbeat_timeout_s=heartbeat_timeout_s, reservation_timeout_s=60.0, forward_logs="none",
         )
         out = tmp_path / "child.pid"
         launch = NodeLaunch(
             config=cfg, role=roles[0], host="127.0.0.1", executor_key="h/1", watch_pid=0, watch_stdin=False,
             working_dir=str(tmp_path), python_path=tuple(p for p in sys.path if p),
-            fn_payload=cloudpickle.dumps((sleeper_main, {"out": str(out), "trigger": trigger})),
+            fn_payload=cloudpickle.dumps((fn, {"out": str(out), "trigger": trigger})),
         )
         sup = spawn_supervisor(launch)
         deadline = time.monotonic() + 120
@@ -129,6 +145,38 @@ def test_a_killed_supervisor_is_reported_by_its_tf_process(tmp_path, killer):
         # the TF process and main_fun's child end with it (nothing left behind)
         gone, alive = psutil.wait_procs([tf, child], timeout=10)
         assert not alive, f"left after the supervisor was killed: {[p.pid for p in alive]}"
+    finally:
+        server.close()
+
+
+def test_a_killed_supervisors_socket_dir_is_removed_though_main_fun_returns_first(tmp_path):
+    """A fed node's supervisor is SIGKILLed and main_fun returns at once, while the driver
+    takes 3 s to answer the TF process's SupervisorDied report: the TF process's main
+    thread ends the process before the report is answered. The data socket's directory
+    under TMPDIR must still be gone (the supervisor that would have removed it is dead);
+    before, it was removed only after the report and was left behind (found by a
+    break-under-load helper: an empty tfos-feed-* directory after each killed supervisor)."""
+    import glob
+    import tempfile
+
+    def slow_failure_reports(handle):
+        def wrapped(body, peer):
+            if body.get("type") == "status" and body.get("state") == "failed":
+                time.sleep(3.0)
+            return handle(body, peer)
+        return wrapped
+
+    trigger = tmp_path / "kill-your-supervisor"
+    state, server, sup, tf_pid = _start_sleeper_node(tmp_path, "tfos-unit-sockdir", 60.0, str(trigger),
+                                                     InputMode.SPARK, returner_main, slow_failure_reports)
+    try:
+        (sock_dir,) = glob.glob(f"{tempfile.gettempdir()}/tfos-feed-*-{sup.pid}-*")
+        tf = psutil.Process(tf_pid)
+        trigger.touch()
+        sup.wait(10)
+        gone, alive = psutil.wait_procs([tf], timeout=10)
+        assert not alive, "the TF process outlived its supervisor"
+        assert not glob.glob(f"{tempfile.gettempdir()}/tfos-feed-*-{sup.pid}-*"), f"{sock_dir} was left behind"
     finally:
         server.close()
 

@@ -547,6 +547,9 @@ def _supervisor_gone(launch: NodeLaunch, sock_dir: "Optional[_local.SocketDir]" 
     """The supervisor's pipe closed, so it died (it never closes the pipe itself while the
     TF process runs): report the node lost to the driver, then end this process's group
     (the TF process and what main_fun started) at once (TF process)."""
+    # First, while nothing else can end this process before it: the main thread may exit
+    # on its own (main_fun's failure) while the report below waits for the driver.
+    _local.remove_socket_dir(sock_dir)  # the supervisor that would have is gone
     _SUPERVISOR_GONE.set()
     r = launch.role
     cfg = launch.config
@@ -560,11 +563,10 @@ def _supervisor_gone(launch: NodeLaunch, sock_dir: "Optional[_local.SocketDir]" 
     except OSError:
         pass
     try:
-        ppid = os.getppid()
         failure = NodeFailure(
             r.executor_id, r.job_name, r.task_index, launch.host, "lost", "SupervisorDied",
             "the node's supervisor process died (killed, or out of memory) and took the node down; "
-            f"its TF process (pid {os.getpid()}, now a child of pid {ppid}) ended with it",
+            f"its TF process (pid {os.getpid()}) ended with it",
         )
         client = ControlClient(cfg.driver_host, cfg.driver_port, cfg.key, cfg.cluster_id, connect_timeout_s=2.0)
         client.request("status", executor_id=r.executor_id, state="failed", failure=failure.to_dict(),
@@ -572,7 +574,6 @@ def _supervisor_gone(launch: NodeLaunch, sock_dir: "Optional[_local.SocketDir]" 
     except BaseException:  # noqa: BLE001 - the exit below must happen whatever the report did
         pass
     finally:
-        _local.remove_socket_dir(sock_dir)  # the supervisor that would have is gone
         # What main_fun started is in this process's group (the supervisor made the TF
         # process a group leader, and would have ended the group itself): end it with us.
         try:
