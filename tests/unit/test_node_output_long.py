@@ -10,8 +10,11 @@ words) were the ones dropped.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import threading
+
+import pytest
 
 from tfos._node import output
 from tfos._node.output import NodeOutput
@@ -22,10 +25,12 @@ MIB = 1 << 20
 class _Client:
     def __init__(self):
         self.lines: list = []
+        self.sizes: list = []
 
     def request(self, mtype, **fields):
         assert mtype == "log" and fields["executor_id"] == 5
         self.lines += fields["lines"]
+        self.sizes.append(len(fields["lines"]))
         return {"ok": True}
 
 
@@ -163,3 +168,65 @@ def test_under_a_flood_the_driver_gets_the_last_lines(tmp_path):
     assert client.lines[0] == "[15000 output lines dropped here; the executor log has them]"
     assert client.lines[1:] == [f"line {i}" for i in range(15000, 20000)]
     assert log_path.read_bytes() == text
+    # The driver shows at most 1,000 lines of one request: no request holds more (a helper
+    # found batches of up to 26,000 short lines, the driver dropping all past 1,000 silently).
+    assert max(client.sizes) == 1000 and sum(client.sizes) == 5001
+
+
+def test_the_driver_shows_what_it_cut_from_one_request(capsys):
+    from tfos._node.output import emit
+
+    emit("worker:1", [f"l{i}" for i in range(1500)])
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "[worker:1] l0" and err[999] == "[worker:1] l999"
+    assert err[1000:] == ["[worker:1] [500 more output lines of this node not shown]"]
+
+
+@pytest.mark.parametrize("short", [10, 5, 3, 1])
+def test_a_marker_across_the_1_mib_cut_is_still_a_report(tmp_path, short):
+    """Unterminated stderr text ends ``short`` bytes before the 1 MiB cut, then a failure
+    marker whose JSON (non-ASCII message, escaped to 12 bytes a character) is read in
+    many pieces: the marker starts before the cut and ends after it. It must still be
+    taken as the report (a helper lost the failure with 1, 3 or 5 bytes short: the
+    driver saw only 'ProcessDied ... exit code 1')."""
+    client = _Client()
+    out = NodeOutput(client, 5, tee=True)
+    text = b"x" * (output._LONG_LINE_BYTES - short)
+    message = "\U0001F600" * 6000
+    marker = f"{output._MARK_START}failure {out.mark} {json.dumps({'executor_id': 5, 'message': message})}\n".encode()
+    log_path = tmp_path / "executor.log"
+    with open(log_path, "wb") as log:
+        _read_through(out, [text, marker, b"after\n"], log.fileno(), which=2)
+    assert [(kind, fields["failure"]["message"]) for _, kind, fields in out._pending] == [("failure", message)]
+    assert log_path.read_bytes() == text + b"\nafter\n"
+
+
+def test_lines_that_only_look_like_markers_reach_the_executor_log_unchanged(tmp_path):
+    """A wrong token, carriage returns, bytes that are not UTF-8, and a marker-like text in
+    the last quarter of a 1 MiB piece: the tee is byte for byte what was written (a helper
+    saw '\\r' stripped, U+FFFD written for bad bytes, and a newline inserted)."""
+    client = _Client()
+    out = NodeOutput(client, 5, tee=True)
+    data = (b"\x1etfos-failure deadbeef {}\r\n\xff\xfe junk \x1etfos-x\r\n"
+            + b"y" * (output._LONG_LINE_BYTES - 100) + b"\x1etfos-finished 0000 {}" + b"z" * 300 + b"\nend\n")
+    log_path = tmp_path / "executor.log"
+    with open(log_path, "wb") as log:
+        _read_through(out, [data], log.fileno(), which=2)
+    assert log_path.read_bytes() == data
+    assert out._pending == []
+    _drain(out)
+    assert client.lines[:2] == ["\x1etfos-failure deadbeef {}", "\ufffd\ufffd junk \x1etfos-x"]
+    assert client.lines[-1] == "end"
+
+
+def test_a_marker_like_text_earlier_on_the_line_does_not_hide_the_report(tmp_path):
+    """main_fun wrote binary output holding the marker's first bytes, without a newline,
+    then raised: the real marker, the last on the line, is still taken as the report."""
+    client = _Client()
+    out = NodeOutput(client, 5, tee=True)
+    marker = f"{output._MARK_START}failure {out.mark} {{\"executor_id\": 5, \"message\": \"boom\"}}\n".encode()
+    log_path = tmp_path / "executor.log"
+    with open(log_path, "wb") as log:
+        _read_through(out, [b"bin \x1etfos-", marker], log.fileno(), which=2)
+    assert [(kind, fields["failure"]["message"]) for _, kind, fields in out._pending] == [("failure", "boom")]
+    assert log_path.read_bytes() == b"bin \x1etfos-\n"

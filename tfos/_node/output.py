@@ -75,6 +75,8 @@ _LONG_LINE_BYTES = 1 << 20
 #: Lines of one node queued for the driver; under a flood the oldest queued lines give
 #: way, so the driver gets the node's last lines and a count of the ones left out.
 _QUEUED_LINES = 5000
+#: Most lines the driver shows of one request (:func:`emit`); a node sends no more at once.
+_LINES_PER_REQUEST = 1000
 # TensorFlow/absl C++ log lines: "I0000 00:00:1796080592.555864    7250 port.cc:153] ...".
 _CXX_LINE = re.compile(r"^([IWEF])\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ [^\s\]]+:\d+\] ")
 _CXX_SEVERITY = {"I": 0, "W": 1, "E": 2, "F": 3}
@@ -242,11 +244,10 @@ class NodeOutput:
                 del pending[:end + 1]
                 self._handle(lines, out, state, cut=False)
             while len(pending) > _LONG_LINE_BYTES:
-                at, at_mark = _cut_at(pending)
+                at = _cut_at(pending)
                 piece = bytes(pending[:at])
                 del pending[:at]
-                # A marker line ends main_fun's unfinished line (as when both are read together).
-                self._handle([piece], out, state, cut=not at_mark)
+                self._handle([piece], out, state, cut=True)
         if pending:
             self._handle([bytes(pending)], out, state, cut=True)
         os.close(r)
@@ -260,8 +261,10 @@ class NodeOutput:
             cont, state["cont"] = state["cont"], cut
             text = raw.decode("utf-8", "replace").rstrip("\r")
             if self.mark and _MARK_START in text:
-                text, raw = self._take_mark(text, out)
+                text, raw = self._take_mark(text, raw, out)
                 if not text:
+                    if cont and self._tee:
+                        kept.append(b"")  # the marker ends main_fun's unfinished line, as read together
                     continue
             if cont:
                 if state["dropped"]:
@@ -280,15 +283,18 @@ class NodeOutput:
             except OSError:
                 pass
 
-    def _take_mark(self, text: str, out: int) -> "tuple[str, bytes]":
+    def _take_mark(self, text: str, raw: bytes, out: int) -> "tuple[str, bytes]":
         """Handles a marker line (see :func:`write_failure_marks`); returns what main_fun
-        printed before it on the same line (it had no newline yet), else ``("", b"")``.
-        Text that only looks like a marker (another token, bad JSON) stays a line."""
-        at = text.index(_MARK_START)
+        printed before it on the same line (it had no newline yet), as text and as the
+        bytes read, else ``("", b"")``. A line that only looks like a marker (another
+        token, bad JSON) stays a line, its bytes unchanged. The marker is the last one on
+        the line (its JSON cannot hold the marker's first byte), so earlier output that
+        happens to contain one does not hide it."""
+        at = text.rindex(_MARK_START)
         kind, _, rest = text[at + len(_MARK_START):].partition(" ")
         token, _, payload = rest.partition(" ")
         if token != self.mark:
-            return text, text.encode("utf-8", "replace")
+            return text, raw
         if kind == "mark" and out == 1:
             with self._marks:
                 self._stdout_marks += 1
@@ -297,15 +303,14 @@ class NodeOutput:
             try:
                 body = json.loads(payload)
             except ValueError:
-                return text, text.encode("utf-8", "replace")
+                return text, raw
             if not isinstance(body, dict):
-                return text, text.encode("utf-8", "replace")
+                return text, raw
             with self._marks:
                 self._stderr_marks += 1
                 self._pending.append((self._stderr_marks, kind, _REPORTS[kind](body)))
             self._wake.set()
-        before = text[:at]
-        return before, before.encode("utf-8", "replace")
+        return text[:at], raw[:raw.rindex(_MARK_BYTES)]
 
     def _wait_stdout_mark(self, n: int, timeout_s: float) -> None:
         """Waits up to ``timeout_s`` for the ``n``-th stdout marker: the stdout lines written
@@ -327,7 +332,7 @@ class NodeOutput:
             self._lines.append(text[:_MAX_LINE_CHARS])
 
     def _flush(self) -> bool:
-        """Sends up to ~256 KB of queued lines; True when the queue is now empty."""
+        """Sends up to ~256 KB or 1,000 of the queued lines; True when the queue is now empty."""
         batch: list[str] = []
         size = 0
         with self._lines_lock:
@@ -335,7 +340,7 @@ class NodeOutput:
                 where = "; the executor log has them" if self._tee else ""
                 batch.append(f"[{self._dropped} output lines dropped here{where}]")
                 self._dropped = 0
-            while size < 256 * 1024 and self._lines:
+            while size < 256 * 1024 and len(batch) < _LINES_PER_REQUEST and self._lines:
                 line = self._lines.popleft()
                 batch.append(line)
                 size += 6 * len(line) + 4  # worst case of JSON escaping
@@ -485,13 +490,16 @@ def _write_marks(token: str, kind: str, body: dict, fds_identity: Optional[tuple
     return True
 
 
-def _cut_at(pending: bytearray) -> "tuple[int, bool]":
+_MARK_BYTES = _MARK_START.encode()
+
+
+def _cut_at(pending: bytearray) -> int:
     """Where to cut a line longer than _LONG_LINE_BYTES (pure): at that length, or before
-    a marker line's start in its last quarter, so a marker is never split in two.
-    Returns (offset, whether the cut is before a marker)."""
+    the start of a marker that begins in its last quarter (also one that reaches past
+    that length), so a marker is never split in two."""
     at = _LONG_LINE_BYTES
-    mark = pending.rfind(_MARK_START.encode(), at - _LONG_LINE_BYTES // 4, at)
-    return (mark, True) if mark > 0 else (at, False)
+    mark = pending.rfind(_MARK_BYTES, at - _LONG_LINE_BYTES // 4, at + len(_MARK_BYTES) - 1)
+    return mark if mark > 0 else at
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -510,9 +518,13 @@ def emit(node: str, lines: list) -> None:
 
     Args:
         node: The short node name, e.g. ``"worker:0"``.
-        lines: The lines (str), at most 1000 are shown, each cut at 2000 characters.
+        lines: The lines (str), at most 1000 are shown (then a line saying how many were
+            not), each cut at 2000 characters.
     """
-    lines = [str(ln)[:_MAX_LINE_CHARS] for ln in lines[:1000]]
+    extra = len(lines) - _LINES_PER_REQUEST
+    lines = [str(ln)[:_MAX_LINE_CHARS] for ln in lines[:_LINES_PER_REQUEST]]
+    if extra > 0:
+        lines.append(f"[{extra} more output lines of this node not shown]")
     if node_log.handlers:
         for ln in lines:
             node_log.info("[%s] %s", node, ln)
