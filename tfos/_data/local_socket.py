@@ -3,9 +3,9 @@
 A fed node's supervisor makes a directory of mode 0700 under ``TMPDIR``
 (:func:`make_socket_dir`) before it starts the TF process, whose data server listens on
 ``<dir>/s`` (:class:`tfos._data.feed_hub.FeedHub`); feed tasks on the same host connect
-there before the node's TCP port. The supervisor removes the directory after the TF
-process ended (:func:`remove_socket_dir`), the TF process does when it finds its supervisor
-gone, and any supervisor sweeps directories whose owner died with its TF process (a
+there before the node's TCP port. The TF process removes the directory when it ends and
+when it finds its supervisor gone, the supervisor after the TF process ended (one that was
+killed; :func:`remove_socket_dir`), and any supervisor sweeps directories whose owner died with its TF process (a
 process-group or cgroup kill; :func:`sweep_stale_socket_dirs`).
 
 A directory is named ``tfos-feed-<pid namespace>-<pid>-<random>``: the pid of the process

@@ -610,6 +610,9 @@ def main() -> int:
     if launch.watch_pid:
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the supervisor decides (see tfos._node.supervisor)
     code = run_node(launch)
+    # The data server is closed: remove its directory now, not only when the supervisor
+    # reaps this process (a supervisor killed before it did would leave it under TMPDIR).
+    _local.remove_socket_dir(sock_dir)
     run_atexit_handlers()
     _flush_std_streams()
     # TensorFlow and gRPC leave non-daemon threads behind; exit without joining them.
