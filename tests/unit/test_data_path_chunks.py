@@ -228,3 +228,20 @@ def test_packed_batches_malformed_payloads_are_refused():
     with pytest.raises(Exception):
         decode_chunk(ChunkKind.PICKLED_BATCHES, one)
     assert decode_chunk(ChunkKind.PICKLED_BATCHES, b"") == []
+    with pytest.raises(ValueError, match="holds an empty batch at byte 4"):
+        decode_chunk(ChunkKind.PICKLED_BATCHES, (0).to_bytes(4, "big") + good)
+
+
+def test_packed_frames_never_exceed_the_frame_cap(monkeypatch):
+    """Packing must not push a frame past MAX_DATA_FRAME_BYTES (2 GiB - 1): a batch that
+    would starts the next frame, and a batch too large on its own is refused with the
+    limit named (found by a helper: the message said 4 GiB, the cap is 2 GiB - 1)."""
+    from tfos._data import feed_tasks
+
+    monkeypatch.setattr(feed_tasks, "MAX_DATA_FRAME_BYTES", 100)
+    batches = [b"a" * 40, b"b" * 40, b"c" * 8, b"d" * 90]  # 44 + 44 + 12 = 100 fits
+    frames = list(feed_tasks._packed_frames(iter(batches), limit=1000))
+    assert [[p for p in f[1::2]] for f in frames] == [[b"a" * 40, b"b" * 40, b"c" * 8], [b"d" * 90]]
+    assert all(sum(len(p) for p in f) <= 100 for f in frames)
+    with pytest.raises(ValueError, match="a PySpark batch of 97 bytes is too large to feed .a data frame holds at most 100 bytes"):
+        list(feed_tasks._packed_frames(iter([b"e" * 97]), limit=1000))

@@ -41,7 +41,8 @@ from typing import Any, Iterator, Optional, Union
 from tfos._common import wire as _wire
 from tfos._control.client import ControlClient
 from tfos._data.framing import (
-    SPARK_SCHEMA_KEY, ChunkKind, FrameType, parse_json, recv_frame, recv_json, send_frame, send_frame_parts, send_json,
+    MAX_DATA_FRAME_BYTES, SPARK_SCHEMA_KEY, ChunkKind, FrameType, parse_json, recv_frame, recv_json, send_frame,
+    send_frame_parts, send_json,
 )
 from tfos._common.deadline import Deadline
 from tfos._common.wire import DataAuthError
@@ -513,15 +514,22 @@ def _packed_frames(batches: Iterator[Any], limit: int = PACK_BYTES) -> Iterator[
         Lists of parts (length prefixes and the batches themselves, not copied), sent as
         one frame each by :func:`~tfos._data.framing.send_frame_parts`.
 
+    A frame never exceeds ``MAX_DATA_FRAME_BYTES`` (2 GiB - 1): a batch that would push
+    the frame past it starts the next frame.
+
     Raises:
-        ValueError: A batch of 4 GiB or more (its length does not fit the prefix).
+        ValueError: A batch too large for a data frame on its own (2 GiB - 5 bytes or more).
     """
     parts: list = []
     size = 0
     for batch in batches:
         n = len(batch) if isinstance(batch, (bytes, bytearray)) else memoryview(batch).nbytes
-        if n >= 1 << 32:
-            raise ValueError(f"a PySpark batch of {n} bytes is too large to feed (the limit is 4 GiB)")
+        if 4 + n > MAX_DATA_FRAME_BYTES:
+            raise ValueError(f"a PySpark batch of {n} bytes is too large to feed (a data frame holds at most "
+                             f"{MAX_DATA_FRAME_BYTES} bytes): use more partitions or smaller rows")
+        if parts and size + 4 + n > MAX_DATA_FRAME_BYTES:
+            yield parts
+            parts, size = [], 0
         parts.append(_BATCH_LEN.pack(n))
         parts.append(batch)
         size += 4 + n

@@ -302,7 +302,8 @@ def _unpack_batches(payload: Union[bytes, bytearray, memoryview]) -> list:
     :class:`ChunkKind`). Each batch is unpickled from a view of the payload (no copy).
 
     Raises:
-        ValueError: The payload ends inside a length prefix or inside a batch.
+        ValueError: The payload ends inside a length prefix or inside a batch, or holds an
+            empty batch.
         TypeError: A batch does not unpickle to a list or tuple of rows.
     """
     view = memoryview(payload)
@@ -316,6 +317,8 @@ def _unpack_batches(payload: Union[bytes, bytearray, memoryview]) -> list:
         at += 4
         if at + size > end:
             raise ValueError(f"a PICKLED_BATCHES frame of {end} bytes ends inside a batch of {size} bytes at byte {at}")
+        if size == 0:
+            raise ValueError(f"a PICKLED_BATCHES frame of {end} bytes holds an empty batch at byte {at}")
         rows = pickle.loads(view[at : at + size], encoding="bytes")
         if isinstance(rows, (list, tuple)):
             out.extend(rows)
