@@ -230,6 +230,7 @@ def run_node(launch: NodeLaunch) -> int:
     code = 0
     tb_proc: Optional[subprocess.Popen] = None
     preimport: Optional[threading.Thread] = None
+    sock_dir: "Optional[_local.SocketDir]" = None
     try:
         port_sock = reserve_port(launch.host)
         if cfg.input_mode == InputMode.SPARK and role.feedable:
@@ -290,6 +291,7 @@ def run_node(launch: NodeLaunch) -> int:
                     pass
                 if tb_proc is not None:
                     tb_proc.terminate()
+                _local.remove_socket_dir(sock_dir)  # as main() does when run_node returns
                 run_atexit_handlers()
                 _flush_std_streams()
                 os._exit(0)
