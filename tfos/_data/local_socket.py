@@ -5,8 +5,8 @@ A fed node's supervisor makes a directory of mode 0700 under ``TMPDIR``
 ``<dir>/s`` (:class:`tfos._data.feed_hub.FeedHub`); feed tasks on the same host connect
 there before the node's TCP port. The TF process removes the directory when it ends and
 when it finds its supervisor gone, the supervisor after the TF process ended (one that was
-killed; :func:`remove_socket_dir`), and any supervisor sweeps directories whose owner died with its TF process (a
-process-group or cgroup kill; :func:`sweep_stale_socket_dirs`).
+killed; :func:`remove_socket_dir`), and any supervisor sweeps directories whose owner died
+with its TF process (a process-group or cgroup kill; :func:`sweep_stale_socket_dirs`).
 
 A directory is named ``tfos-feed-<pid namespace>-<pid>-<random>``: the pid of the process
 that made it, in the pid namespace it belongs to, so that a sweep only judges directories

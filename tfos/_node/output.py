@@ -226,7 +226,7 @@ class NodeOutput:
 
     def _read(self, r: int, out: int) -> None:
         # Linear in the bytes read: only new data is searched for a newline, and a line
-        # longer than _LONG_LINE_BYTES is handled in pieces of that size (see _pieces).
+        # longer than _LONG_LINE_BYTES is handled in pieces of that size (see _cut_at).
         pending = bytearray()
         state = {"dropped": False, "cont": False}  # last line was noise; pending continues a cut line
         while True:
