@@ -637,10 +637,19 @@ class TFStageWriter(MLWriter):
             extras["code"] = {"sha256": sha}
         else:
             extras["code"] = None
-        DefaultParamsWriter.saveMetadata(self.instance, path, spark, extraMetadata=extras)
+        DefaultParamsWriter.saveMetadata(self.instance, path, _metadata_target(spark), extraMetadata=extras)
         if text is not None:
             spark.createDataFrame([(text,)], schema=["value"]).coalesce(1).write.text(os.path.join(path, "code"))
         log.info("saved %s %s to %s (code: %s)", type(self.instance).__name__, self.instance.uid, path, code is not None)
+
+
+def _metadata_target(spark: Any) -> Any:
+    """What PySpark's ``DefaultParamsWriter.saveMetadata``/``DefaultParamsReader.loadMetadata``
+    take (driver): the session on PySpark 4 (its SparkContext is not there under Spark
+    Connect); PySpark 3.5 calls ``sc.parallelize``/``sc.textFile``, so the SparkContext there."""
+    import pyspark
+
+    return spark if int(pyspark.__version__.split(".")[0]) >= 4 else spark.sparkContext
 
 
 def _check_metadata(metadata: dict, cls: type, path: str) -> Any:
@@ -680,7 +689,7 @@ class _TFStageReader(MLReader):
 
     def _metadata_and_code(self, path: str) -> tuple:
         spark = self.sparkSession
-        metadata = DefaultParamsReader.loadMetadata(path, spark)
+        metadata = DefaultParamsReader.loadMetadata(path, _metadata_target(spark))
         code_meta = _check_metadata(metadata, self.cls, path)
         code: dict = {}
         if code_meta:
