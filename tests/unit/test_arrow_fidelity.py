@@ -197,6 +197,37 @@ def test_timestamps_with_a_zone_become_naive_local_datetimes():
     assert got == [instant.astimezone().replace(tzinfo=None), None] and got[0].tzinfo is None
 
 
+@pytest.fixture
+def berlin_time(monkeypatch):
+    """The process's local time zone is Europe/Berlin for the test (as TZ=... on an executor)."""
+    import time
+
+    monkeypatch.setenv("TZ", "Europe/Berlin")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+def test_timestamps_in_the_repeated_hour_of_a_dst_change_keep_their_instant(berlin_time):
+    # 2023-10-29: Berlin's clocks go from 03:00 CEST back to 02:00 CET, so 02:00-02:59 local
+    # happens twice (00:00Z-00:59Z with fold 0, 01:00Z-01:59Z with fold 1).
+    from pyspark.sql.types import TimestampType
+
+    epoch_s = [1698537600 + i * 600 for i in range(12)]  # 2023-10-29 00:00Z .. 01:50Z
+    instants = [datetime.datetime.fromtimestamp(s, datetime.timezone.utc).replace(microsecond=123456)
+                for s in epoch_s]
+    got = _col(pa.array(instants, pa.timestamp("us", tz="UTC")))
+    # what df.rdd gives: PySpark's TimestampType.fromInternal of the same microseconds
+    want = [TimestampType().fromInternal(s * 1_000_000 + 123456) for s in epoch_s]
+    assert got == want and [d.fold for d in got] == [d.fold for d in want] == [0] * 6 + [1] * 6
+    assert [d.timestamp() for d in got] == [s + 0.123456 for s in epoch_s]
+    assert [d.hour for d in got] == [2] * 12 and all(d.tzinfo is None for d in got)
+    # a zone other than UTC on the Arrow type (Spark writes the session time zone) changes nothing
+    got_tz = _col(pa.array(instants, pa.timestamp("us", tz="America/New_York")))
+    assert got_tz == want and [d.fold for d in got_tz] == [0] * 6 + [1] * 6
+
+
 # ------------------------------------------------------------------- ML vectors
 def _vector_batch(vectors: list):
     udt = VectorUDT()

@@ -21,6 +21,7 @@ rows, one UTF-8 line, or one Arrow record batch.
 
 from __future__ import annotations
 
+import datetime
 import enum
 import functools
 import json
@@ -789,9 +790,28 @@ def _converter(t: Any, spark_type: Any = None, as_bytes: bool = False) -> Option
     if pa.types.is_decimal(t):
         return _rdd_decimal
     if pa.types.is_timestamp(t) and t.tz is not None:
-        # Spark's TimestampType: df.rdd gives naive datetimes in the process's local time zone.
-        return lambda v: None if v is None else v.astimezone().replace(tzinfo=None)
+        return _rdd_timestamp
     return None
+
+
+_EPOCH_UTC = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+_ONE_US = datetime.timedelta(microseconds=1)
+
+
+def _rdd_timestamp(v: Any) -> Any:
+    """The naive local ``datetime`` ``df.rdd`` gives for a Spark ``TimestampType`` value (pure).
+
+    ``v`` is the zone-aware ``datetime`` Arrow gives. The result is built as PySpark's
+    ``TimestampType.fromInternal`` builds it, from the instant's whole microseconds since the
+    epoch through ``datetime.fromtimestamp`` in the process's local time zone, so a time in the
+    hour a daylight-saving change repeats keeps its ``fold`` (``.timestamp()`` gives the same
+    instant back). ``v.astimezone().replace(tzinfo=None)`` would drop it and move the instant
+    of the repeated hour one hour earlier.
+    """
+    if v is None:
+        return None
+    us = (v - _EPOCH_UTC) // _ONE_US
+    return datetime.datetime.fromtimestamp(us // 1_000_000).replace(microsecond=us % 1_000_000)
 
 
 def _rdd_decimal(v: Any) -> Any:
