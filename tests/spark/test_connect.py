@@ -337,6 +337,38 @@ def test_udt_and_binary_columns_arrive_as_collect_gives_them(spark, tmp_path):
     _assert_all_gone()
 
 
+def echo_timestamps_fun(args, ctx):
+    """InputMode.SPARK inference: answers each row (id, ts) with (id, ts, [ts, None], {a: ts})."""
+    from tfos.datafeed import DataFeed
+
+    feed = DataFeed(ctx.mgr, train_mode=False)
+    while not feed.should_stop():
+        rows = feed.next_batch(7)
+        if rows:
+            feed.batch_results([(r[0], r[1], [r[1], None], {"a": r[1]}) for r in rows])
+
+
+def test_timestamp_results_keep_their_instants(spark):
+    """A TimestampType result column (top level, in an array, in a struct): the nodes get
+    naive local datetimes, as df.rdd gives them, and returning them gives the same instants.
+    (PySpark's to_arrow_schema refused TimestampType without a zone: every inference task
+    failed with an AssertionError.)"""
+    n = 200
+    df = spark.range(0, n, 1, 3).selectExpr("id", "timestamp_seconds(1698537600 + id * 97) + make_interval(0, 0, 0, 0, 0, 0, id / 1000) AS ts")
+    df = df.selectExpr("id", "CASE WHEN id % 50 = 7 THEN NULL ELSE ts END AS ts")
+    with TFCluster.run(spark, echo_timestamps_fun, {}, 2, 0, input_mode=InputMode.SPARK, reservation_timeout=180) as cluster:
+        out = cluster.inference(df, schema="id long, ts timestamp, tss array<timestamp>, s struct<a: timestamp>")
+        joined = out.alias("o").join(df.alias("i"), "id").selectExpr(
+            "id", "o.ts <=> i.ts AS top", "o.tss[0] <=> i.ts AS arr", "o.tss[1] IS NULL AS arr_null", "o.s.a <=> i.ts AS st",
+            "unix_micros(o.ts) AS us").collect()
+    assert len(joined) == n and sorted(r["id"] for r in joined) == list(range(n))
+    bad = [r for r in joined if not (r["top"] and r["arr"] and r["arr_null"] and r["st"])]
+    assert bad == []
+    got_us = {r["id"]: r["us"] for r in joined}
+    assert got_us[7] is None and got_us[1] == (1698537600 + 97) * 1_000_000 + 1000
+    _assert_all_gone()
+
+
 def parallel_fun(args, ctx):
     """TFParallel instance: records what an independent instance sees."""
     _write_json(os.path.join(args["out"], f"instance{ctx.executor_id}.json"), {

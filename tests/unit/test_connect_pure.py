@@ -43,6 +43,57 @@ def test_results_to_batch_by_value_position_and_name():
         results_to_batch(["text"], two.remove(1))
 
 
+@pytest.fixture
+def berlin_time(monkeypatch):
+    """The process's local time zone is Europe/Berlin for the test (as TZ=... on an executor)."""
+    import time
+
+    monkeypatch.setenv("TZ", "Europe/Berlin")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+def test_timestamp_results_are_local_times_as_pyspark_reads_them(berlin_time):
+    # A TimestampType result column: PySpark's to_arrow_schema refused it without a zone
+    # (AssertionError in every inference task), and pa.array read a naive datetime as UTC.
+    import datetime
+
+    pa = pytest.importorskip("pyarrow")
+    from pyspark.sql.types import ArrayType, MapType, StringType, StructField, StructType, TimestampNTZType, TimestampType
+
+    from tfos._connect.tasks import result_arrow_schema
+
+    struct = StructType([
+        StructField("t", TimestampType()), StructField("ntz", TimestampNTZType()),
+        StructField("ts", ArrayType(TimestampType())),
+        StructField("s", StructType([StructField("a", TimestampType()), StructField("n", StringType())])),
+        StructField("m", MapType(StringType(), TimestampType())),
+    ])
+    schema = result_arrow_schema(struct)
+    assert schema.field("t").type == pa.timestamp("us", tz="UTC") and schema.field("ntz").type == pa.timestamp("us")
+    # 2023-10-29 02:30 in Berlin happens twice: fold 0 is 00:30Z (CEST), fold 1 is 01:30Z (CET)
+    first, second = datetime.datetime(2023, 10, 29, 2, 30), datetime.datetime(2023, 10, 29, 2, 30, fold=1)
+    aware = datetime.datetime(2024, 5, 1, 12, 0, tzinfo=datetime.timezone.utc)
+    wall = datetime.datetime(2024, 1, 1, 12, 0, 0, 250)
+    b = results_to_batch([
+        (first, wall, [first, second, None], {"a": second, "n": "x"}, {"k": second}),
+        {"t": second, "ntz": None, "ts": None, "s": (aware, "y"), "m": None},
+        (aware, None, [aware], None, {"k": None}),
+        (None, None, [], {"n": "z"}, {}),
+    ], schema)
+    us = lambda d: int(d.timestamp() * 1_000_000)  # noqa: E731
+    assert b.column("t").cast(pa.int64()).to_pylist() == [1698539400000000, 1698543000000000, us(aware), None]
+    assert b.column("t").cast(pa.int64()).to_pylist()[:2] == [us(first), us(second)]
+    assert b.column("ntz").to_pylist() == [wall, None, None, None]  # wall-clock time, no zone
+    assert pa.compute.list_flatten(b.column("ts")).cast(pa.int64()).to_pylist() == [us(first), us(second), None, us(aware)]
+    s = b.column("s").to_pylist()
+    assert [x and x["a"] for x in s] == [datetime.datetime.fromtimestamp(us(second) / 1e6, datetime.timezone.utc), aware, None, None]
+    assert [x and x["n"] for x in s] == ["x", "y", None, "z"]
+    assert b.column("m").to_pylist()[0][0][1] == datetime.datetime(2023, 10, 29, 1, 30, tzinfo=datetime.timezone.utc)
+
+
 def _host(client_timeout_s: float = 600.0) -> ControlHost:
     roles = tuple(roles_from_template(build_template(2, 0, None, False)))
     return ControlHost(HostLaunch("c1", _wire.new_key(), roles, "127.0.0.1", 15.0, client_timeout_s, 0))

@@ -328,10 +328,88 @@ def results_to_batch(results: list, schema: Any) -> Any:
         for c, v in zip(cols, vals):
             c.append(v.tolist() if v is not None and hasattr(v, "tolist") else v)
     try:
+        convs = [_instant_converter(f.type) for f in schema]
+        cols = [c if conv is None else [conv(v) for v in c] for c, conv in zip(cols, convs)]
         arrays = [pa.array(c, type=f.type) for c, f in zip(cols, schema)]
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
         raise TFOSError(f"inference results do not fit the result schema {schema}: {exc}") from None
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def result_arrow_schema(struct: Any) -> Any:
+    """The ``pyarrow.Schema`` of an inference result ``StructType`` (pure; Spark task).
+
+    ``TimestampType`` fields (also nested) become ``timestamp('us', tz='UTC')``: Spark reads
+    any zone there as the same instant, and PySpark's ``to_arrow_schema`` refuses them
+    without a zone.
+    """
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    try:
+        return to_arrow_schema(struct, timezone="UTC")
+    except TypeError:  # PySpark 3.5: no timezone argument, and it writes UTC itself
+        return to_arrow_schema(struct)
+
+
+def _instant_converter(t: Any) -> Any:
+    """For an Arrow type that holds zone-aware timestamps (also inside lists, structs and
+    maps), a function turning a result value into what ``pa.array`` stores as PySpark
+    stores it, else None (pure).
+
+    A ``datetime`` becomes its whole microseconds since the epoch: a naive one is a local
+    time of this process, as the feed gives timestamps to ``main_fun`` (``df.rdd``'s naive
+    local ``datetime``), with its ``fold`` (so a time in the repeated hour of a
+    daylight-saving change keeps its instant; PySpark's own ``TimestampType.toInternal``
+    goes through ``time.mktime``, which ignores ``fold``); an aware one is its own instant.
+    ``pa.array`` alone would read a naive ``datetime`` as UTC.
+    """
+    import datetime
+
+    import pyarrow as pa
+
+    if pa.types.is_timestamp(t):
+        if t.tz is None:
+            return None
+
+        def to_micros(v: Any) -> Any:
+            if not isinstance(v, datetime.datetime):
+                return v
+            return int(v.replace(microsecond=0).timestamp()) * 1_000_000 + v.microsecond
+
+        return to_micros
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        elem = _instant_converter(t.value_type)
+        if elem is None:
+            return None
+        return lambda v: None if v is None else [elem(x) for x in v]
+    if pa.types.is_struct(t):
+        fields = [t.field(i) for i in range(t.num_fields)]
+        convs = [_instant_converter(f.type) for f in fields]
+        if all(c is None for c in convs):
+            return None
+
+        def convert_struct(v: Any) -> Any:
+            if v is None:
+                return None
+            if isinstance(v, dict):
+                return {f.name: (v.get(f.name) if c is None or v.get(f.name) is None else c(v.get(f.name)))
+                        for f, c in zip(fields, convs)}
+            return {f.name: (x if c is None else c(x)) for f, c, x in zip(fields, convs, v)}
+
+        return convert_struct
+    if pa.types.is_map(t):
+        kc, vc = _instant_converter(t.key_type), _instant_converter(t.item_type)
+        if kc is None and vc is None:
+            return None
+
+        def convert_map(v: Any) -> Any:
+            if v is None:
+                return None
+            pairs = v.items() if isinstance(v, dict) else v
+            return [(k if kc is None else kc(k), x if vc is None else vc(x)) for k, x in pairs]
+
+        return convert_map
+    return None
 
 
 def make_infer_fn(plan: FeedPlan, schema_json: str):
@@ -346,13 +424,12 @@ def make_infer_fn(plan: FeedPlan, schema_json: str):
 
     def _infer(batches: Iterator[Any]) -> Iterator[Any]:
         from pyspark import TaskContext
-        from pyspark.sql.pandas.types import to_arrow_schema
         from pyspark.sql.types import StructType
 
         tc = TaskContext.get()
         if tc is None:
             raise TFOSError("the inference function must run in a Spark task")
-        schema = to_arrow_schema(StructType.fromJson(json.loads(schema_json)))
+        schema = result_arrow_schema(StructType.fromJson(json.loads(schema_json)))
         _touch(plan)
         for payload in infer(tc.partitionId(), _arrow_frames(batches)):
             results = pickle.loads(payload)  # from the node's authenticated data connection
