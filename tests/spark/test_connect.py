@@ -369,6 +369,35 @@ def test_timestamp_results_keep_their_instants(spark):
     _assert_all_gone()
 
 
+def echo_third_column_fun(args, ctx):
+    """InputMode.SPARK inference: answers each row with (row[0], row[2])."""
+    from tfos.datafeed import DataFeed
+
+    feed = DataFeed(ctx.mgr, train_mode=False)
+    while not feed.should_stop():
+        rows = feed.next_batch(11)
+        if rows:
+            feed.batch_results([(r[0], r[2]) for r in rows])
+
+
+def test_dotted_backticked_and_repeated_column_names(spark, tmp_path):
+    """mapInArrow resolves its input columns by name: a join's repeated 'id', 'feature.x' and
+    'a`b' failed Spark's analysis in train() and inference(); the client renames the columns
+    by position and the tasks put the names back."""
+    import pickle
+
+    df = spark.range(0, 30, 1, 3).selectExpr("id", "id", "id * 3", "id * 10").toDF("id", "ID", "feature.x", "a`b")
+    with TFCluster.run(spark, rows_to_pickle_fun, {"out": str(tmp_path)}, 2, 0, input_mode=InputMode.SPARK,
+                       reservation_timeout=180) as cluster:
+        cluster.train(df, num_epochs=1)
+    got = sorted(tuple(r) for p in tmp_path.glob("*.pkl") for r in pickle.loads(p.read_bytes()))
+    assert got == [(i, i, 3 * i, 10 * i) for i in range(30)]
+    with TFCluster.run(spark, echo_third_column_fun, {}, 2, 0, input_mode=InputMode.SPARK, reservation_timeout=180) as cluster:
+        rows = cluster.inference(df, schema="id long, fx long").collect()
+    assert sorted((r["id"], r["fx"]) for r in rows) == [(i, 3 * i) for i in range(30)]
+    _assert_all_gone()
+
+
 def parallel_fun(args, ctx):
     """TFParallel instance: records what an independent instance sees."""
     _write_json(os.path.join(args["out"], f"instance{ctx.executor_id}.json"), {

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import json
 import math
 import os
 import pickle
@@ -367,6 +368,60 @@ def test_train_df_delivers_df_rdd_rows(sc, tmp_path: Path, no_leftovers):
 
     check()
     assert len(runs) == 2
+
+
+@pytest.mark.timeout(600)
+def test_train_df_with_dotted_backticked_and_repeated_column_names(sc, tmp_path: Path, no_leftovers):
+    """PySpark's mapInArrow resolves its input columns by name, so train(df) failed in Spark's
+    analysis for such names (AMBIGUOUS_REFERENCE after a join, INVALID_ATTRIBUTE_NAME_SYNTAX
+    for a backtick; a dotted name read as a nested field). The nodes now get df.rdd's rows,
+    with df.rdd's field names (found by the break helper)."""
+    from pyspark.sql import SparkSession
+
+    from tfos import TFCluster
+
+    spark = SparkSession(sc)
+    a = spark.range(0, 40, 1, 3).selectExpr("id", "id * 3 AS v")
+    b = spark.range(0, 40, 1, 2).selectExpr("id", "id * 5 AS v")
+    df = a.alias("a").join(b.alias("b"), "id").selectExpr("a.id", "b.id", "a.v", "b.v * 2", "'x' || b.id")
+    df = df.toDF("id", "ID", "feature.x", "a`b", "s")  # 'id' and 'ID' are one name to Spark's default resolver
+    want = sorted(tuple(r) for r in df.rdd.collect())
+    assert len(want) == 40 and df.rdd.first().__fields__ == ["id", "ID", "feature.x", "a`b", "s"]
+    cluster = TFCluster.run(sc, lattice_rows_fun, {"out": str(tmp_path)}, 2, 0, input_mode=TFCluster.InputMode.SPARK)
+    cluster.train(df, num_epochs=2, feed_timeout=300)
+    cluster.shutdown(timeout=300)
+    got = [row for p in sorted(tmp_path.glob("*.pkl")) for row in pickle.loads(p.read_bytes())[0]]
+    assert sorted(tuple(r) for r in got) == sorted(want * 2)
+    # input_mapping pairs by the names df.rdd has (the feed task puts them back on the chunks)
+    out = tmp_path / "mapped"
+    out.mkdir()
+    cluster = TFCluster.run(sc, mapped_sums_fun, {"out": str(out), "mapping": {"s": "s", "a`b": "ab", "feature.x": "fx"}},
+                            2, 0, input_mode=TFCluster.InputMode.SPARK)
+    cluster.train(df, num_epochs=1, feed_timeout=300)
+    cluster.shutdown(timeout=300)
+    sums = [json.loads(p.read_text()) for p in out.glob("*.json")]
+    assert sum(x["rows"] for x in sums) == 40
+    assert sum(x["fx"] for x in sums) == sum(3 * i for i in range(40))
+    assert sum(x["ab"] for x in sums) == sum(10 * i for i in range(40))
+    assert sorted(s for x in sums for s in x["s"]) == sorted(f"x{i}" for i in range(40))
+
+
+def mapped_sums_fun(args, ctx):
+    """Reads its feed with ``input_mapping`` and writes the rows and the sums per tensor."""
+    import json as _json
+
+    from tfos import TFNode
+
+    feed = TFNode.DataFeed(ctx.mgr, train_mode=True, input_mapping=args["mapping"])
+    rows, fx, ab, s = 0, 0, 0, []
+    while not feed.should_stop():
+        batch = feed.next_batch(9)
+        rows += len(batch.get("fx", []))
+        fx += sum(int(v) for v in batch.get("fx", []))
+        ab += sum(int(v) for v in batch.get("ab", []))
+        s.extend(str(v) for v in batch.get("s", []))
+    with open(f"{args['out']}/{ctx.job_name}{ctx.task_index}.json", "w") as f:
+        _json.dump({"rows": rows, "fx": fx, "ab": ab, "s": s}, f)
 
 
 def _plain(v):

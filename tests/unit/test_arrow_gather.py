@@ -127,3 +127,44 @@ def test_gathered_frame_with_many_small_parts_and_a_tampered_tag():
     finally:
         a.close()
         b.close()
+
+
+# ---------------------------------------------------- column names mapInArrow cannot resolve
+class _Frame:
+    """The two DataFrame members arrow_safe_dataframe uses."""
+
+    def __init__(self, columns):
+        self.columns = list(columns)
+
+    def toDF(self, *names):
+        return _Frame(names)
+
+
+@pytest.mark.parametrize("columns, renamed", [
+    (["id", "x", "label"], False),
+    (["id", "a b", "étiquette"], False),
+    (["id", "feature.x"], True),          # read as a nested field
+    (["id", "a`b"], True),                # breaks the name parser
+    (["id", "id"], True),                 # a join's columns
+    (["id", "ID"], True),                 # one name to Spark's case-insensitive resolver
+])
+def test_arrow_safe_dataframe_renames_only_names_mapinarrow_cannot_resolve(columns, renamed):
+    from tfos._data.feed_tasks import arrow_safe_dataframe
+
+    df = _Frame(columns)
+    safe, names = arrow_safe_dataframe(df)
+    if renamed:
+        assert safe.columns == [f"_c{i}" for i in range(len(columns))] and names == columns
+    else:
+        assert safe is df and names is None
+
+
+def test_rename_columns_puts_the_names_back_without_copying():
+    from tfos._data.feed_tasks import rename_columns
+
+    b = pa.RecordBatch.from_arrays([pa.array([1, 2]), pa.array(["a", "b"])], ["_c0", "_c1"])
+    b = b.replace_schema_metadata({b"k": b"v"})
+    r = rename_columns(b, ["id", "id"])
+    assert r.schema.names == ["id", "id"] and r.schema.metadata == {b"k": b"v"}
+    assert r.column(1).to_pylist() == ["a", "b"] and r.column(0).buffers()[1].address == b.column(0).buffers()[1].address
+    assert rename_columns(b, None) is b

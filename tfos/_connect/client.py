@@ -29,7 +29,7 @@ from typing import Any, Callable, Optional, Sequence
 from tfos._common import wire as _wire
 from tfos._connect.tasks import OP_SCHEMA, START_SCHEMA, StartSpec, decode_failures, make_infer_fn, make_op_fn, make_start_fn, make_train_fn
 from tfos._common.deadline import Deadline
-from tfos._data.feed_tasks import FeedPlan
+from tfos._data.feed_tasks import FeedPlan, arrow_safe_dataframe
 from tfos._data.framing import binary_as_bytes, feed_schema_json
 from tfos._driver.spark_checks import plan_layout, warn_key_transport
 from tfos._node.launch import ClusterConfig
@@ -245,11 +245,13 @@ class ConnectTFCluster:
         if end_of_feed:
             self._op("client_control", "train()", action="close_feed_when_sent", feed_id=plan.feed_id, total=total)
             self._feed_closed = True
-        data = functools.reduce(lambda a, b: a.union(b), [df] * num_epochs)
+        safe, names = arrow_safe_dataframe(df)  # dotted, backticked or repeated column names
+        data = functools.reduce(lambda a, b: a.union(b), [safe] * num_epochs)
         log.info("tfos train: %d epoch(s) -> %d node(s)", num_epochs, len(plan.nodes))
         self._busy += 1
         try:
-            rows = data.mapInArrow(make_train_fn(plan, feed_schema_json(df.schema, binary_as_bytes(df.sparkSession))), "partition long, outcome string").collect()
+            fn = make_train_fn(plan, feed_schema_json(df.schema, binary_as_bytes(df.sparkSession)), names)
+            rows = data.mapInArrow(fn, "partition long, outcome string").collect()
         except Exception as exc:  # noqa: BLE001 - Connect raises several exception types
             self._busy -= 1
             raise self._job_failed("train()", exc) from exc
@@ -309,7 +311,8 @@ class ConnectTFCluster:
         plan = self._plan("inference", qname, _UNCOUNTED, feed_timeout)
         self._busy += 1
         try:
-            out = df.mapInArrow(make_infer_fn(plan, struct.json()), struct).localCheckpoint(eager=True)
+            safe, names = arrow_safe_dataframe(df)
+            out = safe.mapInArrow(make_infer_fn(plan, struct.json(), names), struct).localCheckpoint(eager=True)
         except Exception as exc:  # noqa: BLE001 - Connect raises several exception types
             self._busy -= 1
             raise self._job_failed("inference()", exc) from exc

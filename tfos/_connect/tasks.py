@@ -34,7 +34,7 @@ from typing import Any, Iterator, Optional
 from tfos._connect.host import HostLaunch, write_host_launch
 from tfos._control.client import ControlClient
 from tfos._common.deadline import Deadline
-from tfos._data.feed_tasks import ARROW_CHUNK_BYTES, FeedPlan, arrow_ipc_parts, arrow_slices, make_arrow_feed_fn
+from tfos._data.feed_tasks import ARROW_CHUNK_BYTES, FeedPlan, arrow_ipc_parts, arrow_slices, make_arrow_feed_fn, rename_columns
 from tfos._data.feed_tasks import make_infer_fn as _classic_infer_fn
 from tfos._node.launch import ClusterConfig, NodeLaunch
 from tfos.errors import ClusterFailedError, ControlProtocolError, DeadlineExceededError, NodeFailure, TFOSError
@@ -279,14 +279,15 @@ def _touch(plan: FeedPlan) -> None:
         client.close()
 
 
-def make_train_fn(plan: FeedPlan, spark_schema_json: Optional[str] = None):
+def make_train_fn(plan: FeedPlan, spark_schema_json: Optional[str] = None, column_names: Optional[list] = None):
     """The ``mapInArrow`` function of a DataFrame train feed (client builds, tasks run).
 
     The classic Arrow feed task (:func:`tfos._data.feed_tasks.make_arrow_feed_fn`) with the
     control host in place of the driver. Yields ``{partition: long, outcome: string}``.
-    ``spark_schema_json``: as for ``make_arrow_feed_fn`` (UDT columns such as ML vectors).
+    ``spark_schema_json`` and ``column_names``: as for ``make_arrow_feed_fn`` (UDT columns such as
+    ML vectors; the names of columns renamed for ``mapInArrow``).
     """
-    feed = make_arrow_feed_fn(plan, spark_schema_json)
+    feed = make_arrow_feed_fn(plan, spark_schema_json, column_names)
 
     def _train(batches: Iterator[Any]) -> Iterator[Any]:
         _touch(plan)
@@ -295,9 +296,9 @@ def make_train_fn(plan: FeedPlan, spark_schema_json: Optional[str] = None):
     return _train
 
 
-def _arrow_frames(batches: Iterator[Any]) -> Iterator[Any]:
+def _arrow_frames(batches: Iterator[Any], column_names: Optional[list] = None) -> Iterator[Any]:
     for b in batches:
-        for piece in arrow_slices(b, ARROW_CHUNK_BYTES):
+        for piece in arrow_slices(rename_columns(b, column_names), ARROW_CHUNK_BYTES):
             yield arrow_ipc_parts(piece)  # sent as one frame without copying the data buffers
 
 
@@ -412,13 +413,15 @@ def _instant_converter(t: Any) -> Any:
     return None
 
 
-def make_infer_fn(plan: FeedPlan, schema_json: str):
+def make_infer_fn(plan: FeedPlan, schema_json: str, column_names: Optional[list] = None):
     """The ``mapInArrow`` function of a DataFrame inference (client builds, tasks run).
 
     Feeds the partition as Arrow chunks to a node (the classic inference task,
     :func:`tfos._data.feed_tasks.make_infer_fn`) and turns the node's result frames (pickled
     lists, read from the authenticated data connection) into record batches of the result
-    schema, one row per input row, in input order.
+    schema, one row per input row, in input order. ``column_names``: the DataFrame's own
+    column names when the client renamed its columns for ``mapInArrow``
+    (:func:`tfos._data.feed_tasks.arrow_safe_dataframe`), else None.
     """
     infer = _classic_infer_fn(plan)
 
@@ -431,7 +434,7 @@ def make_infer_fn(plan: FeedPlan, schema_json: str):
             raise TFOSError("the inference function must run in a Spark task")
         schema = result_arrow_schema(StructType.fromJson(json.loads(schema_json)))
         _touch(plan)
-        for payload in infer(tc.partitionId(), _arrow_frames(batches)):
+        for payload in infer(tc.partitionId(), _arrow_frames(batches, column_names)):
             results = pickle.loads(payload)  # from the node's authenticated data connection
             yield results_to_batch(results, schema)
 

@@ -667,7 +667,35 @@ def _drain(items: Iterator[Any], budget_s: float = SKIP_DRAIN_S) -> bool:
     return True
 
 
-def make_arrow_feed_fn(plan: FeedPlan, spark_schema_json: Optional[str] = None):
+def arrow_safe_dataframe(df: Any) -> tuple[Any, Optional[list]]:
+    """``df`` ready for ``mapInArrow``, and the column names its record batches must get back (driver).
+
+    PySpark's ``mapInArrow`` (classic and Spark Connect) passes its input columns to the
+    function by name (``df[name]``), which fails for names Spark's resolver reads otherwise:
+    a dot (``feature.x``: a nested field), a backtick, or a name twice (``a.id`` and
+    ``b.id`` after a join; Spark compares names case-insensitively by default). For such a
+    DataFrame this returns ``df.toDF("_c0", "_c1", ...)`` (columns renamed by position) and
+    the original names, which the feed task puts back on every record batch
+    (:func:`rename_columns`), so the node sees the names ``df.rdd`` has. Otherwise ``(df, None)``.
+    """
+    names = list(df.columns)
+    if len({n.lower() for n in names}) == len(names) and not any("." in n or "`" in n for n in names):
+        return df, None
+    return df.toDF(*[f"_c{i}" for i in range(len(names))]), names
+
+
+def rename_columns(batch: Any, names: Optional[list]) -> Any:
+    """``batch`` (a ``pyarrow.RecordBatch``) with its columns named ``names``, or unchanged
+    for None (pure; Spark task). Zero-copy: the columns are shared."""
+    if names is None:
+        return batch
+    import pyarrow as pa
+
+    return pa.RecordBatch.from_arrays(batch.columns, schema=pa.schema(
+        [f.with_name(n) for f, n in zip(batch.schema, names)], metadata=batch.schema.metadata))
+
+
+def make_arrow_feed_fn(plan: FeedPlan, spark_schema_json: Optional[str] = None, column_names: Optional[list] = None):
     """The ``mapInArrow`` function of a DataFrame train feed (driver builds, task runs).
 
     Each Arrow record batch Spark hands the task is cut into zero-copy slices of about
@@ -681,6 +709,8 @@ def make_arrow_feed_fn(plan: FeedPlan, spark_schema_json: Optional[str] = None):
             every chunk's Arrow schema metadata (:data:`tfos._data.framing.SPARK_SCHEMA_KEY`)
             so the node can decode UDT columns (Spark ML vectors), whose Arrow form is a bare
             struct. None (the default) when no column needs it (see :func:`tfos._data.framing.feed_schema_json`).
+        column_names: The DataFrame's own column names when the driver renamed its columns
+            for ``mapInArrow`` (:func:`arrow_safe_dataframe`); None when it did not.
     """
     meta = {SPARK_SCHEMA_KEY: spark_schema_json.encode("utf-8")} if spark_schema_json else None
 
@@ -695,6 +725,7 @@ def make_arrow_feed_fn(plan: FeedPlan, spark_schema_json: Optional[str] = None):
 
         def frames() -> Iterator[Any]:
             for b in batches:
+                b = rename_columns(b, column_names)
                 schema = b.schema.with_metadata(meta) if meta is not None else b.schema
                 for piece in arrow_slices(b, ARROW_CHUNK_BYTES):
                     yield arrow_ipc_parts(piece, schema)

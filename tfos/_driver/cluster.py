@@ -28,7 +28,7 @@ from tfos._node import output as _node_output
 from tfos._driver.runtime import ClusterRuntime, JobThread, Progress, install_sigterm, restarting
 from tfos._control.server import ControlServer
 from tfos._common.deadline import Deadline
-from tfos._data.feed_tasks import FeedPlan, make_arrow_feed_fn, make_feed_fn, make_infer_fn
+from tfos._data.feed_tasks import FeedPlan, arrow_safe_dataframe, make_arrow_feed_fn, make_feed_fn, make_infer_fn
 from tfos._data.framing import binary_as_bytes, feed_schema_json
 from tfos._driver.attempts import Attempt, DriverConfig, _Launcher, _Recovery
 from tfos._driver.restart import FeedResume, InferenceLedger
@@ -414,8 +414,9 @@ class TFCluster:
         if df is not None and _arrow_ok():
             parts = df.rdd.getNumPartitions()
             plan = self._plan("train", qname, _chunk_kind("arrow"), parts, feed_timeout, end_of_feed, first_epoch, first_epoch + epochs - 1)
-            data = functools.reduce(lambda a, b: a.union(b), [df] * epochs)
-            fn = make_arrow_feed_fn(plan, feed_schema_json(df.schema, binary_as_bytes(df.sparkSession)))  # UDT and binary columns need it
+            safe, names = arrow_safe_dataframe(df)  # dotted, backticked or repeated column names
+            data = functools.reduce(lambda a, b: a.union(b), [safe] * epochs)
+            fn = make_arrow_feed_fn(plan, feed_schema_json(df.schema, binary_as_bytes(df.sparkSession)), names)  # UDT and binary columns need the schema
             action: Callable[[], Any] = lambda: [tuple(r) for r in data.mapInArrow(fn, "partition long, outcome string").collect()]
         else:
             rdd = df.rdd if df is not None else dataRDD
