@@ -406,6 +406,32 @@ def test_train_df_with_dotted_backticked_and_repeated_column_names(sc, tmp_path:
     assert sorted(s for x in sums for s in x["s"]) == sorted(f"x{i}" for i in range(40))
 
 
+@pytest.mark.timeout(600)
+def test_train_df_strings_that_are_not_utf8_arrive_as_df_rdd_gives_them(sc, tmp_path: Path, no_leftovers):
+    """Spark does not check that a string is UTF-8 (CAST(binary AS STRING), text files in
+    another encoding). df.rdd decodes such strings through Java, with U+FFFD for each invalid
+    sequence; train(df) raised UnicodeDecodeError in main_fun's next_batch (found by the break
+    helper). Top level, in an array, a struct and a map."""
+    from pyspark.sql import SparkSession
+
+    from tfos import TFCluster
+
+    spark = SparkSession(sc)
+    bad = ["FF41", "E282", "C0AF", "EDA080", "F4908080", "41E282AC42", "C3A9"]  # the last two are valid
+    cases = " ".join(f"WHEN {i} THEN '{h}'" for i, h in enumerate(bad))
+    df = spark.sql(f"SELECT id, CAST(unhex(CASE id % {len(bad)} {cases} END) AS STRING) AS s FROM range(0, 28, 1, 3)")
+    df = df.selectExpr("id", "s", "array(s, 'x', NULL) AS arr", "named_struct('t', s, 'n', id) AS st", "map('k', s) AS m")
+    want = {r[0]: tuple(r) for r in df.rdd.collect()}
+    assert want[0][1] == "\ufffdA" and want[6][1] == "é"
+    cluster = TFCluster.run(sc, lattice_rows_fun, {"out": str(tmp_path)}, 2, 0, input_mode=TFCluster.InputMode.SPARK)
+    cluster.train(df, num_epochs=1, feed_timeout=300)
+    cluster.shutdown(timeout=300)
+    got = [row for p in sorted(tmp_path.glob("*.pkl")) for row in pickle.loads(p.read_bytes())[0]]
+    assert sorted(r[0] for r in got) == list(range(28))
+    for r in got:
+        assert tuple(r) == want[r[0]], (r, want[r[0]])
+
+
 def mapped_sums_fun(args, ctx):
     """Reads its feed with ``input_mapping`` and writes the rows and the sums per tensor."""
     import json as _json

@@ -421,3 +421,35 @@ def test_year_month_interval_columns_are_refused_before_the_feed():
         feed_schema_json(nested, False)
     # day-time intervals convert (datetime.timedelta, as df.rdd gives them)
     assert feed_schema_json(StructType([StructField("d", DayTimeIntervalType())]), True) is None
+
+
+# ------------------------------------------------------------- strings that are not UTF-8
+#: (hex bytes of a Spark string, what df.rdd gives for it): printed by PySpark 4.3's
+#: df.rdd for CAST(unhex(h) AS STRING) (tests/spark/test_feed_lattice.py checks a few live).
+JAVA_DECODED = [
+    ("FF41", "\ufffdA"), ("E282", "\ufffd"), ("C0AF", "\ufffd\ufffd"), ("EDA080", "\ufffd"), ("EDBFBF", "\ufffd"),
+    ("EDA080EDB080", "\ufffd\ufffd"), ("EDA0", "\ufffd"), ("EDA041", "\ufffdA"), ("EDA0C3A9", "\ufffd\u00e9"),
+    ("41EDA08042", "A\ufffdB"), ("ED9FBF", "\ud7ff"), ("EDC0", "\ufffd\ufffd"), ("F4908080", "\ufffd" * 4),
+    ("E08080", "\ufffd" * 3), ("F0908D", "\ufffd"), ("C2", "\ufffd"), ("80", "\ufffd"), ("FE", "\ufffd"),
+    ("FC84808080", "\ufffd" * 5), ("41E282AC42", "A\u20acB"), ("C3A9", "\u00e9"), ("EFBFBE", "\ufffe"),
+]
+
+
+def _string_array(raw: list):
+    b = pa.array(raw, pa.binary())
+    return pa.Array.from_buffers(pa.string(), len(b), b.buffers())  # Arrow does not validate here either
+
+
+def test_strings_that_are_not_utf8_decode_as_df_rdd_gives_them():
+    raw = [bytes.fromhex(h) for h, _ in JAVA_DECODED]
+    with pytest.raises(UnicodeDecodeError):
+        _string_array(raw).to_pylist()
+    assert _col(_string_array(raw + [None])) == [want for _, want in JAVA_DECODED] + [None]
+    # nested: a list, a struct and a map of such strings
+    s = _string_array(raw[:4])
+    lists = pa.ListArray.from_arrays(pa.array([0, 2, 4]), s)
+    assert _col(lists) == [["\ufffdA", "\ufffd"], ["\ufffd\ufffd", "\ufffd"]]
+    structs = pa.StructArray.from_arrays([s, pa.array([1, 2, 3, 4])], ["t", "n"])
+    assert [tuple(r) for r in _col(structs)] == [("\ufffdA", 1), ("\ufffd", 2), ("\ufffd\ufffd", 3), ("\ufffd", 4)]
+    maps = pa.MapArray.from_arrays(pa.array([0, 2, 4]), pa.array(["a", "b", "c", "d"]), s)
+    assert _col(maps) == [{"a": "\ufffdA", "b": "\ufffd"}, {"c": "\ufffd\ufffd", "d": "\ufffd"}]

@@ -21,6 +21,7 @@ rows, one UTF-8 line, or one Arrow record batch.
 
 from __future__ import annotations
 
+import codecs
 import datetime
 import enum
 import functools
@@ -550,9 +551,85 @@ def _exact_values(arr: Any, spark_type: Any, as_bytes: bool) -> list:
         view = _numeric_view(arr, 0, len(arr))
         if view is not None:
             return view.tolist()  # the same Python ints and floats as to_pylist()
-    values = arr.to_pylist()
+    try:
+        values = arr.to_pylist()
+    except UnicodeDecodeError:  # a string that is not valid UTF-8 (e.g. CAST(binary AS STRING))
+        values = _replacing_pylist(arr)
     conv = _converter(t, spark_type, as_bytes)
     return values if conv is None else [conv(v) for v in values]
+
+
+def _strings_as_binary(t: Any) -> Any:
+    """Arrow type ``t`` with every string type in it (also nested) made the binary type of
+    the same offsets (pure)."""
+    import pyarrow as pa
+
+    if pa.types.is_string(t):
+        return pa.binary()
+    if pa.types.is_large_string(t):
+        return pa.large_binary()
+    if pa.types.is_list(t):
+        return pa.list_(t.value_field.with_type(_strings_as_binary(t.value_type)))
+    if pa.types.is_large_list(t):
+        return pa.large_list(t.value_field.with_type(_strings_as_binary(t.value_type)))
+    if pa.types.is_fixed_size_list(t):
+        return pa.list_(t.value_field.with_type(_strings_as_binary(t.value_type)), t.list_size)
+    if pa.types.is_struct(t):
+        return pa.struct([t.field(i).with_type(_strings_as_binary(t.field(i).type)) for i in range(t.num_fields)])
+    if pa.types.is_map(t):
+        return pa.map_(t.key_field.with_type(_strings_as_binary(t.key_type)),
+                       t.item_field.with_type(_strings_as_binary(t.item_type)), t.keys_sorted)
+    return t
+
+
+def _java_replace(exc: UnicodeError) -> tuple[str, int]:
+    """A codec error handler: U+FFFD for each invalid UTF-8 sequence, cut as Java's UTF-8
+    decoder cuts it, so a decoded string equals the one ``df.rdd`` gets through the JVM (pure).
+
+    Python's ``"replace"`` and Java agree on every sequence but an encoded surrogate (``ED``
+    followed by ``A0``-``BF``): Java takes ``ED A0``-``BF`` and one continuation byte as one
+    invalid sequence (one U+FFFD for ``ED A0 80``, where Python puts three).
+    """
+    if not isinstance(exc, UnicodeDecodeError):
+        raise exc
+    b, i = exc.object, exc.start
+    if b[i] == 0xED and i + 1 < len(b) and 0xA0 <= b[i + 1] <= 0xBF:
+        return "\ufffd", i + 3 if i + 2 < len(b) and 0x80 <= b[i + 2] <= 0xBF else i + 2
+    return "\ufffd", exc.end
+
+
+_JAVA_REPLACE = "tfos.java_replace"
+codecs.register_error(_JAVA_REPLACE, _java_replace)
+
+
+def _replace_invalid_utf8(v: Any, t: Any) -> Any:
+    """A ``to_pylist()`` value of ``_strings_as_binary(t)`` with its strings decoded as
+    ``df.rdd`` decodes them: invalid UTF-8 becomes U+FFFD (pure)."""
+    import pyarrow as pa
+
+    if v is None:
+        return None
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return str(v, "utf-8", _JAVA_REPLACE)
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        return [_replace_invalid_utf8(x, t.value_type) for x in v]
+    if pa.types.is_struct(t):
+        return {t.field(i).name: _replace_invalid_utf8(x, t.field(i).type) for i, x in enumerate(v.values())}
+    if pa.types.is_map(t):
+        return [(_replace_invalid_utf8(k, t.key_type), _replace_invalid_utf8(x, t.item_type)) for k, x in v]
+    return v
+
+
+def _replacing_pylist(arr: Any) -> list:
+    """``arr.to_pylist()`` for a column holding a string that is not valid UTF-8 (pure).
+
+    Spark does not check that its strings are UTF-8 (``CAST(binary AS STRING)``, text files in
+    another encoding); ``df.rdd`` decodes them through Java, which puts U+FFFD for each
+    invalid sequence, where ``to_pylist()`` raises ``UnicodeDecodeError``. The column is read
+    with its strings as bytes and decoded as Java does (:func:`_java_replace`).
+    """
+    raw = arr.cast(_strings_as_binary(arr.type)).to_pylist()
+    return [_replace_invalid_utf8(v, arr.type) for v in raw]
 
 
 def _valid_list(arr: Any) -> Optional[list]:
