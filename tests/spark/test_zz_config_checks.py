@@ -62,6 +62,17 @@ def feed_recorder_main(args, ctx):
     _write_json(os.path.join(args["out"], f"{ctx.job_name}_{ctx.task_index}.json"), {"pid": os.getpid(), "rows": rows})
 
 
+def echo_main(args, ctx):
+    """Answers every inference row with itself (InputMode.SPARK)."""
+    from tfos import TFNode
+
+    feed = TFNode.DataFeed(ctx.mgr, False)
+    while not feed.should_stop():
+        rows = feed.next_batch(64)
+        if rows:
+            feed.batch_results(rows)
+
+
 def _read_nodes(out_dir: Path) -> dict:
     found = {}
     for p in sorted(out_dir.glob("*.json")):
@@ -124,6 +135,43 @@ def test_c14_local2_spark_mode_feeds_both_nodes_without_overlap(spark_manager, t
     assert len(a) == len(set(a)) and len(b) == len(set(b)), "a node got a row twice"
     assert not set(a) & set(b), "both nodes got the same rows"
     assert sorted(a + b) == list(range(1000))
+
+
+def _corrupt_at_777(x):
+    if x == 777:
+        raise ValueError(f"corrupt record {x}: cannot parse")
+    return x
+
+
+@pytest.mark.parametrize("mode", ["train", "inference"])
+def test_local2_an_error_in_the_rdds_own_code_is_the_error_shown(spark_manager, tmp_path, mode, no_leftovers):
+    """local[N] runs each task once, so no refused retry reports the RDD's own error: the
+    error showed only "PythonException: An exception was thrown from the Python worker:"
+    (found by the new-user helper). It now names the exception, the partition and the
+    traceback, as on local-cluster (tests/spark/test_feed_cases.py)."""
+    from tfos.errors import ClusterFailedError
+
+    sc = spark_manager.get("local[2]")
+    rdd = sc.parallelize(range(2000), 4).map(_corrupt_at_777)
+    main = feed_recorder_main if mode == "train" else echo_main
+    cluster = TFCluster.run(sc, main, {"out": str(tmp_path)}, 2, 0, False,
+                            TFCluster.InputMode.SPARK, reservation_timeout=120)
+    t0 = time.monotonic()
+    with pytest.raises(ClusterFailedError) as info:
+        if mode == "train":
+            cluster.train(rdd, num_epochs=1, feed_timeout=120)
+        else:
+            cluster.inference(rdd, feed_timeout=120).collect()
+    assert time.monotonic() - t0 < 60
+    causes = [f for f in info.value.failures if f.kind == "spark"]
+    assert len(causes) == 1, info.value.failures
+    f = causes[0]
+    # partition 1 of 4 holds 500-999
+    assert f.error_type == "ValueError" and f.message.startswith("corrupt record 777: cannot parse (raised by the RDD's or "), f
+    assert "Spark task of partition 1, attempt 1," in f.message and f.message.endswith("not by main_fun)"), f
+    assert 'raise ValueError(f"corrupt record {x}: cannot parse")' in f.traceback, f.traceback
+    assert f"- [spark] {f.node_name}: ValueError: corrupt record 777" in str(info.value)
+    cluster.shutdown(timeout=120)
 
 
 def test_local2_tensorflow_mode_two_processes(spark_manager, tmp_path, no_leftovers):

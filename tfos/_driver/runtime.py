@@ -293,6 +293,11 @@ class ClusterRuntime:
                 # The node's own failure report carries the real cause: give it a moment.
                 if st.wait_for_failure(ATTRIBUTION_S):
                     raise self.fail(context)
+                # The RDD's or DataFrame's own code raised, and no retry of the task was
+                # refused (which would have reported it): local[N] runs a task once.
+                self._record_task_errors()
+                if st.has_root_cause():
+                    raise self.fail(context)
                 text = spark_error_text(job.error)
                 st.abort("a Spark job of the cluster failed")
                 self.teardown_async()
