@@ -249,3 +249,62 @@ def test_too_few_slots_suggests_a_master_of_the_same_kind(master, example):
         _check_local_slots(master, {}, 3)
     assert str(info.value).endswith(f"start the server with more slots (e.g. {example}) or ask for fewer nodes")
     _check_local_slots(master, {}, 2)
+
+
+# ---------------------------------------------------------------- client timeout
+@pytest.mark.parametrize("text, want", [(None, 600.0), ("", 600.0), ("20", 20.0), ("45.5", 45.5), ("3600", 3600.0)])
+def test_client_timeout_from_env(monkeypatch, text, want):
+    from tfos._connect.client import client_timeout_from_env
+
+    if text is None:
+        monkeypatch.delenv("TFOS_CONNECT_CLIENT_TIMEOUT_S", raising=False)
+    else:
+        monkeypatch.setenv("TFOS_CONNECT_CLIENT_TIMEOUT_S", text)
+    assert client_timeout_from_env() == want
+
+
+@pytest.mark.parametrize("text", ["19.9", "0", "-5", "ten", "nan", "inf"])
+def test_client_timeout_below_the_keepalive_floor_is_refused(monkeypatch, text):
+    # 20 s and less killed a live client's cluster: the keep-alive ran every 30 s (new-user helper)
+    from tfos._connect.client import client_timeout_from_env
+
+    monkeypatch.setenv("TFOS_CONNECT_CLIENT_TIMEOUT_S", text)
+    with pytest.raises(ConfigurationError, match=r"TFOS_CONNECT_CLIENT_TIMEOUT_S=.*a number >= 20 \(default 600\)"):
+        client_timeout_from_env()
+
+
+def test_idle_client_sends_keepalives_within_a_quarter_of_a_short_timeout():
+    """With TFOS_CONNECT_CLIENT_TIMEOUT_S=20 the idle client's keep-alive control jobs come
+    every 5 s (a quarter), not every 30 s, which outlived the timeout."""
+    from tfos._connect.client import ConnectTFCluster
+    from tfos._node.launch import ClusterConfig
+    from tfos.cluster_template import InputMode
+
+    jobs: list = []
+
+    class _Frame:
+        def mapInArrow(self, fn, schema):
+            return self
+
+        def collect(self):
+            jobs.append(time.monotonic())
+            return [{"reply": "{}"}]
+
+    class _Spark:
+        def range(self, *a):
+            return _Frame()
+
+    roles = tuple(roles_from_template(build_template(2, 0, None, False)))
+    config = ClusterConfig(cluster_id="c1", key=_wire.new_key(), driver_host="127.0.0.1", driver_port=1,
+                           input_mode=InputMode.SPARK, roles=roles)
+    t0 = time.monotonic()
+    cluster = ConnectTFCluster(_Spark(), config, {"worker": [0, 1]}, ("127.0.0.1", 1), [], client_timeout_s=20.0)
+    try:
+        deadline = time.monotonic() + 15
+        while len(jobs) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        cluster._closed = True
+        cluster._keepalive_stop.set()
+    assert len(jobs) >= 2, jobs
+    assert jobs[0] - t0 < 8.0 and jobs[1] - jobs[0] < 8.0, [j - t0 for j in jobs]

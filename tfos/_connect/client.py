@@ -46,6 +46,9 @@ _STOP_TIMEOUT_S = 45.0
 _ATTRIBUTION_S = 5.0
 #: Seconds between keep-alive jobs while the client is idle.
 _KEEPALIVE_S = 30.0
+#: Smallest ``TFOS_CONNECT_CLIENT_TIMEOUT_S`` accepted (s): the idle client's keep-alive
+#: jobs run every quarter of the timeout, and each must get a task slot and run in time.
+MIN_CLIENT_TIMEOUT_S = 20.0
 #: Default of ``TFOS_CONNECT_CLIENT_TIMEOUT_S``: the control host aborts the cluster after
 #: this many seconds without any client operation.
 DEFAULT_CLIENT_TIMEOUT_S = 600.0
@@ -80,8 +83,10 @@ class ConnectTFCluster:
         queues: The queue names of the fed nodes.
     """
 
-    def __init__(self, spark: Any, config: ClusterConfig, template: dict[str, list[int]], ctrl: tuple[str, int], nodes: list[NodeInfo]):
+    def __init__(self, spark: Any, config: ClusterConfig, template: dict[str, list[int]], ctrl: tuple[str, int], nodes: list[NodeInfo],
+                 client_timeout_s: float = DEFAULT_CLIENT_TIMEOUT_S):
         self.spark = spark
+        self._client_timeout_s = client_timeout_s
         self.sc = None
         self.cluster_id = config.cluster_id
         self.input_mode = config.input_mode
@@ -149,10 +154,13 @@ class ConnectTFCluster:
         return self._op("client_wait", context, timeout_s=poll_s + 20.0, until=until, poll_s=poll_s)
 
     def _keepalive(self) -> None:
-        while not self._keepalive_stop.wait(5.0):
+        # An idle client sends a keep-alive every 30 s, or every quarter of a shorter client
+        # timeout, so that three in a row may be late before the control host gives up.
+        every_s = min(_KEEPALIVE_S, self._client_timeout_s / 4)
+        while not self._keepalive_stop.wait(min(5.0, every_s / 2)):
             if self._closed:
                 return
-            if self._busy or time.monotonic() - self._last_op < _KEEPALIVE_S:
+            if self._busy or time.monotonic() - self._last_op < every_s:
                 continue
             try:
                 self._status("now", 0.0, "keep-alive")
@@ -561,6 +569,29 @@ def _start_stage(spark: Any, spec: StartSpec, n: int, timeout_s: float) -> list:
     return out["rows"]
 
 
+def client_timeout_from_env() -> float:
+    """``TFOS_CONNECT_CLIENT_TIMEOUT_S`` in seconds (default 600; client).
+
+    Raises:
+        ConfigurationError: Not a number, or below :data:`MIN_CLIENT_TIMEOUT_S` (20 s): the
+            idle client's keep-alive jobs, each waiting for a task slot, could not keep a
+            live client's cluster from being aborted.
+    """
+    text = os.environ.get("TFOS_CONNECT_CLIENT_TIMEOUT_S")
+    if text is None or not text.strip():
+        return DEFAULT_CLIENT_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value >= MIN_CLIENT_TIMEOUT_S or value == float("inf"):
+        raise ConfigurationError(
+            f"TFOS_CONNECT_CLIENT_TIMEOUT_S={text!r}: give the seconds without any client operation after which the "
+            f"control host aborts the cluster, a number >= {MIN_CLIENT_TIMEOUT_S:g} (default {DEFAULT_CLIENT_TIMEOUT_S:g})"
+        )
+    return value
+
+
 def run_connect(
     spark: Any,
     map_fun: Callable[[Any, Any], Any],
@@ -642,7 +673,7 @@ def run_connect(
         # lines go) are the same stream, the server's: lines show once, prefixed.
         local_master=master.split("[", 1)[0] == "local",
     )
-    client_timeout = float(os.environ.get("TFOS_CONNECT_CLIENT_TIMEOUT_S", DEFAULT_CLIENT_TIMEOUT_S))
+    client_timeout = client_timeout_from_env()
     spec = StartSpec(config=config, fn_payload=payload, client_timeout_s=client_timeout)
     n = len(roles)
     log.info("tfos cluster %s (Spark Connect): %s (input mode %s)", cluster_id, format_template(template), input_mode.name)
@@ -659,7 +690,7 @@ def run_connect(
         raise ClusterFailedError(cluster_id, failures, "run()") from exc
     lead = next(r for r in rows if r["executor_id"] == 0)
     nodes = [NodeInfo.from_dict(d) for d in json.loads(lead["nodes"] or "[]")]
-    cluster = ConnectTFCluster(spark, config, template, (str(lead["ctrl_host"]), int(lead["ctrl_port"])), nodes)
+    cluster = ConnectTFCluster(spark, config, template, (str(lead["ctrl_host"]), int(lead["ctrl_port"])), nodes, client_timeout)
     log.info("tfos cluster %s: all %d nodes registered: %s", cluster_id, n, cluster.cluster_spec)
     return cluster
 
