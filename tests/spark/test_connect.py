@@ -271,6 +271,23 @@ def test_feed_failure_names_the_node(spark, tmp_path):
     _assert_all_gone()
 
 
+def test_results_that_do_not_fit_the_schema_are_the_error_shown(spark):
+    """Results that do not fit schema=: the task's own error is the cause the client shows.
+    On local-cluster Spark retried the task, tfos refused the retry, and only the refusal
+    ("Spark retried the feed task") was listed (found by the new-user helper)."""
+    df = spark.range(0, 100, 1, 2)
+    with TFCluster.run(spark, echo_third_column_fun, {}, 2, 0, input_mode=InputMode.SPARK, reservation_timeout=180) as cluster:
+        with pytest.raises(ClusterFailedError) as ei:
+            cluster.inference(df.selectExpr("id", "id", "'text'"), schema="id long, fx double").collect()
+    causes = [f for f in ei.value.failures if f.kind == "spark"]
+    assert len(causes) >= 1, ei.value.failures
+    f = causes[0]
+    assert f.error_type == "TFOSError" and f.message.startswith("inference results do not fit the result schema"), f
+    assert "in the Spark task of partition " in f.message and "results_to_batch" in f.traceback, f
+    assert "inference results do not fit the result schema" in str(ei.value)
+    _assert_all_gone()
+
+
 def test_main_fun_returning_early_is_named_in_the_warning(spark, tmp_path, caplog):
     """C02 on Connect: main_fun reads 10 rows and returns; train() ends, and its WARNING
     says how many partitions were skipped and names the nodes, as on the classic path."""

@@ -279,6 +279,51 @@ def _touch(plan: FeedPlan) -> None:
         client.close()
 
 
+#: Errors of tfos's own feed path in a task: consequences, reported where they arise.
+_CONSEQUENCES = ("FeedError", "FeedTimeoutError", "DataAuthError", "FeedAbortedError", "TaskKilled")
+
+
+def _report_task_error(plan: FeedPlan, exc: BaseException) -> None:
+    """Reports an error a Connect feed or inference task raised itself (the results do not
+    fit the schema, or the DataFrame's input failed in this Python worker) to the control
+    host as the cause, charged to the node the partition was for (Spark task).
+
+    Under Spark Connect the client cannot read Spark's failed tasks (the classic driver
+    does, :func:`tfos._driver.runtime.failed_task_errors`): Spark retries the task, tfos
+    refuses the retry, and only the refusal would reach the client. Best effort: errors
+    reaching the control host are ignored.
+    """
+    import traceback
+
+    from pyspark import TaskContext
+
+    from tfos._data.feed_tasks import choose_node
+    from tfos._node.start_task import executor_identity, node_host
+
+    if type(exc).__name__ in _CONSEQUENCES or not plan.nodes:
+        return
+    tc = TaskContext.get()
+    index, attempt = (tc.partitionId(), tc.attemptNumber() + 1) if tc is not None else (0, 1)
+    try:
+        node, _ = choose_node(plan.nodes, index, executor_identity()[0], node_host(plan.driver_host, plan.driver_port))
+    except Exception:  # noqa: BLE001 - attribution only
+        node = plan.nodes[0]
+    where = f"in the Spark task of partition {index}, attempt {attempt}, on host {node_host(plan.driver_host, plan.driver_port)}"
+    if isinstance(exc, TFOSError):
+        message = f"{exc} ({where})"
+    else:
+        message = f"{exc} (raised by the DataFrame's own code {where}; not by main_fun)"
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip()
+    failure = NodeFailure(node.executor_id, node.job_name, node.task_index, node.host, "spark", type(exc).__name__, message, tb)
+    client = ControlClient(plan.driver_host, plan.driver_port, plan.key, plan.cluster_id, connect_timeout_s=10.0)
+    try:
+        client.request("feed_error", failure=failure.to_dict(), timeout_s=10.0)
+    except _REQ_ERRORS:
+        pass
+    finally:
+        client.close()
+
+
 def make_train_fn(plan: FeedPlan, spark_schema_json: Optional[str] = None, column_names: Optional[list] = None):
     """The ``mapInArrow`` function of a DataFrame train feed (client builds, tasks run).
 
@@ -291,7 +336,11 @@ def make_train_fn(plan: FeedPlan, spark_schema_json: Optional[str] = None, colum
 
     def _train(batches: Iterator[Any]) -> Iterator[Any]:
         _touch(plan)
-        yield from feed(batches)
+        try:
+            yield from feed(batches)
+        except Exception as exc:
+            _report_task_error(plan, exc)
+            raise
 
     return _train
 
@@ -434,9 +483,13 @@ def make_infer_fn(plan: FeedPlan, schema_json: str, column_names: Optional[list]
             raise TFOSError("the inference function must run in a Spark task")
         schema = result_arrow_schema(StructType.fromJson(json.loads(schema_json)))
         _touch(plan)
-        for payload in infer(tc.partitionId(), _arrow_frames(batches, column_names)):
-            results = pickle.loads(payload)  # from the node's authenticated data connection
-            yield results_to_batch(results, schema)
+        try:
+            for payload in infer(tc.partitionId(), _arrow_frames(batches, column_names)):
+                results = pickle.loads(payload)  # from the node's authenticated data connection
+                yield results_to_batch(results, schema)
+        except Exception as exc:
+            _report_task_error(plan, exc)
+            raise
 
     return _infer
 
