@@ -563,13 +563,15 @@ def stop_streams(cluster: Any, ssc: Any, deadline: Deadline) -> None:
         for ctx in contexts:
             if _context_active(ctx):
                 ctx.stop(stopSparkContext=False, stopGraceFully=graceful)
-        for query, _feeder in queries:
+        for query, feeder in queries:
             if query.isActive:
-                # stop() ends the query at once (no further micro-batch starts) and waits for
-                # the running foreachBatch call, whose feed jobs run under this cluster's job
-                # group (not the query's, which stop() cancels): the running micro-batch is fed
-                # to its end. A micro-batch starting before stop() took effect raises
-                # StreamStopped and is not committed.
+                # A micro-batch starting from now on raises StreamStopped and is not
+                # committed. The running one is let finish first: stop() cancels the
+                # query's job group, where the sink's own Spark jobs run (an inference
+                # query's write of the results; the feed jobs run under this cluster's job
+                # group), which failed the micro-batch with an InterruptedException.
+                while graceful and feeder.busy.is_set() and not deadline.expired():
+                    time.sleep(0.05)
                 query.stop()
     finally:
         streams.close_stop_server()
