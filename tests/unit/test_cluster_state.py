@@ -979,6 +979,7 @@ def test_a_failed_spark_job_with_no_node_cause_says_so(monkeypatch):
     monkeypatch.setattr(rt, "ATTRIBUTION_S", 0.05)
     runtime = object.__new__(rt.ClusterRuntime)
     runtime.cluster_id, runtime.state, runtime._closed, runtime.jobs = CID, _state(), False, []
+    runtime.sc = None  # no failed Spark task to read (failed_task_errors gives [])
     runtime.teardown_async = lambda: None
 
     class FailedJob:
