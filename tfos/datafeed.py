@@ -556,7 +556,8 @@ class DataFeed:
                 ``per_epoch``) shorter than ``batch_size``.
             per_epoch: One epoch per iteration (see above).
             prefetch: Batches ``tf.data`` prefetches (0: none).
-            buffer_batches: Batches the reader thread keeps ready (default about 32 MB).
+            buffer_batches: Batches the reader thread keeps ready (default about 32 MB; 8 batches
+                when a column holds strings or bytes or has no fixed shape).
             steps_per_epoch: Batches per epoch on every node (see above); excludes
                 ``per_epoch`` and ``drop_remainder``.
             shuffle_rows: Row-level shuffle window in rows (0: the fed order); needs

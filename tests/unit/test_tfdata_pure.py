@@ -657,3 +657,15 @@ def test_a_per_row_signature_is_refused_with_what_to_write(hub):
         feed.as_dataset(8, tf.TensorSpec((784,), tf.float32))
     ds = feed.as_dataset(8, (tf.TensorSpec((8, 4), tf.float32), tf.TensorSpec((None,), tf.int64)))  # fixed = batch_size
     assert ds.element_spec[1].shape.as_list() == [None]
+
+
+@pytest.mark.parametrize("cols, want_batches, want_bytes", [
+    ([(np.float32, (784,)), (np.int64, ())], 32 * 2**20 // (64 * (784 * 4 + 8)), 64 * (784 * 4 + 8) * (32 * 2**20 // (64 * (784 * 4 + 8)) + 2)),
+    ([(object, ()), (np.int64, ())], 8, 0),       # strings: any size, only the data tells
+    ([(np.float32, None)], 8, 0),                 # shape from the data
+])
+def test_default_buffer_is_about_32_mb_or_8_batches_when_row_size_is_unknown(hub, cols, want_batches, want_bytes):
+    # A string column counted as 8 bytes a row (its object references): 256 batches were
+    # buffered, 312 MB of 4 MB strings at batch size 1 (found by the break helper).
+    reader = FeedBatches(DataFeed(hub, timeout_s=10), 64, cols)
+    assert (reader.buffer_batches, reader.buffer_bytes) == (want_batches, want_bytes)

@@ -436,7 +436,9 @@ class FeedBatches:
         sums: ``{epoch: [sum of column 0, ...]}`` when ``track_sums``.
         wait_s: Seconds the consumer (TensorFlow) waited for a batch in total.
         first_wait_s: Seconds of ``wait_s`` spent waiting for the first batch.
-        buffer_bytes: Bytes of the ready-batch buffer bound (0 when a row shape is unknown);
+        buffer_bytes: Bytes of the ready-batch buffer bound (0 when a row shape is unknown,
+            or a column holds strings or bytes, whose size only the data tells: then the
+            buffer holds 8 batches);
             with ``steps_per_epoch`` it includes the ``hold_batches`` batches held back
             at the end of each epoch (not a node's surplus over ``steps_per_epoch x
             batch_size`` rows in an epoch, which is held too).
@@ -480,7 +482,12 @@ class FeedBatches:
         self._single = single
         self.per_epoch = per_epoch
         self.drop_remainder = drop_remainder
-        row_bytes = sum(c.dtype.itemsize * c.width for c in self._cols) if all(c.shape is not None for c in self._cols) else 0
+        # A row's size is known when every column has a shape and a fixed-size dtype; a
+        # string/bytes column (numpy object dtype: 8-byte references to values of any size)
+        # leaves it unknown, and the buffer then holds 8 batches (256 batches of 8-byte
+        # "rows" held 312 MB of 4 MB strings).
+        sized = all(c.shape is not None and c.dtype.kind not in "OSUV" for c in self._cols)
+        row_bytes = sum(c.dtype.itemsize * c.width for c in self._cols) if sized else 0
         if buffer_batches is None:
             per_batch = max(1, row_bytes * batch_size)
             buffer_batches = max(2, min(256, DEFAULT_BUFFER_BYTES // per_batch)) if row_bytes else 8
