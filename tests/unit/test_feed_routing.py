@@ -107,3 +107,29 @@ def test_a_skipped_partition_reads_its_input_to_the_end_within_the_budget(monkey
 
     assert feed_tasks._drain(corrupt()) is False
     assert feed_tasks._drain(iter(range(1000))) is True
+
+
+@pytest.mark.parametrize("mode", ["train", "inference"])
+def test_a_refused_retry_of_an_inference_task_names_recomputed_results(monkeypatch, mode):
+    """After inference() returned, a lost result partition makes Spark re-run its inference
+    task; the refusal said only "after an earlier attempt failed ... trained on again"
+    (break helper). For inference it now names that case too."""
+    import pyspark
+
+    import tfos._data.feed_tasks as ft
+    from tfos.errors import FeedError
+
+    class _Task:
+        def attemptNumber(self):
+            return 3
+
+    reports: list = []
+    monkeypatch.setattr(pyspark.TaskContext, "get", classmethod(lambda cls: _Task()))
+    monkeypatch.setattr(ft, "_report", lambda plan, node, msg, *a: reports.append(msg))
+    plan = FeedPlan("c1", KEY, "127.0.0.1", 5000, CLUSTER, mode=mode)
+    with pytest.raises(FeedError) as info:
+        ft._refuse_retry(plan, CLUSTER[0], 2, 0)
+    text = str(info.value)
+    assert text.startswith(f"partition 2 (epoch 0) -> {CLUSTER[0].name}: Spark retried the feed task (attempt 4)")
+    assert ("a result partition was lost with its executor and Spark recomputes it" in text) == (mode == "inference")
+    assert reports == [text]

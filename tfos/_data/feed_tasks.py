@@ -372,10 +372,19 @@ def _refuse_retry(plan: FeedPlan, node: NodeInfo, part: int, epoch: int) -> None
             f"partition {part} (epoch {epoch}) -> {node.name}: Spark retried the feed task (attempt {attempt + 1}) "
             "after an earlier attempt failed; tfos does not feed a partition twice, because rows the earlier "
             "attempt may have fed would be trained on again. Fix the cause of the first failure (the other errors "
-            "listed, or the executor log), then run it again"
+            "listed, or the executor log), then run it again" + _RECOMPUTED_RESULTS.get(plan.mode, "")
         )
         _report(plan, node, msg)
         raise FeedError(msg)
+
+
+#: Added to a refused re-run of an inference task: after inference() returned, Spark re-runs
+#: its tasks when a persisted result partition is lost with its executor.
+_RECOMPUTED_RESULTS = {"inference": (
+    ". For inference() this also happens after inference() returned, when a result partition was lost with "
+    "its executor and Spark recomputes it: tfos does not rerun inference there; save the results (e.g. "
+    "write them out) before the cluster's executors may go, or call inference() again"
+)}
 
 
 def _claim(plan: FeedPlan, node: NodeInfo, index: int, where: str) -> None:
@@ -407,7 +416,7 @@ def _claim(plan: FeedPlan, node: NodeInfo, index: int, where: str) -> None:
             f"{where}: the driver's record shows partition index {index} of this feed was already handed to "
             f"{resp.get('node')}; Spark re-ran its feed task (a task retry or a stage resubmission), and tfos never "
             "feeds a partition twice because its rows would be trained on again. Fix the cause of the first "
-            "failure (see the executor log), then run train() again"
+            "failure (see the executor log), then run train() again" + _RECOMPUTED_RESULTS.get(plan.mode, "")
         )
         _report(plan, node, msg)
         raise FeedError(msg)
