@@ -432,6 +432,27 @@ def test_train_df_strings_that_are_not_utf8_arrive_as_df_rdd_gives_them(sc, tmp_
         assert tuple(r) == want[r[0]], (r, want[r[0]])
 
 
+@pytest.mark.timeout(600)
+def test_train_df_with_a_struct_that_repeats_a_field_name(sc, tmp_path: Path, no_leftovers):
+    """Spark's Arrow path refuses a struct with a field name twice
+    (DUPLICATED_FIELD_NAME_IN_ARROW_STRUCT: train(df) failed, found by the break helper);
+    such a DataFrame is fed through df.rdd's rows, which are the same."""
+    from pyspark.sql import SparkSession
+
+    from tfos import TFCluster
+
+    spark = SparkSession(sc)
+    df = spark.range(0, 30, 1, 3).selectExpr("id", "named_struct('a', id, 'a', id * 2) AS s", "array(named_struct('b', 1, 'b', id)) AS arr")
+    want = sorted((r[0], tuple(r[1]), tuple(tuple(x) for x in r[2])) for r in df.rdd.collect())
+    assert want[5] == (5, (5, 10), ((1, 5),))
+    cluster = TFCluster.run(sc, lattice_rows_fun, {"out": str(tmp_path)}, 2, 0, input_mode=TFCluster.InputMode.SPARK)
+    cluster.train(df, num_epochs=1, feed_timeout=300)
+    cluster.shutdown(timeout=300)
+    got = [row for p in sorted(tmp_path.glob("*.pkl")) for row in pickle.loads(p.read_bytes())[0]]
+    assert sorted((r[0], tuple(r[1]), tuple(tuple(x) for x in r[2])) for r in got) == want
+    assert {tuple(r[1].__fields__) for r in got} == {("a", "a")}
+
+
 def mapped_sums_fun(args, ctx):
     """Reads its feed with ``input_mapping`` and writes the rows and the sums per tensor."""
     import json as _json

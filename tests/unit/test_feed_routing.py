@@ -133,3 +133,18 @@ def test_a_refused_retry_of_an_inference_task_names_recomputed_results(monkeypat
     assert text.startswith(f"partition 2 (epoch 0) -> {CLUSTER[0].name}: Spark retried the feed task (attempt 4)")
     assert ("a result partition was lost with its executor and Spark recomputes it" in text) == (mode == "inference")
     assert reports == [text]
+
+
+def test_repeated_struct_fields_are_found_at_any_depth():
+    from pyspark.sql.types import ArrayType, LongType, MapType, StringType, StructField, StructType
+
+    from tfos._driver.cluster import _repeated_struct_fields
+
+    def st(*names):
+        return StructType([StructField(n, LongType()) for n in names])
+
+    assert not _repeated_struct_fields(StructType([StructField("id", LongType()), StructField("s", st("a", "b"))]))
+    assert not _repeated_struct_fields(st("id", "id"))  # top-level names: renamed for mapInArrow instead
+    assert _repeated_struct_fields(StructType([StructField("s", st("a", "a"))]))
+    assert _repeated_struct_fields(StructType([StructField("s", ArrayType(st("a", "a")))]))
+    assert _repeated_struct_fields(StructType([StructField("m", MapType(StringType(), StructType([StructField("x", st("b", "b"))])))]))

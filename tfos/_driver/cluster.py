@@ -411,7 +411,7 @@ class TFCluster:
     def _train_job(self, df: Any, dataRDD: Any, epochs: int, first_epoch: int, feed_timeout: float, qname: str, end_of_feed: bool) -> tuple[FeedPlan, Callable[[], Any]]:
         """The plan and Spark action of one train() feed job: ``epochs`` epochs back to back,
         numbered from ``first_epoch`` (driver)."""
-        if df is not None and _arrow_ok():
+        if df is not None and _arrow_ok() and not _repeated_struct_fields(df.schema):
             parts = df.rdd.getNumPartitions()
             plan = self._plan("train", qname, _chunk_kind("arrow"), parts, feed_timeout, end_of_feed, first_epoch, first_epoch + epochs - 1)
             safe, names = arrow_safe_dataframe(df)  # dotted, backticked or repeated column names
@@ -722,6 +722,33 @@ def _arrow_ok() -> bool:
     except ImportError:
         return False
     return True
+
+
+def _repeated_struct_fields(t: Any) -> bool:
+    """True when a struct inside ``t`` (a Spark data type, e.g. ``df.schema``; at any depth,
+    not the top-level row) has a field name twice (pure; driver).
+
+    Spark's Arrow path refuses such structs (DUPLICATED_FIELD_NAME_IN_ARROW_STRUCT), so
+    ``train(df)`` feeds them through ``df.rdd``'s rows instead, as TFoS did.
+    """
+    from pyspark.sql.types import StructType
+
+    if isinstance(t, StructType):
+        return any(_struct_repeats(f.dataType) for f in t.fields)
+    return _struct_repeats(t)
+
+
+def _struct_repeats(t: Any) -> bool:
+    from pyspark.sql.types import ArrayType, MapType, StructType
+
+    if isinstance(t, StructType):
+        names = [f.name for f in t.fields]
+        return len(set(names)) != len(names) or any(_struct_repeats(f.dataType) for f in t.fields)
+    if isinstance(t, ArrayType):
+        return _struct_repeats(t.elementType)
+    if isinstance(t, MapType):
+        return _struct_repeats(t.keyType) or _struct_repeats(t.valueType)
+    return False
 
 
 def _chunk_kind(name: str):
