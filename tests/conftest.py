@@ -177,3 +177,14 @@ def _ship_test_module_by_value(request):
     cloudpickle.register_pickle_by_value(request.module)
     spark_cloudpickle.register_pickle_by_value(request.module)
     yield
+
+
+@pytest.fixture
+def berlin_time(monkeypatch):
+    """The process's local time zone is Europe/Berlin for the test (as ``TZ=...`` on an
+    executor): 2023-10-29 02:00-02:59 happens twice there (the end of summer time)."""
+    monkeypatch.setenv("TZ", "Europe/Berlin")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()

@@ -197,18 +197,6 @@ def test_timestamps_with_a_zone_become_naive_local_datetimes():
     assert got == [instant.astimezone().replace(tzinfo=None), None] and got[0].tzinfo is None
 
 
-@pytest.fixture
-def berlin_time(monkeypatch):
-    """The process's local time zone is Europe/Berlin for the test (as TZ=... on an executor)."""
-    import time
-
-    monkeypatch.setenv("TZ", "Europe/Berlin")
-    time.tzset()
-    yield
-    monkeypatch.undo()
-    time.tzset()
-
-
 def test_timestamps_in_the_repeated_hour_of_a_dst_change_keep_their_instant(berlin_time):
     # 2023-10-29: Berlin's clocks go from 03:00 CEST back to 02:00 CET, so 02:00-02:59 local
     # happens twice (00:00Z-00:59Z with fold 0, 01:00Z-01:59Z with fold 1).

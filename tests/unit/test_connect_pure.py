@@ -43,18 +43,6 @@ def test_results_to_batch_by_value_position_and_name():
         results_to_batch(["text"], two.remove(1))
 
 
-@pytest.fixture
-def berlin_time(monkeypatch):
-    """The process's local time zone is Europe/Berlin for the test (as TZ=... on an executor)."""
-    import time
-
-    monkeypatch.setenv("TZ", "Europe/Berlin")
-    time.tzset()
-    yield
-    monkeypatch.undo()
-    time.tzset()
-
-
 def test_timestamp_results_are_local_times_as_pyspark_reads_them(berlin_time):
     # A TimestampType result column: PySpark's to_arrow_schema refused it without a zone
     # (AssertionError in every inference task), and pa.array read a naive datetime as UTC.
