@@ -152,6 +152,34 @@ def test_heartbeats_and_lost_node(monkeypatch):
     assert len(st.failures) == 3
 
 
+def test_lost_node_after_a_driver_stall_names_the_stall(monkeypatch):
+    # The driver's liveness thread ran at 1000, then not again until 1035 (SIGSTOP for
+    # 35 s): the message says the driver did not run, not only that the node died.
+    clock = FakeClock(1000.0)
+    monkeypatch.setattr(cs_mod, "time", clock)
+    st = _state(timeout=15.0)
+    _register_all(st)
+    for eid in range(3):
+        _req(st, "heartbeat", executor_id=eid)
+    st.check_liveness(now=1000.5)
+    st.check_liveness(now=1035.5)
+    assert [f.executor_id for f in st.failures] == [0, 1, 2]
+    msg = st.failures[0].message
+    assert msg.startswith("no heartbeat for 35.5 s (timeout 15 s): this driver did not run for about 35.0 s")
+    assert "a node ends itself when the driver does not answer it for 15 s" in msg
+    # a check on time (every second) keeps the plain message
+    st2 = _state(timeout=15.0)
+    _register_all(st2)
+    clock.t = 2000.0
+    for eid in range(3):
+        _req(st2, "heartbeat", executor_id=eid)
+    for t in range(2001, 2017):
+        st2.check_liveness(now=float(t))
+    assert len(st2.failures) == 3
+    assert "this driver did not run" not in st2.failures[0].message
+    assert "died without a report (executor JVM killed" in st2.failures[0].message
+
+
 def test_liveness_ignores_finished_nodes_after_stop(monkeypatch):
     clock = FakeClock(0.0)
     monkeypatch.setattr(cs_mod, "time", clock)

@@ -109,6 +109,8 @@ class ClusterState:
         self.exit_codes: dict[int, int] = {}
         self.last_heartbeat: dict[int, float] = {}
         self.failures: list[NodeFailure] = []
+        #: ``time.monotonic()`` of the previous :meth:`check_liveness` (None before the first).
+        self._last_liveness_check: Optional[float] = None
         self.stop_requested = False
         self.feed_closed = False
         self.abort_reason = ""
@@ -436,10 +438,19 @@ class ClusterState:
             self._cond.notify_all()
 
     def check_liveness(self, now: Optional[float] = None) -> None:
-        """Declares lost every live node whose supervisor missed ``heartbeat_timeout_s``."""
+        """Declares lost every live node whose supervisor missed ``heartbeat_timeout_s``.
+
+        Called about every second by the driver's (or Connect control host's) liveness
+        thread. When that thread itself did not run for at least two thirds of
+        ``heartbeat_timeout_s`` (the driver process was stopped, e.g. by SIGSTOP or a
+        suspended VM, or starved of CPU), the silence is mostly the driver's own: the
+        failure message says so, since the nodes end themselves when the driver does not
+        answer for ``heartbeat_timeout_s``.
+        """
         now = time.monotonic() if now is None else now
         lost = []
         with self._cond:
+            previous, self._last_liveness_check = self._last_liveness_check, now
             for eid, seen in self.last_heartbeat.items():
                 if eid in self.exit_codes or self.proc_state[eid] in ("failed", "stopped"):
                     continue
@@ -447,15 +458,23 @@ class ClusterState:
                     continue
                 if now - seen > self.heartbeat_timeout_s:
                     lost.append((eid, now - seen))
+        stalled = now - previous if previous is not None else 0.0
         for eid, silence in lost:
+            if stalled >= self.heartbeat_timeout_s * 2 / 3:
+                why = (
+                    f"this driver did not run for about {stalled:.1f} s before this check (its process was stopped, "
+                    "e.g. by SIGSTOP or a suspended VM, or starved of CPU), and a node ends itself when the driver "
+                    f"does not answer it for {self.heartbeat_timeout_s:g} s; or the executor, its Python worker or "
+                    "the node supervisor died without a report"
+                )
+            else:
+                why = (
+                    "the executor, its Python worker or the node supervisor died without a report (executor JVM "
+                    "killed, out of memory, or host lost)"
+                )
             self.record_failure(
                 self.make_failure(
-                    eid,
-                    "lost",
-                    "NodeLost",
-                    f"no heartbeat for {silence:.1f} s (timeout {self.heartbeat_timeout_s:g} s): the executor, "
-                    "its Python worker or the node supervisor died without a report (executor JVM killed, "
-                    "out of memory, or host lost)",
+                    eid, "lost", "NodeLost", f"no heartbeat for {silence:.1f} s (timeout {self.heartbeat_timeout_s:g} s): {why}"
                 )
             )
 
