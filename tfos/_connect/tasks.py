@@ -304,11 +304,12 @@ def _report_task_error(plan: FeedPlan, exc: BaseException) -> None:
         return
     tc = TaskContext.get()
     index, attempt = (tc.partitionId(), tc.attemptNumber() + 1) if tc is not None else (0, 1)
+    host = node_host(plan.driver_host, plan.driver_port)
     try:
-        node, _ = choose_node(plan.nodes, index, executor_identity()[0], node_host(plan.driver_host, plan.driver_port))
+        node, _ = choose_node(plan.nodes, index, executor_identity()[0], host)
     except Exception:  # noqa: BLE001 - attribution only
         node = plan.nodes[0]
-    where = f"in the Spark task of partition {index}, attempt {attempt}, on host {node_host(plan.driver_host, plan.driver_port)}"
+    where = f"in the Spark task of partition {index}, attempt {attempt}, on host {host}"
     if isinstance(exc, TFOSError):
         message = f"{exc} ({where})"
     else:
