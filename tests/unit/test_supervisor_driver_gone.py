@@ -4,6 +4,7 @@ control server that is then closed (the driver is gone)."""
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -150,6 +151,58 @@ def test_a_killed_supervisor_is_reported_by_its_tf_process(tmp_path, killer):
         server.close()
 
 
+def daemon_starter_main(args, ctx):
+    """Starts a child in a session of its own (as a daemon would, out of the TF process's
+    process group), writes its pid, waits for the trigger file (if any), then returns."""
+    import os
+    import subprocess
+    import sys as _sys
+    import time as _time
+
+    child = subprocess.Popen([_sys.executable, "-c", "import time; time.sleep(600)", "tfos-unit-setsid-child"],
+                             start_new_session=True)
+    with open(args["out"], "w") as f:
+        f.write(f"{child.pid}\n")
+    end = _time.monotonic() + 600
+    while args.get("trigger") and not os.path.exists(args["trigger"]) and _time.monotonic() < end:
+        _time.sleep(0.01)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.mark.parametrize("ending", ["main_fun returns", "driver gone"])
+def test_a_child_main_fun_started_in_its_own_session_ends_with_the_node(tmp_path, ending):
+    """A child that main_fun starts with setsid leaves the TF process's process group, so
+    the group kill misses it; before, it outlived the node (reparented to init). The
+    supervisor, the child subreaper of its descendants, now ends it too."""
+    trigger = tmp_path / "return-now"
+    state, server, sup, child_pid = _start_sleeper_node(
+        tmp_path, "tfos-unit-setsid", HEARTBEAT_TIMEOUT_S, str(trigger), fn=daemon_starter_main)
+    try:
+        child = psutil.Process(child_pid)
+        assert child.cmdline()[-1] == "tfos-unit-setsid-child" and _alive(child_pid)
+        assert os.getsid(child_pid) != os.getsid(sup.pid)  # it left the node's session
+        if ending == "main_fun returns":
+            trigger.touch()
+            assert sup.wait(30) == 0
+        else:
+            server.close()  # the driver is gone
+            assert sup.wait(HEARTBEAT_TIMEOUT_S + 10) != 0
+        deadline = time.monotonic() + 3.0
+        while _alive(child_pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(child_pid), f"main_fun's setsid child {child_pid} outlived the node ({ending})"
+    finally:
+        server.close()
+        if _alive(child_pid):
+            psutil.Process(child_pid).kill()
+
+
 def test_a_killed_supervisors_socket_dir_is_removed_though_main_fun_returns_first(tmp_path):
     """A fed node's supervisor is SIGKILLed and main_fun returns at once, while the driver
     takes 3 s to answer the TF process's SupervisorDied report: the TF process's main
@@ -268,3 +321,26 @@ def test_a_closed_control_port_ends_the_node_before_heartbeat_timeout(tmp_path):
     took = time.monotonic() - t0
     assert code != 0
     assert REFUSED_GIVE_UP_S <= took < 20.0, took
+
+
+def test_reap_orphans_reaps_exited_children_but_not_the_tf_process():
+    """While a node runs, the supervisor (a subreaper) reaps the exited orphans it
+    inherited, so they do not stay zombies until the node ends; the TF process is left
+    for Popen.wait, which needs its exit status."""
+    import subprocess
+
+    from tfos._node.supervisor import _reap_orphans
+
+    tf_like = subprocess.Popen([sys.executable, "-c", "pass"])
+    orphan = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not all(
+        psutil.Process(p.pid).status() == psutil.STATUS_ZOMBIE for p in (tf_like, orphan)
+    ):
+        time.sleep(0.02)
+    assert _reap_orphans(tf_like.pid) >= 1
+    with pytest.raises(psutil.NoSuchProcess):
+        psutil.Process(orphan.pid)
+    assert psutil.Process(tf_like.pid).status() == psutil.STATUS_ZOMBIE
+    assert tf_like.wait(5) == 0  # its exit status is still there for Popen
+    orphan.returncode = 0  # reaped above; keeps Popen from waiting on it again

@@ -11,7 +11,9 @@ One supervisor per node. It is light (no TensorFlow) and:
   with each heartbeat, so a SIGKILL (usually a memory limit) is reported with it;
 * after a stop directive, gives the TF process a grace period, then SIGTERM, then SIGKILL;
   after an abort directive (the cluster failed) there is no grace: SIGTERM at once,
-  SIGKILL 2 s later.
+  SIGKILL 2 s later;
+* once the TF process has ended, kills its process group and, as the child subreaper of
+  its descendants (Linux), whatever ``main_fun`` started in a session of its own.
 
 It never outlives its node: every request to the driver is bounded by the time left
 before ``heartbeat_timeout_s`` runs out, counted from the last answer the driver gave,
@@ -148,6 +150,77 @@ def _end_group(pgid: int) -> None:
         pass
 
 
+#: prctl option that makes orphaned descendants reparent to this process (Linux >= 3.4).
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def _become_subreaper() -> bool:
+    """Makes this supervisor the child subreaper of its descendants (Linux; supervisor).
+
+    A process that ``main_fun`` starts in a session of its own (``setsid``,
+    ``start_new_session=True``, a daemon's double fork) leaves the TF process's process
+    group, so :func:`_end_group` misses it; once its parent exits it would be reparented
+    to init and outlive the node. As a subreaper the supervisor inherits it instead, and
+    :func:`_end_descendants` ends it with the node. Returns False where prctl is missing
+    (not Linux) or refuses; the process-group kill still applies there.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _end_descendants(wait_s: float = 2.0) -> list[int]:
+    """SIGKILLs and reaps every process still below this supervisor once the node has
+    ended (supervisor): what ``main_fun`` started outside the TF process's group, found
+    through the subreaper (:func:`_become_subreaper`). Returns their pids."""
+    import psutil
+
+    try:
+        left = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return []
+    for p in left:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(left, timeout=wait_s)  # reaps the children (no zombies of the node)
+    return [p.pid for p in left]
+
+
+#: Seconds between two reapings of exited orphans the subreaper inherited.
+_REAP_EVERY_S = 10.0
+
+
+def _reap_orphans(tf_pid: int) -> int:
+    """Reaps the exited processes this subreaper inherited while the node runs (a shell's
+    ``cmd &`` whose shell exited, a daemon's double fork), so that they do not stay
+    zombies until the node ends; never the TF process, which ``Popen.wait`` reaps.
+    Returns how many were reaped (supervisor)."""
+    import psutil
+
+    reaped = 0
+    try:
+        children = psutil.Process().children()
+    except psutil.Error:
+        return 0
+    for p in children:
+        if p.pid == tf_pid:
+            continue
+        try:
+            if p.status() == psutil.STATUS_ZOMBIE and os.waitpid(p.pid, os.WNOHANG)[0] == p.pid:
+                reaped += 1
+        except (psutil.Error, ChildProcessError):
+            continue
+    return reaped
+
+
 def _contact_budget_s(client: ControlClient, timeout_s: float, started: float) -> float:
     """Seconds left before ``timeout_s`` of silence from the driver, counted from its last
     answer (or from ``started`` before the first one); may be <= 0."""
@@ -232,6 +305,7 @@ def supervise(launch: NodeLaunch) -> int:
     driver_gone = False
     terminated = False
     rss = 0
+    reaped_at = started
     code: Optional[int] = None
     while code is None:
         try:
@@ -249,6 +323,9 @@ def supervise(launch: NodeLaunch) -> int:
             code = _stop_tf(tf, ABORT_KILL_S)
             break
         rss = _tree_rss(tf.pid) or rss
+        if time.monotonic() - reaped_at >= _REAP_EVERY_S:
+            reaped_at = time.monotonic()
+            _reap_orphans(tf.pid)
         budget = _contact_budget_s(client, cfg.heartbeat_timeout_s, started)
         try:
             if budget <= 0:
@@ -295,6 +372,10 @@ def supervise(launch: NodeLaunch) -> int:
             code = _stop_tf(tf)
             terminated = True
     _end_group(tf.pid)
+    escaped = _end_descendants()
+    if escaped:
+        log.info("tfos node %s: ended %d process(es) main_fun started in a session of their own: pids %s",
+                 launch.node_name, len(escaped), escaped)
     _local.remove_socket_dir(sock_dir)
     if output is not None:
         output.close()  # its last lines reach the driver before its exit status
@@ -316,6 +397,7 @@ def supervise(launch: NodeLaunch) -> int:
 def main() -> int:
     """Entry point of ``python -m tfos._node.supervisor``; returns the process exit code."""
     setup_process_logging()
+    _become_subreaper()
     launch = read_launch(sys.stdin.buffer)
     if launch.watch_pid:
         # The PySpark daemon SIGHUPs its process group when the executor goes away; the
