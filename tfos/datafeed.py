@@ -556,8 +556,9 @@ class DataFeed:
                 ``per_epoch``) shorter than ``batch_size``.
             per_epoch: One epoch per iteration (see above).
             prefetch: Batches ``tf.data`` prefetches (0: none).
-            buffer_batches: Batches the reader thread keeps ready (default about 32 MB; 8 batches
-                when a column holds strings or bytes or has no fixed shape).
+            buffer_batches: Batches the reader thread keeps ready (default about 32 MB; when a
+                column holds strings or bytes or has no fixed shape, at most 8 batches and
+                at most about 32 MB of them, counted as they come, but at least one).
             steps_per_epoch: Batches per epoch on every node (see above); excludes
                 ``per_epoch`` and ``drop_remainder``.
             shuffle_rows: Row-level shuffle window in rows (0: the fed order); needs

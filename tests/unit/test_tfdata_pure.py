@@ -669,3 +669,30 @@ def test_default_buffer_is_about_32_mb_or_8_batches_when_row_size_is_unknown(hub
     # buffered, 312 MB of 4 MB strings at batch size 1 (found by the break helper).
     reader = FeedBatches(DataFeed(hub, timeout_s=10), 64, cols)
     assert (reader.buffer_batches, reader.buffer_bytes) == (want_batches, want_bytes)
+
+
+def test_ready_batches_of_strings_are_bounded_by_their_bytes(hub):
+    """With a string column the default buffer holds at most about 32 MB of ready batches,
+    the strings counted by their size: 8 batches of one 6 MiB string each (48 MiB) were
+    held before, when only the count bounded it (stop 37 left this). The reader stops at
+    5 (30 MiB); every row still arrives, in order."""
+    big = "x" * (6 << 20)  # one object: pickle memoizes it, so the test holds it once
+    a = Feeder(hub, 0)
+    a.chunk([(big, i) for i in range(12)])
+    a.end()
+    hub.queues["input"].put_nowait(END_OF_FEED)
+    reader = FeedBatches(DataFeed(hub, timeout_s=10), 1, [(object, ()), (np.int64, ())])
+    assert reader.buffer_batches == 8
+    reader.start()
+    deadline, last, steady_since = time.monotonic() + 30, -1, time.monotonic()
+    while time.monotonic() < deadline:
+        n = reader._out.qsize()
+        if n != last:
+            last, steady_since = n, time.monotonic()
+        elif time.monotonic() - steady_since > 1.0:
+            break
+        time.sleep(0.05)
+    assert last == 5 and reader._held <= 32 << 20, (last, reader._held)
+    got = [(len(s[0]), int(y[0])) for s, y in reader]
+    assert got == [(6 << 20, i) for i in range(12)]
+    assert reader._held == 0 and reader.rows == {0: 12}

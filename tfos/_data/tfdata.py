@@ -415,7 +415,9 @@ class FeedBatches:
         drop_remainder: Drop a batch shorter than ``batch_size`` (at the end of the feed,
             or of an epoch with ``per_epoch``).
         buffer_batches: Ready batches kept ahead of TensorFlow (default: about
-            :data:`DEFAULT_BUFFER_BYTES` worth, 2 to 256 batches).
+            :data:`DEFAULT_BUFFER_BYTES` worth, 2 to 256 batches; when the row size is
+            unknown, 8 batches and also at most :data:`DEFAULT_BUFFER_BYTES` of them, as
+            counted by :func:`_batch_bytes`, though always at least one batch).
         track_sums: Also keep per-epoch float64 sums of every numeric column in
             :attr:`sums` (a checksum of exactly what was handed to TensorFlow).
         steps_per_epoch: Cut every epoch of the feed into exactly this many batches
@@ -438,7 +440,8 @@ class FeedBatches:
         first_wait_s: Seconds of ``wait_s`` spent waiting for the first batch.
         buffer_bytes: Bytes of the ready-batch buffer bound (0 when a row shape is unknown,
             or a column holds strings or bytes, whose size only the data tells: then the
-            buffer holds 8 batches);
+            buffer holds at most 8 batches and at most :data:`DEFAULT_BUFFER_BYTES` of
+            them, or one larger batch);
             with ``steps_per_epoch`` it includes the ``hold_batches`` batches held back
             at the end of each epoch (not a node's surplus over ``steps_per_epoch x
             batch_size`` rows in an epoch, which is held too).
@@ -488,9 +491,14 @@ class FeedBatches:
         # "rows" held 312 MB of 4 MB strings).
         sized = all(c.shape is not None and c.dtype.kind not in "OSUV" for c in self._cols)
         row_bytes = sum(c.dtype.itemsize * c.width for c in self._cols) if sized else 0
+        #: Byte bound of the ready batches (None: the count bound says it all). Rows of
+        #: unknown size are counted as they come (strings and bytes by their size).
+        self._cap_bytes: Optional[int] = None
         if buffer_batches is None:
             per_batch = max(1, row_bytes * batch_size)
             buffer_batches = max(2, min(256, DEFAULT_BUFFER_BYTES // per_batch)) if row_bytes else 8
+            if not row_bytes:
+                self._cap_bytes = DEFAULT_BUFFER_BYTES
         if buffer_batches < 1:
             raise ValueError(f"buffer_batches must be >= 1, got {buffer_batches}")
         self.buffer_batches = int(buffer_batches)
@@ -513,6 +521,8 @@ class FeedBatches:
         self.buffer_bytes = row_bytes * (batch_size * (self.buffer_batches + 2 + self.hold_batches) + self.shuffle_rows)
         self.track_sums = track_sums
         self._out: queue.Queue = queue.Queue(maxsize=self.buffer_batches)
+        self._held = 0  # bytes of the ready batches in _out (counted when _cap_bytes is set)
+        self._held_cond = threading.Condition()
         self._thread: Optional[threading.Thread] = None
         self._lock = threading.Lock()
         self._closed = False
@@ -548,9 +558,17 @@ class FeedBatches:
         self._closed = True
 
     def _emit(self, item: Any) -> bool:
+        size = 0
+        if self._cap_bytes is not None and isinstance(item, tuple):
+            size = _batch_bytes(item[1])
+            with self._held_cond:
+                # at least one batch is always let through, however large
+                while self._held and self._held + size > self._cap_bytes and not self._closed:
+                    self._held_cond.wait(0.2)
+                self._held += size
         while not self._closed:
             try:
-                self._out.put(item, timeout=0.2)
+                self._out.put((item, size), timeout=0.2)
                 return True
             except queue.Full:
                 continue
@@ -878,7 +896,11 @@ class FeedBatches:
         began = time.perf_counter()
         while True:
             try:
-                item = self._out.get(timeout=1.0)
+                item, size = self._out.get(timeout=1.0)
+                if size:
+                    with self._held_cond:
+                        self._held -= size
+                        self._held_cond.notify()
                 break
             except queue.Empty:
                 if self._ended:  # another iteration (e.g. tf.data's prefetch thread) took the end
@@ -1032,6 +1054,19 @@ class _RowPool:
                 c[holes] = c[sources]
         self.n = rest
         return out
+
+
+def _batch_bytes(batch: tuple) -> int:
+    """Bytes a ready batch holds: its arrays' buffers, plus the objects an object column
+    refers to (strings, bytes, arrays; ``sys.getsizeof`` each) (reader thread)."""
+    import sys
+
+    total = 0
+    for col in batch:
+        total += col.nbytes
+        if col.dtype.kind == "O":
+            total += sum(map(sys.getsizeof, col.ravel()))
+    return total
 
 
 def _list_view(arr: Any, n: int, width: int) -> Any:
