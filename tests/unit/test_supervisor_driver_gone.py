@@ -344,3 +344,33 @@ def test_reap_orphans_reaps_exited_children_but_not_the_tf_process():
     assert psutil.Process(tf_like.pid).status() == psutil.STATUS_ZOMBIE
     assert tf_like.wait(5) == 0  # its exit status is still there for Popen
     orphan.returncode = 0  # reaped above; keeps Popen from waiting on it again
+
+
+def test_a_stopped_tf_process_is_reported_and_ended_after_heartbeat_timeout(tmp_path):
+    """A TF process stopped by SIGSTOP stalled its cluster: its supervisor kept
+    heartbeating for it, so only a feed's feed_timeout (InputMode.SPARK) ever noticed, and
+    an InputMode.TENSORFLOW cluster waited forever (stop 37 left this). The supervisor now
+    reports ProcessStopped once the stop has lasted heartbeat_timeout, and ends the node."""
+    import signal
+
+    state, server, sup, child_pid = _start_sleeper_node(tmp_path, "tfos-unit-sigstop", HEARTBEAT_TIMEOUT_S)
+    try:
+        tf_pid = state.nodes_snapshot()[0].pid
+        t0 = time.monotonic()
+        os.kill(tf_pid, signal.SIGSTOP)
+        sup.wait(HEARTBEAT_TIMEOUT_S + 15)
+        took = time.monotonic() - t0
+        (failure,) = state.failures
+        assert (failure.kind, failure.error_type) == ("exited", "ProcessStopped")
+        assert failure.message.startswith(f"the TF process (pid {tf_pid}) was stopped by a signal (SIGSTOP or SIGTSTP) for ")
+        assert "longer than heartbeat_timeout (3 s); a stopped node stalls its cluster, so it was ended" in failure.message
+        assert HEARTBEAT_TIMEOUT_S <= took <= HEARTBEAT_TIMEOUT_S + 15
+        deadline = time.monotonic() + 3.0
+        while (_alive(tf_pid) or _alive(child_pid)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(tf_pid) and not _alive(child_pid)
+    finally:
+        server.close()
+        for pid in (sup.pid, tf_pid, child_pid):  # nothing left behind when it fails
+            if _alive(pid):
+                psutil.Process(pid).kill()

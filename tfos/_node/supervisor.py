@@ -142,6 +142,17 @@ def _tree_rss(pid: int) -> int:
     return total
 
 
+def _is_stopped(pid: int) -> bool:
+    """True while ``pid`` is stopped by a signal (SIGSTOP, SIGTSTP, SIGTTIN/SIGTTOU; state
+    ``T``), not while a debugger holds it (``t``) (supervisor)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_STOPPED
+    except psutil.Error:
+        return False
+
+
 def _end_group(pgid: int) -> None:
     """Kills what is left of the TF process's group (processes main_fun started)."""
     try:
@@ -306,6 +317,7 @@ def supervise(launch: NodeLaunch) -> int:
     terminated = False
     rss = 0
     reaped_at = started
+    stopped_since: Optional[float] = None
     code: Optional[int] = None
     while code is None:
         try:
@@ -323,6 +335,20 @@ def supervise(launch: NodeLaunch) -> int:
             code = _stop_tf(tf, ABORT_KILL_S)
             break
         rss = _tree_rss(tf.pid) or rss
+        if _is_stopped(tf.pid):
+            # A stopped TF process stalls the cluster (its peers wait in their collectives,
+            # its feed tasks until feed_timeout) while this supervisor heartbeats for it.
+            stopped_since = time.monotonic() if stopped_since is None else stopped_since
+            if time.monotonic() - stopped_since >= cfg.heartbeat_timeout_s:
+                _report(client, launch, "exited", "ProcessStopped",
+                        f"the TF process (pid {tf.pid}) was stopped by a signal (SIGSTOP or SIGTSTP) for "
+                        f"{time.monotonic() - stopped_since:.0f} s, longer than heartbeat_timeout "
+                        f"({cfg.heartbeat_timeout_s:g} s); a stopped node stalls its cluster, so it was ended")
+                code = _stop_tf(tf, ABORT_KILL_S)  # SIGKILL ends a stopped process too
+                terminated = True
+                break
+        else:
+            stopped_since = None
         if time.monotonic() - reaped_at >= _REAP_EVERY_S:
             reaped_at = time.monotonic()
             _reap_orphans(tf.pid)
