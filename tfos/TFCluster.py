@@ -27,7 +27,7 @@ __all__ = ["run", "TFCluster", "InputMode", "tf_status"]
 logger = logging.getLogger("tfos._driver")
 
 #: TFoS's module-level status (driver): empty while things succeed; ``{'error': message}``
-#: once the last ``run()`` raised, or a ``train()``/``shutdown()`` of its cluster raised
+#: once the last ``run()`` raised, or a ``train()``/``inference()``/``shutdown()`` of its cluster raised
 #: ``ClusterFailedError`` (a node failed). tfos reports every failure as an exception
 #: (``ClusterFailedError`` names the node), so this is informational only.
 tf_status: Dict[str, Any] = _cluster.tf_status

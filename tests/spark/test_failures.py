@@ -257,6 +257,8 @@ def test_late_exception_after_feed_is_reported_by_shutdown(sc, no_leftovers):
     assert "Traceback" in text, text
     assert "ValueError: late failure after consuming" in text, text
     assert "during shutdown()" in text
+    # TFoS's module-level status records it (it stayed {} when shutdown() raised: audit helper)
+    assert TFCluster.tf_status["error"].startswith("ClusterFailedError: ") and "late failure after consuming" in TFCluster.tf_status["error"]
     # both nodes fail ~together; the first report ends the wait (the other may follow).
     assert {f.executor_id for f in ei.value.failures} <= {0, 1}
     assert all(f.kind == "exception" and f.error_type == "ValueError" for f in ei.value.failures)

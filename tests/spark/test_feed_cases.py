@@ -247,6 +247,7 @@ def test_c09_too_few_results_fails_inference(sc, tmp_path, no_leftovers):
     assert re.search(r"batch_results\(\) got 871 results for a batch of 872 rows \(partition [0-3], rows 0-871\)", text), text
     assert "main_fun must return exactly one result per input row" in text
     assert any(f.error_type == "InferenceResultError" for f in info.value.failures), info.value.failures
+    assert TFCluster.tf_status["error"].startswith("ClusterFailedError: ") and "got 871 results" in TFCluster.tf_status["error"]
     cluster.shutdown()  # already torn down by the failure: a no-op
 
 

@@ -44,7 +44,7 @@ log = logging.getLogger("tfos.cluster")
 
 
 #: TFoS's module-level status (``tfos.TFCluster.tf_status`` is this dict): ``{'error':
-#: message}`` once ``run()`` raised, or once ``train()`` or ``shutdown()`` raised a
+#: message}`` once ``run()`` raised, or once ``train()``, ``inference()`` or ``shutdown()`` raised a
 #: :class:`ClusterFailedError` (a node failed; TFoS recorded those too, from its node
 #: start job); cleared by the next ``run()``.
 tf_status: dict[str, Any] = {}
@@ -448,6 +448,7 @@ class TFCluster:
                 len(skipped), total, f". main_fun returned without terminate() on {', '.join(done)}" if done else "",
             )
 
+    @_records_failure
     @_feeding_call
     def inference(self, dataRDD: Any, feed_timeout: float = 600, qname: str = "input") -> Any:
         """Runs inference over an RDD (or DataFrame) and returns the results (driver).
@@ -545,7 +546,6 @@ class TFCluster:
             return assemble(sources, owner)
 
     # --------------------------------------------------------------- shutdown
-    @_records_failure
     def _await_running_feeds(self, deadline: Deadline) -> None:
         """shutdown() called while train()/inference() runs in another thread: waits until
         that call ends (or a node failed), so the feed is never ended part-way (the nodes
@@ -561,6 +561,7 @@ class TFCluster:
                                                "the feed was not ended and the cluster is still up")
                 self._feeds_cond.wait(deadline.slice(0.5))
 
+    @_records_failure
     def shutdown(self, ssc: Any = None, grace_secs: float = 0, timeout: float = 259200) -> None:
         """Ends the feed, waits for the workers' ``main_fun`` to return, stops every node (driver).
 
