@@ -68,14 +68,17 @@ def test_venv_pack_archive_on_standalone_cluster(tmp_path, no_leftovers):
     for name in ("setup.py", "README.md"):
         shutil.copy(os.path.join(ROOT, name), src / name)
     shutil.copytree(os.path.join(ROOT, "tfos"), src / "tfos", ignore=shutil.ignore_patterns("__pycache__"))
+    # pip without PYTHONPATH: a checkout on it with a tfos.egg-info (pip install -e leaves
+    # one) made pip take tfos for installed in the new venv, and install nothing there.
+    pip_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
-                    "-w", str(tmp_path / "dist"), str(src)], check=True, timeout=300)
+                    "-w", str(tmp_path / "dist"), str(src)], check=True, timeout=300, env=pip_env)
     wheel = next((tmp_path / "dist").glob("tfos-*.whl"))
     venv = tmp_path / "pyspark_venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     py = str(venv / "bin" / "python")
     subprocess.run([sys.executable, "-m", "pip", "--python", py, "install", "-q", "--no-deps", "--no-index", str(wheel)],
-                   check=True, timeout=300)
+                   check=True, timeout=300, env=pip_env)
     site = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           check=True, capture_output=True, text=True).stdout.strip()
     with open(os.path.join(site, "tfos_deploy_marker.py"), "w") as f:
