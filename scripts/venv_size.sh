@@ -13,8 +13,13 @@ PY="${PYTHON:-python3.11}"
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/tfos-venv-size.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
 
+# Installed from a copy of the tree, so that the build leaves nothing (tfos.egg-info) in
+# the checkout; without PYTHONPATH, on which a checkout makes pip take tfos for installed.
+mkdir "$WORK/src"
+cp "$ROOT/setup.py" "$ROOT/README.md" "$WORK/src/"
+cp -r "$ROOT/tfos" "$WORK/src/tfos"
 "$PY" -m venv "$WORK/venv"
-"$WORK/venv/bin/python" -m pip install -q "$ROOT[$EXTRAS]" venv-pack
+env -u PYTHONPATH "$WORK/venv/bin/python" -m pip install -q "$WORK/src[$EXTRAS]" venv-pack
 # venv-pack itself and pip are in the measured venv too (a user's venv has pip).
 SITE="$("$WORK/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 UNPACKED=$(du -sb "$WORK/venv" | cut -f1)
