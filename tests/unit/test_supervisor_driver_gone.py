@@ -203,6 +203,53 @@ def test_a_child_main_fun_started_in_its_own_session_ends_with_the_node(tmp_path
             psutil.Process(child_pid).kill()
 
 
+def child_then_kill_supervisor_and_return(args, ctx):
+    """Starts a child (in the TF process's group), writes its pid, waits for the trigger
+    file, SIGKILLs its supervisor and returns as soon as it is dead (as a main_fun does
+    whose feed the driver's abort cut off right after the supervisor died)."""
+    import os
+    import subprocess
+    import sys as _sys
+    import time as _time
+
+    child = subprocess.Popen([_sys.executable, "-c", "import time; time.sleep(600)", "tfos-unit-child-of-main-fun"])
+    with open(args["out"], "w") as f:
+        f.write(f"{child.pid}\n")
+    end = _time.monotonic() + 600
+    while not os.path.exists(args["trigger"]) and _time.monotonic() < end:
+        _time.sleep(0.01)
+    supervisor = os.getppid()
+    os.kill(supervisor, 9)
+    while os.getppid() == supervisor and _time.monotonic() < end:  # until it is dead (reparented)
+        _time.sleep(0.001)
+
+
+def test_main_funs_child_goes_when_main_fun_returns_right_after_its_supervisor_died(tmp_path):
+    """The supervisor is SIGKILLed and main_fun returns at once: the TF process ended by its
+    normal path, which did not kill its process group (the supervisor would have), and
+    main_fun's child was left running, reparented to init (the docs audit helper: 3 of 3
+    runs with a feed the driver aborted). The death is still reported, and the child goes."""
+    trigger = tmp_path / "kill-your-supervisor"
+    state, server, sup, child_pid = _start_sleeper_node(tmp_path, "tfos-unit-supkill-return", 60.0, str(trigger),
+                                                        fn=child_then_kill_supervisor_and_return)
+    try:
+        tf_pid = state.nodes_snapshot()[0].pid
+        trigger.touch()
+        sup.wait(10)
+        assert state.wait_until(lambda: state.failed, 10.0), "no failure reported within 10 s of the kill"
+        (failure,) = state.failures
+        assert (failure.kind, failure.error_type) == ("lost", "SupervisorDied")
+        deadline = time.monotonic() + 10.0
+        while (_alive(tf_pid) or _alive(child_pid)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(child_pid), "main_fun's child outlived its node"
+        assert not _alive(tf_pid)
+    finally:
+        server.close()
+        if _alive(child_pid):
+            psutil.Process(child_pid).kill()
+
+
 def test_a_killed_supervisors_socket_dir_is_removed_though_main_fun_returns_first(tmp_path):
     """A fed node's supervisor is SIGKILLed and main_fun returns at once, while the driver
     takes 3 s to answer the TF process's SupervisorDied report: the TF process's main

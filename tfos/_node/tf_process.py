@@ -592,9 +592,28 @@ _OUTPUT_MARK = ""
 _OUTPUT_FDS: Optional[tuple] = None
 
 
+def _end_with_a_dead_supervisor(supervisor_pid: int) -> None:
+    """At the normal end of the TF process: when its supervisor died meanwhile, what
+    ``main_fun`` started must still go, and only the supervisor would have killed this
+    process's group. ``main_fun`` can return right after the supervisor's death (the
+    driver's abort reached it as a FeedAbortedError), before the supervisor watch,
+    which reports the death to the driver, has ended the group. Waits for that watch
+    (it exits this process), then ends the group itself (TF process)."""
+    if not (_SUPERVISOR_GONE.is_set() or os.getppid() != supervisor_pid):
+        return
+    _SUPERVISOR_GONE.wait(1.0)  # the watch sees the pipe's end at once
+    time.sleep(_SUPERVISOR_GONE_WAIT_S)  # its report takes 4 s at most, then it exits this process
+    try:
+        if os.getpgrp() == os.getpid():
+            os.killpg(os.getpid(), signal.SIGKILL)
+    except OSError:
+        pass
+
+
 def main() -> int:
     """Entry point of ``python -m tfos._node.tf_process``; returns the exit code."""
     global _OUTPUT_MARK, _OUTPUT_FDS
+    supervisor_pid = os.getppid()
     _OUTPUT_MARK = os.environ.pop(OUTPUT_MARK_ENV, "")
     _OUTPUT_FDS = std_fds_identity()
     setup_process_logging()
@@ -617,6 +636,7 @@ def main() -> int:
     _local.remove_socket_dir(sock_dir)
     run_atexit_handlers()
     _flush_std_streams()
+    _end_with_a_dead_supervisor(supervisor_pid)
     # TensorFlow and gRPC leave non-daemon threads behind; exit without joining them.
     os._exit(code)
 
