@@ -296,3 +296,18 @@ def test_idle_client_sends_keepalives_within_a_quarter_of_a_short_timeout():
         cluster._keepalive_stop.set()
     assert len(jobs) >= 2, jobs
     assert jobs[0] - t0 < 8.0 and jobs[1] - jobs[0] < 8.0, [j - t0 for j in jobs]
+
+
+@pytest.mark.parametrize("entry", ["inference_stream", "train_stream"])
+def test_streaming_entry_points_refuse_a_connect_cluster(entry):
+    """tfos.streaming.inference_stream/train_stream on a Spark Connect cluster raised
+    AttributeError: 'ConnectTFCluster' object has no attribute '_runtime' (docs audit
+    helper); they now refuse it as train()/inference() refuse a streaming DataFrame."""
+    from tfos._connect.client import ConnectTFCluster
+    from tfos._driver import streaming  # tfos.streaming exports inference_stream
+
+    cluster = object.__new__(ConnectTFCluster)  # no session needed: refused before any use
+    call = getattr(streaming, entry)
+    args = (cluster, None, lambda df, results, batch_id: None) if entry == "inference_stream" else (cluster, None)
+    with pytest.raises(ConfigurationError, match=r"streaming DataFrame\): streams cannot be fed under Spark Connect"):
+        call(*args)

@@ -196,8 +196,16 @@ def _streams(cluster: Any, create: bool = True) -> Optional[StreamSet]:
 
 
 def _check_spark_mode(cluster: Any, what: str) -> None:
+    import sys
+
     from tfos.cluster_template import InputMode
 
+    connect = sys.modules.get("tfos._connect.client")  # a Connect cluster has loaded it
+    if connect is not None and isinstance(cluster, connect.ConnectTFCluster):
+        raise ConfigurationError(
+            f"{what}: streams cannot be fed under Spark Connect (docs/streaming.md: streams need a classic "
+            "SparkContext); feed a batch DataFrame, e.g. spark.read... instead of spark.readStream..."
+        )
     if cluster.input_mode != InputMode.SPARK:
         raise ConfigurationError(f"{what} feeds data only in InputMode.SPARK; this cluster runs InputMode.TENSORFLOW")
     cluster._runtime.check_open(what)
