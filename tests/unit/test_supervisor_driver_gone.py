@@ -212,7 +212,8 @@ def child_then_kill_supervisor_and_return(args, ctx):
     import sys as _sys
     import time as _time
 
-    child = subprocess.Popen([_sys.executable, "-c", "import time; time.sleep(600)", "tfos-unit-child-of-main-fun"])
+    child = subprocess.Popen([_sys.executable, "-c", "import time; time.sleep(600)", "tfos-unit-child-of-main-fun"],
+                             start_new_session=bool(args.get("new_session")))
     with open(args["out"], "w") as f:
         f.write(f"{child.pid}\n")
     end = _time.monotonic() + 600
@@ -224,14 +225,17 @@ def child_then_kill_supervisor_and_return(args, ctx):
         _time.sleep(0.001)
 
 
-def test_main_funs_child_goes_when_main_fun_returns_right_after_its_supervisor_died(tmp_path):
+@pytest.mark.parametrize("new_session", [False, True])
+def test_main_funs_child_goes_when_main_fun_returns_right_after_its_supervisor_died(tmp_path, new_session):
     """The supervisor is SIGKILLed and main_fun returns at once: the TF process ended by its
     normal path, which did not kill its process group (the supervisor would have), and
     main_fun's child was left running, reparented to init (the docs audit helper: 3 of 3
-    runs with a feed the driver aborted). The death is still reported, and the child goes."""
+    runs with a feed the driver aborted). The death is still reported, and the child goes,
+    also one in a session of its own (its subreaper, the supervisor, is dead: a breaker
+    found it left under init)."""
     trigger = tmp_path / "kill-your-supervisor"
     state, server, sup, child_pid = _start_sleeper_node(tmp_path, "tfos-unit-supkill-return", 60.0, str(trigger),
-                                                        fn=child_then_kill_supervisor_and_return)
+                                                        fn=child_then_kill_supervisor_and_return, new_session=new_session)
     try:
         tf_pid = state.nodes_snapshot()[0].pid
         trigger.touch()
@@ -372,25 +376,36 @@ def test_a_closed_control_port_ends_the_node_before_heartbeat_timeout(tmp_path):
 
 def test_reap_orphans_reaps_exited_children_but_not_the_tf_process():
     """While a node runs, the supervisor (a subreaper) reaps the exited orphans it
-    inherited, so they do not stay zombies until the node ends; the TF process is left
-    for Popen.wait, which needs its exit status."""
+    inherited at every heartbeat, so they do not pile up as zombies (a breaker saw 516 at
+    once when it reaped every 10 s); the TF process is left for Popen.wait, which needs
+    its exit status."""
+    import signal
     import subprocess
 
     from tfos._node.supervisor import _reap_orphans
 
-    tf_like = subprocess.Popen([sys.executable, "-c", "pass"])
-    orphan = subprocess.Popen([sys.executable, "-c", "pass"])
+    tf_like = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    orphans = [subprocess.Popen([sys.executable, "-c", "pass"]) for _ in range(3)]
+
+    def zombie(pid):
+        try:
+            return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and not all(
-        psutil.Process(p.pid).status() == psutil.STATUS_ZOMBIE for p in (tf_like, orphan)
-    ):
+    while time.monotonic() < deadline and not all(zombie(p.pid) for p in orphans):
         time.sleep(0.02)
-    assert _reap_orphans(tf_like.pid) >= 1
-    with pytest.raises(psutil.NoSuchProcess):
-        psutil.Process(orphan.pid)
-    assert psutil.Process(tf_like.pid).status() == psutil.STATUS_ZOMBIE
-    assert tf_like.wait(5) == 0  # its exit status is still there for Popen
-    orphan.returncode = 0  # reaped above; keeps Popen from waiting on it again
+    assert _reap_orphans(tf_like.pid) >= 3
+    for p in orphans:
+        with pytest.raises(psutil.NoSuchProcess):
+            psutil.Process(p.pid)
+        p.returncode = 0  # reaped above; keeps Popen from waiting on it again
+    tf_like.send_signal(signal.SIGKILL)
+    while time.monotonic() < deadline and not zombie(tf_like.pid):
+        time.sleep(0.02)
+    assert _reap_orphans(tf_like.pid) == 0 and zombie(tf_like.pid)  # left for Popen.wait
+    assert tf_like.wait(5) == -signal.SIGKILL
 
 
 def test_a_stopped_tf_process_is_reported_and_ended_after_heartbeat_timeout(tmp_path):

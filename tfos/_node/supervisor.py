@@ -186,49 +186,50 @@ def _become_subreaper() -> bool:
         return False
 
 
-def _end_descendants(wait_s: float = 2.0) -> list[int]:
+def _end_descendants(wait_s: float = 2.0, passes: int = 5) -> list[int]:
     """SIGKILLs and reaps every process still below this supervisor once the node has
     ended (supervisor): what ``main_fun`` started outside the TF process's group, found
-    through the subreaper (:func:`_become_subreaper`). Returns their pids."""
+    through the subreaper (:func:`_become_subreaper`). Repeats while new ones appear (a
+    process forking as it is killed), ``passes`` times at most. Returns their pids."""
     import psutil
 
-    try:
-        left = psutil.Process().children(recursive=True)
-    except psutil.Error:
-        return []
-    for p in left:
+    ended: list[int] = []
+    for _ in range(passes):
         try:
-            p.kill()
+            left = psutil.Process().children(recursive=True)
         except psutil.Error:
-            pass
-    psutil.wait_procs(left, timeout=wait_s)  # reaps the children (no zombies of the node)
-    return [p.pid for p in left]
+            break
+        if not left:
+            break
+        for p in left:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(left, timeout=wait_s)  # reaps the children (no zombies of the node)
+        ended += [p.pid for p in left if p.pid not in ended]
+    return ended
 
 
-#: Seconds between two reapings of exited orphans the subreaper inherited.
-_REAP_EVERY_S = 10.0
-
-
-def _reap_orphans(tf_pid: int) -> int:
+def _reap_orphans(tf_pid: int, most: int = 10000) -> int:
     """Reaps the exited processes this subreaper inherited while the node runs (a shell's
     ``cmd &`` whose shell exited, a daemon's double fork), so that they do not stay
     zombies until the node ends; never the TF process, which ``Popen.wait`` reaps.
+    System calls only (``waitid`` peeks without reaping), so it runs at every heartbeat.
     Returns how many were reaped (supervisor)."""
-    import psutil
-
     reaped = 0
-    try:
-        children = psutil.Process().children()
-    except psutil.Error:
-        return 0
-    for p in children:
-        if p.pid == tf_pid:
-            continue
+    while reaped < most:
         try:
-            if p.status() == psutil.STATUS_ZOMBIE and os.waitpid(p.pid, os.WNOHANG)[0] == p.pid:
-                reaped += 1
-        except (psutil.Error, ChildProcessError):
-            continue
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            break
+        if info is None or info.si_pid == tf_pid:
+            break  # none exited, or the TF process did (it is reaped by tf.wait, which ends the node)
+        try:
+            os.waitpid(info.si_pid, os.WNOHANG)
+            reaped += 1
+        except ChildProcessError:
+            break
     return reaped
 
 
@@ -316,7 +317,6 @@ def supervise(launch: NodeLaunch) -> int:
     driver_gone = False
     terminated = False
     rss = 0
-    reaped_at = started
     stopped_since: Optional[float] = None
     code: Optional[int] = None
     while code is None:
@@ -349,9 +349,7 @@ def supervise(launch: NodeLaunch) -> int:
                 break
         else:
             stopped_since = None
-        if time.monotonic() - reaped_at >= _REAP_EVERY_S:
-            reaped_at = time.monotonic()
-            _reap_orphans(tf.pid)
+        _reap_orphans(tf.pid)
         budget = _contact_budget_s(client, cfg.heartbeat_timeout_s, started)
         try:
             if budget <= 0:

@@ -577,12 +577,9 @@ def _supervisor_gone(launch: NodeLaunch, sock_dir: "Optional[_local.SocketDir]" 
         pass
     finally:
         # What main_fun started is in this process's group (the supervisor made the TF
-        # process a group leader, and would have ended the group itself): end it with us.
-        try:
-            if os.getpgrp() == os.getpid():
-                os.killpg(os.getpid(), signal.SIGKILL)
-        except OSError:
-            pass
+        # process a group leader, and would have ended the group itself), or below this
+        # process in a session of its own: end it with us.
+        _end_own_tree()
         os._exit(SUPERVISOR_GONE_EXIT)
 
 
@@ -590,6 +587,27 @@ def _supervisor_gone(launch: NodeLaunch, sock_dir: "Optional[_local.SocketDir]" 
 _OUTPUT_MARK = ""
 #: What descriptors 1 and 2 were at start (the supervisor's pipes when _OUTPUT_MARK is set).
 _OUTPUT_FDS: Optional[tuple] = None
+
+
+def _end_own_tree() -> None:
+    """Kills every descendant of this process (those ``main_fun`` started in a session of
+    their own too: only the dead supervisor, their subreaper, would have caught them
+    later), then this process's group, this process with it (TF process)."""
+    try:
+        import psutil
+
+        for p in psutil.Process().children(recursive=True):
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+    except Exception:  # noqa: BLE001 - the group kill below must happen whatever this did
+        pass
+    try:
+        if os.getpgrp() == os.getpid():
+            os.killpg(os.getpid(), signal.SIGKILL)
+    except OSError:
+        pass
 
 
 def _end_with_a_dead_supervisor(supervisor_pid: int) -> None:
@@ -603,11 +621,7 @@ def _end_with_a_dead_supervisor(supervisor_pid: int) -> None:
         return
     _SUPERVISOR_GONE.wait(1.0)  # the watch sees the pipe's end at once
     time.sleep(_SUPERVISOR_GONE_WAIT_S)  # its report takes 4 s at most, then it exits this process
-    try:
-        if os.getpgrp() == os.getpid():
-            os.killpg(os.getpid(), signal.SIGKILL)
-    except OSError:
-        pass
+    _end_own_tree()
 
 
 def main() -> int:
