@@ -180,6 +180,28 @@ def test_lost_node_after_a_driver_stall_names_the_stall(monkeypatch):
     assert "died without a report (executor JVM killed" in st2.failures[0].message
 
 
+def test_lost_node_after_a_shorter_driver_stall_still_names_the_stall(monkeypatch):
+    # A 20 s stop (timeout 15 s): the nodes gave up 15 s into it, but the heartbeats they
+    # had sent were taken from the sockets right after SIGCONT and looked fresh, so the
+    # loss came 15 s later with the plain message (break helper, 2 of 2 runs).
+    clock = FakeClock(1000.0)
+    monkeypatch.setattr(cs_mod, "time", clock)
+    st = _state(timeout=15.0)
+    _register_all(st)
+    for eid in range(3):
+        _req(st, "heartbeat", executor_id=eid)
+    st.check_liveness(now=1000.5)
+    clock.t = 1020.6
+    for eid in range(3):  # queued during the stop, handled at once after it
+        _req(st, "heartbeat", executor_id=eid)
+    for t in range(21, 37):
+        st.check_liveness(now=1000.5 + t)
+    assert [f.executor_id for f in st.failures] == [0, 1, 2]
+    msg = st.failures[0].message
+    assert msg.startswith("no heartbeat for 15.9 s (timeout 15 s): this driver did not run for about 21.0 s "
+                          "until 15.0 s before this check"), msg
+
+
 def test_liveness_ignores_finished_nodes_after_stop(monkeypatch):
     clock = FakeClock(0.0)
     monkeypatch.setattr(cs_mod, "time", clock)

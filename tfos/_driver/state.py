@@ -111,6 +111,8 @@ class ClusterState:
         self.failures: list[NodeFailure] = []
         #: ``time.monotonic()`` of the previous :meth:`check_liveness` (None before the first).
         self._last_liveness_check: Optional[float] = None
+        #: The driver's last stall seen by :meth:`check_liveness`: (when it ended, seconds).
+        self._stall: Optional[tuple[float, float]] = None
         self.stop_requested = False
         self.feed_closed = False
         self.abort_reason = ""
@@ -443,9 +445,11 @@ class ClusterState:
         Called about every second by the driver's (or Connect control host's) liveness
         thread. When that thread itself did not run for at least two thirds of
         ``heartbeat_timeout_s`` (the driver process was stopped, e.g. by SIGSTOP or a
-        suspended VM, or starved of CPU), the silence is mostly the driver's own: the
-        failure message says so, since the nodes end themselves when the driver does not
-        answer for ``heartbeat_timeout_s``.
+        suspended VM, or starved of CPU), the silence is mostly the driver's own: a node
+        declared lost within ``2 x heartbeat_timeout_s`` of that stall gets a message
+        that says so, since the nodes end themselves when the driver does not answer
+        for ``heartbeat_timeout_s`` (heartbeats the driver took from its sockets right
+        after resuming can delay the loss by up to ``heartbeat_timeout_s``).
         """
         now = time.monotonic() if now is None else now
         lost = []
@@ -458,11 +462,15 @@ class ClusterState:
                     continue
                 if now - seen > self.heartbeat_timeout_s:
                     lost.append((eid, now - seen))
-        stalled = now - previous if previous is not None else 0.0
+        if previous is not None and now - previous >= self.heartbeat_timeout_s * 2 / 3:
+            self._stall = (now, now - previous)
+        stall = self._stall if self._stall and now - self._stall[0] <= 2 * self.heartbeat_timeout_s else None
         for eid, silence in lost:
-            if stalled >= self.heartbeat_timeout_s * 2 / 3:
+            if stall is not None:
+                ago = now - stall[0]
+                when = "before this check" if ago < 1.0 else f"until {ago:.1f} s before this check"
                 why = (
-                    f"this driver did not run for about {stalled:.1f} s before this check (its process was stopped, "
+                    f"this driver did not run for about {stall[1]:.1f} s {when} (its process was stopped, "
                     "e.g. by SIGSTOP or a suspended VM, or starved of CPU), and a node ends itself when the driver "
                     f"does not answer it for {self.heartbeat_timeout_s:g} s; or the executor, its Python worker or "
                     "the node supervisor died without a report"
