@@ -143,8 +143,9 @@ def _tree_rss(pid: int) -> int:
 
 
 def _is_stopped(pid: int) -> bool:
-    """True while ``pid`` is stopped by a signal (SIGSTOP, SIGTSTP, SIGTTIN/SIGTTOU; state
-    ``T``), not while a debugger holds it (``t``) (supervisor)."""
+    """True while ``pid`` is stopped by a signal (SIGSTOP: the TF process leads a session
+    of its own, an orphaned process group, for which the kernel discards SIGTSTP, SIGTTIN
+    and SIGTTOU; state ``T``), not while a debugger holds it (``t``) (supervisor)."""
     import psutil
 
     try:
@@ -341,7 +342,7 @@ def supervise(launch: NodeLaunch) -> int:
             stopped_since = time.monotonic() if stopped_since is None else stopped_since
             if time.monotonic() - stopped_since >= cfg.heartbeat_timeout_s:
                 _report(client, launch, "exited", "ProcessStopped",
-                        f"the TF process (pid {tf.pid}) was stopped by a signal (SIGSTOP or SIGTSTP) for "
+                        f"the TF process (pid {tf.pid}) was stopped by a signal (SIGSTOP) for about "
                         f"{time.monotonic() - stopped_since:.0f} s, longer than heartbeat_timeout "
                         f"({cfg.heartbeat_timeout_s:g} s); a stopped node stalls its cluster, so it was ended")
                 code = _stop_tf(tf, ABORT_KILL_S)  # SIGKILL ends a stopped process too
