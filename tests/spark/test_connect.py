@@ -267,6 +267,8 @@ def test_feed_failure_names_the_node(spark, tmp_path):
     text = str(ei.value)
     assert "RuntimeError: bad batch on purpose in worker:" in text
     assert any(f.kind == "exception" and f.error_type == "RuntimeError" for f in ei.value.failures)
+    # TFoS's module-level status records it under Connect too (it stayed {}: break helper)
+    assert TFCluster.tf_status["error"].startswith("ClusterFailedError: ") and "bad batch on purpose" in TFCluster.tf_status["error"]
     cluster.shutdown()  # already torn down: a no-op
     _assert_all_gone()
 

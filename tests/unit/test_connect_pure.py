@@ -298,16 +298,17 @@ def test_idle_client_sends_keepalives_within_a_quarter_of_a_short_timeout():
     assert jobs[0] - t0 < 8.0 and jobs[1] - jobs[0] < 8.0, [j - t0 for j in jobs]
 
 
-@pytest.mark.parametrize("entry", ["inference_stream", "train_stream"])
+@pytest.mark.parametrize("entry", ["inference_stream", "train_stream", "stop_address", "request_stop"])
 def test_streaming_entry_points_refuse_a_connect_cluster(entry):
-    """tfos.streaming.inference_stream/train_stream on a Spark Connect cluster raised
-    AttributeError: 'ConnectTFCluster' object has no attribute '_runtime' (docs audit
-    helper); they now refuse it as train()/inference() refuse a streaming DataFrame."""
+    """tfos.streaming.inference_stream/train_stream (docs audit helper) and stop_address/
+    request_stop (break helper) on a Spark Connect cluster raised AttributeError:
+    'ConnectTFCluster' object has no attribute '_runtime' (or '_streams'); they now refuse
+    it as train()/inference() refuse a streaming DataFrame."""
     from tfos._connect.client import ConnectTFCluster
     from tfos._driver import streaming  # tfos.streaming exports inference_stream
 
     cluster = object.__new__(ConnectTFCluster)  # no session needed: refused before any use
     call = getattr(streaming, entry)
-    args = (cluster, None, lambda df, results, batch_id: None) if entry == "inference_stream" else (cluster, None)
-    with pytest.raises(ConfigurationError, match=r"streaming DataFrame\): streams cannot be fed under Spark Connect"):
+    args = {"inference_stream": (cluster, None, lambda df, results, batch_id: None), "train_stream": (cluster, None)}.get(entry, (cluster,))
+    with pytest.raises(ConfigurationError, match=r"\): streams cannot be fed under Spark Connect"):
         call(*args)

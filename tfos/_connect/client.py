@@ -31,6 +31,7 @@ from tfos._connect.tasks import OP_SCHEMA, START_SCHEMA, StartSpec, decode_failu
 from tfos._common.deadline import Deadline
 from tfos._data.feed_tasks import FeedPlan, arrow_safe_dataframe
 from tfos._data.framing import binary_as_bytes, feed_schema_json
+from tfos._driver.cluster import _records_failure
 from tfos._driver.spark_checks import plan_layout, warn_key_transport
 from tfos._node.launch import ClusterConfig
 from tfos.cluster_template import InputMode, NodeInfo, build_cluster_spec, build_template, format_template, roles_from_template
@@ -225,6 +226,7 @@ class ConnectTFCluster:
                         float(feed_timeout), feed_id=uuid.uuid4().hex, report_sent=report_sent)
 
     # ----------------------------------------------------------------- feeding
+    @_records_failure
     def train(self, dataRDD: Any, num_epochs: int = 1, feed_timeout: float = 600, qname: str = "input", end_of_feed: bool = False) -> None:
         """Feeds a DataFrame to the nodes' ``DataFeed`` for ``num_epochs`` epochs (client).
 
@@ -281,6 +283,7 @@ class ConnectTFCluster:
                 skipped, len(rows), f". main_fun returned without terminate() on {', '.join(done)}" if done else "",
             )
 
+    @_records_failure
     def inference(self, dataRDD: Any, feed_timeout: float = 600, qname: str = "input", schema: Any = "result double") -> Any:
         """Runs inference over a DataFrame and returns the results as a DataFrame (client).
 
@@ -329,6 +332,7 @@ class ConnectTFCluster:
         return out
 
     # ---------------------------------------------------------------- shutdown
+    @_records_failure
     def shutdown(self, ssc: Any = None, grace_secs: float = 0, timeout: float = 259200) -> None:
         """Ends the feed, waits for the workers' ``main_fun`` to return, stops every node (client).
 

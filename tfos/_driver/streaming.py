@@ -195,10 +195,10 @@ def _streams(cluster: Any, create: bool = True) -> Optional[StreamSet]:
     return streams
 
 
-def _check_spark_mode(cluster: Any, what: str) -> None:
+def _refuse_connect(cluster: Any, what: str) -> None:
+    """Raises ConfigurationError for a Spark Connect cluster: streams need a classic
+    SparkContext (driver)."""
     import sys
-
-    from tfos.cluster_template import InputMode
 
     connect = sys.modules.get("tfos._connect.client")  # a Connect cluster has loaded it
     if connect is not None and isinstance(cluster, connect.ConnectTFCluster):
@@ -206,6 +206,12 @@ def _check_spark_mode(cluster: Any, what: str) -> None:
             f"{what}: streams cannot be fed under Spark Connect (docs/streaming.md: streams need a classic "
             "SparkContext); feed a batch DataFrame, e.g. spark.read... instead of spark.readStream..."
         )
+
+
+def _check_spark_mode(cluster: Any, what: str) -> None:
+    from tfos.cluster_template import InputMode
+
+    _refuse_connect(cluster, what)
     if cluster.input_mode != InputMode.SPARK:
         raise ConfigurationError(f"{what} feeds data only in InputMode.SPARK; this cluster runs InputMode.TENSORFLOW")
     cluster._runtime.check_open(what)
@@ -598,14 +604,24 @@ def stop_streams(cluster: Any, ssc: Any, deadline: Deadline) -> None:
 
 def stop_address(cluster: Any) -> Any:
     """The ``(host, port)`` of the cluster's stop endpoint (a
-    :class:`tfos.reservation.ServerAddress` carrying its key), started on first use (driver)."""
+    :class:`tfos.reservation.ServerAddress` carrying its key), started on first use (driver).
+
+    Raises:
+        ConfigurationError: For a Spark Connect cluster (no streams there).
+    """
+    _refuse_connect(cluster, "stop_address()")
     streams = _streams(cluster)
     assert streams is not None
     return streams.stop_server().address
 
 
 def request_stop(cluster: Any) -> None:
-    """Ends a pending ``cluster.shutdown(ssc)`` wait, as an outside stop request does (driver)."""
+    """Ends a pending ``cluster.shutdown(ssc)`` wait, as an outside stop request does (driver).
+
+    Raises:
+        ConfigurationError: For a Spark Connect cluster (no streams there).
+    """
+    _refuse_connect(cluster, "request_stop()")
     streams = _streams(cluster)
     assert streams is not None
     streams.stop_server().request()
