@@ -152,9 +152,9 @@ def test_heartbeats_and_lost_node(monkeypatch):
     assert len(st.failures) == 3
 
 
-def test_lost_node_after_a_driver_stall_names_the_stall(monkeypatch):
-    # The driver's liveness thread ran at 1000, then not again until 1035 (SIGSTOP for
-    # 35 s): the message says the driver did not run, not only that the node died.
+def _three_nodes_heard_at_1000(monkeypatch):
+    """``(clock, state)``: a fake clock at 1000, 3 registered nodes that each sent a
+    heartbeat then (timeout 15 s), and the driver's liveness check at 1000.5."""
     clock = FakeClock(1000.0)
     monkeypatch.setattr(cs_mod, "time", clock)
     st = _state(timeout=15.0)
@@ -162,6 +162,13 @@ def test_lost_node_after_a_driver_stall_names_the_stall(monkeypatch):
     for eid in range(3):
         _req(st, "heartbeat", executor_id=eid)
     st.check_liveness(now=1000.5)
+    return clock, st
+
+
+def test_lost_node_after_a_driver_stall_names_the_stall(monkeypatch):
+    # The driver's liveness thread ran at 1000, then not again until 1035 (SIGSTOP for
+    # 35 s): the message says the driver did not run, not only that the node died.
+    clock, st = _three_nodes_heard_at_1000(monkeypatch)
     st.check_liveness(now=1035.5)
     assert [f.executor_id for f in st.failures] == [0, 1, 2]
     msg = st.failures[0].message
@@ -184,13 +191,7 @@ def test_lost_node_after_a_shorter_driver_stall_still_names_the_stall(monkeypatc
     # A 20 s stop (timeout 15 s): the nodes gave up 15 s into it, but the heartbeats they
     # had sent were taken from the sockets right after SIGCONT and looked fresh, so the
     # loss came 15 s later with the plain message (break helper, 2 of 2 runs).
-    clock = FakeClock(1000.0)
-    monkeypatch.setattr(cs_mod, "time", clock)
-    st = _state(timeout=15.0)
-    _register_all(st)
-    for eid in range(3):
-        _req(st, "heartbeat", executor_id=eid)
-    st.check_liveness(now=1000.5)
+    clock, st = _three_nodes_heard_at_1000(monkeypatch)
     clock.t = 1020.6
     for eid in range(3):  # queued during the stop, handled at once after it
         _req(st, "heartbeat", executor_id=eid)
