@@ -399,7 +399,9 @@ def supervise(launch: NodeLaunch) -> int:
     _end_group(tf.pid)
     escaped = _end_descendants()
     if escaped:
-        log.info("tfos node %s: ended %d process(es) main_fun started in a session of their own: pids %s",
+        # those of the group just killed that this subreaper inherited, and those started
+        # in a session of their own
+        log.info("tfos node %s: ended and reaped %d process(es) left below the node: pids %s",
                  launch.node_name, len(escaped), escaped)
     _local.remove_socket_dir(sock_dir)
     if output is not None:
