@@ -230,9 +230,12 @@ def test_tf_process_whose_supervisor_died_removes_its_socket_directory(tmp_path,
                         watch_stdin=False, working_dir=str(tmp_path), python_path=(), fn_payload=b"")
     exits: list = []
     monkeypatch.setattr(os, "_exit", exits.append)
-    monkeypatch.setattr(os, "getpgrp", lambda: -1)  # never signal the test's own process group
+    ended: list = []
+    # never kill the test's own process tree (its Spark JVM: the session's SparkContext
+    # died at the end of a full run when _end_own_tree ran here for real)
+    monkeypatch.setattr(tf_process, "_end_own_tree", lambda: ended.append(True))
     tf_process._supervisor_gone(launch, local.SocketDir.adopt(mine.path))
-    assert exits == [tf_process.SUPERVISOR_GONE_EXIT]
+    assert exits == [tf_process.SUPERVISOR_GONE_EXIT] and ended == [True]
     assert not os.path.exists(mine.path)
 
 
