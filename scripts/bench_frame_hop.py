@@ -153,8 +153,8 @@ def _feed_path_cpu(payload: bytes, frames: int, packed: bool, labels_per_frame: 
     """
     from tfos._common import wire
     from tfos._data.feed_hub import FeedConnection, FeedHub
-    from tfos._data.feed_tasks import _packed_frames
-    from tfos._data.framing import send_frame_parts
+    from tfos._data.feed_tasks import _Packing
+    from tfos._data.framing import ChunkKind, send_frame_parts
     from tfos.datafeed import DataFeed
 
     key = os.urandom(32)
@@ -175,9 +175,20 @@ def _feed_path_cpu(payload: bytes, frames: int, packed: bool, labels_per_frame: 
         answer: list = []
 
         def feed_task() -> None:
-            if packed:
-                for parts in _packed_frames(iter([payload] * frames)):
-                    send_frame_parts(peer, tx, FrameType.DATA, parts)
+            if packed:  # the feed task's reader thread fills the Outbox, its sender sends (feed_tasks._stream)
+                packing = _Packing(ChunkKind.PICKLED_BATCHES)
+                outbox = packing.outbox(0.05)
+
+                def _send() -> None:
+                    while (items := outbox.take()) is not None:
+                        send_frame_parts(peer, tx, FrameType.DATA, packing.payload(items, outbox))
+
+                sender = threading.Thread(target=_send, daemon=True)
+                sender.start()
+                for _ in range(frames):
+                    outbox.put(payload, packing.size(payload))
+                outbox.end()
+                sender.join(60)
             else:
                 for _ in range(frames):
                     send_frame(peer, tx, FrameType.DATA, payload)

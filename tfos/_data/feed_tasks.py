@@ -3,7 +3,9 @@
 Each task takes one partition of one epoch, picks a node (its own executor's node
 first), authenticates to the node's data server and streams the partition in chunks:
 raw PySpark frames when possible (no unpickling here), pickled batches otherwise, or
-Arrow record batches for DataFrames. It never does per-row IPC.
+Arrow record batches for DataFrames. It never does per-row IPC, and it never holds a
+row longer than the plan's linger time (:mod:`tfos._data.outbox`): a frame goes out when
+it is full or when its oldest row is that old, whichever comes first.
 
 What a task does when the node cannot take data:
 
@@ -47,6 +49,7 @@ from tfos._data.framing import (
 from tfos._common.deadline import Deadline
 from tfos._common.wire import DataAuthError
 from tfos._data import local_socket as _local
+from tfos._data.outbox import InputFailed, Outbox, feed_linger_s
 from tfos.cluster_template import NodeInfo
 from tfos.errors import ControlProtocolError, DeadlineExceededError, FeedError, FeedTimeoutError, NodeFailure, TFOSError
 
@@ -55,7 +58,9 @@ __all__ = ["FeedPlan", "choose_node", "make_feed_fn", "make_arrow_feed_fn", "mak
 
 log = logging.getLogger(__name__)
 
-#: Rows per chunk when rows must be re-pickled in the task (non-raw RDDs).
+#: Most rows per chunk when rows are pickled in the task (RDDs that are not fed as raw
+#: PySpark batches, e.g. a Python-pipelined RDD run in the feed task's own worker); fewer
+#: when the rows are large (a chunk of about :data:`PACK_BYTES`).
 GENERIC_CHUNK_ROWS = 1024
 #: Target size of one Arrow chunk, in bytes. Spark hands ``mapInArrow`` record batches of up
 #: to ``spark.sql.execution.arrow.maxRecordsPerBatch`` (10,000) rows, 30 MB for MNIST rows;
@@ -101,6 +106,9 @@ class FeedPlan:
         last_epoch: Epoch number of the job's last epoch (-1: not known, e.g. a stream's
             feed), so a node that gets no row of the last epochs still knows they exist
             (``as_dataset(steps_per_epoch=S)`` gives ``S`` batches for each).
+        linger_s: Longest time a row read by the task waits to be sent, in seconds
+            (default: the driver's ``TFOS_FEED_LINGER_MS``, else 0.05; see
+            :mod:`tfos._data.outbox` and docs/datafeed.md "Latency: the linger time").
     """
 
     cluster_id: str
@@ -118,6 +126,7 @@ class FeedPlan:
     first_epoch: int = 0
     report_done: bool = False
     last_epoch: int = -1
+    linger_s: float = dataclasses.field(default_factory=feed_linger_s)
 
     def __post_init__(self) -> None:
         if not self.nodes:
@@ -126,6 +135,8 @@ class FeedPlan:
             raise ValueError(f"bad feed mode {self.mode!r}")
         if self.feed_timeout_s <= 0:
             raise ValueError("feed_timeout must be > 0 seconds")
+        if not 0 <= self.linger_s <= 60:
+            raise ValueError(f"linger_s must be 0 to 60 seconds, got {self.linger_s!r}")
 
 
 def choose_node(nodes: tuple[NodeInfo, ...], index: int, executor_key: str, host: str) -> tuple[NodeInfo, str]:
@@ -225,6 +236,13 @@ class _Link:
     def close(self) -> None:
         try:
             self.sock.close()
+        except OSError:
+            pass
+
+    def shutdown(self) -> None:
+        """Shuts the connection down in both directions (wakes a thread blocked on it)."""
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
 
@@ -493,74 +511,159 @@ def _drain_answer(link: _Link) -> tuple[str, dict]:
     raise ConnectionError(f"unexpected {ftype.name} frame from the node")
 
 
-def _stream(link: _Link, frames: Iterator[Any]) -> str:
-    """Sends the frames then the end marker; returns early if the node spoke first."""
-    for frame in frames:
-        if link.peer_spoke():
-            return "interrupted"
-        link.send(FrameType.DATA, frame)
-    link.send(FrameType.END)
-    return "sent"
+class _Packing:
+    """How the items a feed task reads from its partition become data frame payloads
+    (Spark task).
 
+    * ``ChunkKind.PICKLED_BATCHES`` (PySpark's raw pickled batches): packed, each batch
+      preceded by its uint32 big-endian length, into frames of at least :data:`PACK_BYTES`
+      (at most that plus one batch, and never past ``MAX_DATA_FRAME_BYTES``); a payload is
+      a list of parts (the prefixes and the batches themselves, not copied), sent as one
+      frame by :func:`~tfos._data.framing.send_frame_parts`;
+    * kind None (rows): pickled in chunks of up to :data:`GENERIC_CHUNK_ROWS` rows, as
+      many as make about :data:`PACK_BYTES` by the size of the rows pickled so far (the
+      first chunk holds one row);
+    * any other kind (Arrow IPC parts, other raw frames): one item per frame, as it is.
 
-def _frames(plan: FeedPlan, rows: Iterator[Any]) -> Iterator[Any]:
-    """The data frame payloads of one partition's input (Spark task): PySpark's raw batches
-    packed (``PICKLED_BATCHES``), or rows pickled in chunks (kind None), or the input's
-    items as they are (Arrow parts, other raw kinds)."""
-    if plan.kind is ChunkKind.PICKLED_BATCHES:
-        return _packed_frames(rows)
-    if plan.kind is None:
-        return _generic_frames(rows)
-    return rows
-
-
-def _packed_frames(batches: Iterator[Any], limit: int = PACK_BYTES) -> Iterator[list]:
-    """PySpark's pickled batches packed into ``ChunkKind.PICKLED_BATCHES`` payloads of at
-    least ``limit`` bytes (the last one may be smaller), each batch preceded by its uint32
-    big-endian length (Spark task).
-
-    Yields:
-        Lists of parts (length prefixes and the batches themselves, not copied), sent as
-        one frame each by :func:`~tfos._data.framing.send_frame_parts`.
-
-    A frame never exceeds ``MAX_DATA_FRAME_BYTES`` (2 GiB - 1): a batch that would push
-    the frame past it starts the next frame.
-
-    Raises:
-        ValueError: A batch too large for a data frame on its own (2 GiB - 5 bytes or more).
+    Whatever the kind, a frame also goes out once its oldest item is ``plan.linger_s`` old
+    (:class:`~tfos._data.outbox.Outbox`).
     """
-    parts: list = []
-    size = 0
-    for batch in batches:
-        n = len(batch) if isinstance(batch, (bytes, bytearray)) else memoryview(batch).nbytes
+
+    def __init__(self, kind: Optional[ChunkKind]):
+        self.kind = kind
+        if kind is ChunkKind.PICKLED_BATCHES:
+            self.limit, self.max_size = PACK_BYTES, MAX_DATA_FRAME_BYTES
+        elif kind is None:
+            # The first frame holds one row: its pickled size sets the chunk size of the
+            # next ones (rows of 1 MiB must not make a chunk of 1 GiB).
+            self.limit, self.max_size = 1, GENERIC_CHUNK_ROWS
+        else:
+            self.limit, self.max_size = 1, 1
+
+    def outbox(self, linger_s: float) -> Outbox:
+        """A new :class:`Outbox` for one partition."""
+        return Outbox(self.limit, linger_s, self.max_size)
+
+    def size(self, item: Any) -> int:
+        """``item``'s share of a frame (bytes with its prefix, or 1).
+
+        Raises:
+            ValueError: A PySpark batch too large for a data frame on its own (2 GiB - 5
+                bytes or more).
+        """
+        if self.kind is not ChunkKind.PICKLED_BATCHES:
+            return 1
+        n = len(item) if isinstance(item, (bytes, bytearray)) else memoryview(item).nbytes
         if 4 + n > MAX_DATA_FRAME_BYTES:
             raise ValueError(f"a PySpark batch of {n} bytes is too large to feed (a data frame holds at most "
                              f"{MAX_DATA_FRAME_BYTES} bytes): use more partitions or smaller rows")
-        if parts and size + 4 + n > MAX_DATA_FRAME_BYTES:
-            yield parts
-            parts, size = [], 0
-        parts.append(_BATCH_LEN.pack(n))
-        parts.append(batch)
-        size += 4 + n
-        if size >= limit:
-            yield parts
-            parts, size = [], 0
-    if parts:
-        yield parts
+        return 4 + n
+
+    def payload(self, items: list, outbox: Optional[Outbox] = None) -> Any:
+        """The payload of one frame holding ``items`` (bytes-like, or a list of parts).
+
+        For rows, the chunk size of later frames is adapted on ``outbox``: as many rows as
+        make about :data:`PACK_BYTES`, at most :data:`GENERIC_CHUNK_ROWS`.
+        """
+        if self.kind is ChunkKind.PICKLED_BATCHES:
+            parts: list = []
+            for batch in items:
+                n = len(batch) if isinstance(batch, (bytes, bytearray)) else memoryview(batch).nbytes
+                parts.append(_BATCH_LEN.pack(n))
+                parts.append(batch)
+            return parts
+        if self.kind is None:
+            data = pickle.dumps(items, protocol=pickle.HIGHEST_PROTOCOL)
+            if outbox is not None:
+                per_row = max(1, len(data) // len(items))
+                outbox.set_limit(max(1, min(GENERIC_CHUNK_ROWS, PACK_BYTES // per_row)))
+            return data
+        if len(items) != 1:  # pragma: no cover - Outbox(limit=1) hands these out one by one
+            raise AssertionError(f"{len(items)} items taken for a one-item frame")
+        return items[0]
+
+
+#: Seconds beyond ``feed_timeout`` a feed task waits for its sender thread to end (each of
+#: its sends is bounded by ``feed_timeout`` already).
+_SENDER_JOIN_SLACK_S = 30.0
+
+
+class _InputRaised(Exception):
+    """Reading the partition raised :attr:`exc` (the RDD's or DataFrame's own code, e.g.
+    an ``OSError`` of a remote read): not a fault of the node or of the connection. The
+    caller re-raises :attr:`exc` itself."""
+
+    def __init__(self, exc: Exception):
+        super().__init__(repr(exc))
+        self.exc = exc
+
+
+def _send_loop(link: _Link, outbox: Outbox, packing: _Packing, out: dict, watch_node: bool) -> None:
+    """The sender thread of one partition: frames from ``outbox`` to the node, then the
+    end marker (Spark task). Sets ``out["state"]`` ('sent', 'interrupted': the node spoke
+    first, 'failed': the input raised) or ``out["error"]``. With ``watch_node`` (train) it
+    stops as soon as the node sent something (T or X); inference results come while it
+    sends, so an inference task does not watch."""
+    try:
+        while True:
+            items = outbox.take()
+            if items is None:
+                link.send(FrameType.END)
+                out["state"] = "sent"
+                return
+            if watch_node and link.peer_spoke():
+                out["state"] = "interrupted"
+                outbox.stop()
+                return
+            link.send(FrameType.DATA, packing.payload(items, outbox))
+    except InputFailed:
+        out["state"] = "failed"  # no END: the partition was not read to its end
+    except BaseException as exc:  # noqa: BLE001 - re-raised by _stream in the task's thread
+        out["error"] = exc
+        outbox.stop()
+
+
+def _stream(link: _Link, items: Iterator[Any], packing: _Packing, watch_node: bool = True) -> str:
+    """Reads ``items`` (this thread) while a sender thread sends them in frames, then the
+    end marker; each item waits at most ``plan.linger_s`` to be sent (Spark task).
+
+    Returns:
+        'sent', or 'interrupted' when the node spoke first (a T or X frame: the caller
+        reads it; only with ``watch_node``).
+
+    Raises:
+        _InputRaised: Reading ``items`` raised (the node gets no end marker: the partition
+            was not read to its end).
+        FeedTimeoutError, ConnectionError, OSError, DataAuthError: From the sends.
+    """
+    outbox = packing.outbox(link.plan.linger_s)
+    out: dict = {}
+    sender = threading.Thread(target=_send_loop, args=(link, outbox, packing, out, watch_node), name="tfos-feed-send",
+                              daemon=True)
+    sender.start()
+    try:
+        for item in items:
+            if not outbox.put(item, packing.size(item)):
+                break  # the sender stopped: an error, or the node spoke
+        else:
+            outbox.end()
+    except BaseException as exc:
+        outbox.fail()
+        sender.join(link.plan.feed_timeout_s + _SENDER_JOIN_SLACK_S)
+        if isinstance(exc, Exception):
+            raise _InputRaised(exc) from None
+        raise
+    sender.join(link.plan.feed_timeout_s + _SENDER_JOIN_SLACK_S)
+    if sender.is_alive():
+        raise FeedTimeoutError(
+            f"{link.node.name} accepted no data for {link.plan.feed_timeout_s:g} s while feeding {link.where}"
+        )
+    if "error" in out:
+        raise out["error"]
+    return str(out.get("state", "interrupted"))
 
 
 _BATCH_LEN = struct.Struct(">I")
-
-
-def _generic_frames(rows: Iterator[Any]) -> Iterator[bytes]:
-    chunk: list = []
-    for row in rows:
-        chunk.append(row)
-        if len(chunk) >= GENERIC_CHUNK_ROWS:
-            yield pickle.dumps(chunk, protocol=pickle.HIGHEST_PROTOCOL)
-            chunk = []
-    if chunk:
-        yield pickle.dumps(chunk, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def _tell_driver(plan: FeedPlan, msg_type: str, index: int, what: str) -> None:
@@ -595,7 +698,13 @@ def _notify_skipped(plan: FeedPlan, index: int) -> None:
         _tell_driver(plan, "partition_skipped", index, "went to no node")
 
 
-def _feed_partition(plan: FeedPlan, index: int, frames: Iterator[Any]) -> tuple[int, str]:
+def _feed_partition(plan: FeedPlan, index: int, items: Iterator[Any]) -> tuple[int, str]:
+    """Feeds one partition's ``items`` (PySpark's raw batches, rows or Arrow parts, as
+    ``plan.kind`` says) to its node and waits for the node's answer (Spark task).
+
+    Returns:
+        ``(index, outcome)``: 'ok', 'terminated', 'skipped' or the node's final state.
+    """
     link, node, state = _open(plan, index)
     if link is None:
         _notify_skipped(plan, index)
@@ -604,16 +713,23 @@ def _feed_partition(plan: FeedPlan, index: int, frames: Iterator[Any]) -> tuple[
             _notify_done(plan, index)
         return index, state
     try:
+        failed: Optional[Exception] = None
         try:
-            _stream(link, frames)
+            _stream(link, items, _Packing(plan.kind))
             _notify_sent(plan, index)
             state, info = _drain_answer(link)
+        except _InputRaised as raised:
+            failed = raised.exc
         except FeedTimeoutError:
             raise  # a TimeoutError, hence an OSError: not a lost connection
         except DataAuthError as exc:
             _auth_lost(plan, node, link.where, exc)
         except (ConnectionError, OSError) as exc:
             return index, _node_gone(plan, node, link.where, exc)
+        if failed is not None:
+            # The RDD's own code failed (an OSError of a remote read too), not the node:
+            # raised as it is, outside the except clause so that its own cause stays.
+            raise failed
         if state in ("ok", "terminated"):
             _notify_done(plan, index)
             return index, state
@@ -641,7 +757,7 @@ def make_feed_fn(plan: FeedPlan):
     """
 
     def _feed(index: int, rows: Iterator[Any]) -> Iterator[tuple[int, str]]:
-        result = _feed_partition(plan, index, _frames(plan, rows))
+        result = _feed_partition(plan, index, rows)
         if result[1] != "ok":
             _drain(rows)
         yield result
@@ -851,14 +967,21 @@ def make_infer_fn(plan: FeedPlan):
             msg = f"partition {index} -> {node.name}: the node is not running inference (state {state})"
             _report(plan, node, msg)
             raise FeedError(msg)
-        frames = _frames(plan, rows)
         send_error: list[BaseException] = []
+        input_failed = threading.Event()
 
         def _send() -> None:
+            # Reads the partition (rows may come from the RDD's own code, pipelined into
+            # this worker) while _stream's sender thread sends them.
             try:
-                for frame in frames:
-                    link.send(FrameType.DATA, frame)
-                link.send(FrameType.END)
+                _stream(link, rows, _Packing(plan.kind), watch_node=False)
+            except _InputRaised as raised:
+                # Reading the input failed: the node gets no end marker, so wake the reader
+                # below (blocked on the node's answer) instead of letting it wait for
+                # feed_timeout; it raises this error.
+                send_error.append(raised.exc)
+                input_failed.set()
+                link.shutdown()
             except BaseException as exc:  # noqa: BLE001 - surfaced by the reader below
                 send_error.append(exc)
 
@@ -873,6 +996,8 @@ def make_infer_fn(plan: FeedPlan):
                 except DataAuthError as exc:
                     _auth_lost(plan, node, link.where, exc)
                 except (ConnectionError, OSError) as exc:
+                    if input_failed.is_set():
+                        break  # the input failed (see _send): raised below
                     _node_gone(plan, node, link.where, exc)
                     msg = f"{link.where}: main_fun returned before answering every row of the partition"
                     _report(plan, node, msg)
@@ -888,8 +1013,8 @@ def make_infer_fn(plan: FeedPlan):
                     msg = f"{link.where}: {info.get('message') or 'the node ended before answering every row'}"
                     _report(plan, node, msg)
                     raise FeedError(msg)
-            sender.join(plan.feed_timeout_s)
-            if send_error and not isinstance(send_error[0], (ConnectionError, OSError)):
+            sender.join(plan.feed_timeout_s + _SENDER_JOIN_SLACK_S)
+            if send_error and (input_failed.is_set() or not isinstance(send_error[0], (ConnectionError, OSError))):
                 raise send_error[0]
         except FeedTimeoutError as exc:
             raise _timed_out(plan, node, exc) from None
