@@ -112,7 +112,10 @@ def test_rows_are_packed_into_chunks_of_about_a_mebibyte():
 
 # ------------------------------------------------------- through a real node
 def _node(port: int, path: str = "", hub: FeedHub | None = None) -> NodeInfo:
-    return NodeInfo(0, "worker", 0, "127.0.0.1", 2222, port, os.getpid(), "test/1", path)
+    node = NodeInfo(0, "worker", 0, "127.0.0.1", 2222, port, os.getpid(), "test/1", path)
+    if hub is not None:
+        hub.identity = _wire.node_identity(node)  # as the TF process does once it registered
+    return node
 
 
 def _slow_rows(n: int, every_s: float, produced: list):

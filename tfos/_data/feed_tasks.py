@@ -15,16 +15,18 @@ What a task does when the node cannot take data:
   driver logs a warning with the count (C02);
 * the node failed or died -> the task reports a feed failure to the driver (which cancels
   this cluster's jobs) and raises an error naming the node and the partition (C03);
-* the process on the node's data port does not prove it holds the cluster key (it took
-  over a released port, or relays) -> nothing but a nonce and a proof bound to that
-  process's nonce was sent to it; the task fails over to the next fed node, and when none
-  authenticates it reports and raises an error naming the node and why (C21);
+* the process on the node's data port does not prove it is the node (it took over a
+  released port, or relays to another node, which refuses the handshake) -> nothing but
+  a nonce and a proof bound to that process's nonce and to the node's identity was sent
+  to it; the task tells the driver (a WARNING there names the node and the connection),
+  fails over to the next fed node, and when none authenticates it reports and raises an
+  error naming the node and why (C21);
 * the node already received this partition index of this feed (Spark re-ran the task
   after a retry or a stage resubmission) -> the task raises instead of feeding twice.
 
-Every frame in both directions is authenticated (:mod:`tfos._data.framing`): a partition
-counts as consumed only on an authenticated ``A`` frame, and result frames are yielded
-(and later unpickled by Spark) only after their tag checked.
+Every frame in both directions is encrypted and authenticated (:mod:`tfos._data.framing`):
+a partition counts as consumed only on an authenticated ``A`` frame, and result frames are
+yielded (and later unpickled by Spark) only after their tag checked.
 """
 
 from __future__ import annotations
@@ -164,7 +166,7 @@ class _Link:
     """One mutually authenticated data connection from a task to a node.
 
     ``local`` (the node is on the task's host) connects to the node's Unix-domain socket
-    first, falling back to TCP; both carry the same handshake and tagged frames.
+    first, falling back to TCP; both carry the same handshake and encrypted frames.
 
     Raises (constructor):
         DataAuthError: The peer did not prove it holds the cluster key.
@@ -180,11 +182,14 @@ class _Link:
             #: Where the connection went: the node's Unix socket path, or host:port.
             self.address = node.data_path if self.sock.family == socket.AF_UNIX else f"{node.host}:{node.data_port}"
             try:
-                self.session = _wire.client_handshake(self.sock, plan.key, hs)
+                self.session = _wire.client_handshake(
+                    self.sock, plan.key, hs, _wire.node_identity(node),
+                    {_wire.node_identity(n): n.name for n in plan.nodes if n != node})
                 break
             except DataAuthError as exc:
-                self.close()
                 exc.address = self.address  # for the caller's message
+                exc.connection = _local.describe_connection(self.sock)
+                self.close()
                 raise
             except ConnectionError:
                 self.close()
@@ -289,6 +294,19 @@ class _Link:
 
 def _client(plan: FeedPlan) -> ControlClient:
     return ControlClient(plan.driver_host, plan.driver_port, plan.key, plan.cluster_id, connect_timeout_s=10.0)
+
+
+def _report_intrusion(plan: FeedPlan, node: NodeInfo, text: str) -> None:
+    """Tells the driver, which logs it as a WARNING, that the process at ``node``'s data
+    address is not the node (Spark task; best effort: a failure is logged here only)."""
+    try:
+        c = _client(plan)
+        try:
+            c.request("data_intrusion", executor_id=node.executor_id, text=_wire.json_safe(text, 2000), timeout_s=10.0)
+        finally:
+            c.close()
+    except (OSError, ControlProtocolError, DeadlineExceededError) as exc:
+        log.warning("could not tell the driver about the process at %s's data address: %s", node.name, exc)
 
 
 def _report(plan: FeedPlan, node: NodeInfo, message: str, error_type: str = "FeedError") -> None:
@@ -459,13 +477,22 @@ def _open(plan: FeedPlan, index: int) -> tuple[Optional[_Link], NodeInfo, str]:
         try:
             link = _Link(plan, cand, part, epoch, index, local=cand.executor_key == key or cand.host == host)
         except DataAuthError as exc:
-            why = (
-                f"{cand.name}: the process listening at its data address "
-                f"{exc.address or f'{cand.host}:{cand.data_port}'} failed to "
-                f"authenticate ({exc}); it is not this cluster's node (the node released the port and another "
-                "process took it, or a relay sits in between). No data was sent to it"
-            )
+            address = exc.address or f"{cand.host}:{cand.data_port}"
+            seen = f" ({exc.connection})" if exc.connection else ""
+            if isinstance(exc, _wire.DataRelayError):
+                why = (
+                    f"{cand.name}: the process listening at its data address {address}{seen} relayed the handshake "
+                    f"to {exc.reached}, which refused it: a process without the cluster key sits in between (the node "
+                    "released its port and another process took it). No data was sent to it"
+                )
+            else:
+                why = (
+                    f"{cand.name}: the process listening at its data address {address}{seen} failed to "
+                    f"authenticate ({exc}); it is not this cluster's node (the node released the port and another "
+                    "process took it, or a relay sits in between). No data was sent to it"
+                )
             log.warning("%s: %s", where, why)
+            _report_intrusion(plan, cand, f"partition {part} (epoch {epoch}): {why}")
             refused.append(why)
             continue
         except (OSError, DeadlineExceededError, ControlProtocolError) as exc:

@@ -152,6 +152,8 @@ class ClusterState:
         #: stack of main_fun's thread to put in its FeedTimeoutError.
         self._stack_asked: dict[int, int] = {}
         self._stacks: dict[int, tuple[int, str]] = {}
+        #: Feed tasks' reports of a process that is not the node at a node's data address.
+        self._intrusions = 0
 
     # ----------------------------------------------------------------- queries
     def role(self, executor_id: int) -> NodeRole:
@@ -847,6 +849,23 @@ class ClusterState:
             if seq > self._stacks.get(eid, (0, ""))[0]:
                 self._stacks[eid] = (seq, text)
                 self._cond.notify_all()
+        return {"ok": True}
+
+    def _on_data_intrusion(self, body: dict, peer: str) -> dict:
+        """A feed task found a process that is not the node at a node's data address (one
+        that took its released port, or relays to another node): logged as a WARNING (the
+        first 10 of a cluster, then every 100th), not a failure; no row reached it."""
+        eid = body["executor_id"]
+        if isinstance(eid, bool) or not isinstance(eid, int):
+            raise ControlProtocolError(f"data_intrusion: executor_id must be an int, got {eid!r}")
+        self.role(eid)
+        text = str(body["text"])[:2000]
+        with self._cond:
+            self._intrusions += 1
+            n = self._intrusions
+        if n <= 10 or n % 100 == 0:
+            log.warning("tfos data plane of cluster %s: %s (reported by a feed task from %s; %d such report(s) so far)",
+                        self.cluster_id, text, peer, n)
         return {"ok": True}
 
     def _on_feed_error(self, body: dict, peer: str) -> dict:
