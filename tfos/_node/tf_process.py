@@ -30,6 +30,7 @@ from tfos._control.client import ControlClient
 from tfos._common.deadline import Deadline
 from tfos._data import local_socket as _local
 from tfos._data.feed_hub import FeedHub
+from tfos._node import keras3_fix
 from tfos._node.launch import NodeLaunch
 from tfos._node.output import OUTPUT_MARK_ENV, TF_LOG_LEVEL_DEFAULT, std_fds_identity, write_failure_marks, write_finished_marks
 from tfos._node.start_task import read_launch, setup_process_logging, watch_stdin_eof
@@ -195,23 +196,17 @@ def _after_abort(failure: NodeFailure, reason: str) -> NodeFailure:
     )
 
 
-# --- Keras flavour default (issue 11; docs/migration.md "Keras") ---------------------------
+# --- Keras flavour default (docs/migration.md "Keras") ---------------------------------------
 def _default_legacy_keras(driver_value: Optional[str]) -> None:
-    """Sets ``TF_USE_LEGACY_KERAS`` before ``main_fun`` imports TensorFlow (TF process).
+    """Forwards the driver's ``TF_USE_LEGACY_KERAS`` before ``main_fun`` imports TensorFlow (TF process).
 
-    Order: the node's own environment (e.g. ``spark.executorEnv.TF_USE_LEGACY_KERAS``) wins,
-    then the driver's value, then ``1`` when ``tf_keras`` is installed: ``tf.keras`` is then
-    Keras 2 (``tf_keras``), as TFoS programs expect. ``import keras`` is Keras 3 either way;
-    set ``TF_USE_LEGACY_KERAS=0`` to make ``tf.keras`` Keras 3.
+    The node's own environment (e.g. ``spark.executorEnv.TF_USE_LEGACY_KERAS``) wins, then
+    the driver's value. Unset on both, nothing is set: ``tf.keras`` is Keras 3, TensorFlow's
+    default, as is ``import keras``; ``TF_USE_LEGACY_KERAS=1`` makes ``tf.keras`` Keras 2
+    (``tf_keras``), as TFoS programs expect.
     """
-    import importlib.util
-
-    if "TF_USE_LEGACY_KERAS" in os.environ:
-        return
-    if driver_value is not None:
+    if "TF_USE_LEGACY_KERAS" not in os.environ and driver_value is not None:
         os.environ["TF_USE_LEGACY_KERAS"] = driver_value
-    elif importlib.util.find_spec("tf_keras") is not None:
-        os.environ["TF_USE_LEGACY_KERAS"] = "1"
 # --- end Keras flavour default --------------------------------------------------------------
 
 
@@ -308,6 +303,7 @@ def run_node(launch: NodeLaunch) -> int:
         if cfg.release_port:
             ctx.release_port()
         _default_legacy_keras(cfg.tf_use_legacy_keras)
+        keras3_fix.install(cfg.keras3_fix)  # applied when main_fun imports Keras 3 (docs/keras.md)
         main_fun, tf_args = cloudpickle.loads(launch.fn_payload)  # from the local pipe, not the network
         log.info("tfos node %s: starting main_fun%s", launch.node_name, f" (attempt {launch.attempt})" if launch.attempt else "")
         try:
