@@ -1,5 +1,6 @@
 """TFoS's ``TFManager``: a multiprocessing manager holding named queues and a key/value
-state (TF process, Spark task or test; not used by ``TFCluster.run``).
+state (TF process, Spark task or test; not used by ``TFCluster.run``). Public path:
+:mod:`tfos.TFManager`.
 
 A tfos cluster feeds its nodes over its own authenticated data connections, so
 ``ctx.mgr`` of a ``TFCluster.run`` node is a feed hub, not a ``TFManager``. This module
@@ -90,7 +91,7 @@ def start(authkey: bytes, queues: Sequence[str], mode: str = "local") -> TFManag
     # then runs TF finalizers there (seen: a segfault in the forked server).
     ctx = multiprocessing.get_context("spawn")
     if mode == "remote":
-        from .util import get_ip_address
+        from tfos.util import get_ip_address
 
         m = TFManager(address=(get_ip_address(), 0), authkey=authkey, ctx=ctx)
     else:

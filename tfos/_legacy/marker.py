@@ -1,4 +1,4 @@
-"""TFoS's queue markers (pure; TF process and tests).
+"""TFoS's queue markers (pure; TF process and tests). Public path: :mod:`tfos.marker`.
 
 Only the TFoS-style row queues of :mod:`tfos.TFManager` use them: a tfos cluster feeds
 chunks over its own data connections and ends partitions and feeds with frames, not

@@ -1,5 +1,6 @@
 """TFoS's reservation server and client, on tfos's authenticated control channel
-(driver for :class:`Server`; Spark tasks / TF processes for :class:`Client`).
+(driver for :class:`Server`; Spark tasks / TF processes for :class:`Client`). Public path:
+:mod:`tfos.reservation`.
 
 ``TFCluster.run`` does not use this module: nodes register with the cluster's own control
 server. It is kept for TFoS programs and tools that use it directly, e.g. TFoS's streaming
@@ -29,14 +30,14 @@ import weakref
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from tfos._common import wire as _wire
-from ._control.client import ControlClient
-from ._control.server import ControlServer, parse_port_spec
-from .errors import ConfigurationError, ControlProtocolError, DeadlineExceededError, ReservationTimeoutError, TFOSError
+from tfos._control.client import ControlClient
+from tfos._control.server import ControlServer, parse_port_spec
+from tfos.errors import ConfigurationError, ControlProtocolError, DeadlineExceededError, ReservationTimeoutError, TFOSError
 
 __all__ = ["Reservations", "MessageSocket", "Server", "Client", "ServerAddress", "TFOS_SERVER_PORT", "TFOS_SERVER_HOST", "MAX_RETRIES", "BUFSIZE",
            "TFOS_KEY_DIR", "write_key_file", "remove_key_file", "read_key_file"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("tfos.reservation")  # TFoS's module name: its public logger
 #: TFoS's name for this module's logger.
 logger = log
 
@@ -214,7 +215,7 @@ class MessageSocket:
             timeout_s = math.inf
         if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
             raise ConfigurationError(f"MessageSocket timeout_s must be a number of seconds > 0 (or None/math.inf), got {timeout_s!r}")
-        from ._data.framing import MAX_DATA_FRAME_BYTES
+        from tfos._data.framing import MAX_DATA_FRAME_BYTES
 
         if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or not 16 <= max_bytes <= MAX_DATA_FRAME_BYTES:
             raise ConfigurationError(f"MessageSocket max_bytes must be an int from 16 to {MAX_DATA_FRAME_BYTES}, got {max_bytes!r}")
@@ -262,7 +263,7 @@ class MessageSocket:
         """One send/receive on ``sock``, one call per socket at a time: its deadline, the
         connection (set up on first use), any error inside marks the connection unusable,
         the socket's own timeout restored."""
-        from ._common.deadline import Deadline
+        from tfos._common.deadline import Deadline
 
         deadline = Deadline(self.timeout_s, f"MessageSocket.{what}")
         with self._lock:
@@ -306,7 +307,7 @@ class MessageSocket:
             DeadlineExceededError: The handshake or the frame did not finish in time.
             TFOSError: The connection was set up by another process (before a fork).
         """
-        from ._data.framing import FrameType, seal_frame
+        from tfos._data.framing import FrameType, seal_frame
 
         _check_message(msg)
         try:
@@ -332,7 +333,7 @@ class MessageSocket:
             DeadlineExceededError: No whole message within ``timeout_s``.
             TFOSError: The connection was set up by another process (before a fork).
         """
-        from ._data.framing import FrameType, parse_json, recv_frame
+        from tfos._data.framing import FrameType, parse_json, recv_frame
 
         with self._call(sock, "receive") as (conn, deadline):
             ftype, payload = recv_frame(sock, conn.session, deadline, self.max_bytes)
@@ -436,7 +437,7 @@ class Server:
 
     def get_server_ip(self) -> str:
         """``TFOS_SERVER_HOST`` if set, else this host's address (:func:`tfos.util.get_ip_address`)."""
-        from .util import get_ip_address
+        from tfos.util import get_ip_address
 
         return os.environ.get(TFOS_SERVER_HOST) or get_ip_address()
 

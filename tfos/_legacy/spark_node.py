@@ -1,4 +1,5 @@
-"""TFoS's low-level ``TFSparkNode`` functions (Spark task; not used by ``TFCluster.run``).
+"""The body of TFoS's ``TFSparkNode`` (Spark task; not used by ``TFCluster.run``); its public
+path is :mod:`tfos.TFSparkNode`.
 
 ``TFCluster.run`` starts every node as a supervised TF process (see docs/architecture.md).
 This module keeps TFoS's building block for programs that call it directly:
@@ -9,7 +10,9 @@ other nodes, sets ``TF_CONFIG`` and calls ``fn(tf_args, ctx)`` in the foreground
 none of tfos's supervision (a dead node is not detected); prefer ``TFCluster.run``.
 
 TFoS's feeding functions (``train``, ``inference``, ``shutdown``) are replaced by the
-``TFCluster`` methods of the same names; calling them here raises an error that says so.
+``TFCluster`` methods of the same names. Their names are kept so that a TFoS program that
+refers to them still imports, and calling one raises an error that names its replacement;
+they are not in ``__all__``: tfos offers them to nobody.
 """
 
 from __future__ import annotations
@@ -22,13 +25,14 @@ import sys
 import uuid
 from typing import Any, Callable, Dict, Iterable, List, Optional
 
-from . import TFManager, gpu_info, reservation, util
-from .errors import TFOSError
-from .node_context import TFNodeContext
+from tfos import gpu_info, util
+from tfos._legacy import manager, reservation
+from tfos.errors import TFOSError
+from tfos.node_context import TFNodeContext
 
-__all__ = ["TFNodeContext", "TFSparkNode", "run", "train", "inference", "shutdown"]
+__all__ = ["TFNodeContext", "TFSparkNode", "run"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("tfos.TFSparkNode")  # TFoS's module name: its public logger
 #: TFoS's name for this module's logger.
 logger = log
 
@@ -183,7 +187,7 @@ def run(
             except Exception as exc:  # noqa: BLE001 - an old manager that already died
                 log.debug("old TFManager shutdown: %s", exc)
         authkey = uuid.uuid4().bytes
-        mgr: Any = TFManager.start(authkey, list(queues), "local")
+        mgr: Any = manager.start(authkey, list(queues), "local")
         mgr.set("state", "running")
         TFSparkNode.mgr, TFSparkNode.cluster_id = mgr, cid
 
