@@ -5,7 +5,7 @@ under ``tf.distribute.MultiWorkerMirroredStrategy`` with more than one worker. T
 its TensorFlow trainer (``keras/src/backend/tensorflow/trainer.py``) are at fault:
 
 1. ``TensorFlowTrainer._maybe_symbolic_build`` takes a sample batch of the distributed
-   dataset, only to build the model from its shapes, with
+   dataset, only to build the model from its shapes and dtypes, with
    ``strategy.reduce("MEAN", batch, axis=None)``; on a nested per-replica batch of a
    multi-worker strategy that raises ``ValueError: Attempt to convert a value
    (PerReplica:{...}) ... to a Tensor`` (keras-team/keras#20585, tensorflow/tensorflow#72388;
@@ -18,8 +18,9 @@ its TensorFlow trainer (``keras/src/backend/tensorflow/trainer.py``) are at faul
 
 The fix replaces exactly these two calls, and only when the strategy is a multi-worker
 ``MultiWorkerMirroredStrategy``; every other strategy and every other path runs Keras's own
-code. (1) builds the model from this worker's first local replica of the sample batch (the
-shapes are what the build needs; no collective is run). (2) averages each value across the
+code. (1) builds the model from the dataset's element spec (its shapes and dtypes, which is
+all the build reads; nothing is iterated and no collective runs, so a dataset that reshuffles
+on every iteration keeps the order one process sees). (2) averages each value across the
 replicas element by element (``axis=None``), as Keras does for a single worker.
 
 How it is applied: :func:`install` (called by the TF process right before ``main_fun``)
@@ -147,24 +148,23 @@ def _patch(trainer: Any) -> None:
     keras_symbolic_build = trainer.TensorFlowTrainer._maybe_symbolic_build
     keras_make_function = trainer.TensorFlowTrainer._make_function
 
-    def _first_local_replica(batch: Any, strategy: Any) -> Any:
-        def local(value: Any) -> Any:
-            if isinstance(value, tf.distribute.DistributedValues):
-                return strategy.experimental_local_results(value)[0]
-            return value
+    def _sample_spec(epoch_iterator: Any) -> Any:
+        def any_batch(spec: Any) -> Any:
+            if isinstance(spec, tf.TensorSpec) and spec.shape.rank:
+                return tf.TensorSpec(tf.TensorShape([None]).concatenate(spec.shape[1:]), spec.dtype)
+            return spec
 
-        return tree.map_structure(local, batch)
+        return tree.map_structure(any_batch, epoch_iterator.data_adapter.get_tf_dataset().element_spec)
 
-    # keras-team/keras#20585, tensorflow/tensorflow#72388, keras-team/keras#20329: the sample
-    # batch is reduced across workers with strategy.reduce(axis=None), which fails on a
-    # nested per-replica batch; the build only needs its shapes.
+    # keras-team/keras#20585, tensorflow/tensorflow#72388, keras-team/keras#20329: Keras takes a
+    # batch of the distributed dataset and reduces it across workers with strategy.reduce,
+    # which fails on a nested per-replica batch, only to read its shapes and dtypes. The
+    # dataset's element spec has them; not iterating also keeps a dataset that reshuffles on
+    # every iteration in the order one process sees.
     def _maybe_symbolic_build(self: Any, iterator: Any = None, data_batch: Any = None) -> Any:
         strategy = self._distribute_strategy
         if iterator is not None and strategy is not None and multi_worker(strategy):
-            for _, _, it in iterator:
-                data_batch = _first_local_replica(next(it), strategy)
-                break
-            iterator = None
+            data_batch, iterator = _sample_spec(iterator), None
         return keras_symbolic_build(self, iterator=iterator, data_batch=data_batch)
 
     # tensorflow/tensorflow#72388: reduction "mean" across workers used axis=0, which fails

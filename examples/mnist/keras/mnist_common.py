@@ -374,6 +374,11 @@ def import_keras(tf_keras: bool = False) -> tuple[Any, Any]:
     return tf, tf_keras
 
 
+def import_tf_keras() -> tuple[Any, Any]:
+    """``import_keras(tf_keras=True)``: TensorFlow and ``tf_keras`` (scripts/bench_train.py's flavour)."""
+    return import_keras(tf_keras=True)
+
+
 def build_model(keras: Any, learning_rate: float = 1e-3) -> Any:
     """The MLP 784-256-128-10 (softmax), compiled with Adam (TF process, in the strategy scope).
 
