@@ -150,6 +150,8 @@ def _patch(trainer: Any) -> None:
 
     def _sample_spec(epoch_iterator: Any) -> Any:
         def any_batch(spec: Any) -> Any:
+            if not hasattr(spec, "shape") and getattr(spec, "_value_specs", None):
+                spec = spec._value_specs[0]  # a PerReplicaSpec (a dataset the user distributed): one replica's
             if isinstance(spec, tf.TensorSpec) and spec.shape.rank:
                 return tf.TensorSpec(tf.TensorShape([None]).concatenate(spec.shape[1:]), spec.dtype)
             return spec
