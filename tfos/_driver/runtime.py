@@ -228,7 +228,7 @@ class ClusterRuntime:
         self.sc = sc
         self.cluster_id = cluster_id
         self.state = ClusterState(cluster_id, roles, heartbeat_timeout_s, on_failure=self._on_first_failure)
-        self.server = ControlServer(key, self.state.handle, host=driver_host)
+        self.server = ControlServer(key, self.state, host=driver_host, num_nodes=len(self.state.roles))
         #: Every Spark job this cluster started, in order.
         self.jobs: list[JobThread] = []
         #: Node processes on the driver host (``driver_ps_nodes=True``).
