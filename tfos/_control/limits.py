@@ -74,11 +74,14 @@ class ControlLimits:
     @classmethod
     def for_nodes(cls, num_nodes: int) -> "ControlLimits":
         """Caps for a cluster of ``num_nodes`` nodes: :data:`CONNECTIONS_PER_NODE` connections
-        per node and one unauthenticated connection per node (at least the defaults), so
-        that a cluster forming all at once is never refused by a cap."""
+        per node and two unauthenticated connections per node (at least the defaults): a
+        forming cluster opens both of each node's connections at once, and none of them may
+        be evicted. Strangers can hold at most that many sockets, each with at most
+        :data:`tfos._common.wire.MAX_FIRST_FRAME_BYTES` of buffer for
+        ``FIRST_FRAME_TIMEOUT_S`` (about 65 MB at 2,000 nodes)."""
         n = max(0, int(num_nodes))
         return cls(
             max_connections=max(512, CONNECTIONS_PER_NODE * n + 64),
-            max_unauthenticated=max(64, n + 64),
+            max_unauthenticated=max(64, 2 * n + 64),
             backlog=max(128, 2 * n),
         )

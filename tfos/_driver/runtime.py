@@ -284,7 +284,10 @@ class ClusterRuntime:
         st = self.state
         ok = False
         try:
-            while not st.wait_for_event_or_failure(job.done, 0.5 if progress else 5.0):
+            # Until the job ends or a node fails (the wait answers whether the job ended: it
+            # must not be asked again once a failure is recorded, which it would answer at
+            # once, spinning until the job's cancellation ended it).
+            while not st.wait_for_event_or_failure(job.done, 0.5 if progress else 5.0) and not st.failed:
                 if progress:
                     progress.update()
             if st.failed:
