@@ -652,14 +652,9 @@ def run_connect(
     queues = tuple(queues)
     if input_mode == InputMode.SPARK and not queues:
         raise ConfigurationError("InputMode.SPARK needs at least one queue (the default is ['input', 'output', 'error'])")
-    import cloudpickle
+    from tfos._driver.task_world import pickle_payload
 
-    from tfos._driver.user_source import with_source
-
-    try:
-        payload = cloudpickle.dumps((with_source(map_fun), tf_args))  # file names for tracebacks
-    except Exception as exc:  # noqa: BLE001 - pickling errors come in many types
-        raise ConfigurationError(f"map_fun and tf_args must be picklable with cloudpickle to reach the nodes: {exc}") from exc
+    payload = bytes(pickle_payload(map_fun, tf_args))  # a Connect client has no broadcasts or accumulators to carry
     cluster_id = f"tfos-{uuid.uuid4().hex[:12]}"
     try:
         default_fs = str(spark.conf.get("spark.hadoop.fs.defaultFS", "file://") or "file://")

@@ -28,7 +28,7 @@ from tfos.errors import ControlProtocolError, NodeFailure
 __all__ = [
     "NodeState", "TERMINAL_STATES", "Message", "decode", "message_class", "MESSAGE_TYPES",
     "Register", "AwaitCluster", "Heartbeat", "WaitEvent", "Status", "NodeStack", "Stack",
-    "FeedError", "NodeStateQuery", "Log", "TensorBoard", "PartitionSent", "PartitionDone",
+    "FeedError", "NodeStateQuery", "Log", "Accumulators", "TensorBoard", "PartitionSent", "PartitionDone",
     "PartitionSkipped", "Checkpoint", "ClaimPartition", "EpochHandover", "ClientWait",
     "ClientControl", "ClientTeardown", "ClientReturned", "ClientRelease",
 ]
@@ -91,6 +91,12 @@ def _dict(value: Any) -> dict:
     return value
 
 
+def _list(value: Any) -> list:
+    if not isinstance(value, list):
+        raise TypeError(f"expected a list, got {type(value).__name__}")
+    return value
+
+
 def _state(value: Any) -> NodeState:
     try:
         return NodeState(_str(value))
@@ -112,7 +118,7 @@ def _counters(value: Any) -> dict:
 
 
 _CHECKS: dict[Any, Callable[[Any], Any]] = {
-    int: _int, float: _float, str: _str, bool: _bool, dict: _dict, NodeState: _state,
+    int: _int, float: _float, str: _str, bool: _bool, dict: _dict, list: _list, NodeState: _state,
     NodeInfo: lambda v: NodeInfo.from_dict(_dict(v)),
     NodeFailure: lambda v: NodeFailure.from_dict(_dict(v)),
     tuple[str, ...]: _tuple_of(_str), tuple[int, ...]: _tuple_of(_int),
@@ -283,8 +289,9 @@ class WaitEvent(Message):
 @dataclasses.dataclass(frozen=True)
 class Status(Message):
     """A node's state report. ``failed`` carries ``failure``; ``exited`` (supervisor) carries
-    the exit ``code`` (negative: the signal), the last ``rss`` and ``unprompted`` (the
-    supervisor did not end the process); ``finished`` the queues main_fun ``terminated``.
+    the exit ``code`` (negative: the signal), the last ``rss``, ``unprompted`` (the
+    supervisor did not end the process) and a ``hint`` for the error text (an address-space
+    limit in force); ``finished`` the queues main_fun ``terminated``.
     Answer: ``{"ok": true}``."""
 
     executor_id: int
@@ -294,6 +301,7 @@ class Status(Message):
     rss: Optional[int] = None
     unprompted: bool = False
     terminated: tuple[str, ...] = ()
+    hint: str = ""
 
     def __post_init__(self) -> None:
         _check(self.state not in (NodeState.PENDING, NodeState.REGISTERED), f"a node does not report the state {self.state.value!r}")
@@ -345,6 +353,17 @@ class Log(Message):
 
     executor_id: int
     lines: tuple[str, ...] = ()
+
+
+@_message("accumulators")
+@dataclasses.dataclass(frozen=True)
+class Accumulators(Message):
+    """What main_fun added to its payload's accumulators: ``updates`` is a list of
+    ``{"aid", "kind", "value"}`` (checked by :class:`tfos._driver.task_world.AccumulatorInbox`).
+    Answer: ``{"ok": true}``."""
+
+    executor_id: int
+    updates: list
 
 
 @_message("tensorboard")

@@ -35,7 +35,7 @@ from tfos._driver.attempts import Attempt, DriverConfig, _Launcher, _Recovery
 from tfos._driver.restart import FeedResume, InferenceLedger
 from tfos._driver.spark_checks import check_spark
 from tfos._driver import streaming as _streaming
-from tfos._driver.user_source import with_source
+from tfos._driver.task_world import pickle_payload
 from tfos.cluster_template import InputMode, build_template, format_template, roles_from_template
 from tfos.errors import ClusterFailedError, ConfigurationError, DeadlineExceededError, RecoveryFailedError, ReservationTimeoutError, check_num_epochs
 
@@ -926,12 +926,8 @@ def _check_args(map_fun: Any, tf_args: Any, input_mode: Any, queues: Sequence[st
     names = tuple(queues)
     if mode == InputMode.SPARK and not names:
         raise ConfigurationError("InputMode.SPARK needs at least one queue (the default is ['input', 'output', 'error'])")
-    import cloudpickle
-
-    try:
-        payload = cloudpickle.dumps((with_source(map_fun), tf_args))  # file names for tracebacks
-    except Exception as exc:  # noqa: BLE001 - pickling errors come in many types
-        raise ConfigurationError(f"map_fun and tf_args must be picklable with cloudpickle to reach the nodes: {exc}") from exc
+    # with the broadcasts it refers to; accumulators checked (docs/api.md "What main_fun can use from Spark")
+    payload = pickle_payload(map_fun, tf_args)
     return mode, names, payload
 
 

@@ -34,6 +34,7 @@ from tfos._control.messages import NodeState
 from tfos._control.protocol import Call, LongPoll, RawJSON, Reply, Topic, node_topic
 from tfos.cluster_template import NodeInfo, NodeRole, build_cluster_spec
 from tfos._driver.restart import NON_RETRYABLE
+from tfos._driver.task_world import AccumulatorInbox
 from tfos.errors import ClusterFailedError, ControlProtocolError, DeadlineExceededError, NodeFailure, is_root_cause
 
 __all__ = ["ClusterState", "describe_exit", "kill_hint", "format_bytes"]
@@ -131,6 +132,8 @@ class ClusterState:
         #: restart may recover it (the driver logs its decision either way).
         self.restarts_left = 0
         self.counters: dict[int, dict[str, int]] = {}
+        #: main_fun's accumulator updates, applied when the attempt shuts down cleanly.
+        self.accumulators = AccumulatorInbox()
         self.tensorboard_url: Optional[str] = None
         self.hosts: dict[int, str] = {}
         #: feed id -> (partitions expected, partitions handed over) for end_of_feed feeds.
@@ -178,6 +181,7 @@ class ClusterState:
             _msg.FeedError: (self._on_feed_error, True),
             _msg.NodeStateQuery: (self._on_node_state, False),
             _msg.Log: (self._on_log, True),
+            _msg.Accumulators: (self._on_accumulators, False),
             _msg.TensorBoard: (self._on_tensorboard, True),
             _msg.PartitionSent: (self._on_partition_sent, False),
             _msg.PartitionDone: (self._on_partition_done, False),
@@ -845,8 +849,9 @@ class ClusterState:
             # SIGKILLed just before a peer's error (a consequence of that death) aborted
             # the cluster: it is recorded, so the error names the node that died.
             if code != 0 and proc not in TERMINAL and (not stopping or msg.unprompted):
+                hint = msg.hint[:2000]  # the supervisor's: an address-space limit in force (_node/address_space.py)
                 self.record_failure(
-                    self.make_failure(eid, "exited", "ProcessDied", f"the TF process died ({describe_exit(code)}) before main_fun returned{kill_hint(code, rss)}")
+                    self.make_failure(eid, "exited", "ProcessDied", f"the TF process died ({describe_exit(code)}) before main_fun returned{kill_hint(code, rss)}{hint}")
                 )
         else:
             with self._cond:
@@ -916,6 +921,13 @@ class ClusterState:
     def _on_log(self, msg: _msg.Log) -> dict:
         r = self.role(msg.executor_id)
         _node_output.emit(f"{r.job_name}:{r.task_index}", list(msg.lines))
+        return {"ok": True}
+
+    def _on_accumulators(self, msg: _msg.Accumulators) -> dict:
+        # What main_fun added to its payload's accumulators (tfos._driver.task_world).
+        eid = msg.executor_id
+        self.role(eid)
+        self.accumulators.receive(eid, self.node_name(eid), list(msg.updates))
         return {"ok": True}
 
     def _on_tensorboard(self, msg: _msg.TensorBoard) -> dict:
