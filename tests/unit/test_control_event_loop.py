@@ -319,3 +319,28 @@ def test_caps_and_intervals_scale_with_the_cluster():
     assert heartbeat_interval_s(1000, 15.0) == 2.0 and heartbeat_interval_s(2000, 15.0) == 3.75
     assert heartbeat_interval_s(100000, 15.0) == 3.75  # four heartbeats per timeout, always
     assert event_poll_s(10) == 1.0 and event_poll_s(800) == 2.0 and event_poll_s(5000) == 5.0
+
+
+def test_pipelined_requests_beyond_the_inflight_cap_are_all_answered_in_turn():
+    """A peer with more unanswered requests than max_inflight is read no further until
+    answers went out (backpressure on that peer only), then served on: every request is
+    answered once, long-polls and quick ones alike."""
+    st = _state(2)
+    _register_all(st)
+    srv = ControlServer(KEY, st, "127.0.0.1", limits=ControlLimits(max_inflight=4))
+    c, other = RawClient(srv.port), RawClient(srv.port)
+    try:
+        known = {"stop": False, "feed_closed": False, "abort": "", "failed": False, "stack": 0}
+        seqs = [c.send(msg.WaitEvent(0, known, None, 0.3)) for _ in range(6)]
+        seqs += [c.send(msg.Heartbeat(0)) for _ in range(200)]
+        other.send(msg.Heartbeat(1))
+        assert other.answer()["stop"] is False  # the other peer is served meanwhile
+        got = []
+        while len(got) < len(seqs):
+            got.append(c.answer()["re"])
+        assert sorted(got) == seqs
+        assert srv.rejected == 0
+    finally:
+        c.close()
+        other.close()
+        srv.close()

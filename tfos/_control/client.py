@@ -73,7 +73,9 @@ class _Connection:
             TypeError, ValueError, ControlProtocolError: The request does not encode.
         """
         answer = _Answer()
-        with self.send_lock:
+        if not self.send_lock.acquire(timeout=max(0.0, timeout_s)):  # another thread's send is stuck
+            raise Deadline(timeout_s, f"the control connection to send {msg_type!r}").error()
+        try:
             if self.broken is not None:
                 raise ConnectionError(f"control connection broken: {self.broken}")
             frames = self.session.encode(msg_type, fields)
@@ -90,6 +92,8 @@ class _Connection:
                     self.sock.settimeout(_READ_SLICE_S)
                 except OSError:
                     pass
+        finally:
+            self.send_lock.release()
         return answer
 
     def forget(self, answer: _Answer) -> None:

@@ -218,6 +218,7 @@ class _Loop:
         self._poll_ids = itertools.count()
         self.dirty: set[Hashable] = set()
         self.done: collections.deque = collections.deque()
+        self.resume: set[_Conn] = set()  # reading paused at max_inflight, answers went out since
         self.pool = ThreadPoolExecutor(limits.handler_threads, thread_name_prefix="tfos-control-handler")
         self.closing = False
         self.ident: Optional[int] = None
@@ -273,6 +274,8 @@ class _Loop:
                 self._recheck()
                 now = time.monotonic()
                 self._expire(now)
+                while self.resume:
+                    self._frames(self.resume.pop())
                 if now >= next_sweep:
                     self._sweep(now)
                     next_sweep = now + _SWEEP_S
@@ -375,6 +378,8 @@ class _Loop:
 
     def _frames(self, conn: _Conn) -> None:
         """Handles the complete frames buffered on ``conn`` (while it may have more open)."""
+        if conn.closed:
+            return
         while not conn.closed and conn.inflight < self.limits.max_inflight:
             try:
                 body = conn.reader.next()
@@ -550,7 +555,7 @@ class _Loop:
             return
         self._flush(conn)
         if not conn.closed and conn.inflight == self.limits.max_inflight - 1 and conn.reader.buffered:
-            self._frames(conn)  # reading had paused at the cap: go on with the buffered requests
+            self.resume.add(conn)  # reading had paused at the cap: the loop goes on with the buffered requests
 
     def _flush(self, conn: _Conn) -> None:
         while conn.out:
@@ -591,6 +596,8 @@ class _Loop:
             self._close(conn)
         frame_s = FRAME_TIMEOUT_S
         for conn in list(self.partial):
+            if conn.inflight >= self.limits.max_inflight:
+                continue  # not read while its requests are answered (its frames may be complete)
             if conn.frame_since is not None and now - conn.frame_since > frame_s:
                 self.reject(conn.peer, f"no complete frame in time (timed out after {frame_s:g} s waiting for the rest of a "
                                        f"control frame; received {conn.reader.buffered} bytes)")
@@ -614,6 +621,7 @@ class _Loop:
             self._end_poll(poll)
         self.pending.pop(conn, None)
         self.partial.discard(conn)
+        self.resume.discard(conn)
         self.conns.pop(conn.fd, None)
         if conn.mask:
             try:
