@@ -27,6 +27,7 @@ import uuid
 from typing import Any, Callable, Optional, Sequence
 
 from tfos._common import wire as _wire
+from tfos._control.limits import heartbeat_interval_s
 from tfos._connect.tasks import OP_SCHEMA, START_SCHEMA, StartSpec, decode_failures, make_infer_fn, make_op_fn, make_start_fn, make_train_fn
 from tfos._common.deadline import Deadline
 from tfos._data.feed_tasks import FeedPlan, arrow_safe_dataframe
@@ -665,7 +666,7 @@ def run_connect(
     config = ClusterConfig(
         cluster_id=cluster_id, key=_wire.new_key(), driver_host="0.0.0.0", driver_port=1,  # set by the start tasks
         input_mode=input_mode, roles=tuple(roles), default_fs=default_fs,
-        heartbeat_interval_s=min(1.0, heartbeat_timeout / 4), heartbeat_timeout_s=float(heartbeat_timeout),
+        heartbeat_interval_s=heartbeat_interval_s(len(roles), heartbeat_timeout), heartbeat_timeout_s=float(heartbeat_timeout),
         reservation_timeout_s=float(reservation_timeout), release_port=release_port, queues=queues,
         queue_chunks=queue_chunks, tensorboard=bool(tensorboard), log_dir=log_dir, forward_logs=forward_logs,
         # local[N]: the nodes' "executor log" and the control host's stderr (where forwarded

@@ -27,6 +27,7 @@ from typing import Any, Callable, Optional, Sequence
 from tfos._node import output as _node_output
 from tfos._driver.runtime import ClusterRuntime, JobThread, Progress, install_sigterm, restarting
 from tfos._control.server import ControlServer
+from tfos._control.limits import heartbeat_interval_s
 from tfos._common.deadline import Deadline
 from tfos._data.feed_tasks import FeedPlan, arrow_safe_dataframe, make_arrow_feed_fn, make_feed_fn, make_infer_fn
 from tfos._data.framing import binary_as_bytes, feed_schema_json
@@ -894,7 +895,7 @@ def run(
         reservation_timeout_s=float(reservation_timeout), executor_wait_s=float(executor_wait_s),
         handle_sigterm=handle_sigterm,
         node_settings=dict(
-            default_fs=_default_fs(sc), heartbeat_interval_s=min(1.0, heartbeat_timeout / 4),
+            default_fs=_default_fs(sc), heartbeat_interval_s=heartbeat_interval_s(len(roles), heartbeat_timeout),
             heartbeat_timeout_s=float(heartbeat_timeout), reservation_timeout_s=float(reservation_timeout),
             release_port=release_port, queues=queues, queue_chunks=queue_chunks, tensorboard=bool(tensorboard),
             log_dir=log_dir, forward_logs=forward_logs, local_master=str(sc.master).split("[", 1)[0] == "local",
