@@ -86,6 +86,7 @@ class SimConnection:
 
     async def open(self, deadline: float) -> None:
         while True:
+            writer = None
             try:
                 reader, writer = await asyncio.wait_for(asyncio.open_connection(*self.addr), max(0.1, deadline - time.monotonic()))
                 frames = FrameReader(self.key, _wire.MAX_FIRST_FRAME_BYTES)
@@ -105,9 +106,15 @@ class SimConnection:
                 self.task = asyncio.ensure_future(self._read_loop(reader, frames))
                 return
             except (OSError, asyncio.TimeoutError):
+                if writer is not None:
+                    writer.close()
                 if time.monotonic() > deadline:
                     raise
                 await asyncio.sleep(0.2 + random.random() * 0.3)
+            except BaseException:  # cancelled (the node stopped): no half-open connection is left
+                if writer is not None:
+                    writer.close()
+                raise
 
     async def _read_loop(self, reader: asyncio.StreamReader, frames: FrameReader) -> None:
         try:
@@ -542,15 +549,15 @@ def run_cluster(workers: Workers, n: int, timeout_s: float, steady_s: float, kin
             out[f"{kind}_recorded_s"] = (state.first_failure_at or 0.0) - injected["t"]
             if f"(executor {victim}," not in str(exc):
                 raise TFOSError(f"the driver's error does not name executor {victim}: {str(exc)[:500]}") from None
-        stats = server.stats()
-        out["conns"] = stats["peak_connections"]
-        out["refused"] = stats["rejected"]  # every connection refused by a cap, evicted or rejected
-        out["refused_detail"] = {k: stats[k] for k in ("refused", "evicted", "rejected")}
         return out
     finally:
         if not runtime.closed:
             runtime.teardown(failed=True)
         runtime.join_teardown()
+        stats = server.stats()  # the whole life of the cluster, its teardown included
+        out["conns"] = stats["peak_connections"]
+        out["refused"] = stats["rejected"]  # every connection refused by a cap, evicted or rejected
+        out["refused_detail"] = {k: stats[k] for k in ("refused", "evicted", "rejected")}
         for i, _ in enumerate(shares):
             workers.send(i, cmd="stop")
         workers.wait("stopped", len(shares), 60.0)
