@@ -184,7 +184,6 @@ class SimNode:
 
     async def run(self) -> None:
         deadline = time.monotonic() + 120.0
-        await self.sup.open(deadline)
         self.spawn(self.heartbeats())
         await self.tf.open(deadline)
         node = NodeInfo(self.eid, self.role.job_name, self.role.task_index, "127.0.0.1", 20000 + self.eid,
@@ -206,7 +205,8 @@ class SimNode:
 
     async def heartbeats(self) -> None:
         interval = self.cfg["hb_interval_s"]
-        await asyncio.sleep(random.random() * interval)
+        await asyncio.sleep(random.random() * interval)  # the nodes' heartbeats spread over an interval
+        await self.sup.open(time.monotonic() + 120.0)  # as a real client, connected by its first request
         while self.alive:
             d = await self.sup.call(_msg.Heartbeat(self.eid, pid=os.getpid(), host="127.0.0.1", rss=200 << 20), 10.0)
             if d.get("abort") or d.get("stop"):
@@ -557,7 +557,8 @@ def run_cluster(workers: Workers, n: int, timeout_s: float, steady_s: float, kin
         stats = server.stats()  # the whole life of the cluster, its teardown included
         out["conns"] = stats["peak_connections"]
         out["refused"] = stats["rejected"]  # every connection refused by a cap, evicted or rejected
-        out["refused_detail"] = {k: stats[k] for k in ("refused", "evicted", "rejected")}
+        if stats["rejected"]:
+            print(f"  {n} nodes, {kind}: rejections {stats}", file=sys.stderr)
         for i, _ in enumerate(shares):
             workers.send(i, cmd="stop")
         workers.wait("stopped", len(shares), 60.0)
@@ -574,8 +575,12 @@ def run_size(n: int, procs: int, timeout_s: float, steady_s: float, kinds: tuple
     workers = Workers(procs)
     try:
         merged: dict = {}
+        refused = conns = 0
         for i, kind in enumerate(kinds):
-            merged.update(run_cluster(workers, n, timeout_s, steady_s, kind, measure=(i == 0)))
+            res = run_cluster(workers, n, timeout_s, steady_s, kind, measure=(i == 0))
+            refused, conns = refused + res.pop("refused"), max(conns, res.pop("conns"))
+            merged.update(res)
+        merged.update(refused=refused, conns=conns)  # over every cluster of this size
         return merged
     finally:
         workers.close()
