@@ -86,6 +86,8 @@ class SimConnection:
 
     async def open(self, deadline: float) -> None:
         while True:
+            if self.closed:
+                raise ConnectionError("the node stopped")
             writer = None
             try:
                 reader, writer = await asyncio.wait_for(asyncio.open_connection(*self.addr), max(0.1, deadline - time.monotonic()))
@@ -248,6 +250,8 @@ class SimNode:
 
     async def claim(self, feed_id: str, indices: list[int], trickle_s: float = 0.0) -> tuple[int, int]:
         """The node's feed task: claims, hands over and acknowledges each partition."""
+        if not self.alive:  # stopped before its feed task began: it opens no connection
+            return 0, 0
         if self.feed is None:
             self.feed = SimConnection("127.0.0.1", self.cfg["port"], self.worker.key, self.cfg["cluster_id"])
             await self.feed.open(time.monotonic() + 60.0)
