@@ -484,6 +484,10 @@ def run_cluster(workers: Workers, n: int, timeout_s: float, steady_s: float, kin
     (when ``measure``) its steady state and a feed, then fails one node the way ``kind``
     says and times the driver's error. Returns the figures."""
     cluster_id = f"tfos-sim-{uuid.uuid4().hex[:8]}"
+    # Threads already in this process (a test runner's, the simulator's readers) are not
+    # the driver side's: count only those started from here on, plus the main thread.
+    before = {t.ident for t in threading.enumerate()}
+    os_before = psutil.Process().num_threads()
     key = _wire.new_key()
     roles = roles_from_template(build_template(n, 0))
     sc = FakeSparkContext()
@@ -520,10 +524,10 @@ def run_cluster(workers: Workers, n: int, timeout_s: float, steady_s: float, kin
             f1, c1, w1 = server.stats()["frames_in"], _cpu_s(), time.monotonic()
             out["cpu_pct"] = 100.0 * (c1 - c0) / (w1 - w0)
             out["frames_s"] = (f1 - f0) / (w1 - w0)
-            # The driver's own threads: not the simulator's readers of its node processes.
-            sim_threads = sum(1 for t in threading.enumerate() if t.name.startswith("sim-"))
-            out["threads"] = threading.active_count() - sim_threads
-            out["os_threads"] = proc.num_threads() - sim_threads
+            # The driver side's threads: the main thread and those the runtime started.
+            started = [t for t in threading.enumerate() if t.ident not in before and not t.name.startswith("sim-")]
+            out["threads"] = 1 + len(started)
+            out["os_threads"] = 1 + proc.num_threads() - os_before
             out["rss_mib"] = proc.memory_info().rss / 2**20
             out["load"] = os.getloadavg()[0]
             # A feed: every node's feed task claims its partitions; counts checked exactly.
