@@ -132,6 +132,8 @@ def spark_context(args: argparse.Namespace, app_name: str) -> tuple[Any, bool]:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark import SparkConf, SparkContext
 
+    from tfos import authenticate_spark
+
     active = SparkContext._active_spark_context
     if active is not None:
         return active, False
@@ -142,6 +144,9 @@ def spark_context(args: argparse.Namespace, app_name: str) -> tuple[Any, bool]:
     else:
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         conf.setMaster(args.master or f"local-cluster[{args.cluster_size},1,1024]")
+        # spark.authenticate with a secret only this user can read, never on a command line
+        # (docs/deploy.md, "Spark authentication"); spark-submit gets the settings from its user.
+        authenticate_spark(conf.get("spark.master"))
         conf.set("spark.driver.host", "127.0.0.1")
         conf.set("spark.ui.enabled", "false")
         conf.set("spark.ui.showConsoleProgress", "false")
