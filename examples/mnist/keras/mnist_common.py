@@ -80,8 +80,9 @@ def common_parser(description: str, epochs: int = 5) -> argparse.ArgumentParser:
     p.add_argument("--export_dir", default="output/mnist/export", help="SavedModel directory")
     p.add_argument("--tensorboard", action="store_true",
                    help="run TensorBoard on the chief (over MODEL_DIR/tensorboard) and print its URL")
-    p.add_argument("--progress", action="store_true",
-                   help="show tfos' feed progress bar on stderr (off: it would interleave with the log lines)")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
+                   help="tfos' feed progress bar on stderr (on a terminal log lines clear and redraw it; on a pipe or "
+                        "file it is a line every 10 s); --no-progress: none")
     p.add_argument("--master", default=None,
                    help="Spark master; default: spark-submit's, or an own local-cluster[CLUSTER_SIZE,1,1024] "
                    "when started with python")
