@@ -101,6 +101,12 @@ def test_live_slot_check_per_master(monkeypatch):
     assert "use the master local-cluster[1,1,1024]" in lc and lc.endswith(
         "to get one executor per core, use the master local-cluster[2,1,1024]: its executors come from the URL"), lc
     assert "spark.executor.cores" not in lc
+    # standalone, as many executors as nodes but 2 cores each (no --executor-cores): one-core executors
+    standalone = _live_slots_error(monkeypatch, "spark://h:7077", 2, 4, 2)
+    assert standalone.endswith("task slot per executor: set spark.executor.cores=1 (spark-submit --executor-cores 1; on a "
+                               "standalone cluster an executor otherwise takes all of its worker's cores), or "
+                               "spark.task.cpus equal to spark.executor.cores, or spark.task.resource.gpu.amount equal to "
+                               "spark.executor.resource.gpu.amount"), standalone
 
 
 @pytest.mark.parametrize("master, where", [

@@ -425,9 +425,13 @@ def _check_one_slot_per_executor(sc: Any, num_nodes: int, have: int) -> None:
                     else ")")
             more = (f". The cluster needs {num_nodes} executors and Spark gave the application {execs} with {slots} "
                     f"task slots in all: to get one executor per core, {fix}")
-        fix_slots = (remedies.one_slot_remedy(master) if kind == "local-cluster" else
-                     "set spark.task.cpus equal to spark.executor.cores, or spark.task.resource.gpu.amount equal to "
+        fix_slots = ("set spark.task.cpus equal to spark.executor.cores, or spark.task.resource.gpu.amount equal to "
                      "spark.executor.resource.gpu.amount")
+        if kind == "local-cluster":
+            fix_slots = remedies.one_slot_remedy(master)
+        elif kind == "standalone" and not more:
+            fix_slots = ("set spark.executor.cores=1 (spark-submit --executor-cores 1; on a standalone cluster an executor "
+                         "otherwise takes all of its worker's cores), or " + fix_slots[4:])
         raise ConfigurationError(
             f"the Spark application has {slots} task slots on {execs} executors (counting cores and every "
             "task resource, as Spark does), so two tfos nodes could share an executor. tfos needs exactly one "
