@@ -60,7 +60,9 @@ def no_jvm(monkeypatch):
     monkeypatch.setattr(spark_auth, "_jvm_running", lambda: False)
     registered = []
     monkeypatch.setattr(spark_auth.atexit, "register", lambda fn, *a: registered.append((fn, a)))
-    return registered
+    yield registered
+    for fn, args in registered:  # what the interpreter's exit would do
+        fn(*args)
 
 
 def test_writes_a_private_conf_dir_that_keeps_the_users_settings(tmp_path, monkeypatch, no_jvm):
@@ -81,8 +83,9 @@ def test_writes_a_private_conf_dir_that_keeps_the_users_settings(tmp_path, monke
     assert (mine / "spark-defaults.conf").read_text() == "spark.executor.memory 2g"  # the user's file is untouched
     # removed when the interpreter exits
     (fn, args), = no_jvm
-    fn(new, *args)
+    fn(*args)
     assert not os.path.exists(new)
+    no_jvm.clear()
 
 
 def test_nothing_to_add_keeps_the_current_dir(tmp_path, monkeypatch, no_jvm):
