@@ -56,6 +56,8 @@ def _run(script: str, *args: str, cwd: str) -> tuple[str, float]:
     tb = proc.stdout.rfind("Traceback (most recent call last)")
     assert proc.returncode == 0, (f"{script} exited with {proc.returncode}:\n{proc.stdout[tb:tb + 8000] if tb >= 0 else ''}"
                                   f"\n...\n{proc.stdout[-4000:]}")
+    # The examples run Spark with spark.authenticate (tfos.authenticate_spark): no security WARNING.
+    assert "tfos cluster key" not in proc.stdout, proc.stdout[-4000:]  # in each of tfos's key-transport WARNINGs
     return proc.stdout, seconds
 
 
