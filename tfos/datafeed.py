@@ -665,7 +665,7 @@ class _QueueFeed:
         self.done_feeding = False
 
     def next_batch(self, batch_size: int) -> list:
-        from .marker import EndPartition
+        from tfos._legacy.marker import EndPartition
 
         out: list = []
         while len(out) < batch_size:

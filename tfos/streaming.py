@@ -35,7 +35,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """
     import sys
 
-    from tfos import reservation
+    from tfos._legacy import reservation
     from tfos.errors import TFOSError
 
     parser = argparse.ArgumentParser(prog="python -m tfos.streaming", description="Ask a streaming tfos cluster to stop.")

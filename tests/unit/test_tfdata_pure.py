@@ -700,3 +700,29 @@ def test_ready_batches_of_strings_are_bounded_by_their_bytes(hub):
     got = [(len(s[0]), int(y[0])) for s, y in reader]
     assert got == [(6 << 20, i) for i in range(12)]
     assert reader._held == 0 and reader.rows == {0: 12}
+
+
+@pytest.mark.parametrize("steps", [0, 2])
+def test_next_train_call_starts_after_the_planned_last_epoch_a_node_got_no_row_of(hub, steps):
+    """train(a, 2) then train(b, 1) where this node got rows of a's epoch 0 only (Spark ran
+    every partition of epoch 1 on the other executor, as it did under load): b's rows are
+    dataset epoch 2 on this node as on the other, not epoch 1 (they were counted in epoch 1
+    because the next call's first epoch followed the last epoch this node had read)."""
+    a = _Feeder(hub, KEY, 0, "train", 0, feed_id="a", last_epoch=1)
+    a.chunk(_rows(0, 5))
+    a.end()
+    b = _Feeder(hub, KEY, 0, "train", 0, feed_id="b", last_epoch=0)
+    b.chunk(_rows(100, 3))
+    b.end()
+    hub.queues["input"].put_nowait(END_OF_FEED)
+    if steps:
+        reader = FeedBatches(DataFeed(hub, timeout_s=10), 4, COLS, steps_per_epoch=steps, buffer_batches=2)
+        got = [y.tolist() for _, y in reader]
+        assert got == [[0, 1, 2, 3], [4], [], [], [100, 101], [102]]
+        assert reader.rows == {0: 5, 1: 0, 2: 3}
+    else:
+        reader = FeedBatches(DataFeed(hub, timeout_s=10), 4, COLS, per_epoch=True)
+        while not reader.ended:
+            for _ in reader:
+                pass
+        assert reader.rows == {0: 5, 2: 3}

@@ -27,6 +27,7 @@ import uuid
 from typing import Any, Callable, Optional, Sequence
 
 from tfos._common import wire as _wire
+from tfos._control.limits import heartbeat_interval_s
 from tfos._connect.tasks import OP_SCHEMA, START_SCHEMA, StartSpec, decode_failures, make_infer_fn, make_op_fn, make_start_fn, make_train_fn
 from tfos._common.deadline import Deadline
 from tfos._data.feed_tasks import FeedPlan, arrow_safe_dataframe
@@ -651,14 +652,9 @@ def run_connect(
     queues = tuple(queues)
     if input_mode == InputMode.SPARK and not queues:
         raise ConfigurationError("InputMode.SPARK needs at least one queue (the default is ['input', 'output', 'error'])")
-    import cloudpickle
+    from tfos._driver.task_world import pickle_payload
 
-    from tfos._driver.user_source import with_source
-
-    try:
-        payload = cloudpickle.dumps((with_source(map_fun), tf_args))  # file names for tracebacks
-    except Exception as exc:  # noqa: BLE001 - pickling errors come in many types
-        raise ConfigurationError(f"map_fun and tf_args must be picklable with cloudpickle to reach the nodes: {exc}") from exc
+    payload = bytes(pickle_payload(map_fun, tf_args))  # a Connect client has no broadcasts or accumulators to carry
     cluster_id = f"tfos-{uuid.uuid4().hex[:12]}"
     try:
         default_fs = str(spark.conf.get("spark.hadoop.fs.defaultFS", "file://") or "file://")
@@ -670,7 +666,7 @@ def run_connect(
     config = ClusterConfig(
         cluster_id=cluster_id, key=_wire.new_key(), driver_host="0.0.0.0", driver_port=1,  # set by the start tasks
         input_mode=input_mode, roles=tuple(roles), default_fs=default_fs,
-        heartbeat_interval_s=min(1.0, heartbeat_timeout / 4), heartbeat_timeout_s=float(heartbeat_timeout),
+        heartbeat_interval_s=heartbeat_interval_s(len(roles), heartbeat_timeout), heartbeat_timeout_s=float(heartbeat_timeout),
         reservation_timeout_s=float(reservation_timeout), release_port=release_port, queues=queues,
         queue_chunks=queue_chunks, tensorboard=bool(tensorboard), log_dir=log_dir, forward_logs=forward_logs,
         # local[N]: the nodes' "executor log" and the control host's stderr (where forwarded

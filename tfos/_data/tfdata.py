@@ -589,14 +589,18 @@ class FeedBatches:
         Each ``train()`` call numbers its epochs from 0 (a resumed feed from its
         ``first_epoch``); a chunk of another feed than the previous chunk's (the next
         call) starts the epoch after ``current``, the epoch being read (None: none yet),
-        so that ``train(data, 2)`` then ``train(data, 1)`` make epochs 0, 1 and 2.
+        so that ``train(data, 2)`` then ``train(data, 1)`` make epochs 0, 1 and 2. The
+        epoch after the previous call is its last epoch as the feed header planned it
+        (``last_epoch``), not the last one this node read: a node that got no partition
+        of the previous call's last epochs (Spark ran them all on another executor) still
+        numbers the next call's first epoch after them, as every other node does.
         """
         if current is None or not conn.feed_id or conn.feed_id == self._epoch_feed:
             if current is None:
                 self._epoch_feed, self._epoch_base = conn.feed_id, 0
         else:
             self._epoch_feed = conn.feed_id
-            self._epoch_base = current + 1 - conn.first_epoch
+            self._epoch_base = max(current, self._last_epoch) + 1 - conn.first_epoch
         if getattr(conn, "last_epoch", -1) >= 0:
             self._last_epoch = self._epoch_base + conn.last_epoch
         return self._epoch_base + conn.epoch

@@ -27,6 +27,7 @@ from typing import Any, Callable, Optional, Sequence
 from tfos._node import output as _node_output
 from tfos._driver.runtime import ClusterRuntime, JobThread, Progress, install_sigterm, restarting
 from tfos._control.server import ControlServer
+from tfos._control.limits import heartbeat_interval_s
 from tfos._common.deadline import Deadline
 from tfos._data.feed_tasks import FeedPlan, arrow_safe_dataframe, make_arrow_feed_fn, make_feed_fn, make_infer_fn
 from tfos._data.framing import binary_as_bytes, feed_schema_json
@@ -34,7 +35,7 @@ from tfos._driver.attempts import Attempt, DriverConfig, _Launcher, _Recovery
 from tfos._driver.restart import FeedResume, InferenceLedger
 from tfos._driver.spark_checks import check_spark
 from tfos._driver import streaming as _streaming
-from tfos._driver.user_source import with_source
+from tfos._driver.task_world import pickle_payload
 from tfos.cluster_template import InputMode, build_template, format_template, roles_from_template
 from tfos.errors import ClusterFailedError, ConfigurationError, DeadlineExceededError, RecoveryFailedError, ReservationTimeoutError, check_num_epochs
 
@@ -894,7 +895,7 @@ def run(
         reservation_timeout_s=float(reservation_timeout), executor_wait_s=float(executor_wait_s),
         handle_sigterm=handle_sigterm,
         node_settings=dict(
-            default_fs=_default_fs(sc), heartbeat_interval_s=min(1.0, heartbeat_timeout / 4),
+            default_fs=_default_fs(sc), heartbeat_interval_s=heartbeat_interval_s(len(roles), heartbeat_timeout),
             heartbeat_timeout_s=float(heartbeat_timeout), reservation_timeout_s=float(reservation_timeout),
             release_port=release_port, queues=queues, queue_chunks=queue_chunks, tensorboard=bool(tensorboard),
             log_dir=log_dir, forward_logs=forward_logs, local_master=str(sc.master).split("[", 1)[0] == "local",
@@ -925,12 +926,8 @@ def _check_args(map_fun: Any, tf_args: Any, input_mode: Any, queues: Sequence[st
     names = tuple(queues)
     if mode == InputMode.SPARK and not names:
         raise ConfigurationError("InputMode.SPARK needs at least one queue (the default is ['input', 'output', 'error'])")
-    import cloudpickle
-
-    try:
-        payload = cloudpickle.dumps((with_source(map_fun), tf_args))  # file names for tracebacks
-    except Exception as exc:  # noqa: BLE001 - pickling errors come in many types
-        raise ConfigurationError(f"map_fun and tf_args must be picklable with cloudpickle to reach the nodes: {exc}") from exc
+    # with the broadcasts it refers to; accumulators checked (docs/api.md "What main_fun can use from Spark")
+    payload = pickle_payload(map_fun, tf_args)
     return mode, names, payload
 
 

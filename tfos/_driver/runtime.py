@@ -229,7 +229,7 @@ class ClusterRuntime:
         self.sc = sc
         self.cluster_id = cluster_id
         self.state = ClusterState(cluster_id, roles, heartbeat_timeout_s, on_failure=self._on_first_failure)
-        self.server = ControlServer(key, self.state.handle, host=driver_host)
+        self.server = ControlServer(key, self.state, host=driver_host, num_nodes=len(self.state.roles))
         #: Every Spark job this cluster started, in order.
         self.jobs: list[JobThread] = []
         #: Node processes on the driver host (``driver_ps_nodes=True``).
@@ -285,7 +285,10 @@ class ClusterRuntime:
         st = self.state
         ok = False
         try:
-            while not st.wait_for_event_or_failure(job.done, 0.5 if progress else 5.0):
+            # Until the job ends or a node fails (the wait answers whether the job ended: it
+            # must not be asked again once a failure is recorded, which it would answer at
+            # once, spinning until the job's cancellation ended it).
+            while not st.wait_for_event_or_failure(job.done, 0.5 if progress else 5.0) and not st.failed:
                 if progress:
                     progress.update()
             if st.failed:
@@ -450,6 +453,12 @@ class ClusterRuntime:
             self._liveness_stop.set()
             self.server.close()
             _forget(self)
+        # main_fun's accumulator updates count once, for an attempt that ended well (a
+        # failed one's nodes run again after a restart): tfos._driver.task_world.
+        if failed or st.failed:
+            st.accumulators.drop(self.cluster_id, "the cluster attempt failed" + (f" ({reason})" if reason else ""))
+        else:
+            st.accumulators.apply(self.cluster_id)
         level = logging.INFO if not alive else logging.WARNING
         log.log(level, "tfos cluster %s torn down in %.1f s%s", self.cluster_id, time.monotonic() - t0,
                 f" ({len(alive)} node(s) did not report their exit)" if alive else ": every node process exited")

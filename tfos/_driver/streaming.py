@@ -75,7 +75,7 @@ class _StopServer:
     """
 
     def __init__(self, host: str) -> None:
-        from tfos import reservation
+        from tfos._legacy import reservation
 
         class _Server(reservation.Server):
             def get_server_ip(self) -> str:
@@ -101,7 +101,7 @@ class _StopServer:
         self._server.done = True
 
     def close(self) -> None:
-        from tfos import reservation
+        from tfos._legacy import reservation
 
         self._server.stop()
         reservation.remove_key_file(self.address)

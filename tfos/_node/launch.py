@@ -11,6 +11,7 @@ import dataclasses
 import os
 from typing import Optional
 
+from tfos._node.task_world import TaskWorld
 from tfos.cluster_template import InputMode, NodeRole
 from tfos.errors import ConfigurationError
 
@@ -46,6 +47,8 @@ class ClusterConfig:
             so relative ``file://`` paths map to the same folder on every node.
         tf_use_legacy_keras: The driver's ``TF_USE_LEGACY_KERAS`` when set there (else None);
             the TF process uses it when its own environment does not set the variable.
+        keras3_fix: The driver's ``TFOS_KERAS3_FIX`` when set there (else None), likewise
+            (``0`` turns off the Keras 3 multi-worker fix, docs/keras.md).
         local_master: The Spark master is ``local``/``local[N]``: executors write to the
             driver's terminal, so forwarded nodes do not also copy their output there.
     """
@@ -69,6 +72,7 @@ class ClusterConfig:
     data_timeout_s: float = 3600.0
     driver_working_dir: str = dataclasses.field(default_factory=os.getcwd)
     tf_use_legacy_keras: Optional[str] = dataclasses.field(default_factory=lambda: os.environ.get("TF_USE_LEGACY_KERAS"))
+    keras3_fix: Optional[str] = dataclasses.field(default_factory=lambda: os.environ.get("TFOS_KERAS3_FIX"))
     local_master: bool = False
 
     def __post_init__(self) -> None:
@@ -137,6 +141,8 @@ class NodeLaunch:
             by the supervisor for the TF process ("" for none; set by the supervisor).
         on_driver: The node runs on the driver host, started by the driver
             (``driver_ps_nodes=True``): its stdout/stderr are the driver's own.
+        task_world: What the TF process sets up of its start task's PySpark state before
+            ``fn_payload`` is unpickled (broadcasts, SparkFiles, TaskContext); None for none.
     """
 
     config: ClusterConfig
@@ -152,6 +158,7 @@ class NodeLaunch:
     attempt: int = 0
     feed_socket_dir: str = ""
     on_driver: bool = False
+    task_world: Optional[TaskWorld] = None
 
     def __post_init__(self) -> None:
         if isinstance(self.attempt, bool) or not isinstance(self.attempt, int) or self.attempt < 0:
