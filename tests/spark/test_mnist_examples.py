@@ -224,6 +224,7 @@ def _executor_jvm_hosting_a_node(root_pid: int):
     return None
 
 
+@pytest.mark.chaos  # the example under an executor kill; tests/spark/test_restarts.py covers the mechanism
 def test_mnist_spark_restart_resumes_at_the_checkpointed_epoch(mnist_data, tmp_path, no_leftovers):
     """mnist_spark.py --max_restarts 1: an executor JVM hosting a node is SIGKILLed once
     epoch 2 of 6 is saved; the feed resumes at the checkpoint the nodes reported, or at the
