@@ -21,8 +21,13 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # (and notes it on the JVM's stderr); a value the user set is kept.
 os.environ.setdefault("JDK_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
 # Marks every process this test session starts (executors inherit the driver's environment),
-# so leftover checks ignore processes of other programs on the machine.
-os.environ.setdefault("TFOS_TEST_SESSION", f"{os.getpid()}-{time.time_ns()}")
+# so leftover checks ignore processes of other programs on the machine. Each pytest-xdist
+# worker is a session of its own (it inherits the controller's environment, so the marker
+# is made anew there): a worker's leftover check must not see the other worker's live nodes.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["TFOS_TEST_SESSION"] = f"{os.environ['PYTEST_XDIST_WORKER']}-{os.getpid()}-{time.time_ns()}"
+else:
+    os.environ.setdefault("TFOS_TEST_SESSION", f"{os.getpid()}-{time.time_ns()}")
 
 DEFAULT_MASTER = "local-cluster[2,1,1024]"
 
