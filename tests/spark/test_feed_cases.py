@@ -513,7 +513,7 @@ def test_shutdown_from_another_thread_waits_for_the_running_train(sc, tmp_path, 
     t = threading.Thread(target=_train)
     t.start()
     end = time.monotonic() + QUICK_S
-    while cluster._feeds_running == 0 and time.monotonic() < end:
+    while cluster._ctl._feeds_running == 0 and time.monotonic() < end:
         time.sleep(0.05)
     time.sleep(1.0)
     assert t.is_alive(), "train() ended before shutdown() was called: the test proves nothing"
@@ -534,5 +534,5 @@ def test_an_exception_in_the_with_block_tells_the_nodes_why_they_were_aborted(sc
         with TFCluster.run(sc, count_until_end, {"out": str(tmp_path)}, 2, 0, input_mode=INPUT) as cluster:
             cluster.train(sc.parallelize(range(100), 2), num_epochs=1)
             raise ValueError("driver-side bug")
-    assert cluster._state.abort_reason == "the driver program raised ValueError inside `with TFCluster.run(...)`"
-    assert not cluster._state.failures
+    assert cluster._ctl.backend.state.abort_reason == "the driver program raised ValueError inside `with TFCluster.run(...)`"
+    assert not cluster._ctl.backend.state.failures

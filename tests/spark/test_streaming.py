@@ -78,8 +78,7 @@ def _wait_batches(cluster, n: int, timeout_s: float = 300.0) -> None:
 
 def _close(cluster) -> None:
     """Tears the cluster down when a test failed before its shutdown()."""
-    if not cluster._runtime.closed:
-        cluster._runtime.teardown(failed=True)
+    cluster._ctl.abort("the test failed before its shutdown()")
 
 
 def _no_active_ssc() -> bool:

@@ -555,7 +555,7 @@ def test_driver_ps_nodes(sc, tmp_path, no_leftovers):
     assert "driver" in info["ps:0"]["executor_key"]
     assert info["worker:0"]["executor_key"] != info["worker:1"]["executor_key"]
     # the driver-hosted ps supervisor exited cleanly (it used to abort at interpreter exit)
-    assert [p.returncode for p in cluster._runtime.local_nodes] == [0]
+    assert [p.returncode for p in cluster._ctl.backend.runtime.local_nodes] == [0]
 
 
 def test_tensorboard_relative_log_dir_is_ctx_absolute_path(sc, tmp_path, monkeypatch, no_leftovers):

@@ -138,7 +138,8 @@ class ControlHost:
                     return {"ok": True}
                 return self._client_control(str(body["action"]), str(body.get("reason", "")))
             if kind == "client_teardown":
-                return self._client_teardown(bool(body["abort"]), float(body.get("attribution_s", 0.0)), float(body.get("poll_s", MAX_POLL_S)), bool(body.get("release")))
+                return self._client_teardown(bool(body["abort"]), float(body.get("attribution_s", 0.0)), float(body.get("poll_s", MAX_POLL_S)),
+                                             bool(body.get("release")), str(body.get("feed_id", "")))
             if kind == "client_returned":
                 ids = [int(e) for e in body["executors"]]
                 wait_s = max(0.0, min(float(body.get("wait_s", 0.0)), MAX_POLL_S))
@@ -176,12 +177,14 @@ class ControlHost:
         """The cluster status for the client: ``done`` and :meth:`ClusterState.status`."""
         return {"done": done, **self.state.status()}
 
-    def _client_teardown(self, abort: bool, attribution_s: float, poll_s: float, release: bool) -> dict:
+    def _client_teardown(self, abort: bool, attribution_s: float, poll_s: float, release: bool, feed_id: str = "") -> dict:
         """Stops (or aborts) every node and waits for their exit, in one request.
 
         With ``abort``, first waits up to ``attribution_s`` for a failure report (a failed
         Spark job usually precedes the failed node's own report by a moment). Releases
-        this process once every node exited, or at once with ``release``.
+        this process once every node exited, or at once with ``release``. The answer also
+        says what the nodes got done, for a restart: rows consumed, checkpoint reports, and
+        the partitions of feed ``feed_id`` the nodes acknowledged.
         """
         st = self.state
         if abort and attribution_s > 0:
@@ -190,6 +193,8 @@ class ControlHost:
         status = self._client_wait("exited", poll_s)
         if status["done"] or release:
             self.released.set()
+        status.update(rows_consumed=st.rows_consumed(), checkpoints=st.checkpoints(),
+                      partitions_done=sorted(st.partitions_done(feed_id)) if feed_id else [])
         return status
 
     def _client_control(self, action: str, reason: str) -> dict:
@@ -200,6 +205,8 @@ class ControlHost:
             st.request_stop()
         elif action == "abort":
             st.abort(reason or "the client aborted the cluster")
+        elif action == "clear_checkpoints":  # a train() call starts: earlier reports do not count
+            st.clear_checkpoints()
         elif action == "abort_and_exit":
             # The start stage failed: nobody will release this process.
             st.abort(reason or "the start stage failed")

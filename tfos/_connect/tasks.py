@@ -88,11 +88,13 @@ class StartSpec:
             tasks replace with the control host's.
         fn_payload: cloudpickled ``(main_fun, tf_args)``.
         client_timeout_s: See :class:`tfos._connect.host.HostLaunch`.
+        attempt: The attempt this stage starts (``ctx.attempt`` of every node).
     """
 
     config: ClusterConfig
     fn_payload: bytes = dataclasses.field(repr=False)
     client_timeout_s: float = 600.0
+    attempt: int = 0
 
 
 def _child_env() -> dict[str, str]:
@@ -193,7 +195,7 @@ def make_start_fn(spec: StartSpec):
         launch = NodeLaunch(
             config=config, role=role, host=host, executor_key=key_id, watch_pid=jvm_pid, watch_stdin=False,
             working_dir=os.getcwd(), python_path=tuple(sys.path), fn_payload=spec.fn_payload,
-            cuda_visible_devices=cuda_visible_devices(resources),
+            cuda_visible_devices=cuda_visible_devices(resources), attempt=spec.attempt,
         )
         client = ControlClient(ctrl_host, ctrl_port, cfg.key, cfg.cluster_id, connect_timeout_s=30.0)
         try:
