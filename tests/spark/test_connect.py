@@ -119,10 +119,19 @@ def _write_json(path: str, obj) -> None:
 
 
 def tf_mode_fun(args, ctx):
-    """InputMode.TENSORFLOW: records the node's view and returns."""
+    """InputMode.TENSORFLOW: records the node's view (its start task's TaskContext and a
+    file shipped with spark.addArtifacts(..., file=True) included) and returns."""
+    from pyspark import SparkFiles, TaskContext
+
+    tc = TaskContext.get()
+    with open(SparkFiles.get(args["file"])) as f:
+        shipped = f.read()
+    with open(os.path.join(SparkFiles.get(args["archive"]), "inside.txt")) as f:
+        shipped += " + " + f.read()
     _write_json(os.path.join(args["out"], f"{ctx.job_name}{ctx.task_index}.json"), {
         "job": ctx.job_name, "index": ctx.task_index, "executor_id": ctx.executor_id,
-        "tf_config": json.loads(os.environ["TF_CONFIG"]), "pid": os.getpid(),
+        "tf_config": json.loads(os.environ["TF_CONFIG"]), "pid": os.getpid(), "file": shipped,
+        "task": [tc.partitionId(), tc.stageId() >= 0, tc.attemptNumber(), sorted(tc.resources())],
     })
 
 
@@ -196,7 +205,17 @@ def rows_to_pickle_fun(args, ctx):
 # ---------------------------------------------------------------------- tests
 def test_tensorflow_mode(spark, tmp_path, caplog):
     caplog.set_level(logging.WARNING, logger="tfos")
-    cluster = TFCluster.run(spark, tf_mode_fun, {"out": str(tmp_path)}, 2, 0, input_mode=InputMode.TENSORFLOW, master_node="chief", reservation_timeout=180)
+    import zipfile
+
+    tag = time.monotonic_ns()
+    shipped, archive = tmp_path / f"shipped-{tag}.txt", tmp_path / f"archive-{tag}.zip"
+    shipped.write_text("shipped with addArtifacts")
+    with zipfile.ZipFile(archive, "w") as z:
+        z.writestr("inside.txt", "unpacked")
+    spark.addArtifacts(str(shipped), file=True)
+    spark.addArtifacts(str(archive), archive=True)
+    cluster = TFCluster.run(spark, tf_mode_fun, {"out": str(tmp_path), "file": shipped.name, "archive": archive.name}, 2, 0,
+                            input_mode=InputMode.TENSORFLOW, master_node="chief", reservation_timeout=180)
     assert cluster.sc is None
     spec = cluster.cluster_spec
     assert sorted(spec) == ["chief", "worker"] and len(spec["chief"]) == 1 and len(spec["worker"]) == 1
@@ -207,6 +226,9 @@ def test_tensorflow_mode(spark, tmp_path, caplog):
         assert node["tf_config"]["cluster"] == spec
         assert node["tf_config"]["task"] == {"type": node["job"], "index": node["index"]}
     assert {n["executor_id"] for n in seen.values()} == {0, 1}
+    # main_fun reads its start task's TaskContext and the session's files (docs/connect.md)
+    assert sorted(n["task"][0] for n in seen.values()) == [0, 1]
+    assert all(n["task"][1:] == [True, 0, []] and n["file"] == "shipped with addArtifacts + unpacked" for n in seen.values()), seen
     # The server's Spark runs without spark.authenticate: the closures carrying the key can
     # be fetched from its block managers, and the client says so (once per application).
     keys = [r.getMessage() for r in caplog.records if "spark.authenticate is off" in r.getMessage()]

@@ -17,8 +17,12 @@ def record_gpus(args, ctx):
     import json as _json
     import os as _os
 
+    from pyspark import TaskContext
+
+    # the start task's resources, as TaskContext.get() gives them to main_fun (docs/api.md)
+    task_gpus = TaskContext.get().resources()["gpu"].addresses
     with open(_os.path.join(args["out"], f"node{ctx.executor_id}.json"), "w") as f:
-        _json.dump({"cuda": _os.environ.get("CUDA_VISIBLE_DEVICES")}, f)
+        _json.dump({"cuda": _os.environ.get("CUDA_VISIBLE_DEVICES"), "task_gpus": task_gpus}, f)
 
 
 def test_spark_gpu_resources_become_cuda_visible_devices(spark_manager, tmp_path, no_leftovers):
@@ -39,7 +43,7 @@ def test_spark_gpu_resources_become_cuda_visible_devices(spark_manager, tmp_path
     cluster = TFCluster.run(sc, record_gpus, {"out": str(out)}, 2, 0, input_mode=TFCluster.InputMode.TENSORFLOW)
     cluster.shutdown(timeout=120)
     seen = {p.name: json.loads(p.read_text()) for p in out.glob("*.json")}
-    assert seen == {"node0.json": {"cuda": "0"}, "node1.json": {"cuda": "0"}}
+    assert seen == {"node0.json": {"cuda": "0", "task_gpus": ["0"]}, "node1.json": {"cuda": "0", "task_gpus": ["0"]}}
     spark_manager.stop()  # the next test gets a context without GPU resources
 
 
@@ -67,6 +71,6 @@ def test_gpus_not_cores_limit_the_slots(spark_manager, tmp_path, no_leftovers):
                                 executor_wait_s=300, reservation_timeout=300)
         cluster.shutdown(timeout=120)
         seen = {p.name: json.loads(p.read_text()) for p in out.glob("*.json")}
-        assert seen == {"node0.json": {"cuda": "0"}, "node1.json": {"cuda": "0"}}
+        assert seen == {"node0.json": {"cuda": "0", "task_gpus": ["0"]}, "node1.json": {"cuda": "0", "task_gpus": ["0"]}}
     finally:
         spark_manager.stop()

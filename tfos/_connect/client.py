@@ -130,7 +130,8 @@ class ConnectLauncher:
             input_mode=plan.input_mode, roles=plan.roles, default_fs=self.default_fs, local_master=self.local_master,
             **plan.settings,
         )
-        spec = StartSpec(config=config, fn_payload=plan.payload, client_timeout_s=self.client_timeout_s, attempt=attempt)
+        # bytes: a Connect client has no broadcasts or accumulators to carry
+        spec = StartSpec(config=config, fn_payload=bytes(plan.payload), client_timeout_s=self.client_timeout_s, attempt=attempt)
         timeout_s = min(plan.reservation_timeout_s, outer.remaining()) if outer is not None else plan.reservation_timeout_s
         try:
             rows = _start_stage(self.spark, spec, len(plan.roles), timeout_s)

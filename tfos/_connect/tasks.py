@@ -157,6 +157,7 @@ def make_start_fn(spec: StartSpec):
         from pyspark import BarrierTaskContext
 
         from tfos._node.start_task import executor_identity, node_host, spawn_supervisor
+        from tfos._node.task_world import capture as capture_task_world
         from tfos.gpu_info import cuda_visible_devices
 
         for _ in batches:
@@ -196,6 +197,7 @@ def make_start_fn(spec: StartSpec):
             config=config, role=role, host=host, executor_key=key_id, watch_pid=jvm_pid, watch_stdin=False,
             working_dir=os.getcwd(), python_path=tuple(sys.path), fn_payload=spec.fn_payload,
             cuda_visible_devices=cuda_visible_devices(resources), attempt=spec.attempt,
+            task_world=capture_task_world(),  # TaskContext and SparkFiles for main_fun (docs/connect.md)
         )
         client = ControlClient(ctrl_host, ctrl_port, cfg.key, cfg.cluster_id, connect_timeout_s=30.0)
         try:

@@ -20,7 +20,7 @@ from tfos._common.deadline import Deadline
 from tfos._driver import streaming as _streaming
 from tfos._driver.backend import ClusterPlan, Launcher
 from tfos._driver.lifecycle import Controller, Lifecycle
-from tfos._driver.user_source import with_source
+from tfos._driver.task_world import pickle_payload
 from tfos.cluster_template import InputMode, build_cluster_spec, build_template, roles_from_template
 from tfos.errors import ClusterFailedError, ConfigurationError, check_num_epochs
 
@@ -503,10 +503,6 @@ def _check_args(map_fun: Any, tf_args: Any, input_mode: Any, queues: Sequence[st
     names = tuple(queues)
     if mode == InputMode.SPARK and not names:
         raise ConfigurationError("InputMode.SPARK needs at least one queue (the default is ['input', 'output', 'error'])")
-    import cloudpickle
-
-    try:
-        payload = cloudpickle.dumps((with_source(map_fun), tf_args))  # file names for tracebacks
-    except Exception as exc:  # noqa: BLE001 - pickling errors come in many types
-        raise ConfigurationError(f"map_fun and tf_args must be picklable with cloudpickle to reach the nodes: {exc}") from exc
+    # with the broadcasts it refers to; accumulators checked (docs/api.md "What main_fun can use from Spark")
+    payload = pickle_payload(map_fun, tf_args)
     return mode, names, payload

@@ -448,6 +448,12 @@ class ClusterRuntime:
             self._liveness_stop.set()
             self.server.close()
             self._torn_down.set()
+        # main_fun's accumulator updates count once, for an attempt that ended well (a
+        # failed one's nodes run again after a restart): tfos._driver.task_world.
+        if failed or st.failed:
+            st.accumulators.drop(self.cluster_id, "the cluster attempt failed" + (f" ({reason})" if reason else ""))
+        else:
+            st.accumulators.apply(self.cluster_id)
         level = logging.INFO if not alive else logging.WARNING
         log.log(level, "tfos cluster %s torn down in %.1f s%s", self.cluster_id, time.monotonic() - t0,
                 f" ({len(alive)} node(s) did not report their exit)" if alive else ": every node process exited")

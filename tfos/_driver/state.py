@@ -26,6 +26,7 @@ from tfos._node import output as _node_output
 from tfos._common.deadline import Deadline
 from tfos.cluster_template import NodeInfo, NodeRole, build_cluster_spec
 from tfos._driver.restart import NON_RETRYABLE
+from tfos._driver.task_world import AccumulatorInbox
 from tfos.errors import ClusterFailedError, ControlProtocolError, DeadlineExceededError, NodeFailure, is_root_cause
 
 __all__ = ["ClusterState", "describe_exit", "kill_hint", "format_bytes"]
@@ -123,6 +124,8 @@ class ClusterState:
         #: restart may recover it (the driver logs its decision either way).
         self.restarts_left = 0
         self.counters: dict[int, dict[str, int]] = {}
+        #: main_fun's accumulator updates, applied when the attempt shuts down cleanly.
+        self.accumulators = AccumulatorInbox()
         self.tensorboard_url: Optional[str] = None
         self.hosts: dict[int, str] = {}
         #: feed id -> (partitions expected, partitions handed over) for end_of_feed feeds.
@@ -799,8 +802,9 @@ class ClusterState:
             # SIGKILLed just before a peer's error (a consequence of that death) aborted
             # the cluster: it is recorded, so the error names the node that died.
             if code != 0 and proc not in ("finished", "stopped", "failed") and (not stopping or body.get("unprompted") is True):
+                hint = str(body.get("hint", ""))[:2000]  # the supervisor's: an address-space limit in force (_node/address_space.py)
                 self.record_failure(
-                    self.make_failure(eid, "exited", "ProcessDied", f"the TF process died ({describe_exit(code)}) before main_fun returned{kill_hint(code, rss)}")
+                    self.make_failure(eid, "exited", "ProcessDied", f"the TF process died ({describe_exit(code)}) before main_fun returned{kill_hint(code, rss)}{hint}")
                 )
         elif state in ("running", "serving", "finished", "stopped"):
             with self._cond:
@@ -873,6 +877,13 @@ class ClusterState:
         eid = int(body["executor_id"])
         r = self.role(eid)
         _node_output.emit(f"{r.job_name}:{r.task_index}", list(body.get("lines", [])))
+        return {"ok": True}
+
+    def _on_accumulators(self, body: dict, peer: str) -> dict:
+        # What main_fun added to its payload's accumulators (tfos._driver.task_world).
+        eid = int(body["executor_id"])
+        self.role(eid)
+        self.accumulators.receive(eid, self.node_name(eid), body["updates"])
         return {"ok": True}
 
     def _on_tensorboard(self, body: dict, peer: str) -> dict:

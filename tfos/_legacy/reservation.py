@@ -506,7 +506,7 @@ class Client:
         host, port = server_addr[0], int(server_addr[1])
         key, sid = getattr(server_addr, "key", b""), getattr(server_addr, "server_id", "")
         if not key:
-            known = _LOCAL_KEYS.get((host, port)) or read_key_file(host, port)  # key file: issue 16
+            known = _LOCAL_KEYS.get((host, port)) or read_key_file(host, port)  # a key file: see write_key_file
             if known is None:
                 raise ConfigurationError(
                     f"no key for reservation server {host}:{port}: tfos reservation servers authenticate every "
@@ -561,7 +561,7 @@ class Client:
         return self._request("STOP")
 
 
-# ---------------------------------------------------------------- key files (issue 16)
+# ---------------------------------------------------------------- key files (docs/streaming.md)
 #: Environment variable naming the directory of the stop-endpoint key files
 #: (default ``~/.tfos/keys``).
 TFOS_KEY_DIR = "TFOS_KEY_DIR"

@@ -11,6 +11,7 @@ import dataclasses
 import os
 from typing import Optional
 
+from tfos._node.task_world import TaskWorld
 from tfos.cluster_template import InputMode, NodeRole
 from tfos.errors import ConfigurationError
 
@@ -137,6 +138,8 @@ class NodeLaunch:
             by the supervisor for the TF process ("" for none; set by the supervisor).
         on_driver: The node runs on the driver host, started by the driver
             (``driver_ps_nodes=True``): its stdout/stderr are the driver's own.
+        task_world: What the TF process sets up of its start task's PySpark state before
+            ``fn_payload`` is unpickled (broadcasts, SparkFiles, TaskContext); None for none.
     """
 
     config: ClusterConfig
@@ -152,6 +155,7 @@ class NodeLaunch:
     attempt: int = 0
     feed_socket_dir: str = ""
     on_driver: bool = False
+    task_world: Optional[TaskWorld] = None
 
     def __post_init__(self) -> None:
         if isinstance(self.attempt, bool) or not isinstance(self.attempt, int) or self.attempt < 0:

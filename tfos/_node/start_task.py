@@ -30,6 +30,7 @@ from typing import IO, Any, Callable, Iterable, Iterator, Optional, TypeVar
 
 from tfos._node.output import OUTPUT_MARK_ENV
 from tfos._node.launch import ClusterConfig, NodeLaunch
+from tfos._node.task_world import broadcast_id, capture, capture_on_driver, payload_broadcasts
 from tfos.cluster_template import InputMode
 from tfos.errors import TFOSError
 from tfos.gpu_info import cuda_visible_devices
@@ -244,6 +245,8 @@ def start_node_process(module: str, launch: NodeLaunch, new_session: bool = Fals
     env.pop(OUTPUT_MARK_ENV, None)
     if output_mark:
         env[OUTPUT_MARK_ENV] = output_mark
+    # The in-memory files of decrypted broadcasts (tfos._node.task_world) go down to the TF process.
+    inherited = launch.task_world.inherited_fds if launch.task_world is not None else ()
     proc = subprocess.Popen(
         [sys.executable, "-m", module],
         stdin=subprocess.PIPE,
@@ -252,7 +255,7 @@ def start_node_process(module: str, launch: NodeLaunch, new_session: bool = Fals
         env=env,
         cwd=launch.working_dir if os.path.isdir(launch.working_dir) else None,
         close_fds=True,
-        pass_fds=(log_fd,) if log_fd >= 0 else (),
+        pass_fds=((log_fd,) if log_fd >= 0 else ()) + inherited,
         start_new_session=new_session,
     )
     assert proc.stdin is not None
@@ -294,7 +297,9 @@ def make_start_task(config: ClusterConfig, executor_ids: Iterable[int], fn_paylo
         config: The cluster configuration (captured by value).
         executor_ids: The executor id of each start-job partition, in partition order
             (ps ids are absent when ``driver_ps_nodes``).
-        fn_payload: cloudpickled ``(main_fun, tf_args)``.
+        fn_payload: cloudpickled ``(main_fun, tf_args)``; a
+            :class:`tfos._node.task_world.Payload` also carries the broadcast variables it
+            refers to, which this closure captures so that Spark ships them to each task.
         attempt: The cluster attempt (0 first, k after the k-th restart): ``ctx.attempt``.
 
     Returns:
@@ -303,6 +308,9 @@ def make_start_task(config: ClusterConfig, executor_ids: Iterable[int], fn_paylo
     """
     ids = tuple(executor_ids)
     attempt = int(attempt)
+    broadcasts = payload_broadcasts(fn_payload)  # PySpark ships what a task's closure refers to
+    broadcast_ids = tuple(broadcast_id(b) for b in broadcasts)
+    fn_payload = bytes(fn_payload)
 
     def _start_node(index: int, _rows: Iterator) -> Iterator[tuple[int, str]]:
         from pyspark import TaskContext
@@ -319,6 +327,7 @@ def make_start_task(config: ClusterConfig, executor_ids: Iterable[int], fn_paylo
             except Exception:  # noqa: BLE001 - resources() is best effort on old Sparks
                 resources = {}
         foreground = config.input_mode == InputMode.TENSORFLOW
+        world = capture(zip(broadcast_ids, broadcasts))  # main_fun's broadcasts, SparkFiles, TaskContext
         launch = NodeLaunch(
             config=config,
             role=role,
@@ -331,8 +340,12 @@ def make_start_task(config: ClusterConfig, executor_ids: Iterable[int], fn_paylo
             fn_payload=fn_payload,
             cuda_visible_devices=cuda_visible_devices(resources),
             attempt=attempt,
+            task_world=world,
         )
-        proc = spawn_supervisor(launch)
+        try:
+            proc = spawn_supervisor(launch)
+        finally:
+            world.close()  # the supervisor holds its own copies
         if not foreground:
             # The task keeps its slot only until the node registered with the driver (then
             # feed tasks need the slot at once), and fails the start job if the supervisor
@@ -401,6 +414,7 @@ def launch_local_node(config: ClusterConfig, executor_id: int, fn_payload: bytes
     driver goes away. ``attempt`` is the cluster attempt (``ctx.attempt``; 0 first).
     """
     role = config.roles[executor_id]
+    world = capture_on_driver(payload_broadcasts(fn_payload))
     launch = NodeLaunch(
         config=config,
         role=role,
@@ -410,10 +424,14 @@ def launch_local_node(config: ClusterConfig, executor_id: int, fn_payload: bytes
         watch_stdin=True,
         working_dir=working_dir,
         python_path=tuple(sys.path),
-        fn_payload=fn_payload,
+        fn_payload=bytes(fn_payload),
         cuda_visible_devices=None,
         attempt=int(attempt),
         on_driver=True,
+        task_world=world,
     )
-    return spawn_supervisor(launch)
+    try:
+        return spawn_supervisor(launch)
+    finally:
+        world.close()  # the supervisor holds its own copies
 

@@ -37,6 +37,7 @@ from tfos._control.client import ControlClient
 from tfos._data import local_socket as _local
 from tfos._node.launch import NodeLaunch
 from tfos._node.output import NodeOutput, tf_noise_level
+from tfos._node.address_space import memory_limit_exit_hint
 from tfos.cluster_template import InputMode
 from tfos._node.start_task import read_launch, setup_process_logging, start_node_process, watch_stdin_eof
 from tfos.errors import ControlProtocolError, DeadlineExceededError, NodeFailure
@@ -408,12 +409,14 @@ def supervise(launch: NodeLaunch) -> int:
         output.close()  # its last lines reach the driver before its exit status
     log.info("tfos node %s: TF process %s", launch.node_name, describe_exit(code))
     if not driver_gone:
+        # An address-space limit (spark.executor.pyspark.memory) in force, for the driver's ProcessDied text.
+        hint = memory_limit_exit_hint(code)
         try:
             client.request(
                 # unprompted: the TF process ended without this supervisor ending it, so a
                 # non-zero code is a death of its own even if the cluster is stopping.
                 "status", executor_id=eid, state="exited", code=int(code), rss=rss, unprompted=not terminated,
-                timeout_s=_REQUEST_TIMEOUT_S, retry=False, connect_timeout_s=2.0,
+                timeout_s=_REQUEST_TIMEOUT_S, retry=False, connect_timeout_s=2.0, **({"hint": hint} if hint else {}),
             )
         except (OSError, ControlProtocolError, DeadlineExceededError) as exc:
             log.warning("could not report the exit of %s: %s", launch.node_name, exc)

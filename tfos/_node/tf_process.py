@@ -33,6 +33,8 @@ from tfos._data.feed_hub import FeedHub
 from tfos._node.launch import NodeLaunch
 from tfos._node.output import OUTPUT_MARK_ENV, TF_LOG_LEVEL_DEFAULT, std_fds_identity, write_failure_marks, write_finished_marks
 from tfos._node.start_task import read_launch, setup_process_logging, watch_stdin_eof
+from tfos._node import task_world as _task_world
+from tfos._node.address_space import memory_limit_note
 from tfos.cluster_template import InputMode, NodeInfo, build_cluster_spec, tf_config_json
 from tfos.errors import ControlProtocolError, DeadlineExceededError, NodeFailure, ReservationTimeoutError
 from tfos.node_context import TFNodeContext, absolute_path
@@ -178,6 +180,7 @@ def _failure(launch: NodeLaunch, exc: BaseException) -> NodeFailure:
     msg = _exc_text(shown)
     if len(msg) > 4000:
         msg = msg[:4000] + "... [truncated]"
+    msg += memory_limit_note(exc)  # names RLIMIT_AS and spark.executor.pyspark.memory when they caused it
     return NodeFailure(r.executor_id, r.job_name, r.task_index, launch.host, "exception", type(shown).__name__, msg, tb)
 
 
@@ -285,8 +288,13 @@ def run_node(launch: NodeLaunch) -> int:
                 hub.close_feed()  # a no-op after hub.abort(): readers get FeedAbortedError
             if not main_done.is_set() and role.is_background:
                 # ps/evaluator main_funs block forever (server.join()): end the process.
+                report: dict = {"state": "stopped"}
                 try:
-                    client.request("status", executor_id=eid, state="stopped", timeout_s=5.0)
+                    _task_world.send_accumulator_updates(client, eid)  # a stop is their normal end
+                except Exception as exc:  # noqa: BLE001 - reported: never a silently missing update
+                    report = {"state": "failed", "failure": _failure(launch, exc).to_dict()}
+                try:
+                    client.request("status", executor_id=eid, timeout_s=5.0, **report)
                 except _REQ_ERRORS:
                     pass
                 if tb_proc is not None:
@@ -316,6 +324,7 @@ def run_node(launch: NodeLaunch) -> int:
             if exc.code not in (None, 0):
                 raise
         main_done.set()
+        _task_world.send_accumulator_updates(client, eid)  # before 'finished': the driver applies them at shutdown
         if hub is not None:
             hub.close("finished", f"main_fun on {launch.node_name} returned")
         # The queues main_fun terminated: feed tasks that find the data server gone then
@@ -632,6 +641,9 @@ def main() -> int:
     _OUTPUT_FDS = std_fds_identity()
     setup_process_logging()
     launch = read_launch(sys.stdin.buffer)
+    # The start task's PySpark state (broadcasts, SparkFiles, TaskContext), set up before
+    # the payload is unpickled; the soft RLIMIT_AS raised to the hard limit.
+    _task_world.install(launch.task_world)
 
     # Quiet by default (C26): TensorFlow's C++ INFO lines only if the user asks for them
     # (a TF_CPP_MIN_LOG_LEVEL of theirs wins); set before main_fun imports TensorFlow.
