@@ -4,8 +4,7 @@ from pyspark.sql import SparkSession
 from tfos import TFCluster
 
 def train_fun(args, ctx):                      # runs on every node, in its own TF process
-    os.environ["TF_USE_LEGACY_KERAS"] = "1"    # tf_keras: Keras 2 trains under MultiWorkerMirroredStrategy
-    import tensorflow as tf, tf_keras as keras
+    import tensorflow as tf, keras             # Keras 3: tfos makes model.fit work across nodes
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     with strategy.scope():
         model = keras.Sequential([keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1, activation="sigmoid")])
@@ -16,8 +15,7 @@ def train_fun(args, ctx):                      # runs on every node, in its own 
     model.save(os.path.join(args["model_dir"], f"{ctx.job_name}-{ctx.task_index}.keras"))
 
 def predict_fun(args, ctx):
-    os.environ["TF_USE_LEGACY_KERAS"] = "1"
-    import numpy as np, tf_keras as keras
+    import numpy as np, keras
     model = keras.models.load_model(os.path.join(args["model_dir"], "chief-0.keras"))
     feed = ctx.get_data_feed(train_mode=False)
     while not feed.should_stop():

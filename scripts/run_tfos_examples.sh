@@ -13,12 +13,13 @@
 #  - numpy.int: mnist_inference.py calls np.int, which numpy 1.24 removed; the stand-in
 #    sitecustomize.py restores the alias (int) in every Python process of the run. This is a
 #    numpy incompatibility of the example, not a tfos one.
-# Keras: the TF processes get TF_USE_LEGACY_KERAS=1 by tfos's default (docs/migration.md);
-# the driver-side data set-up does not use Keras.
+# Keras: TFoS's examples are Keras 2 programs; tfos's default is Keras 3, so the driver sets
+# TF_USE_LEGACY_KERAS=1 and the TF processes take its value (docs/migration.md "Keras").
 # Steps (as in TFoS's examples/mnist/keras/README.md): data set-up (CSV + TFRecords),
 # mnist_tf.py (InputMode.TENSORFLOW), mnist_spark.py (InputMode.SPARK), mnist_inference.py
 # (TFParallel over the TFRecords). Each prints PASS/FAIL; the script exits non-zero on a FAIL.
 set -uo pipefail
+export TF_USE_LEGACY_KERAS="${TF_USE_LEGACY_KERAS:-1}"
 SRC="${1:?usage: run_tfos_examples.sh /path/to/TensorFlowOnSpark [epochs]}"
 EPOCHS="${2:-1}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -185,9 +185,8 @@ def checkpoint_callback(report: Any, keras: Any = None) -> Any:
     Args:
         report: Called with the epochs checkpointed, an int >= 1.
         keras: The Keras module whose ``callbacks.Callback`` to subclass (``tf_keras`` or
-            ``keras``); default ``tf.keras`` (which is ``tf_keras`` when
-            ``TF_USE_LEGACY_KERAS=1``, as tfos sets in the TF process when tf_keras is
-            installed).
+            ``keras``); default ``tf.keras`` (Keras 3, or ``tf_keras`` when
+            ``TF_USE_LEGACY_KERAS=1``: docs/migration.md "Keras").
 
     Returns:
         A ``keras.callbacks.Callback`` instance.

@@ -3,8 +3,9 @@
 Each script runs as a subprocess with its own ``--master local-cluster[2,1,1024]`` (only
 one SparkContext may live in a process, and the pytest process may hold one), on 3,000
 training and 1,000 test images written once per module by ``mnist_data_setup.py``.
-The checks: the printed accuracy, the exports exist and load in this process (SavedModel
-with ``tf.saved_model.load``, ``model.keras`` with ``tf_keras``) and predict like the
+The examples train with Keras 3; ``mnist_tf.py`` runs with ``--tf_keras`` (the legacy Keras 2
+variant). The checks: the printed accuracy, the exports exist and load in this process
+(SavedModel with ``tf.saved_model.load``, ``model.keras`` with Keras 3 or ``tf_keras``) and predict like the
 printed accuracy says, every epoch trained on every row, one prediction per test row,
 the TensorBoard URL answered, and no tfos process is left behind.
 """
@@ -72,8 +73,15 @@ def _read_csv_dir(directory: str) -> tuple[np.ndarray, np.ndarray]:
     return rows[:, 1:], rows[:, 0].astype(np.int64)
 
 
-def _check_exports(model_dir: str, export_dir: str, test_csv: str) -> float:
-    """Loads both exports in this process; returns the SavedModel's test accuracy."""
+def _checkpoint(model_dir: str, epoch: int, tf_keras: bool = False) -> str:
+    """The weights ModelCheckpoint writes after ``epoch`` (a TF checkpoint with tf_keras, an
+    ``.weights.h5`` file with Keras 3)."""
+    return os.path.join(model_dir, "checkpoints", f"epoch-{epoch:02d}" + (".index" if tf_keras else ".weights.h5"))
+
+
+def _check_exports(model_dir: str, export_dir: str, test_csv: str, tf_keras: bool = False) -> float:
+    """Loads both exports in this process (``model.keras`` with Keras 3, or with tf_keras);
+    returns the SavedModel's test accuracy."""
     assert os.path.isfile(os.path.join(export_dir, "saved_model.pb")), os.listdir(model_dir)
     keras_file = os.path.join(model_dir, "model.keras")
     assert os.path.isfile(keras_file), os.listdir(model_dir)
@@ -82,11 +90,16 @@ def _check_exports(model_dir: str, export_dir: str, test_csv: str) -> float:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         import tensorflow as tf
-        import tf_keras
+
+        if tf_keras:
+            import tf_keras as keras
+        else:
+            import keras
 
         serve = tf.saved_model.load(export_dir).signatures["serving_default"]
-        probabilities = serve(image=tf.constant(x))["probabilities"].numpy()
-        keras_probabilities = tf_keras.models.load_model(keras_file).predict(x, verbose=0)
+        (output,) = serve(image=tf.constant(x)).values()  # one output: the probabilities
+        probabilities = output.numpy()
+        keras_probabilities = keras.models.load_model(keras_file).predict(x, verbose=0)
     assert probabilities.shape == (NUM_TEST, 10)
     np.testing.assert_allclose(keras_probabilities, probabilities, atol=1e-4)
     return float(np.mean(probabilities.argmax(-1) == y))
@@ -105,14 +118,15 @@ def mnist_data(tmp_path_factory) -> str:
 
 
 def test_mnist_tf_trains_from_tfrecords_and_exports(mnist_data, tmp_path, no_leftovers):
-    """mnist_tf.py (InputMode.TENSORFLOW, sharded TFRecords, MWMS): test accuracy >= 0.8,
-    checkpoint, TensorBoard logs and URL, SavedModel and model.keras that load here."""
+    """mnist_tf.py --tf_keras (InputMode.TENSORFLOW, sharded TFRecords, MWMS, the legacy
+    tf_keras): test accuracy >= 0.8, checkpoint, TensorBoard logs and URL, SavedModel and
+    model.keras that load here."""
     model_dir = str(tmp_path / "model")
     export_dir = str(tmp_path / "export")
     out, seconds = _run(
         "keras/mnist_tf.py", "--master", MASTER, "--images", os.path.join(mnist_data, "tfr", "train"),
         "--epochs", "1", "--batch_size", "32", "--model_dir", model_dir, "--export_dir", export_dir,
-        "--tensorboard", cwd=str(tmp_path),
+        "--tensorboard", "--tf_keras", cwd=str(tmp_path),
     )
     print(f"mnist_tf.py: {seconds:.1f} s")
     assert _number(r"^test accuracy: ([0-9.]+)", out) >= MIN_ACCURACY, out[-4000:]
@@ -121,9 +135,9 @@ def test_mnist_tf_trains_from_tfrecords_and_exports(mnist_data, tmp_path, no_lef
     # Each worker read its own half of the 10 files.
     assert re.search(r"chief:0 reads 5 training files: part-00000\.tfrecord, part-00002\.tfrecord", out), out[-4000:]
     assert re.search(r"TensorBoard: http://127\.0\.0\.1:\d+/ \(HTTP 200, TensorBoard page\)", out), out[-4000:]
-    assert glob.glob(os.path.join(model_dir, "checkpoints", "epoch-01.index"))
+    assert os.path.isfile(_checkpoint(model_dir, 1, tf_keras=True))
     assert glob.glob(os.path.join(model_dir, "tensorboard", "train", "events.out.tfevents.*"))
-    assert _check_exports(model_dir, export_dir, os.path.join(mnist_data, "csv", "test")) >= MIN_ACCURACY
+    assert _check_exports(model_dir, export_dir, os.path.join(mnist_data, "csv", "test"), tf_keras=True) >= MIN_ACCURACY
 
 
 def test_mnist_spark_then_inference(mnist_data, tmp_path, no_leftovers):
@@ -140,7 +154,7 @@ def test_mnist_spark_then_inference(mnist_data, tmp_path, no_leftovers):
     assert f"rows trained per epoch (all nodes): [{NUM_TRAIN}, {NUM_TRAIN}], {NUM_TRAIN} images" in out, out[-4000:]
     assert re.search(r"^\[chief:0\] Epoch 2/2 - \d+ steps - .*accuracy: [0-9.]+", out, re.MULTILINE), out[-4000:]
     assert _number(r"^final train accuracy: ([0-9.]+)", out) >= MIN_ACCURACY
-    assert glob.glob(os.path.join(model_dir, "checkpoints", "epoch-02.index"))
+    assert os.path.isfile(_checkpoint(model_dir, 2))
     saved_model_accuracy = _check_exports(model_dir, export_dir, os.path.join(mnist_data, "csv", "test"))
     assert saved_model_accuracy >= MIN_ACCURACY
 
@@ -229,7 +243,7 @@ def test_mnist_spark_restart_resumes_at_the_checkpointed_epoch(mnist_data, tmp_p
             end = time.monotonic() + RUN_TIMEOUT_S
             killed = None
             while proc.poll() is None and time.monotonic() < end and killed is None:
-                if glob.glob(os.path.join(model_dir, "checkpoints", "epoch-02.index")):
+                if os.path.isfile(_checkpoint(model_dir, 2)):
                     jvm = _executor_jvm_hosting_a_node(proc.pid)
                     if jvm is not None:
                         jvm.send_signal(signal.SIGKILL)

@@ -353,12 +353,6 @@ def test_mwms_tf_keras_two_nodes(sc, tmp_path, no_leftovers):
     _check_regression(tmp_path, spec, legacy=True)
 
 
-@pytest.mark.xfail(
-    strict=False, raises=ClusterFailedError,
-    reason="Keras 3 (3.15) model.fit under MultiWorkerMirroredStrategy with 2 workers fails on TF 2.21 "
-    "with 'ValueError: Attempt to convert a value (PerReplica:...) ... to a Tensor' (use tf_keras with "
-    "TF_USE_LEGACY_KERAS=1); an XPASS means Keras 3 was fixed",
-)
 def test_mwms_keras3_two_nodes(sc, tmp_path, no_leftovers):
     cluster = TFCluster.run(sc, mwms_regression_main, _mwms_args(tmp_path, False), 2, 0, False,
                             TFCluster.InputMode.TENSORFLOW, master_node="chief", reservation_timeout=120)

@@ -97,8 +97,9 @@ def test_tfos_program_ctx_paths_and_exports(sc, tmp_path, no_leftovers, monkeypa
         assert r["num_workers"] == 2 and r["defaultFS"] == "file://" and r["tmp_socket_released"]
         assert r["working_dir"] == str(tmp_path)  # the driver's, as in TFoS
         assert r["model_dir"] == r["hdfs_path"] == expected_dir
-        # Keras default: tf.keras is tf_keras in the TF process; `import keras` stays Keras 3
-        assert r["legacy_env"] == "1" and r["tf_keras_module"].startswith("tf_keras") and not r["tf_preloaded"]
+        # Keras default: tf.keras is Keras 3 in the TF process, as `import keras` is
+        # (TF_USE_LEGACY_KERAS=1 on the driver or the executors selects tf_keras)
+        assert r["legacy_env"] is None and r["tf_keras_module"].startswith("keras") and not r["tf_preloaded"]
         assert int(r["keras_version"].split(".")[0]) >= 3
     # the executors' own working directories differ, the mapped folder is one
     assert recs["chief"]["cwd"] != recs["worker"]["cwd"]

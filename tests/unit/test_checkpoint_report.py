@@ -187,8 +187,11 @@ def test_checkpoint_over_the_authenticated_channel():
         c = ControlClient(srv.host, srv.port, key, CID, connect_timeout_s=20)
         assert c.request("checkpoint", executor_id=1, epochs=4, timeout_s=10.0) == {"ok": True, **_echo(c)}
         assert st.checkpoints() == {"worker:0": 4}
-        with pytest.raises((ConnectionError, ControlProtocolError)):
-            c.request("checkpoint", executor_id=1, epochs=-3, timeout_s=10.0, retry=False)
+        with pytest.raises(ControlProtocolError, match="epochs must be an int >= 0"):
+            c.request("checkpoint", executor_id=1, epochs=-3, timeout_s=10.0, retry=False)  # refused by the sender
+        assert srv.rejected == 0
+        with pytest.raises((ConnectionError, ControlProtocolError)):  # the same body on the wire: refused by the server
+            c._request("checkpoint", {"executor_id": 1, "epochs": -3}, 10.0, False, None)
         assert st.checkpoints() == {"worker:0": 4}
         assert srv.rejected >= 1
         c.close()
@@ -198,7 +201,8 @@ def test_checkpoint_over_the_authenticated_channel():
 
 def _echo(c: ControlClient) -> dict:
     # The response also carries the connection's nonces and the answered sequence number.
-    return {"re": c._seq, "sn": c._snonce, "cn": c._cnonce}
+    session = c._conn.session
+    return {"re": session.seq, "sn": session.snonce, "cn": session.cnonce}
 
 
 # ----------------------------------------------------------------- node side API

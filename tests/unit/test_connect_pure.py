@@ -212,12 +212,14 @@ def test_control_host_long_polls_for_tensorboard():
             c2.request("tensorboard", executor_id=0, url="http://127.0.0.1:6006/")
             c2.close()
 
-        threading.Thread(target=report_later, daemon=True).start()
+        reporter = threading.Thread(target=report_later, daemon=True)
+        reporter.start()
         t0 = time.monotonic()
         st = c.request("client_wait", until="tensorboard", poll_s=9.0, timeout_s=30.0)
         assert st["done"] is True and st["tensorboard_url"] == "http://127.0.0.1:6006/"
         assert time.monotonic() - t0 < 8.5  # answered on the report, not at the end of the poll
         c.close()
+        reporter.join(20)  # its own answer may still be on its way when the wait was answered
     finally:
         host.server.close()
 

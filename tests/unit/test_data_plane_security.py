@@ -437,7 +437,7 @@ def test_response_bound_to_client_nonce(server):
     t.start()
     c = ControlClient("127.0.0.1", lst.getsockname()[1], KEY, CID, connect_timeout_s=5)
     with pytest.raises(ControlProtocolError, match="does not answer this request"):
-        c.request("heartbeat", retry=False)
+        c.request("heartbeat", executor_id=0, retry=False)
     c.close()
     t.join(10)
     lst.close()
@@ -458,25 +458,30 @@ def test_control_flood_bounded_and_legit_client_gets_through(server):
             f.close()
 
 
-def test_control_accept_survives_failed_thread_start(server, monkeypatch):
-    real_start = threading.Thread.start
+def test_control_accept_survives_a_failed_connection_setup(server, monkeypatch):
+    """Any error setting up one accepted connection closes that connection only; the
+    event loop goes on accepting (the server has no thread per connection to fail)."""
+    real_conn = cs_mod._Conn
     failures = {"n": 0}
 
-    def flaky_start(self):
-        if failures["n"] < 2 and "process_request_thread" in repr(getattr(self, "_target", "")):
+    def flaky_conn(*args, **kwargs):
+        if failures["n"] < 2:
             failures["n"] += 1
-            raise RuntimeError("can't start new thread")
-        return real_start(self)
+            raise RuntimeError("simulated: no memory for one more connection")
+        return real_conn(*args, **kwargs)
 
-    monkeypatch.setattr(threading.Thread, "start", flaky_start)
+    monkeypatch.setattr(cs_mod, "_Conn", flaky_conn)
+    before = threading.active_count()
     for _ in range(2):
         s = socket.create_connection((server.host, server.port), timeout=20)
         assert _closed(s)
     assert failures["n"] == 2
+    _wait(lambda: server.rejected >= 2, "2 rejections")
     assert server.active_connections == 0
     c = ControlClient(server.host, server.port, KEY, CID, connect_timeout_s=20)
     assert c.request("ping", x=5)["echo"] == 5
     c.close()
+    assert threading.active_count() <= before + 2  # the client's reader and one handler thread
 
 
 # ============================================================ key transport

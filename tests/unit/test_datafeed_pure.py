@@ -487,6 +487,9 @@ def test_event_loop_handles_the_abort_before_the_feed_closing_in_one_reply():
     class _Client:
         n = 0
 
+        def call(self, msg, **kw):  # a typed message, as ControlClient.call takes it
+            return self.request(msg.TYPE, **msg.fields(), **kw)
+
         def request(self, *_a, **_k):
             self.n += 1
             if self.n > 1:
@@ -534,6 +537,9 @@ def test_main_fun_stack_shows_where_main_fun_waits_and_the_event_loop_sends_it()
 
     class _Client:
         replies = [{"stop": False, "stack": 0}, {"stop": False, "stack": 1}, {"stop": False, "stack": 1}, {"stop": False, "stack": 2}]
+
+        def call(self, msg, **kw):  # a typed message, as ControlClient.call takes it
+            return self.request(msg.TYPE, **msg.fields(), **kw)
 
         def request(self, mtype, **fields):
             if mtype == "stack":

@@ -27,6 +27,7 @@ operation reached it for ``client_timeout_s`` (the client program went away).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -34,9 +35,11 @@ import signal
 import sys
 import threading
 import time
-from typing import IO, Optional
+from typing import IO, Callable, Hashable, Iterable, Optional
 
 from tfos._driver.state import ClusterState
+from tfos._control import messages as _msg
+from tfos._control.protocol import Call, LongPoll, Topic
 from tfos._control.server import ControlServer
 from tfos._node.start_task import read_record, setup_process_logging, write_record
 from tfos.cluster_template import NodeRole
@@ -112,7 +115,7 @@ class ControlHost:
         self.released = threading.Event()
         self.exit_asap = threading.Event()
         self._last_client = time.monotonic()
-        self.server = ControlServer(launch.key, self._dispatch, host=launch.host)
+        self.server = ControlServer(launch.key, self, host=launch.host, num_nodes=len(launch.roles))
 
     # ------------------------------------------------------------ dispatching
     def _on_failure(self, failure: NodeFailure) -> None:
@@ -120,36 +123,58 @@ class ControlHost:
         # also cancels its Spark jobs; here the feed tasks fail when their nodes go away).
         self.state.abort(f"node {failure.node_name} failed")
 
-    def _dispatch(self, body: dict, peer: str) -> dict:
-        kind = str(body.get("type", ""))
-        if not kind.startswith("client_"):
-            return self.state.handle(body, peer)
+    def prepare(self, body: dict, peer: str) -> Call:
+        """Validates one request for the control server: node messages go to the cluster
+        state, ``client_*`` messages are served here (see
+        :class:`tfos._control.protocol.Routes`).
+
+        Raises:
+            ControlProtocolError: A foreign cluster id, an unknown type or bad fields.
+        """
+        if not str(body.get("type", "")).startswith("client_"):
+            return self.state.prepare(body, peer)
         if body.get("cluster") != self.launch.cluster_id:
             raise ControlProtocolError("frame is for another cluster")
+        msg = _msg.decode(body)
         self._last_client = time.monotonic()
+        if isinstance(msg, _msg.ClientWait):
+            return Call(functools.partial(self._on_client_wait, msg))
+        if isinstance(msg, _msg.ClientControl):
+            return Call(functools.partial(self._on_client_control, msg))
+        if isinstance(msg, _msg.ClientTeardown):
+            return Call(functools.partial(self._client_teardown, msg.abort, msg.attribution_s, msg.poll_s, msg.release, msg.feed_id), offload=True)
+        if isinstance(msg, _msg.ClientReturned):
+            wait_s = max(0.0, min(msg.wait_s, MAX_POLL_S))
+            return Call(lambda: {"names": self.state.returned_without_terminate(list(msg.executors), msg.qname, wait_s)}, offload=True)
+        if isinstance(msg, _msg.ClientRelease):
+            return Call(self._on_client_release)
+        raise ControlProtocolError(f"unknown message type {msg.TYPE!r}")
+
+    def add_change_listener(self, listener: Callable[[Iterable[Hashable]], None]) -> None:
+        """See :meth:`ClusterState.add_change_listener`."""
+        self.state.add_change_listener(listener)
+
+    def _dispatch(self, body: dict, peer: str) -> dict:
+        """Answers one request in this thread (a long-poll is waited for here)."""
         try:
-            if kind == "client_wait":
-                if body.get("action"):
-                    self._client_control(str(body["action"]), str(body.get("reason", "")))
-                return self._client_wait(str(body.get("until", "now")), float(body.get("poll_s", MAX_POLL_S)))
-            if kind == "client_control":
-                if body["action"] == "close_feed_when_sent":
-                    self.state.close_feed_when_sent(str(body["feed_id"]), int(body["total"]))
-                    return {"ok": True}
-                return self._client_control(str(body["action"]), str(body.get("reason", "")))
-            if kind == "client_teardown":
-                return self._client_teardown(bool(body["abort"]), float(body.get("attribution_s", 0.0)), float(body.get("poll_s", MAX_POLL_S)),
-                                             bool(body.get("release")), str(body.get("feed_id", "")))
-            if kind == "client_returned":
-                ids = [int(e) for e in body["executors"]]
-                wait_s = max(0.0, min(float(body.get("wait_s", 0.0)), MAX_POLL_S))
-                return {"names": self.state.returned_without_terminate(ids, str(body["qname"]), wait_s)}
-            if kind == "client_release":
-                self.released.set()
-                return {"ok": True}
+            return self.state._resolve(self.prepare(body, peer).run())
         except (KeyError, TypeError, ValueError) as exc:
-            raise ControlProtocolError(f"malformed {kind!r} message: {exc!r}") from None
-        raise ControlProtocolError(f"unknown message type {kind!r}")
+            raise ControlProtocolError(f"malformed {str(body.get('type'))!r} message: {exc!r}") from None
+
+    def _on_client_wait(self, msg: _msg.ClientWait) -> LongPoll:
+        if msg.action:
+            self._client_control(msg.action, msg.reason)
+        return self._client_wait_poll(msg.until, msg.poll_s)
+
+    def _on_client_control(self, msg: _msg.ClientControl) -> dict:
+        if msg.action == "close_feed_when_sent":
+            self.state.close_feed_when_sent(msg.feed_id, msg.total)
+            return {"ok": True}
+        return self._client_control(msg.action, msg.reason)
+
+    def _on_client_release(self) -> dict:
+        self.released.set()
+        return {"ok": True}
 
     def _condition(self, until: str) -> bool:
         st = self.state
@@ -167,11 +192,27 @@ class ControlHost:
             return True
         raise ValueError(f"unknown wait condition {until!r}")
 
-    def _client_wait(self, until: str, poll_s: float) -> dict:
+    def _client_wait_poll(self, until: str, poll_s: float) -> LongPoll:
+        """The deferred answer of a client wait: the status once ``until`` holds ("exited"
+        is awaited after a failure too; any other wait ends at a failure), else at the end
+        of ``poll_s`` (at most :data:`MAX_POLL_S`).
+
+        Raises:
+            ValueError: An unknown condition.
+        """
         st = self.state
-        # "exited" is awaited after a failure too; any other wait ends at a failure.
-        st.wait_until(lambda: self._condition(until) or (st.failed and until != "exited"), max(0.0, min(poll_s, MAX_POLL_S)))
-        return self.status(done=self._condition(until))
+        self._condition(until)
+
+        def ready() -> Optional[dict]:
+            if self._condition(until) or (st.failed and until != "exited"):
+                return self.status(done=self._condition(until))
+            return None
+
+        return LongPoll((Topic.ANY,), ready, max(0.0, min(poll_s, MAX_POLL_S)), lambda: self.status(done=self._condition(until)))
+
+    def _client_wait(self, until: str, poll_s: float) -> dict:
+        """:meth:`_client_wait_poll`, waited for in this thread."""
+        return self.state._resolve(self._client_wait_poll(until, poll_s))
 
     def status(self, done: bool) -> dict:
         """The cluster status for the client: ``done`` and :meth:`ClusterState.status`."""

@@ -1,33 +1,167 @@
 """Control-plane client (runs in Spark tasks, node supervisors and TF processes).
 
 Executors only dial out to the driver. A :class:`ControlClient` keeps one authenticated
-connection, sends request frames carrying the server's per-connection nonce, its own
-per-connection nonce and an increasing sequence number, and checks that each response
-carries both nonces and answers its request.
+connection for every thread of its process: requests go out as they come (each frame
+carries the server's per-connection nonce, the client's own nonce and the next sequence
+number, :class:`tfos._control.protocol.ClientSession`), and a reader thread hands each
+answer to the request it answers, so a long-poll of one thread never holds up another
+thread's heartbeat or report. The connection is opened on the first request and opened
+again after it broke.
+
+:func:`shared_client` gives the Spark tasks of one Python worker process one connection
+per cluster instead of one per request.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import socket
 import threading
 import time
-from typing import Optional
+from typing import Any, Optional
 
 from tfos._common import wire as _wire
 from tfos._common.deadline import Deadline
+from tfos._control.messages import Message, message_class
+from tfos._control.protocol import ClientSession, FrameReader
 from tfos.errors import ControlProtocolError, DeadlineExceededError
 
-__all__ = ["ControlClient"]
+__all__ = ["ControlClient", "shared_client"]
 
 log = logging.getLogger(__name__)
 
 _FRAME_TIMEOUT_S = 30.0
+#: Longest single wait of the reader thread for bytes (it then checks its deadlines).
+_READ_SLICE_S = 1.0
+
+
+class _Answer:
+    """The answer slot of one request."""
+
+    __slots__ = ("event", "body", "error")
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.body: Optional[dict] = None
+        self.error: Optional[BaseException] = None
+
+
+class _Connection:
+    """One open connection: its socket, session, unanswered requests and reader thread."""
+
+    def __init__(self, sock: socket.socket, session: ClientSession, key: bytes, owner: "ControlClient"):
+        self.sock = sock
+        self.session = session
+        self.owner = owner
+        self.reader = FrameReader(key)
+        self.send_lock = threading.Lock()
+        self.lock = threading.Lock()
+        self.waiting: dict[int, _Answer] = {}
+        self.broken: Optional[BaseException] = None
+        self.last_rx = time.monotonic()
+        sock.settimeout(_READ_SLICE_S)
+        self.thread = threading.Thread(target=self._read_loop, name="tfos-control-reader", daemon=True)
+        self.thread.start()
+
+    def send(self, msg_type: str, fields: dict, timeout_s: float) -> _Answer:
+        """Sends one request; returns its answer slot.
+
+        Raises:
+            ConnectionError: The connection is broken (or breaks while sending).
+            TypeError, ValueError, ControlProtocolError: The request does not encode.
+        """
+        answer = _Answer()
+        if not self.send_lock.acquire(timeout=max(0.0, timeout_s)):  # another thread's send is stuck
+            raise Deadline(timeout_s, f"the control connection to send {msg_type!r}").error()
+        try:
+            if self.broken is not None:
+                raise ConnectionError(f"control connection broken: {self.broken}")
+            frames = self.session.encode(msg_type, fields)
+            with self.lock:
+                self.waiting[frames[-1][0]] = answer
+            try:
+                self.sock.settimeout(max(0.05, min(timeout_s, _FRAME_TIMEOUT_S)))
+                self.sock.sendall(b"".join(f for _, f, _ in frames))
+            except OSError as exc:
+                self.fail(ConnectionError(f"control request {msg_type!r} could not be sent: {exc}"))
+                raise ConnectionError(f"control request {msg_type!r} failed: {exc}") from exc
+            finally:
+                try:
+                    self.sock.settimeout(_READ_SLICE_S)
+                except OSError:
+                    pass
+        finally:
+            self.send_lock.release()
+        return answer
+
+    def forget(self, answer: _Answer) -> None:
+        """Drops a request that timed out (its answer, if it ever comes, is ignored)."""
+        with self.lock:
+            for seq, slot in list(self.waiting.items()):
+                if slot is answer:
+                    del self.waiting[seq]
+
+    def fail(self, error: BaseException) -> None:
+        """Marks the connection broken, fails every unanswered request, closes the socket."""
+        with self.lock:
+            if self.broken is None:
+                self.broken = error
+            waiting, self.waiting = self.waiting, {}
+        for slot in waiting.values():
+            slot.error = error
+            slot.event.set()
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+    def _read_loop(self) -> None:
+        partial_since: Optional[float] = None
+        while self.broken is None:
+            try:
+                data = self.sock.recv(65536)
+            except socket.timeout:
+                if partial_since is not None and time.monotonic() - partial_since > _FRAME_TIMEOUT_S:
+                    self.fail(DeadlineExceededError(f"the driver did not finish an answer frame in {_FRAME_TIMEOUT_S:g} s"))
+                continue
+            except OSError as exc:
+                self.fail(ConnectionError(f"control connection lost: {exc}"))
+                return
+            if not data:
+                self.fail(ConnectionError("the driver closed the control connection"))
+                return
+            self.last_rx = time.monotonic()
+            self.reader.feed(data)
+            while True:
+                try:
+                    body = self.reader.next()
+                    if body is None:
+                        break
+                    seq = self.session.answers(body)
+                except ControlProtocolError as exc:
+                    self.fail(exc)
+                    return
+                self.owner.last_contact = time.monotonic()
+                with self.lock:
+                    slot = self.waiting.pop(seq, None)
+                if slot is not None:
+                    slot.body = body
+                    slot.event.set()
+            if self.reader.in_frame:
+                partial_since = partial_since or time.monotonic()
+            else:
+                partial_since = None
 
 
 class ControlClient:
-    """A thread-safe request/response client of the driver's control server.
+    """A thread-safe client of the driver's control server: one connection shared by the
+    threads of a process, requests answered in any order.
 
     Args:
         host: The driver's control server address.
@@ -36,9 +170,11 @@ class ControlClient:
         cluster_id: The cluster id, sent in every frame and checked by the server.
         connect_timeout_s: Seconds allowed to (re)connect before giving up.
 
-    Raises (from :meth:`request`):
-        ConnectionError: The driver could not be reached within ``connect_timeout_s``.
-        ControlProtocolError: The server's answer failed authentication.
+    Raises (from :meth:`request` and :meth:`call`):
+        ConnectionError: The driver could not be reached within ``connect_timeout_s``, or
+            the connection broke (after one resend when ``retry``).
+        ControlProtocolError: The server's answer failed authentication, or the request
+            is not a valid message.
         DeadlineExceededError: The server did not answer in time.
     """
 
@@ -47,11 +183,12 @@ class ControlClient:
         self._key = key
         self._cluster_id = cluster_id
         self._connect_timeout_s = connect_timeout_s
-        self._lock = threading.Lock()
-        self._sock: Optional[socket.socket] = None
-        self._snonce = ""
-        self._cnonce = ""
-        self._seq = 0
+        self._connect_lock = threading.Lock()
+        self._conn: Optional[_Connection] = None
+        self._pid = os.getpid()
+        self._closed = False
+        #: Shared by the tasks of a process (:func:`shared_client`): :meth:`close` keeps it open.
+        self.shared = False
         #: ``time.monotonic()`` of the last answer from the driver (0.0: none yet).
         self.last_contact = 0.0
         #: The error of the last failed connection attempt (None after a connection):
@@ -61,7 +198,8 @@ class ControlClient:
     def __repr__(self) -> str:
         return f"ControlClient(driver={self._addr[0]}:{self._addr[1]}, cluster={self._cluster_id})"
 
-    def _connect(self, timeout_s: Optional[float] = None) -> None:
+    # --------------------------------------------------------------- connecting
+    def _open(self, timeout_s: Optional[float]) -> _Connection:
         deadline = Deadline(
             self._connect_timeout_s if timeout_s is None else timeout_s,
             f"a connection to the tfos driver at {self._addr[0]}:{self._addr[1]}",
@@ -72,17 +210,15 @@ class ControlClient:
         while not deadline.expired():
             sock: Optional[socket.socket] = None
             try:
-                sock = socket.create_connection(self._addr, timeout=deadline.slice(10.0))
+                sock = socket.create_connection(self._addr, timeout=max(0.05, deadline.slice(10.0)))
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 hello_s = max(0.1, min(10.0, deadline.remaining()))
                 hello = _wire.read_frame(sock, self._key, Deadline(hello_s, "the driver's hello"), hello_s)
-                if hello.get("type") != "hello" or not isinstance(hello.get("sn"), str):
-                    raise ControlProtocolError("unexpected first frame from the control server")
-                self._sock, self._snonce, self._seq = sock, hello["sn"], 0
+                session = ClientSession(self._key, self._cluster_id, hello)
+                conn = _Connection(sock, session, self._key, self)
                 self.last_connect_error = None
-                self._cnonce = os.urandom(16).hex()
-                sock = None  # owned by the client now
-                return
+                sock = None  # owned by the connection now
+                return conn
             except (OSError, DeadlineExceededError) as exc:
                 last_err = self.last_connect_error = exc
                 time.sleep(deadline.slice(0.2))
@@ -91,27 +227,58 @@ class ControlClient:
                     sock.close()
         raise ConnectionError(f"{deadline.error().args[0]} (last error: {last_err!r})")
 
+    def _connection(self, timeout_s: Optional[float]) -> _Connection:
+        if self._pid != os.getpid():  # a forked child never uses its parent's connection
+            self._conn, self._pid = None, os.getpid()
+            self._connect_lock = threading.Lock()
+        conn = self._conn
+        if conn is not None and conn.broken is None:
+            return conn
+        budget = self._connect_timeout_s if timeout_s is None else timeout_s
+        if not self._connect_lock.acquire(timeout=max(0.0, budget)):
+            raise ConnectionError(f"no connection to the tfos driver at {self._addr[0]}:{self._addr[1]} within "
+                                  f"{budget:g} s (another thread of this process is connecting)")
+        try:
+            if self._closed:
+                raise ConnectionError("the control client was closed")
+            conn = self._conn
+            if conn is None or conn.broken is not None:
+                conn = self._conn = self._open(timeout_s)
+            return conn
+        finally:
+            self._connect_lock.release()
+
     def close(self) -> None:
-        """Closes the connection (idempotent)."""
-        with self._lock:
-            if self._sock is not None:
-                try:
-                    self._sock.close()
-                finally:
-                    self._sock = None
+        """Closes the connection (idempotent); a :func:`shared_client` stays open."""
+        if not self.shared:
+            self._close()
+
+    def _close(self) -> None:
+        self._closed = True
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.fail(ConnectionError("the control client was closed"))
+
+    # ----------------------------------------------------------------- requests
+    def call(self, msg: Message, timeout_s: float = _FRAME_TIMEOUT_S, retry: bool = True,
+             connect_timeout_s: Optional[float] = None) -> dict:
+        """Sends the typed message ``msg`` and returns the server's answer (see :meth:`request`)."""
+        return self._request(msg.TYPE, msg.fields(), timeout_s, retry, connect_timeout_s)
 
     def request(
         self, msg_type: str, timeout_s: float = _FRAME_TIMEOUT_S, retry: bool = True,
-        connect_timeout_s: Optional[float] = None, **fields,
+        connect_timeout_s: Optional[float] = None, **fields: Any,
     ) -> dict:
         """Sends one request and returns the server's response body.
 
         Args:
-            msg_type: The message type, e.g. 'register' or 'heartbeat'.
+            msg_type: The message type, e.g. 'register' or 'heartbeat'. A type of
+                :mod:`tfos._control.messages` is validated as that message first.
             timeout_s: Seconds to wait for the response (long-polls pass their poll time
                 plus a margin).
-            retry: Reconnect and resend once if the connection broke (only for idempotent
-                messages).
+            retry: Reconnect and resend once if the connection broke or the answer did not
+                come in time (only for idempotent messages). A connection the driver
+                closed while no request was open is reopened in any case.
             connect_timeout_s: Seconds allowed to (re)connect for this request (default: the
                 client's ``connect_timeout_s``); callers bound it by the time left since
                 :attr:`last_contact` so that a dead driver is given up on in time.
@@ -123,49 +290,64 @@ class ControlClient:
         Raises:
             ConnectionError, ControlProtocolError, DeadlineExceededError: see the class.
         """
-        with self._lock:
-            attempts = 2 if retry else 1
-            for attempt in range(attempts):
-                try:
-                    if self._sock is None:
-                        self._connect(connect_timeout_s)
-                    assert self._sock is not None
-                    frame = self._frame(msg_type, fields)
-                    if self._seq == 1 and len(frame) > _wire.MAX_FIRST_FRAME_BYTES:
-                        # The server caps a connection's first frame: open with a small one.
-                        self._seq = 0
-                        self._exchange("hi", self._frame("hi", {}), timeout_s)
-                        frame = self._frame(msg_type, fields)
-                    return self._exchange(msg_type, frame, timeout_s)
-                except (OSError, DeadlineExceededError) as exc:
-                    if self._sock is not None:
-                        try:
-                            self._sock.close()
-                        except OSError:
-                            pass
-                        self._sock = None
-                    if attempt + 1 >= attempts:
-                        if isinstance(exc, OSError) and not isinstance(exc, ConnectionError):
-                            raise ConnectionError(f"control request {msg_type!r} failed: {exc}") from exc
-                        raise
-            raise AssertionError("unreachable")
+        cls = message_class(msg_type)
+        if cls is not None:
+            cls.decode(fields)  # the sender finds its own malformed message first
+        return self._request(msg_type, fields, timeout_s, retry, connect_timeout_s)
 
-    def _frame(self, msg_type: str, fields: dict) -> bytes:
-        # The sequence number is taken only once the frame encodes: a message that is not
-        # JSON (TypeError) must not leave a gap the server reads as a replayed frame.
-        seq = self._seq + 1
-        body = dict(fields, type=msg_type, cluster=self._cluster_id, sn=self._snonce, cn=self._cnonce, seq=seq)
-        frame = _wire.encode_frame(self._key, body)
-        self._seq = seq
-        return frame
+    def _request(self, msg_type: str, fields: dict, timeout_s: float, retry: bool, connect_timeout_s: Optional[float]) -> dict:
+        attempts = 2 if retry else 1
+        for attempt in range(attempts):
+            try:
+                return self._exchange(msg_type, fields, timeout_s, connect_timeout_s)
+            except (OSError, DeadlineExceededError) as exc:
+                if attempt + 1 >= attempts:
+                    if isinstance(exc, OSError) and not isinstance(exc, ConnectionError):
+                        raise ConnectionError(f"control request {msg_type!r} failed: {exc}") from exc
+                    raise
+        raise AssertionError("unreachable")
 
-    def _exchange(self, msg_type: str, frame: bytes, timeout_s: float) -> dict:
-        assert self._sock is not None
-        self._sock.sendall(frame)
-        resp = _wire.read_frame(
-            self._sock, self._key, Deadline(timeout_s, f"the driver's answer to {msg_type!r}"), _FRAME_TIMEOUT_S
-        )
-        if resp.get("re") != self._seq or resp.get("sn") != self._snonce or resp.get("cn") != self._cnonce:
-            raise ControlProtocolError("control response does not answer this request")
-        self.last_contact = time.monotonic()
-        return resp
+    def _exchange(self, msg_type: str, fields: dict, timeout_s: float, connect_timeout_s: Optional[float]) -> dict:
+        conn = self._connection(connect_timeout_s)
+        sent = time.monotonic()
+        answer = conn.send(msg_type, fields, timeout_s)
+        if not answer.event.wait(timeout_s):
+            conn.forget(answer)
+            if conn.last_rx < sent:
+                # Nothing at all came on this connection since the request went out: it is
+                # dead (a driver stopped, a path cut): the next request opens a new one.
+                conn.fail(ConnectionError("no answer on the control connection"))
+            raise Deadline(timeout_s, f"the driver's answer to {msg_type!r}").error()
+        if answer.error is not None:
+            raise answer.error
+        assert answer.body is not None
+        return answer.body
+
+
+_shared: "collections.OrderedDict[tuple, ControlClient]" = collections.OrderedDict()
+_shared_lock = threading.Lock()
+#: Clusters whose shared client a process keeps (the oldest is closed beyond).
+_SHARED_KEPT = 4
+
+
+def shared_client(host: str, port: int, key: bytes, cluster_id: str, connect_timeout_s: float = 10.0) -> ControlClient:
+    """The control client of this process for one cluster (Spark task side).
+
+    The feed and inference tasks a Python worker runs one after another share one
+    connection per cluster (the driver would otherwise accept one connection per request).
+    Its :meth:`ControlClient.close` does not close it; the clients of the oldest clusters
+    are closed once a process has used more than :data:`_SHARED_KEPT`.
+    """
+    ident = (os.getpid(), host, int(port), cluster_id, key)
+    with _shared_lock:
+        client = _shared.get(ident)
+        if client is not None:
+            _shared.move_to_end(ident)
+            return client
+        client = ControlClient(host, port, key, cluster_id, connect_timeout_s=connect_timeout_s)
+        client.shared = True
+        _shared[ident] = client
+        while len(_shared) > _SHARED_KEPT:
+            _, old = _shared.popitem(last=False)
+            old._close()
+        return client

@@ -39,7 +39,7 @@ import uuid
 from typing import Any, Iterator, Optional, Union
 
 from tfos._common import wire as _wire
-from tfos._control.client import ControlClient
+from tfos._control.client import ControlClient, shared_client
 from tfos._data.framing import (
     MAX_DATA_FRAME_BYTES, SPARK_SCHEMA_KEY, ChunkKind, FrameType, parse_json, recv_frame, recv_json, send_frame,
     send_frame_parts, send_json,
@@ -270,7 +270,9 @@ class _Link:
 
 
 def _client(plan: FeedPlan) -> ControlClient:
-    return ControlClient(plan.driver_host, plan.driver_port, plan.key, plan.cluster_id, connect_timeout_s=10.0)
+    # One connection per Python worker and cluster for every request of every task it
+    # runs (its close() keeps it open), not one per request.
+    return shared_client(plan.driver_host, plan.driver_port, plan.key, plan.cluster_id, connect_timeout_s=10.0)
 
 
 def _report(plan: FeedPlan, node: NodeInfo, message: str, error_type: str = "FeedError") -> None:

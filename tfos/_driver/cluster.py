@@ -16,6 +16,7 @@ import numbers
 import uuid
 from typing import Any, Callable, Optional, Sequence
 
+from tfos._control.limits import heartbeat_interval_s
 from tfos._common.deadline import Deadline
 from tfos._driver import streaming as _streaming
 from tfos._driver.backend import ClusterPlan, Launcher
@@ -463,12 +464,13 @@ def run(
         raise ConfigurationError(f"max_restarts must be an integer >= 0, got {max_restarts!r}")
     input_mode, queues, payload = _check_args(map_fun, tf_args, input_mode, queues)
     template = build_template(num_executors, num_ps, master_node, eval_node)
+    roles = tuple(roles_from_template(template))
     plan = ClusterPlan(
-        base_id=f"tfos-{uuid.uuid4().hex[:12]}", template=template, roles=tuple(roles_from_template(template)),
+        base_id=f"tfos-{uuid.uuid4().hex[:12]}", template=template, roles=roles,
         input_mode=input_mode, payload=payload, reservation_timeout_s=float(reservation_timeout),
         executor_wait_s=float(executor_wait_s), driver_ps_nodes=bool(driver_ps_nodes), progress=progress,
         settings=dict(
-            heartbeat_interval_s=min(1.0, heartbeat_timeout / 4), heartbeat_timeout_s=float(heartbeat_timeout),
+            heartbeat_interval_s=heartbeat_interval_s(len(roles), heartbeat_timeout), heartbeat_timeout_s=float(heartbeat_timeout),
             reservation_timeout_s=float(reservation_timeout), release_port=release_port, queues=queues,
             queue_chunks=queue_chunks, tensorboard=bool(tensorboard), log_dir=log_dir, forward_logs=forward_logs,
         ),

@@ -226,7 +226,7 @@ class ClusterRuntime:
         self.sc = sc
         self.cluster_id = cluster_id
         self.state = ClusterState(cluster_id, roles, heartbeat_timeout_s, on_failure=self._on_first_failure)
-        self.server = ControlServer(key, self.state.handle, host=driver_host)
+        self.server = ControlServer(key, self.state, host=driver_host, num_nodes=len(self.state.roles))
         #: Every Spark job this cluster started, in order.
         self.jobs: list[JobThread] = []
         #: Node processes on the driver host (``driver_ps_nodes=True``).
@@ -283,7 +283,10 @@ class ClusterRuntime:
         st = self.state
         ok = False
         try:
-            while not st.wait_for_event_or_failure(job.done, 0.5 if progress else 5.0):
+            # Until the job ends or a node fails (the wait answers whether the job ended: it
+            # must not be asked again once a failure is recorded, which it would answer at
+            # once, spinning until the job's cancellation ended it).
+            while not st.wait_for_event_or_failure(job.done, 0.5 if progress else 5.0) and not st.failed:
                 if progress:
                     progress.update()
             if st.failed:

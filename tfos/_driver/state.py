@@ -1,8 +1,11 @@
 """The driver's view of one cluster: registry, node states, failures, directives (driver only).
 
-This is a pure, thread-safe state machine: the control server calls :meth:`ClusterState.handle`
-for every authenticated request, a liveness thread calls :meth:`ClusterState.check_liveness`,
-and the driver API waits on it. It never touches Spark, so it is unit-tested directly.
+This is a pure, thread-safe state machine: the control server asks :meth:`ClusterState.prepare`
+for every authenticated request (a typed message of :mod:`tfos._control.messages`, looked up
+in a dispatch table; long-polls are deferred answers, :class:`tfos._control.protocol.LongPoll`,
+woken by the state's change topics), a liveness thread calls
+:meth:`ClusterState.check_liveness`, and the driver API waits on it. It never touches Spark,
+so it is unit-tested directly (:meth:`ClusterState.handle` answers a request synchronously).
 
 Node life cycle as seen by the driver::
 
@@ -16,14 +19,19 @@ Node life cycle as seen by the driver::
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
 import signal
 import threading
 import time
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Any, Callable, Hashable, Iterable, Optional, Sequence
 
 from tfos._node import output as _node_output
 from tfos._common.deadline import Deadline
+from tfos._control import messages as _msg
+from tfos._control.messages import NodeState
+from tfos._control.protocol import Call, LongPoll, RawJSON, Reply, Topic, node_topic
 from tfos.cluster_template import NodeInfo, NodeRole, build_cluster_spec
 from tfos._driver.restart import NON_RETRYABLE
 from tfos._driver.task_world import AccumulatorInbox
@@ -44,7 +52,7 @@ _MAX_STACK_CHARS = 20000
 #: after 64 newer feeds started lose their record (a re-run of one of their tasks is then
 #: no longer refused).
 MAX_FEEDS_KEPT = 64
-TERMINAL = ("finished", "failed", "stopped")
+TERMINAL = (NodeState.FINISHED, NodeState.FAILED, NodeState.STOPPED)
 
 
 def describe_exit(code: int) -> str:
@@ -106,7 +114,7 @@ class ClusterState:
         self._on_failure = on_failure
         self._cond = threading.Condition()
         self.nodes: dict[int, NodeInfo] = {}
-        self.proc_state: dict[int, str] = {r.executor_id: "pending" for r in roles}
+        self.proc_state: dict[int, NodeState] = {r.executor_id: NodeState.PENDING for r in roles}
         self.exit_codes: dict[int, int] = {}
         self.last_heartbeat: dict[int, float] = {}
         self.failures: list[NodeFailure] = []
@@ -155,6 +163,33 @@ class ClusterState:
         #: stack of main_fun's thread to put in its FeedTimeoutError.
         self._stack_asked: dict[int, int] = {}
         self._stacks: dict[int, tuple[int, str]] = {}
+        #: Counter reports asked of every node so far (``report`` in wait_event answers).
+        self._report_asked = 0
+        #: The cluster spec as JSON once every node registered (the same for every node).
+        self._spec_json: Optional[RawJSON] = None
+        #: Called with the topics of every change (the control server's long-polls).
+        self._listeners: list[Callable[[Iterable[Hashable]], None]] = []
+        #: message class -> (handler, runs off the server's loop: bool or a test of the message)
+        self._routes: dict[type, tuple[Callable[[Any], Reply], Any]] = {
+            _msg.Register: (self._on_register, False),
+            _msg.AwaitCluster: (self._on_await_cluster, False),
+            _msg.Heartbeat: (self._on_heartbeat, False),
+            _msg.WaitEvent: (self._on_wait_event, False),
+            _msg.Status: (self._on_status, lambda m: m.state in (NodeState.FAILED, NodeState.EXITED)),
+            _msg.NodeStack: (self._on_node_stack, False),
+            _msg.Stack: (self._on_stack, False),
+            _msg.FeedError: (self._on_feed_error, True),
+            _msg.NodeStateQuery: (self._on_node_state, False),
+            _msg.Log: (self._on_log, True),
+            _msg.Accumulators: (self._on_accumulators, False),
+            _msg.TensorBoard: (self._on_tensorboard, True),
+            _msg.PartitionSent: (self._on_partition_sent, False),
+            _msg.PartitionDone: (self._on_partition_done, False),
+            _msg.PartitionSkipped: (self._on_partition_skipped, False),
+            _msg.Checkpoint: (self._on_checkpoint, False),
+            _msg.ClaimPartition: (self._on_claim_partition, False),
+            _msg.EpochHandover: (self._on_epoch_handover, False),
+        }
 
     # ----------------------------------------------------------------- queries
     def role(self, executor_id: int) -> NodeRole:
@@ -194,7 +229,7 @@ class ClusterState:
     def is_done(self, executor_id: int) -> bool:
         """True when the node's main_fun ended (or its processes are gone), or the node
         only serves until stopped (state 'serving', e.g. a ParameterServerStrategy worker)."""
-        return self.proc_state[executor_id] in TERMINAL + ("serving",) or executor_id in self.exit_codes
+        return self.proc_state[executor_id] in TERMINAL + (NodeState.SERVING,) or executor_id in self.exit_codes
 
     def failed_nodes_reported(self) -> bool:
         """True when every node with a recorded failure has reported its root cause, or its
@@ -223,7 +258,7 @@ class ClusterState:
             return all(
                 self.last_heartbeat.get(eid, 0.0) > since
                 for eid in self.nodes
-                if eid not in self.exit_codes and self.proc_state.get(eid) != "failed"
+                if eid not in self.exit_codes and self.proc_state.get(eid) != NodeState.FAILED
             )
 
     def alive_nodes(self) -> list[int]:
@@ -252,7 +287,23 @@ class ClusterState:
     def poke(self) -> None:
         """Wakes every waiter (e.g. a Spark job the driver waits for ended)."""
         with self._cond:
-            self._cond.notify_all()
+            self._notify()
+
+    def add_change_listener(self, listener: Callable[[Iterable[Hashable]], None]) -> None:
+        """Calls ``listener(topics)`` on every change from now on (the control server's
+        long-polls; see :class:`tfos._control.protocol.Topic`). It is called under the
+        state's lock, from any thread: it must only take note and return."""
+        with self._cond:
+            self._listeners.append(listener)
+
+    def _notify(self, *topics: Hashable) -> None:
+        """Wakes the driver's waiters and the long-polls watching ``topics`` (every change
+        is also :attr:`Topic.ANY`). The caller holds the lock."""
+        self._cond.notify_all()
+        if self._listeners:
+            changed = (Topic.ANY,) + topics
+            for listener in self._listeners:
+                listener(changed)
 
     # ---------------------------------------------------------------- mutation
     def record_failure(self, failure: NodeFailure) -> None:
@@ -276,15 +327,15 @@ class ClusterState:
                 if 0 <= eid < len(self.roles) and failure.kind != "feed":
                     # The node itself ended with that error: its exit that follows is not
                     # a death of its own (see _on_status, 'unprompted').
-                    self.proc_state[eid] = "failed"
-                    self._cond.notify_all()
+                    self.proc_state[eid] = NodeState.FAILED
+                    self._notify(node_topic(eid))
                 return
             self.failures.append(failure)
             if self.first_failure_at is None:
                 self.first_failure_at = time.monotonic()
             if 0 <= eid < len(self.roles):
-                self.proc_state[eid] = "failed"
-            self._cond.notify_all()
+                self.proc_state[eid] = NodeState.FAILED
+            self._notify(Topic.DIRECTIVES, node_topic(eid))
         if is_root_cause(failure):
             if self.restarts_left > 0 and failure.error_type not in NON_RETRYABLE:
                 log.warning("tfos node failed: %s: %s: %s (run() has %d restart(s) left; the driver logs whether it restarts)",
@@ -306,13 +357,13 @@ class ClusterState:
         with self._cond:
             self.stop_requested = True
             self.feed_closed = self.feed_closed or feed_closed
-            self._cond.notify_all()
+            self._notify(Topic.DIRECTIVES)
 
     def close_feed(self) -> None:
         """Tells every node that no more data will be fed (end of feed)."""
         with self._cond:
             self.feed_closed = True
-            self._cond.notify_all()
+            self._notify(Topic.DIRECTIVES)
 
     def _record_feed(self, feed_id: str) -> None:
         """Notes that ``feed_id`` has a record, forgetting the oldest feeds' records beyond
@@ -332,46 +383,13 @@ class ClusterState:
             self._record_feed(feed_id)
             self._sent[feed_id] = (total, set())
 
-    def _on_partition_sent(self, body: dict, peer: str) -> dict:
-        feed_id, index = str(body["feed_id"]), int(body["index"])
-        with self._cond:
-            entry = self._sent.get(feed_id)
-            if entry is not None:
-                entry[1].add(index)
-                if len(entry[1]) >= entry[0] and not self.feed_closed:
-                    log.info("feed %s: all %d partitions handed over; closing the feed of every node", feed_id, entry[0])
-                    self.feed_closed = True
-                    self._cond.notify_all()
-        return {"ok": True}
-
     # --- issue 14 (restarts): partitions the nodes acknowledged, per feed ---
-    def _on_partition_done(self, body: dict, peer: str) -> dict:
-        feed_id, index = str(body["feed_id"]), int(body["index"])
-        with self._cond:
-            self._record_feed(feed_id)
-            self._done.setdefault(feed_id, set()).add(index)
-        return {"ok": True}
-
     def partitions_done(self, feed_id: str) -> set[int]:
         """Job partition indices of feed ``feed_id`` that a node acknowledged (a copy)."""
         with self._cond:
             return set(self._done.get(feed_id, ()))
 
     # --- checkpoint reports (ctx.report_checkpoint): where a restarted train() resumes ---
-    def _on_checkpoint(self, body: dict, peer: str) -> dict:
-        """``{"executor_id": int, "epochs": int >= 0}``: the node's checkpoint holds the first
-        ``epochs`` epochs of the running train() call (a later report replaces it)."""
-        eid, epochs = body["executor_id"], body["epochs"]
-        if isinstance(eid, bool) or not isinstance(eid, int):
-            raise ControlProtocolError(f"checkpoint: executor_id must be an int, got {eid!r}")
-        self.role(eid)
-        if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
-            raise ControlProtocolError(f"checkpoint from executor {eid}: epochs must be an int >= 0, got {epochs!r}")
-        with self._cond:
-            self._checkpoints[eid] = epochs
-        log.info("tfos node %s: checkpoint holds %d epoch(s) of the running train()", self.node_name(eid), epochs)
-        return {"ok": True}
-
     def checkpoints(self) -> dict[str, int]:
         """``{node name ('job:task'): epochs}``: each node's latest checkpoint report (a copy)."""
         with self._cond:
@@ -382,65 +400,12 @@ class ClusterState:
         with self._cond:
             self._checkpoints.clear()
 
-    # --- issue 9 (security): the driver's record of partitions handed to a node, per feed ---
-    def _on_claim_partition(self, body: dict, peer: str) -> dict:
-        """A feed task is about to stream partition ``index`` of feed ``feed_id`` to ``node``:
-        granted once per (feed, index); a re-run task (retry, stage resubmission) is refused.
-
-        ``token`` (random, one per claim a task makes) makes the request idempotent: the
-        control client resends a request once when its connection broke, possibly after
-        the driver recorded the claim, and the resent claim must be granted again, not
-        taken for a re-run task."""
-        feed_id, index, node = str(body["feed_id"]), int(body["index"]), str(body.get("node", ""))
-        token = str(body.get("token", ""))
-        with self._cond:
-            self._record_feed(feed_id)
-            claimed = self._claimed.setdefault(feed_id, {})
-            tokens = self._claim_tokens.setdefault(feed_id, {})
-            if index in claimed:
-                if token and tokens.get(index) == token:
-                    return {"granted": True}
-                return {"granted": False, "node": claimed[index]}
-            claimed[index] = node
-            tokens[index] = token
-        return {"granted": True}
-
-    def _on_partition_skipped(self, body: dict, peer: str) -> dict:
-        """A feed task ended without handing partition ``index`` of feed ``feed_id`` to any
-        node (its node had terminated the queue, or main_fun had returned)."""
-        feed_id, index = str(body["feed_id"]), int(body["index"])
-        with self._cond:
-            self._record_feed(feed_id)
-            self._skipped.setdefault(feed_id, set()).add(index)
-        return {"ok": True}
-
-    def _on_epoch_handover(self, body: dict, peer: str) -> dict:
-        """A node's epoch-aware reader asks whether the job partition indices ``lo..hi-1``
-        of feed ``feed_id`` (whole epochs) were all settled: handed to a node (claimed) or
-        skipped. Answers ``{"settled": count, "mine": [indices claimed by node, ascending]}``;
-        the node closes those epochs once ``settled == hi - lo`` and it has read every
-        partition in ``mine`` (see tfos._data.tfdata.EpochOrder)."""
-        feed_id, lo, hi, node = str(body["feed_id"]), int(body["lo"]), int(body["hi"]), str(body["node"])
-        if not 0 <= lo < hi or hi - lo > 10_000_000:
-            raise ValueError(f"bad index range {lo}..{hi}")
-        with self._cond:
-            claimed = self._claimed.get(feed_id, {})
-            skipped = self._skipped.get(feed_id, set())
-            idx: Iterable[int]
-            if hi - lo <= len(claimed) + len(skipped):
-                idx = range(lo, hi)
-            else:
-                idx = sorted(i for i in set(claimed) | skipped if lo <= i < hi)
-            settled = sum(1 for i in idx if i in claimed or i in skipped)
-            mine = sorted(i for i in idx if claimed.get(i) == node)
-        return {"settled": settled, "mine": mine}
-
     def abort(self, reason: str) -> None:
         """Tells every node and late registrant to give up (e.g. run() failed)."""
         with self._cond:
             self.abort_reason = reason
             self.stop_requested = True
-            self._cond.notify_all()
+            self._notify(Topic.DIRECTIVES)
 
     def check_liveness(self, now: Optional[float] = None) -> None:
         """Declares lost every live node whose supervisor missed ``heartbeat_timeout_s``.
@@ -459,7 +424,7 @@ class ClusterState:
         with self._cond:
             previous, self._last_liveness_check = self._last_liveness_check, now
             for eid, seen in self.last_heartbeat.items():
-                if eid in self.exit_codes or self.proc_state[eid] in ("failed", "stopped"):
+                if eid in self.exit_codes or self.proc_state[eid] in (NodeState.FAILED, NodeState.STOPPED):
                     continue
                 if self.stop_requested and self.proc_state[eid] in TERMINAL:
                     continue
@@ -597,7 +562,7 @@ class ClusterState:
                 raise
             msg = f"{exc}; main_fun had not returned on {', '.join(names)}"
             for e in stuck[:2]:  # where main_fun waits (up to 3 s each)
-                stack = str(self._on_node_stack({"executor_id": e, "wait_s": 3.0}, "driver").get("stack") or "")
+                stack = str(self._resolve(self._on_node_stack(_msg.NodeStack(e, 3.0))).get("stack") or "")
                 if stack:
                     msg += f"\n{stack}"
             raise DeadlineExceededError(msg) from None
@@ -651,7 +616,7 @@ class ClusterState:
             when none reported in time.
         """
         def returned() -> list[int]:
-            return [e for e in executor_ids if self.proc_state.get(e) in ("finished", "stopped")
+            return [e for e in executor_ids if self.proc_state.get(e) in (NodeState.FINISHED, NodeState.STOPPED)
                     and qname not in self.terminated_queues.get(e, ())]
 
         self.wait_until(lambda: bool(returned()), timeout_s)
@@ -676,6 +641,8 @@ class ClusterState:
         """
         with self._cond:
             base = {e: self.counter_reports.get(e, 0) for e in executor_ids}
+            self._report_asked += 1  # every node's directive poll returns and reports now
+            self._notify(Topic.DIRECTIVES)
         return self.wait_until(
             lambda: all(
                 self.counter_reports.get(e, 0) > n or e in self.exit_codes or self.proc_state.get(e) in TERMINAL
@@ -684,222 +651,7 @@ class ClusterState:
             timeout_s,
         )
 
-    # -------------------------------------------------------- control handlers
-    def handle(self, body: dict, peer: str) -> dict:
-        """Dispatches one authenticated control request; returns the response body.
-
-        Raises:
-            ControlProtocolError: For an unknown type, a foreign cluster id or bad fields.
-        """
-        if body.get("cluster") != self.cluster_id:
-            raise ControlProtocolError("frame is for another cluster")
-        handler = getattr(self, "_on_" + str(body.get("type")), None)
-        if handler is None:
-            raise ControlProtocolError(f"unknown message type {body.get('type')!r}")
-        try:
-            return handler(body, peer)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ControlProtocolError(f"malformed {body.get('type')!r} message: {exc!r}") from None
-
-    def _directives(self) -> dict:
-        return {
-            "stop": self.stop_requested,
-            "feed_closed": self.feed_closed,
-            "abort": self.abort_reason,
-            "failed": bool(self.failures),
-        }
-
-    def _on_register(self, body: dict, peer: str) -> dict:
-        node = NodeInfo.from_dict(body["node"])
-        role = self.role(node.executor_id)
-        if (node.job_name, node.task_index) != (role.job_name, role.task_index):
-            raise ControlProtocolError(f"executor {node.executor_id} registered as {node.job_name}:{node.task_index}, template says {role.job_name}:{role.task_index}")
-        with self._cond:
-            if self.abort_reason or self.failures:
-                return {"ok": False, "abort": self.abort_reason or "the cluster has already failed"}
-            old = self.nodes.get(node.executor_id)
-            if old is not None and old.pid != node.pid:
-                return {"ok": False, "abort": f"executor id {node.executor_id} is already taken by pid {old.pid} on {old.host} (a retried Spark task?)"}
-            clash = [n for n in self.nodes.values() if n.executor_key and n.executor_key == node.executor_key and n.executor_id != node.executor_id]
-            self.nodes[node.executor_id] = node
-            self.hosts[node.executor_id] = node.host
-            # A registered node is watched from now on, even if its supervisor dies before
-            # its first heartbeat (else check_liveness would never see it).
-            self.last_heartbeat.setdefault(node.executor_id, time.monotonic())
-            if self.proc_state[node.executor_id] == "pending":
-                self.proc_state[node.executor_id] = "registered"
-            self._cond.notify_all()
-        log.info("tfos node registered: %s, TF port %d%s", node.name, node.port, f", data port {node.data_port}" if node.data_port else "")
-        return {"ok": True, "shared_executor": [n.executor_id for n in clash]}
-
-    def _on_await_cluster(self, body: dict, peer: str) -> dict:
-        poll = min(float(body.get("poll_s", _MAX_POLL_S)), _MAX_POLL_S)
-        end = time.monotonic() + poll
-        with self._cond:
-            while True:
-                if self.abort_reason or self.failures:
-                    return {"ready": False, "abort": self.abort_reason or "another node failed"}
-                if self.all_registered():
-                    nodes = sorted(self.nodes.values(), key=lambda n: n.executor_id)
-                    return {"ready": True, "nodes": [n.to_dict() for n in nodes]}
-                left = end - time.monotonic()
-                if left <= 0:
-                    return {"ready": False, "missing": self.missing()}
-                self._cond.wait(left)
-
-    def _on_heartbeat(self, body: dict, peer: str) -> dict:
-        eid = int(body["executor_id"])
-        self.role(eid)
-        with self._cond:
-            self.last_heartbeat[eid] = time.monotonic()
-            if "host" in body and eid not in self.hosts:
-                self.hosts[eid] = str(body["host"])
-            if "rss" in body:
-                self.rss[eid] = int(body["rss"])
-            return self._directives()
-
-    def _on_wait_event(self, body: dict, peer: str) -> dict:
-        eid = int(body["executor_id"])
-        self.role(eid)
-        known = body.get("known", {})
-        counters = body.get("counters")
-        poll = min(float(body.get("poll_s", 1.0)), _MAX_POLL_S)
-        end = time.monotonic() + poll
-        with self._cond:
-            if isinstance(counters, dict):
-                self.counters[eid] = {str(k): int(v) for k, v in counters.items()}
-                self.counter_reports[eid] = self.counter_reports.get(eid, 0) + 1
-                self._cond.notify_all()
-            while True:
-                d = self._directives()
-                d["stack"] = self._stack_asked.get(eid, 0)
-                if any(d[k] != known.get(k) for k in d):
-                    return d
-                left = end - time.monotonic()
-                if left <= 0:
-                    return d
-                self._cond.wait(left)
-
-    def _on_status(self, body: dict, peer: str) -> dict:
-        eid = int(body["executor_id"])
-        self.role(eid)
-        state = str(body["state"])
-        if state == "failed":
-            f = NodeFailure.from_dict(body["failure"])
-            self.record_failure(f)
-        elif state == "exited":
-            code = int(body["code"])
-            with self._cond:
-                if "rss" in body:
-                    self.rss[eid] = int(body["rss"]) or self.rss.get(eid, 0)
-                rss = self.rss.get(eid, 0)
-                self.exit_codes[eid] = code
-                proc = self.proc_state[eid]
-                stopping = self.stop_requested
-                self._cond.notify_all()
-            # While the cluster stops, the supervisors end the TF processes themselves; an
-            # exit they did not cause ('unprompted') is a death of its own, e.g. a node
-            # SIGKILLed just before a peer's error (a consequence of that death) aborted
-            # the cluster: it is recorded, so the error names the node that died.
-            if code != 0 and proc not in ("finished", "stopped", "failed") and (not stopping or body.get("unprompted") is True):
-                hint = str(body.get("hint", ""))[:2000]  # the supervisor's: an address-space limit in force (_node/address_space.py)
-                self.record_failure(
-                    self.make_failure(eid, "exited", "ProcessDied", f"the TF process died ({describe_exit(code)}) before main_fun returned{kill_hint(code, rss)}{hint}")
-                )
-        elif state in ("running", "serving", "finished", "stopped"):
-            with self._cond:
-                if state == "finished":  # set together with the state: node_state reads both
-                    self.terminated_queues[eid] = [str(q) for q in body.get("terminated", [])]
-                if self.proc_state[eid] != "failed":
-                    self.proc_state[eid] = state
-                self._cond.notify_all()
-            if state == "finished":
-                log.info("tfos node %s: main_fun finished", self.node_name(eid))
-        else:
-            raise ControlProtocolError(f"unknown node state {state!r}")
-        return {"ok": True}
-
-    def _on_node_stack(self, body: dict, peer: str) -> dict:
-        """A feed task that timed out asks for the stack of main_fun's thread on a node:
-        the node's event loop sees the request within one poll and answers with ``stack``.
-        Waits ``wait_s`` (at most :data:`_MAX_STACK_WAIT_S`); ``{"stack": ""}`` when the
-        node did not answer in time (e.g. a C call that holds the GIL) or has ended."""
-        eid = int(body["executor_id"])
-        self.role(eid)
-        wait = max(0.0, min(float(body.get("wait_s", 3.0)), _MAX_STACK_WAIT_S))
-        end = time.monotonic() + wait
-        with self._cond:
-            seq = self._stack_asked.get(eid, 0) + 1
-            self._stack_asked[eid] = seq
-            self._cond.notify_all()
-            while True:
-                got, text = self._stacks.get(eid, (0, ""))
-                if got >= seq:
-                    return {"stack": text}
-                left = end - time.monotonic()
-                if left <= 0 or self.proc_state[eid] in TERMINAL:
-                    return {"stack": ""}
-                self._cond.wait(left)
-
-    def _on_stack(self, body: dict, peer: str) -> dict:
-        """A node's answer to a stack request (see :meth:`_on_node_stack`)."""
-        eid = int(body["executor_id"])
-        self.role(eid)
-        seq = int(body["seq"])
-        text = str(body["text"])[:_MAX_STACK_CHARS]
-        with self._cond:
-            if seq > self._stacks.get(eid, (0, ""))[0]:
-                self._stacks[eid] = (seq, text)
-                self._cond.notify_all()
-        return {"ok": True}
-
-    def _on_feed_error(self, body: dict, peer: str) -> dict:
-        self.record_failure(NodeFailure.from_dict(body["failure"]))
-        return {"ok": True}
-
-    def _on_node_state(self, body: dict, peer: str) -> dict:
-        eid = int(body["executor_id"])
-        self.role(eid)
-        with self._cond:
-            fails = [f for f in self.failures if f.executor_id == eid]
-            reply: dict[str, Any] = {
-                "state": self.proc_state[eid],
-                "exit_code": self.exit_codes.get(eid),
-                "failure": f"{fails[0].error_type}: {fails[0].message}" if fails else "",
-                "cluster_failed": bool(self.failures),
-            }
-            if self.terminated_queues.get(eid):
-                # Queues main_fun terminated before returning (feed tasks skip them quietly).
-                reply["terminated"] = list(self.terminated_queues[eid])
-            return reply
-
-    def _on_log(self, body: dict, peer: str) -> dict:
-        eid = int(body["executor_id"])
-        r = self.role(eid)
-        _node_output.emit(f"{r.job_name}:{r.task_index}", list(body.get("lines", [])))
-        return {"ok": True}
-
-    def _on_accumulators(self, body: dict, peer: str) -> dict:
-        # What main_fun added to its payload's accumulators (tfos._driver.task_world).
-        eid = int(body["executor_id"])
-        self.role(eid)
-        self.accumulators.receive(eid, self.node_name(eid), body["updates"])
-        return {"ok": True}
-
-    def _on_tensorboard(self, body: dict, peer: str) -> dict:
-        error = str(body.get("error", ""))[:8000]
-        with self._cond:
-            if error:
-                self.tensorboard_error = error
-            else:
-                self.tensorboard_url = str(body["url"])
-            self._cond.notify_all()
-        if error:
-            log.warning("TensorBoard of cluster %s failed to start:\n%s", self.cluster_id, error)
-        else:
-            log.info("TensorBoard for cluster %s: %s", self.cluster_id, self.tensorboard_url)
-        return {"ok": True}
-
+    # -------------------------------------------------------------- snapshots
     def nodes_snapshot(self) -> list[NodeInfo]:
         """The registered nodes, ordered by executor id."""
         with self._cond:
@@ -918,7 +670,7 @@ class ClusterState:
                 "registered": self.all_registered(),
                 "missing": self.missing(),
                 "nodes": [n.to_dict() for n in sorted(self.nodes.values(), key=lambda n: n.executor_id)],
-                "states": {str(k): v for k, v in self.proc_state.items()},
+                "states": {str(k): v.value for k, v in self.proc_state.items()},
                 "exit_codes": {str(k): v for k, v in self.exit_codes.items()},
                 "failures": [f.to_dict() for f in self.failures],
                 "tensorboard_url": self.tensorboard_url,
@@ -932,3 +684,338 @@ class ClusterState:
         with self._cond:
             return sum(c.get("rows", 0) for c in self.counters.values())
 
+    # -------------------------------------------------------- control handlers
+    def prepare(self, body: dict, peer: str) -> Call:
+        """Validates one authenticated request into its typed message and handler (the
+        control server's entry point, see :class:`tfos._control.protocol.Routes`).
+
+        Raises:
+            ControlProtocolError: A foreign cluster id, an unknown type or bad fields.
+        """
+        if body.get("cluster") != self.cluster_id:
+            raise ControlProtocolError("frame is for another cluster")
+        msg = _msg.decode(body)
+        route = self._routes.get(type(msg))
+        if route is None:
+            raise ControlProtocolError(f"unknown message type {body.get('type')!r}")
+        handler, offload = route
+        return Call(run=functools.partial(handler, msg), offload=offload(msg) if callable(offload) else offload)
+
+    def handle(self, body: dict, peer: str) -> dict:
+        """Answers one authenticated request, waiting for a long-poll's answer in this
+        thread (tests, and servers of plain functions).
+
+        Raises:
+            ControlProtocolError: For an unknown type, a foreign cluster id or bad fields.
+        """
+        try:
+            return self._resolve(self.prepare(body, peer).run())
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ControlProtocolError(f"malformed {body.get('type')!r} message: {exc!r}") from None
+
+    def _resolve(self, reply: Reply) -> dict:
+        """A handler's answer as a plain dict: a long-poll is waited for in this thread."""
+        if isinstance(reply, LongPoll):
+            poll = reply
+            answer: list[dict] = []
+
+            def ready() -> bool:
+                got = poll.ready()
+                if got is not None:
+                    answer.append(got)
+                return got is not None
+
+            reply = answer[0] if self.wait_until(ready, poll.timeout_s) else poll.expire()
+        return {k: json.loads(v.text) if isinstance(v, RawJSON) else v for k, v in reply.items()}
+
+    def _directives(self) -> dict:
+        return {
+            "stop": self.stop_requested,
+            "feed_closed": self.feed_closed,
+            "abort": self.abort_reason,
+            "failed": bool(self.failures),
+        }
+
+    def _on_register(self, msg: _msg.Register) -> dict:
+        node = msg.node
+        role = self.role(node.executor_id)
+        if (node.job_name, node.task_index) != (role.job_name, role.task_index):
+            raise ControlProtocolError(f"executor {node.executor_id} registered as {node.job_name}:{node.task_index}, template says {role.job_name}:{role.task_index}")
+        with self._cond:
+            if self.abort_reason or self.failures:
+                return {"ok": False, "abort": self.abort_reason or "the cluster has already failed"}
+            old = self.nodes.get(node.executor_id)
+            if old is not None and old.pid != node.pid:
+                return {"ok": False, "abort": f"executor id {node.executor_id} is already taken by pid {old.pid} on {old.host} (a retried Spark task?)"}
+            clash = [n for n in self.nodes.values() if n.executor_key and n.executor_key == node.executor_key and n.executor_id != node.executor_id]
+            self.nodes[node.executor_id] = node
+            self.hosts[node.executor_id] = node.host
+            self._spec_json = None
+            # A registered node is watched from now on, even if its supervisor dies before
+            # its first heartbeat (else check_liveness would never see it).
+            self.last_heartbeat.setdefault(node.executor_id, time.monotonic())
+            if self.proc_state[node.executor_id] == NodeState.PENDING:
+                self.proc_state[node.executor_id] = NodeState.REGISTERED
+            self._notify(node_topic(node.executor_id), *((Topic.FORMED,) if self.all_registered() else ()))
+        log.info("tfos node registered: %s, TF port %d%s", node.name, node.port, f", data port {node.data_port}" if node.data_port else "")
+        return {"ok": True, "shared_executor": [n.executor_id for n in clash]}
+
+    def _cluster_ready(self) -> Optional[dict]:
+        """The answer of ``await_cluster`` once it is known (caller holds the lock)."""
+        if self.abort_reason or self.failures:
+            return {"ready": False, "abort": self.abort_reason or "another node failed"}
+        if not self.all_registered():
+            return None
+        if self._spec_json is None:  # encoded once for every node's answer
+            self._spec_json = RawJSON(json.dumps(build_cluster_spec(self.nodes.values()), separators=(",", ":")))
+        return {"ready": True, "cluster_spec": self._spec_json}
+
+    def _on_await_cluster(self, msg: _msg.AwaitCluster) -> LongPoll:
+        """Answers ``{"ready": true, "cluster_spec": {job: [host:port]}}`` once every node
+        registered, ``{"ready": false, "abort": why}`` after a failure, else
+        ``{"ready": false, "missing": [ids]}`` at the end of the poll."""
+        def ready() -> Optional[dict]:
+            with self._cond:
+                return self._cluster_ready()
+
+        def expire() -> dict:
+            with self._cond:
+                return self._cluster_ready() or {"ready": False, "missing": self.missing()}
+
+        return LongPoll((Topic.FORMED, Topic.DIRECTIVES), ready, min(msg.poll_s, _MAX_POLL_S), expire)
+
+    def _on_heartbeat(self, msg: _msg.Heartbeat) -> dict:
+        eid = msg.executor_id
+        self.role(eid)
+        with self._cond:
+            self.last_heartbeat[eid] = time.monotonic()
+            if msg.host is not None and eid not in self.hosts:
+                self.hosts[eid] = msg.host
+            if msg.rss is not None:
+                self.rss[eid] = msg.rss
+            return self._directives()
+
+    def _on_wait_event(self, msg: _msg.WaitEvent) -> LongPoll:
+        """Answers the directives as soon as they differ from ``known`` (or at the end of
+        the poll), with ``stack`` (this node's stack requests so far) and, once the driver
+        asked for counter reports, ``report`` (how many times)."""
+        eid = msg.executor_id
+        self.role(eid)
+        known = msg.known
+        with self._cond:
+            if msg.counters is not None:
+                self.counters[eid] = dict(msg.counters)
+                self.counter_reports[eid] = self.counter_reports.get(eid, 0) + 1
+                self._cond.notify_all()  # the driver's wait_for_counters; no long-poll waits for this
+
+        def current() -> dict:
+            d = self._directives()
+            d["stack"] = self._stack_asked.get(eid, 0)
+            if self._report_asked:
+                d["report"] = self._report_asked
+            return d
+
+        def ready() -> Optional[dict]:
+            with self._cond:
+                d = current()
+                return d if any(d[k] != known.get(k) for k in d) else None
+
+        def expire() -> dict:
+            with self._cond:
+                return current()
+
+        return LongPoll((Topic.DIRECTIVES, node_topic(eid)), ready, min(msg.poll_s, _MAX_POLL_S), expire)
+
+    def _on_status(self, msg: _msg.Status) -> dict:
+        eid = msg.executor_id
+        self.role(eid)
+        state = msg.state
+        if state == NodeState.FAILED:
+            assert msg.failure is not None  # Status checks it
+            self.record_failure(msg.failure)
+        elif state == NodeState.EXITED:
+            code = msg.code
+            assert code is not None  # Status checks it
+            with self._cond:
+                if msg.rss is not None:
+                    self.rss[eid] = msg.rss or self.rss.get(eid, 0)
+                rss = self.rss.get(eid, 0)
+                self.exit_codes[eid] = code
+                proc = self.proc_state[eid]
+                stopping = self.stop_requested
+                self._notify(node_topic(eid))
+            # While the cluster stops, the supervisors end the TF processes themselves; an
+            # exit they did not cause ('unprompted') is a death of its own, e.g. a node
+            # SIGKILLed just before a peer's error (a consequence of that death) aborted
+            # the cluster: it is recorded, so the error names the node that died.
+            if code != 0 and proc not in TERMINAL and (not stopping or msg.unprompted):
+                hint = msg.hint[:2000]  # the supervisor's: an address-space limit in force (_node/address_space.py)
+                self.record_failure(
+                    self.make_failure(eid, "exited", "ProcessDied", f"the TF process died ({describe_exit(code)}) before main_fun returned{kill_hint(code, rss)}{hint}")
+                )
+        else:
+            with self._cond:
+                if state == NodeState.FINISHED:  # set together with the state: node_state reads both
+                    self.terminated_queues[eid] = list(msg.terminated)
+                if self.proc_state[eid] != NodeState.FAILED:
+                    self.proc_state[eid] = state
+                self._notify(node_topic(eid))
+            if state == NodeState.FINISHED:
+                log.info("tfos node %s: main_fun finished", self.node_name(eid))
+        return {"ok": True}
+
+    def _on_node_stack(self, msg: _msg.NodeStack) -> LongPoll:
+        """A feed task that timed out asks for the stack of main_fun's thread on a node:
+        the node's event loop sees the request within one poll and answers with ``stack``.
+        Waits ``wait_s`` (at most :data:`_MAX_STACK_WAIT_S`); ``{"stack": ""}`` when the
+        node did not answer in time (e.g. a C call that holds the GIL) or has ended."""
+        eid = msg.executor_id
+        self.role(eid)
+        wait = max(0.0, min(msg.wait_s, _MAX_STACK_WAIT_S))
+        with self._cond:
+            seq = self._stack_asked.get(eid, 0) + 1
+            self._stack_asked[eid] = seq
+            self._notify(node_topic(eid))
+
+        def ready() -> Optional[dict]:
+            with self._cond:
+                got, text = self._stacks.get(eid, (0, ""))
+                if got >= seq:
+                    return {"stack": text}
+                if self.proc_state[eid] in TERMINAL:
+                    return {"stack": ""}
+                return None
+
+        return LongPoll((node_topic(eid),), ready, wait, lambda: ready() or {"stack": ""})
+
+    def _on_stack(self, msg: _msg.Stack) -> dict:
+        """A node's answer to a stack request (see :meth:`_on_node_stack`)."""
+        eid = msg.executor_id
+        self.role(eid)
+        with self._cond:
+            if msg.seq > self._stacks.get(eid, (0, ""))[0]:
+                self._stacks[eid] = (msg.seq, msg.text[:_MAX_STACK_CHARS])
+                self._notify(node_topic(eid))
+        return {"ok": True}
+
+    def _on_feed_error(self, msg: _msg.FeedError) -> dict:
+        self.record_failure(msg.failure)
+        return {"ok": True}
+
+    def _on_node_state(self, msg: _msg.NodeStateQuery) -> dict:
+        eid = msg.executor_id
+        self.role(eid)
+        with self._cond:
+            fails = [f for f in self.failures if f.executor_id == eid]
+            reply: dict[str, Any] = {
+                "state": self.proc_state[eid].value,
+                "exit_code": self.exit_codes.get(eid),
+                "failure": f"{fails[0].error_type}: {fails[0].message}" if fails else "",
+                "cluster_failed": bool(self.failures),
+            }
+            if self.terminated_queues.get(eid):
+                # Queues main_fun terminated before returning (feed tasks skip them quietly).
+                reply["terminated"] = list(self.terminated_queues[eid])
+            return reply
+
+    def _on_log(self, msg: _msg.Log) -> dict:
+        r = self.role(msg.executor_id)
+        _node_output.emit(f"{r.job_name}:{r.task_index}", list(msg.lines))
+        return {"ok": True}
+
+    def _on_accumulators(self, msg: _msg.Accumulators) -> dict:
+        # What main_fun added to its payload's accumulators (tfos._driver.task_world).
+        eid = msg.executor_id
+        self.role(eid)
+        self.accumulators.receive(eid, self.node_name(eid), list(msg.updates))
+        return {"ok": True}
+
+    def _on_tensorboard(self, msg: _msg.TensorBoard) -> dict:
+        error = msg.error[:8000]
+        with self._cond:
+            if error:
+                self.tensorboard_error = error
+            else:
+                self.tensorboard_url = msg.url
+            self._notify()
+        if error:
+            log.warning("TensorBoard of cluster %s failed to start:\n%s", self.cluster_id, error)
+        else:
+            log.info("TensorBoard for cluster %s: %s", self.cluster_id, self.tensorboard_url)
+        return {"ok": True}
+
+    def _on_partition_sent(self, msg: _msg.PartitionSent) -> dict:
+        with self._cond:
+            entry = self._sent.get(msg.feed_id)
+            if entry is not None:
+                entry[1].add(msg.index)
+                if len(entry[1]) >= entry[0] and not self.feed_closed:
+                    log.info("feed %s: all %d partitions handed over; closing the feed of every node", msg.feed_id, entry[0])
+                    self.feed_closed = True
+                    self._notify(Topic.DIRECTIVES)
+        return {"ok": True}
+
+    def _on_partition_done(self, msg: _msg.PartitionDone) -> dict:
+        """Partitions the nodes acknowledged, per feed (a restarted train() resumes after them)."""
+        with self._cond:
+            self._record_feed(msg.feed_id)
+            self._done.setdefault(msg.feed_id, set()).add(msg.index)
+        return {"ok": True}
+
+    def _on_checkpoint(self, msg: _msg.Checkpoint) -> dict:
+        """The node's checkpoint holds the first ``epochs`` epochs of the running train()
+        call (a later report replaces it)."""
+        eid = msg.executor_id
+        self.role(eid)
+        with self._cond:
+            self._checkpoints[eid] = msg.epochs
+        log.info("tfos node %s: checkpoint holds %d epoch(s) of the running train()", self.node_name(eid), msg.epochs)
+        return {"ok": True}
+
+    def _on_claim_partition(self, msg: _msg.ClaimPartition) -> dict:
+        """A feed task is about to stream partition ``index`` of feed ``feed_id`` to ``node``:
+        granted once per (feed, index); a re-run task (retry, stage resubmission) is refused.
+
+        ``token`` (random, one per claim a task makes) makes the request idempotent: the
+        control client resends a request once when its connection broke, possibly after
+        the driver recorded the claim, and the resent claim must be granted again, not
+        taken for a re-run task."""
+        feed_id, index = msg.feed_id, msg.index
+        with self._cond:
+            self._record_feed(feed_id)
+            claimed = self._claimed.setdefault(feed_id, {})
+            tokens = self._claim_tokens.setdefault(feed_id, {})
+            if index in claimed:
+                if msg.token and tokens.get(index) == msg.token:
+                    return {"granted": True}
+                return {"granted": False, "node": claimed[index]}
+            claimed[index] = msg.node
+            tokens[index] = msg.token
+        return {"granted": True}
+
+    def _on_partition_skipped(self, msg: _msg.PartitionSkipped) -> dict:
+        """A feed task ended without handing partition ``index`` of feed ``feed_id`` to any
+        node (its node had terminated the queue, or main_fun had returned)."""
+        with self._cond:
+            self._record_feed(msg.feed_id)
+            self._skipped.setdefault(msg.feed_id, set()).add(msg.index)
+        return {"ok": True}
+
+    def _on_epoch_handover(self, msg: _msg.EpochHandover) -> dict:
+        """A node's epoch-aware reader asks whether the job partition indices ``lo..hi-1``
+        of feed ``feed_id`` (whole epochs) were all settled: handed to a node (claimed) or
+        skipped. Answers ``{"settled": count, "mine": [indices claimed by node, ascending]}``;
+        the node closes those epochs once ``settled == hi - lo`` and it has read every
+        partition in ``mine`` (see tfos._data.tfdata.EpochOrder)."""
+        lo, hi, node = msg.lo, msg.hi, msg.node
+        with self._cond:
+            claimed = self._claimed.get(msg.feed_id, {})
+            skipped = self._skipped.get(msg.feed_id, set())
+            idx: Iterable[int]
+            if hi - lo <= len(claimed) + len(skipped):
+                idx = range(lo, hi)
+            else:
+                idx = sorted(i for i in set(claimed) | skipped if lo <= i < hi)
+            settled = sum(1 for i in idx if i in claimed or i in skipped)
+            mine = sorted(i for i in idx if claimed.get(i) == node)
+        return {"settled": settled, "mine": mine}

@@ -47,6 +47,8 @@ class ClusterConfig:
             so relative ``file://`` paths map to the same folder on every node.
         tf_use_legacy_keras: The driver's ``TF_USE_LEGACY_KERAS`` when set there (else None);
             the TF process uses it when its own environment does not set the variable.
+        keras3_fix: The driver's ``TFOS_KERAS3_FIX`` when set there (else None), likewise
+            (``0`` turns off the Keras 3 multi-worker fix, docs/keras.md).
         local_master: The Spark master is ``local``/``local[N]``: executors write to the
             driver's terminal, so forwarded nodes do not also copy their output there.
     """
@@ -70,6 +72,7 @@ class ClusterConfig:
     data_timeout_s: float = 3600.0
     driver_working_dir: str = dataclasses.field(default_factory=os.getcwd)
     tf_use_legacy_keras: Optional[str] = dataclasses.field(default_factory=lambda: os.environ.get("TF_USE_LEGACY_KERAS"))
+    keras3_fix: Optional[str] = dataclasses.field(default_factory=lambda: os.environ.get("TFOS_KERAS3_FIX"))
     local_master: bool = False
 
     def __post_init__(self) -> None:

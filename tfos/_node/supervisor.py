@@ -3,7 +3,9 @@
 One supervisor per node. It is light (no TensorFlow) and:
 
 * starts the node's TF process and hands it the launch record over a pipe;
-* sends the driver a heartbeat every ``heartbeat_interval_s`` and obeys its directives;
+* sends the driver a heartbeat every ``heartbeat_interval_s`` (longer in large clusters, see
+  :func:`tfos._control.limits.heartbeat_interval_s`) and obeys its directives; its own
+  checks (below) run every second;
 * watches the executor JVM (or the driver, for driver-hosted ps nodes) and, in
   InputMode.TENSORFLOW, its parent Spark task; when one goes away it ends the TF process;
 * reaps the TF process and reports its exit code or signal to the driver at once;
@@ -33,6 +35,7 @@ import time
 from typing import Optional
 
 from tfos._driver.state import describe_exit
+from tfos._control import messages as _msg
 from tfos._control.client import ControlClient
 from tfos._data import local_socket as _local
 from tfos._node.launch import NodeLaunch
@@ -255,15 +258,19 @@ def _report(client: ControlClient, launch: NodeLaunch, kind: str, etype: str, me
         log.warning("could not report %s to the driver: %s", kind, exc)
 
 
-def node_output(launch: NodeLaunch) -> Optional[NodeOutput]:
-    """The reader of the TF process's output: forwarded to the driver, TF's C++ noise
-    dropped (C26); None when neither applies (supervisor)."""
+def node_output(launch: NodeLaunch, client: Optional[ControlClient] = None) -> Optional[NodeOutput]:
+    """The reader of the TF process's output: forwarded to the driver (over ``client``, the
+    supervisor's own connection, when given), TF's C++ noise dropped (C26); None when
+    neither applies (supervisor)."""
     cfg = launch.config
     forwarded = cfg.forwards_logs_of(launch.role)
     tf_min_level = tf_noise_level(os.environ.get("TF_CPP_MIN_LOG_LEVEL"))  # what the TF process inherits
     if not forwarded and tf_min_level is None:
         return None
-    client = ControlClient(cfg.driver_host, cfg.driver_port, cfg.key, cfg.cluster_id) if forwarded else None
+    if not forwarded:
+        client = None
+    elif client is None:
+        client = ControlClient(cfg.driver_host, cfg.driver_port, cfg.key, cfg.cluster_id)
     # Under local[N], and for a node the driver started on its own host, the "executor
     # log" is the driver's terminal: forwarded lines show once (with their node prefix).
     tee = not (forwarded and (cfg.local_master or launch.on_driver))
@@ -297,7 +304,7 @@ def supervise(launch: NodeLaunch) -> int:
     # Its own process group, so that whatever main_fun starts (subprocesses, forks,
     # TensorBoard) is ended with the node: see _end_group. Its output is read here (it
     # outlives the TF process), filtered, teed to the executor log and forwarded.
-    output = node_output(launch)
+    output = node_output(launch, client)  # its lines go over the heartbeat's connection
     try:
         if output is None:
             tf = start_node_process("tfos._node.tf_process", launch, new_session=True)
@@ -313,6 +320,10 @@ def supervise(launch: NodeLaunch) -> int:
     log.info("tfos node %s: TF process pid %d started", launch.node_name, tf.pid)
 
     started = time.monotonic()
+    # The checks below run every tick; a heartbeat goes out every heartbeat_interval_s
+    # (and a tick after a failed one).
+    tick_s = min(1.0, cfg.heartbeat_interval_s)
+    next_beat = 0.0
     refused_since: Optional[float] = None
     stop_since: Optional[float] = None
     aborted = False
@@ -323,7 +334,7 @@ def supervise(launch: NodeLaunch) -> int:
     code: Optional[int] = None
     while code is None:
         try:
-            code = tf.wait(cfg.heartbeat_interval_s)
+            code = tf.wait(tick_s)
             break
         except subprocess.TimeoutExpired:
             pass
@@ -352,47 +363,50 @@ def supervise(launch: NodeLaunch) -> int:
         else:
             stopped_since = None
         _reap_orphans(tf.pid)
-        budget = _contact_budget_s(client, cfg.heartbeat_timeout_s, started)
-        try:
-            if budget <= 0:
-                raise ConnectionError("no answer from the driver")
-            # Connect and answer both bounded by the silence budget left: a dead driver
-            # is given up on heartbeat_timeout_s after its last answer, not later. One
-            # connection attempt takes at most _CONNECT_SLICE_S; the next heartbeat retries.
-            d = client.request(
-                "heartbeat", executor_id=eid, pid=os.getpid(), host=launch.host, rss=rss,
-                timeout_s=max(0.1, min(_REQUEST_TIMEOUT_S, budget)), retry=False,
-                connect_timeout_s=max(0.1, min(budget, _CONNECT_SLICE_S)),
-            )
-            if (d.get("stop") or d.get("abort")) and stop_since is None:
-                stop_since = time.monotonic()
-            if d.get("abort") and not aborted and not terminated:
-                aborted = True
-                log.warning("tfos node %s: the cluster aborted (%s); terminating the TF process", launch.node_name, d.get("abort"))
-                code = _stop_tf(tf, ABORT_KILL_S)
-                terminated = True
-                break
-        except (OSError, ControlProtocolError, DeadlineExceededError) as exc:
-            silence = time.monotonic() - max(client.last_contact, started)
-            if isinstance(client.last_connect_error, ConnectionRefusedError):
-                refused_since = time.monotonic() if refused_since is None else refused_since
-            else:
-                refused_since = None
-            if refused_since is not None and time.monotonic() - refused_since >= min(REFUSED_GIVE_UP_S, cfg.heartbeat_timeout_s):
-                log.error("tfos node %s: the driver's control port refuses connections for %.1f s (the cluster was torn "
-                          "down or the driver exited); stopping the node", launch.node_name, time.monotonic() - refused_since)
-                driver_gone = True
-                if output is not None:
-                    output.abandon()  # at once: its sender stops trying while the TF process stops
-                code = _stop_tf(tf, ABORT_KILL_S)
-                break
-            if silence >= cfg.heartbeat_timeout_s:
-                log.error("tfos node %s: no answer from the driver for %.1f s (%s); stopping the node", launch.node_name, silence, exc)
-                driver_gone = True
-                if output is not None:
-                    output.abandon()  # at once: its sender stops trying while the TF process stops
-                code = _stop_tf(tf, ABORT_KILL_S)
-                break
+        if time.monotonic() >= next_beat:
+            next_beat = time.monotonic() + cfg.heartbeat_interval_s
+            budget = _contact_budget_s(client, cfg.heartbeat_timeout_s, started)
+            try:
+                if budget <= 0:
+                    raise ConnectionError("no answer from the driver")
+                # Connect and answer both bounded by the silence budget left: a dead driver
+                # is given up on heartbeat_timeout_s after its last answer, not later. One
+                # connection attempt takes at most _CONNECT_SLICE_S; the next heartbeat retries.
+                d = client.call(
+                    _msg.Heartbeat(executor_id=eid, pid=os.getpid(), host=launch.host, rss=rss),
+                    timeout_s=max(0.1, min(_REQUEST_TIMEOUT_S, budget)), retry=False,
+                    connect_timeout_s=max(0.1, min(budget, _CONNECT_SLICE_S)),
+                )
+                if (d.get("stop") or d.get("abort")) and stop_since is None:
+                    stop_since = time.monotonic()
+                if d.get("abort") and not aborted and not terminated:
+                    aborted = True
+                    log.warning("tfos node %s: the cluster aborted (%s); terminating the TF process", launch.node_name, d.get("abort"))
+                    code = _stop_tf(tf, ABORT_KILL_S)
+                    terminated = True
+                    break
+            except (OSError, ControlProtocolError, DeadlineExceededError) as exc:
+                next_beat = time.monotonic() + tick_s  # try again at the next tick
+                silence = time.monotonic() - max(client.last_contact, started)
+                if isinstance(client.last_connect_error, ConnectionRefusedError):
+                    refused_since = time.monotonic() if refused_since is None else refused_since
+                else:
+                    refused_since = None
+                if refused_since is not None and time.monotonic() - refused_since >= min(REFUSED_GIVE_UP_S, cfg.heartbeat_timeout_s):
+                    log.error("tfos node %s: the driver's control port refuses connections for %.1f s (the cluster was torn "
+                              "down or the driver exited); stopping the node", launch.node_name, time.monotonic() - refused_since)
+                    driver_gone = True
+                    if output is not None:
+                        output.abandon()  # at once: its sender stops trying while the TF process stops
+                    code = _stop_tf(tf, ABORT_KILL_S)
+                    break
+                if silence >= cfg.heartbeat_timeout_s:
+                    log.error("tfos node %s: no answer from the driver for %.1f s (%s); stopping the node", launch.node_name, silence, exc)
+                    driver_gone = True
+                    if output is not None:
+                        output.abandon()  # at once: its sender stops trying while the TF process stops
+                    code = _stop_tf(tf, ABORT_KILL_S)
+                    break
         if stop_since is not None and not terminated and time.monotonic() - stop_since >= STOP_GRACE_S:
             log.warning("tfos node %s: TF process still running %.0f s after stop; terminating it", launch.node_name, STOP_GRACE_S)
             code = _stop_tf(tf)

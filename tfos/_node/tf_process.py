@@ -26,16 +26,19 @@ import time
 import traceback
 from typing import Callable, Optional
 
+from tfos._control import messages as _msg
 from tfos._control.client import ControlClient
+from tfos._control.limits import event_poll_s
 from tfos._common.deadline import Deadline
 from tfos._data import local_socket as _local
 from tfos._data.feed_hub import FeedHub
+from tfos._node import keras3_fix
 from tfos._node.launch import NodeLaunch
 from tfos._node.output import OUTPUT_MARK_ENV, TF_LOG_LEVEL_DEFAULT, std_fds_identity, write_failure_marks, write_finished_marks
 from tfos._node.start_task import read_launch, setup_process_logging, watch_stdin_eof
 from tfos._node import task_world as _task_world
 from tfos._node.address_space import memory_limit_note
-from tfos.cluster_template import InputMode, NodeInfo, build_cluster_spec, tf_config_json
+from tfos.cluster_template import InputMode, NodeInfo, tf_config_json
 from tfos.errors import ControlProtocolError, DeadlineExceededError, NodeFailure, ReservationTimeoutError
 from tfos.node_context import TFNodeContext, absolute_path
 
@@ -198,23 +201,17 @@ def _after_abort(failure: NodeFailure, reason: str) -> NodeFailure:
     )
 
 
-# --- Keras flavour default (issue 11; docs/migration.md "Keras") ---------------------------
+# --- Keras flavour default (docs/migration.md "Keras") ---------------------------------------
 def _default_legacy_keras(driver_value: Optional[str]) -> None:
-    """Sets ``TF_USE_LEGACY_KERAS`` before ``main_fun`` imports TensorFlow (TF process).
+    """Forwards the driver's ``TF_USE_LEGACY_KERAS`` before ``main_fun`` imports TensorFlow (TF process).
 
-    Order: the node's own environment (e.g. ``spark.executorEnv.TF_USE_LEGACY_KERAS``) wins,
-    then the driver's value, then ``1`` when ``tf_keras`` is installed: ``tf.keras`` is then
-    Keras 2 (``tf_keras``), as TFoS programs expect. ``import keras`` is Keras 3 either way;
-    set ``TF_USE_LEGACY_KERAS=0`` to make ``tf.keras`` Keras 3.
+    The node's own environment (e.g. ``spark.executorEnv.TF_USE_LEGACY_KERAS``) wins, then
+    the driver's value. Unset on both, nothing is set: ``tf.keras`` is Keras 3, TensorFlow's
+    default, as is ``import keras``; ``TF_USE_LEGACY_KERAS=1`` makes ``tf.keras`` Keras 2
+    (``tf_keras``), as TFoS programs expect.
     """
-    import importlib.util
-
-    if "TF_USE_LEGACY_KERAS" in os.environ:
-        return
-    if driver_value is not None:
+    if "TF_USE_LEGACY_KERAS" not in os.environ and driver_value is not None:
         os.environ["TF_USE_LEGACY_KERAS"] = driver_value
-    elif importlib.util.find_spec("tf_keras") is not None:
-        os.environ["TF_USE_LEGACY_KERAS"] = "1"
 # --- end Keras flavour default --------------------------------------------------------------
 
 
@@ -225,8 +222,10 @@ def run_node(launch: NodeLaunch) -> int:
     cfg = launch.config
     role = launch.role
     eid = role.executor_id
+    # One connection for every thread of this process (main_fun's reports, the directive
+    # poll, the data server's questions, TensorBoard's report): requests are answered in
+    # any order, so the long-poll holds up nothing.
     client = ControlClient(cfg.driver_host, cfg.driver_port, cfg.key, cfg.cluster_id)
-    events = ControlClient(cfg.driver_host, cfg.driver_port, cfg.key, cfg.cluster_id)
     hub: Optional[FeedHub] = None
     stop_event = threading.Event()
     main_done = threading.Event()
@@ -245,7 +244,7 @@ def run_node(launch: NodeLaunch) -> int:
             preimport = _preimport_async(_FEED_MODULES, launch.node_name)
         me = NodeInfo(eid, role.job_name, role.task_index, launch.host, port_sock.getsockname()[1], hub.port if hub else 0, os.getpid(), launch.executor_key,
                       hub.path if hub else "")
-        resp = client.request("register", node=me.to_dict(), timeout_s=30.0)
+        resp = client.call(_msg.Register(me), timeout_s=30.0)
         if not resp.get("ok"):
             log.warning("tfos node %s not admitted: %s", launch.node_name, resp.get("abort"))
             return 0
@@ -253,17 +252,16 @@ def run_node(launch: NodeLaunch) -> int:
             cfg.reservation_timeout_s, "every node of the cluster to register",
             "too few free task slots, an executor busy with another job, or a node that failed to start",
         )
-        nodes = None
-        while nodes is None:
-            r = client.request("await_cluster", executor_id=eid, poll_s=5.0, timeout_s=30.0)
+        spec = None
+        while spec is None:
+            r = client.call(_msg.AwaitCluster(executor_id=eid, poll_s=5.0), timeout_s=30.0)
             if r.get("abort"):
                 log.warning("tfos node %s: cluster aborted while waiting: %s", launch.node_name, r["abort"])
                 return 0
             if r.get("ready"):
-                nodes = [NodeInfo.from_dict(n) for n in r["nodes"]]
+                spec = cluster_spec_of(r.get("cluster_spec"))
             elif deadline.expired():
                 raise deadline.error(ReservationTimeoutError, f"missing executor ids {r.get('missing')}")
-        spec = build_cluster_spec(nodes)
         _await_preimport(preimport, launch.node_name)  # before TensorBoard's and main_fun's subprocesses
         os.environ["TF_CONFIG"] = tf_config_json(spec, role.job_name, role.task_index)
         if launch.cuda_visible_devices is not None:
@@ -309,13 +307,15 @@ def run_node(launch: NodeLaunch) -> int:
         def _stack() -> str:
             return "" if main_done.is_set() else main_fun_stack(main_thread, launch.node_name)
 
-        threading.Thread(target=_event_loop, args=(events, eid, hub, stop_event, _on_stop, _stack), name="tfos-events", daemon=True).start()
+        threading.Thread(target=_event_loop, args=(client, eid, hub, stop_event, _on_stop, _stack, event_poll_s(cfg.num_nodes)),
+                         name="tfos-events", daemon=True).start()
         if cfg.hosts_tensorboard(role):
             tb_proc = _start_tensorboard(launch, ctx, client)
         client.request("status", executor_id=eid, state="running", timeout_s=10.0)
         if cfg.release_port:
             ctx.release_port()
         _default_legacy_keras(cfg.tf_use_legacy_keras)
+        keras3_fix.install(cfg.keras3_fix)  # applied when main_fun imports Keras 3 (docs/keras.md)
         main_fun, tf_args = cloudpickle.loads(launch.fn_payload)  # from the local pipe, not the network
         log.info("tfos node %s: starting main_fun%s", launch.node_name, f" (attempt {launch.attempt})" if launch.attempt else "")
         try:
@@ -487,14 +487,30 @@ def main_fun_stack(thread: threading.Thread, node_name: str) -> str:
     return "".join(lines).rstrip("\n")
 
 
+def cluster_spec_of(value: object) -> dict[str, list[str]]:
+    """The cluster spec of the driver's ``await_cluster`` answer, checked (TF process).
+
+    Raises:
+        ControlProtocolError: Not a ``{job: ["host:port", ...]}`` mapping.
+    """
+    if not isinstance(value, dict) or not all(
+        isinstance(job, str) and isinstance(addrs, list) and all(isinstance(a, str) for a in addrs) for job, addrs in value.items()
+    ):
+        raise ControlProtocolError(f"the driver's cluster spec is not a mapping of jobs to addresses: {str(value)[:200]}")
+    return value
+
+
 def _event_loop(client: ControlClient, eid: int, hub: Optional[FeedHub], stop_event: threading.Event, on_stop,
-                stack_of: Optional[Callable[[], str]] = None) -> None:
+                stack_of: Optional[Callable[[], str]] = None, poll_s: float = 1.0) -> None:
+    """Long-polls the driver for directives (TF process thread): each poll ends at once on
+    a change, or after ``poll_s`` (longer in larger clusters, see
+    :func:`tfos._control.limits.event_poll_s`), and carries the row counters."""
     known: dict = {}
     while True:
         try:
-            d = client.request(
-                "wait_event", executor_id=eid, known=known,
-                counters={"rows": hub.rows_taken if hub else 0}, poll_s=1.0, timeout_s=15.0,
+            d = client.call(
+                _msg.WaitEvent(executor_id=eid, known=known, counters={"rows": hub.rows_taken if hub else 0}, poll_s=poll_s),
+                timeout_s=poll_s + 14.0,
             )
         except _REQ_ERRORS:
             time.sleep(1.0)  # the supervisor decides when the driver is gone
@@ -515,7 +531,7 @@ def _event_loop(client: ControlClient, eid: int, hub: Optional[FeedHub], stop_ev
         if (d.get("stop") or d.get("abort")) and not stop_event.is_set():
             stop_event.set()
             on_stop()
-        known = {k: d.get(k) for k in ("stop", "feed_closed", "abort", "failed", "stack")}
+        known = {k: d.get(k) for k in ("stop", "feed_closed", "abort", "failed", "stack", "report")}
 
 
 def _flush_std_streams() -> None:

@@ -7,10 +7,10 @@ TF process that tfos starts on every node (the model, the exports). The scripts 
 this module *by value* to executors and nodes (:func:`ship_by_value`), so nothing has
 to be installed on the executors and ``spark-submit`` needs no ``--py-files``.
 
-Keras flavour: the nodes use ``tf_keras`` (Keras 2), with ``TF_USE_LEGACY_KERAS=1``
-set before TensorFlow is imported (:func:`import_tf_keras`). Keras 3's ``model.fit``
-fails under ``MultiWorkerMirroredStrategy`` with two workers on TensorFlow 2.21
-("Attempt to convert a value (PerReplica...)"); tf_keras trains correctly.
+Keras flavour: the nodes use Keras 3 (``import keras``), TensorFlow's default; tfos makes
+its ``model.fit`` correct under ``MultiWorkerMirroredStrategy`` (docs/keras.md). ``--tf_keras``
+selects the legacy ``tf_keras`` (Keras 2) instead, with ``TF_USE_LEGACY_KERAS=1`` set before
+TensorFlow is imported (:func:`import_keras`).
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def common_parser(description: str, epochs: int = 5) -> argparse.ArgumentParser:
 
     Returns:
         A parser with ``--cluster_size``, ``--epochs``, ``--batch_size``, ``--model_dir``,
-        ``--export_dir``, ``--tensorboard``, ``--master``.
+        ``--export_dir``, ``--tensorboard``, ``--tf_keras``, ``--master``.
     """
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--cluster_size", type=positive_int, default=2,
@@ -80,6 +80,8 @@ def common_parser(description: str, epochs: int = 5) -> argparse.ArgumentParser:
     p.add_argument("--export_dir", default="output/mnist/export", help="SavedModel directory")
     p.add_argument("--tensorboard", action="store_true",
                    help="run TensorBoard on the chief (over MODEL_DIR/tensorboard) and print its URL")
+    p.add_argument("--tf_keras", action="store_true",
+                   help="train with the legacy tf_keras (Keras 2, TF_USE_LEGACY_KERAS=1) instead of Keras 3")
     p.add_argument("--progress", action="store_true",
                    help="show tfos' feed progress bar on stderr (off: it would interleave with the log lines)")
     p.add_argument("--master", default=None,
@@ -345,35 +347,47 @@ def load_images(sc: Any, path: str, fmt: str) -> Any:
 # ---------------------------------------------------------------------------
 
 
-def import_tf_keras() -> tuple[Any, Any]:
-    """Imports TensorFlow with the legacy Keras 2 (``tf_keras``) as ``tf.keras`` (TF process).
+def import_keras(tf_keras: bool = False) -> tuple[Any, Any]:
+    """Imports TensorFlow and Keras 3, or the legacy Keras 2 (``tf_keras``) (TF process).
 
-    ``TF_USE_LEGACY_KERAS=1`` must be set before TensorFlow is first imported; the TF
-    process started by tfos has not imported it yet when ``main_fun`` begins.
+    For ``tf_keras``, ``TF_USE_LEGACY_KERAS=1`` must be set before TensorFlow is first
+    imported; the TF process started by tfos has not imported it yet when ``main_fun`` begins.
+
+    Args:
+        tf_keras: Use ``tf_keras`` (``--tf_keras``) instead of Keras 3.
 
     Returns:
-        ``(tensorflow, tf_keras)``.
+        ``(tensorflow, keras)``: the ``keras`` (3) or ``tf_keras`` module.
     """
-    os.environ["TF_USE_LEGACY_KERAS"] = "1"
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if not tf_keras:
+        import keras
+        import tensorflow as tf
+
+        return tf, keras
+    os.environ["TF_USE_LEGACY_KERAS"] = "1"
     if "tensorflow" in sys.modules and "tf_keras" not in sys.modules:
         logger.warning("tensorflow was imported before TF_USE_LEGACY_KERAS=1 was set; using tf_keras directly")
     import tensorflow as tf
-    import tf_keras as keras
+    import tf_keras
 
-    return tf, keras
+    return tf, tf_keras
+
+
+def import_tf_keras() -> tuple[Any, Any]:
+    """``import_keras(tf_keras=True)``: TensorFlow and ``tf_keras`` (scripts/bench_train.py's flavour)."""
+    return import_keras(tf_keras=True)
 
 
 def build_model(keras: Any, learning_rate: float = 1e-3) -> Any:
     """The MLP 784-256-128-10 (softmax), compiled with Adam (TF process, in the strategy scope).
 
     Args:
-        keras: The ``tf_keras`` module.
+        keras: The ``keras`` or ``tf_keras`` module.
         learning_rate: Adam's learning rate.
 
     Returns:
-        A compiled ``tf_keras`` functional model with input ``image`` and output
-        ``probabilities``.
+        A compiled functional model with input ``image`` and output ``probabilities``.
     """
     inputs = keras.Input(shape=(NUM_PIXELS,), name=INPUT_NAME)
     x = keras.layers.Dense(256, activation="relu")(inputs)
@@ -386,6 +400,11 @@ def build_model(keras: Any, learning_rate: float = 1e-3) -> Any:
         metrics=["accuracy"],
     )
     return model
+
+
+def is_tf_keras(keras: Any) -> bool:
+    """True for the legacy ``tf_keras`` module (Keras 2), False for Keras 3."""
+    return keras.__name__.split(".")[0] == "tf_keras"
 
 
 def is_chief(ctx: Any) -> bool:
@@ -416,9 +435,9 @@ def keras_callbacks(keras: Any, ctx: Any, args: argparse.Namespace) -> list:
     driver learns each saved epoch and a restarted feed resumes there. ``--model_dir`` must be on storage every executor
     reaches: a restart may run on other executors.
 
-    Under MultiWorkerMirroredStrategy tf_keras lets every worker run these callbacks
-    (they involve collectives) and keeps only the chief's files: the other workers
-    write to temporary directories.
+    Under MultiWorkerMirroredStrategy every worker runs these callbacks (saving involves
+    collectives) and only the chief's files are kept: the other workers write to temporary
+    directories (tf_keras does so itself, tfos's Keras 3 fix does it for Keras 3).
     """
     model_dir = node_path(ctx, args.model_dir)
     if getattr(ctx, "attempt", 0):
@@ -426,8 +445,9 @@ def keras_callbacks(keras: Any, ctx: Any, args: argparse.Namespace) -> list:
               f"{os.path.join(model_dir, BACKUP_DIR)}", flush=True)
     return [
         keras.callbacks.BackupAndRestore(os.path.join(model_dir, BACKUP_DIR), delete_checkpoint=False),
-        keras.callbacks.ModelCheckpoint(
-            os.path.join(model_dir, CHECKPOINT_DIR, "epoch-{epoch:02d}"), save_weights_only=True
+        keras.callbacks.ModelCheckpoint(  # Keras 3 names weights files *.weights.h5
+            os.path.join(model_dir, CHECKPOINT_DIR, "epoch-{epoch:02d}" + ("" if is_tf_keras(keras) else ".weights.h5")),
+            save_weights_only=True,
         ),
         keras.callbacks.TensorBoard(log_dir=os.path.join(model_dir, TENSORBOARD_DIR), update_freq="epoch", profile_batch=0),
     ]
@@ -440,11 +460,12 @@ def save_model(ctx: Any, model: Any, args: argparse.Namespace) -> None:
     save: the chief writes ``--export_dir`` and ``--model_dir/model.keras``; the others
     write the same to a temporary directory that is then deleted.
 
-    The SavedModel (tf_keras ``save_format="tf"``, via ``ctx.export_saved_model``) has
-    the signature ``serving_default(image: float32[None, 784]) -> {"probabilities":
-    float32[None, 10]}`` and loads with ``tf.saved_model.load`` (no Keras needed) or
-    ``tf_keras.models.load_model``. ``model.keras`` is tf_keras' zip format; load it
-    with ``tf_keras.models.load_model`` (Keras 3 cannot read a tf_keras file).
+    The SavedModel (via ``ctx.export_saved_model``: Keras 3's ``model.export``, or tf_keras'
+    ``save_format="tf"``) has the signature ``serving_default(image: float32[None, 784])``
+    with one float32[None, 10] output of probabilities, and loads with
+    ``tf.saved_model.load`` (no Keras needed). ``model.keras`` loads with
+    ``keras.models.load_model`` (a ``--tf_keras`` run's with ``tf_keras.models.load_model``:
+    the two formats differ).
     """
     chief = is_chief(ctx)
     ctx.export_saved_model(model, node_path(ctx, args.export_dir), is_chief=chief)
@@ -468,17 +489,17 @@ def write_json(tf: Any, path: str, obj: dict) -> None:
 
 
 def epoch_logger(keras: Any, epochs: int) -> Any:
-    """A tf_keras callback printing ``Epoch i/n - steps - seconds - loss - accuracy`` (TF process).
+    """A Keras callback printing ``Epoch i/n - steps - seconds - loss - accuracy`` (TF process).
 
     Also prints the gap between epochs: the seconds from the last step of the previous
     epoch to the first step of this one, and how much of it the end-of-epoch callbacks
     listed before this one took (checkpoints, TensorBoard, checkpoint reports); list this
-    callback last. A wait for the next epoch's first batch is not in the gap: tf_keras
+    callback last. A wait for the next epoch's first batch is not in the gap: Keras
     takes the batch inside the first step. The metrics are those of the whole
-    cluster: under MultiWorkerMirroredStrategy tf_keras aggregates them over all workers.
+    cluster: under MultiWorkerMirroredStrategy Keras aggregates them over all workers.
 
     Args:
-        keras: The ``tf_keras`` module.
+        keras: The ``keras`` or ``tf_keras`` module.
         epochs: The total number of epochs (for the ``i/n`` display).
     """
     class EpochLogger(keras.callbacks.Callback):

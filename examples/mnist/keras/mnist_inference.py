@@ -4,7 +4,7 @@ The driver reads the test images with Spark (CSV as an RDD, default, or TFRecord
 through ``tfos.dfutil.loadTFRecords`` with ``--format tfr``), starts a tfos cluster of
 ``--cluster_size`` nodes in InputMode.SPARK and calls ``cluster.inference(rdd)``. Each
 node runs :func:`main_fun`: it loads the model — the SavedModel in ``--export_dir``
-(default, through ``tf.saved_model.load``: no Keras needed) or the tf_keras file
+(default, through ``tf.saved_model.load``: no Keras needed) or the Keras file
 ``--model_dir/model.keras`` (``--model_format keras``) — and answers every batch of
 rows with one ``"label,prediction"`` string per row. The driver writes those rows to
 ``--output`` (``saveAsTextFile``: ``part-*`` files) and prints the test accuracy.
@@ -40,7 +40,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="csv: an RDD parsed from the CSV files; tfr: the TFRecords read with dfutil")
     p.add_argument("--images", default=None, help="directory of test part files (default: data/mnist/FORMAT/test)")
     p.add_argument("--model_format", choices=("savedmodel", "keras"), default="savedmodel",
-                   help="savedmodel: load EXPORT_DIR with tf.saved_model.load; keras: MODEL_DIR/model.keras with tf_keras")
+                   help="savedmodel: load EXPORT_DIR with tf.saved_model.load; keras: MODEL_DIR/model.keras with Keras 3 (with tf_keras when --tf_keras)")
     p.add_argument("--output", default="output/mnist/predictions",
                    help="directory for the label,prediction lines (replaced if present)")
     args = p.parse_args(argv)
@@ -59,7 +59,7 @@ def load_predictor(args: argparse.Namespace, ctx: Any) -> Any:
     import numpy as np
 
     if args.model_format == "keras":
-        tf, keras = common.import_tf_keras()
+        tf, keras = common.import_keras(args.tf_keras)
         model = keras.models.load_model(os.path.join(common.node_path(ctx, args.model_dir), common.KERAS_FILE))
         return lambda images: np.argmax(model.predict_on_batch(images), axis=-1)
 

@@ -6,7 +6,7 @@ The driver reads the training images with Spark — the CSV files as an RDD of
 ``--cluster_size`` nodes (one chief, the rest workers) and calls
 ``cluster.train(data, epochs, end_of_feed=True)``. Each node runs :func:`main_fun`: it
 joins a ``MultiWorkerMirroredStrategy`` and trains the same MLP as ``mnist_tf.py`` with
-tf_keras ``model.fit`` on the rows Spark feeds it, one ``fit`` call over all epochs,
+Keras 3 ``model.fit`` (``--tf_keras``: tf_keras) on the rows Spark feeds it, one ``fit`` call over all epochs,
 then saves it (same outputs as ``mnist_tf.py``).
 
 Epochs. ``cluster.train(data, n)`` feeds every partition ``n`` times, and every fed row
@@ -63,7 +63,7 @@ logger = common.logger
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     """Parses the command line (driver)."""
-    p = common.common_parser("MNIST with tf_keras and MultiWorkerMirroredStrategy, fed by Spark (InputMode.SPARK).")
+    p = common.common_parser("MNIST with Keras 3 and MultiWorkerMirroredStrategy, fed by Spark (InputMode.SPARK).")
     p.add_argument("--format", choices=("csv", "tfr"), default="csv",
                    help="csv: an RDD parsed from the CSV files; tfr: a DataFrame from the TFRecords (dfutil)")
     p.add_argument("--images", default=None, help="directory of training part files (default: data/mnist/FORMAT/train)")
@@ -122,7 +122,7 @@ def feed_dataset(tf: Any, feed: Any, batch_size: int, steps_per_epoch: int, shuf
 
 def main_fun(args: argparse.Namespace, ctx: Any) -> None:
     """Trains on the fed rows and saves the model (TF process, every node)."""
-    tf, keras = common.import_tf_keras()
+    tf, keras = common.import_keras(args.tf_keras)
 
     chief = common.is_chief(ctx)
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
@@ -157,7 +157,7 @@ def main_fun(args: argparse.Namespace, ctx: Any) -> None:
     callbacks = common.keras_callbacks(keras, ctx, args) + reports + [common.epoch_logger(keras, args.epochs)]
     began = time.monotonic()
     # One fit over all epochs on one iterator: every node's dataset has exactly `steps`
-    # batches per epoch (see feed_dataset), so the epochs of tf_keras and of the feed agree
+    # batches per epoch (see feed_dataset), so the epochs of Keras and of the feed agree
     # on every node. The epoch logger prints each epoch's line (steps, seconds, the gap
     # since the previous epoch).
     result = model.fit(dist_ds, epochs=args.epochs, steps_per_epoch=steps, verbose=0, callbacks=callbacks)

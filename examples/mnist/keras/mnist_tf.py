@@ -4,11 +4,11 @@ The driver starts a tfos cluster of ``--cluster_size`` nodes (one chief, the res
 workers) and waits. Each node runs :func:`main_fun` in its own TF process: it joins a
 ``MultiWorkerMirroredStrategy`` (synchronous data parallelism), reads its share of the
 TFRecord files (``TFNode.shard_files``: files ``[rank::num_workers]``), trains the
-MLP with tf_keras ``model.fit``, evaluates it on its share of the test files, and saves
+MLP with Keras 3 ``model.fit`` (``--tf_keras``: tf_keras), evaluates it on its share of the test files, and saves
 it. The chief's files are kept:
 
 * ``--export_dir``: SavedModel (signature ``serving_default(image) -> probabilities``);
-* ``--model_dir/model.keras``: the tf_keras model file;
+* ``--model_dir/model.keras``: the Keras model file;
 * ``--model_dir/checkpoints/epoch-NN``: weights after every epoch;
 * ``--model_dir/tensorboard``: TensorBoard logs (served with ``--tensorboard``);
 * ``--model_dir/train_summary.json``: per-epoch loss/accuracy and the test accuracy.
@@ -40,7 +40,7 @@ logger = common.logger
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     """Parses the command line (driver)."""
-    p = common.common_parser("MNIST with tf_keras and MultiWorkerMirroredStrategy; the nodes read TFRecords.")
+    p = common.common_parser("MNIST with Keras 3 and MultiWorkerMirroredStrategy; the nodes read TFRecords.")
     p.add_argument("--images", default="data/mnist/tfr/train", help="directory of training TFRecord part files")
     p.add_argument("--test_images", default=None,
                    help="directory of test TFRecord part files (default: 'test' next to --images; 'none' to skip)")
@@ -89,7 +89,7 @@ def tfrecord_dataset(tf: Any, files: Sequence[str], global_batch: int, shuffle_b
 
 def main_fun(args: argparse.Namespace, ctx: Any) -> None:
     """Trains, evaluates and saves the model on one node (TF process, every node)."""
-    tf, keras = common.import_tf_keras()
+    tf, keras = common.import_keras(args.tf_keras)
     from tfos import TFNode
 
     chief = common.is_chief(ctx)

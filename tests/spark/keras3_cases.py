@@ -1,0 +1,276 @@
+"""Keras 3 programs run by tests/spark/test_keras3_loopback.py, in processes of their own.
+
+    python keras3_cases.py OUT_JSON worker   (TF_CONFIG set: a MultiWorkerMirroredStrategy worker)
+    python keras3_cases.py OUT_JSON reference (one process, two logical CPU devices)
+
+A worker installs tfos's Keras 3 fix the way a tfos TF process does before ``main_fun``
+(``tfos._node.keras3_fix.install()``; ``TFOS_KERAS3_FIX=0`` turns it off) and runs every
+case under ``MultiWorkerMirroredStrategy``. The reference runs the same cases on the same
+global batches in one process, without the fix: with one replica (the default strategy), and,
+where each replica's share of the batch changes the result (Dropout masks, BatchNormalization
+batch statistics, low-precision sums), also with two replicas
+(``MirroredStrategy`` over two logical CPUs: what Keras does on one machine with two devices).
+Every case writes weights, history, evaluate/predict results and file lists to OUT_JSON.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import signal
+import sys
+import traceback
+
+OUT, ROLE = sys.argv[1], sys.argv[2]
+faulthandler.enable()
+faulthandler.register(signal.SIGUSR1)  # the test dumps every thread's stack before killing a stuck run
+if ROLE == "worker":
+    from tfos._node import keras3_fix
+
+    keras3_fix.install()  # what the TF process does before main_fun
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+if ROLE == "reference":
+    _cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(_cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+
+import keras  # noqa: E402
+
+TASK = json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {}).get("index", 0)
+FILES = os.path.join(os.path.dirname(OUT), "files")  # shared by both workers, as on shared storage
+EPOCHS = 2
+GLOBAL_BATCH = 32
+rng = np.random.default_rng(0)
+X = rng.normal(size=(256, 4)).astype("float32")
+Y = (X.sum(axis=1) > 0).astype("float32")
+X_PREDICT = rng.normal(size=(251, 4)).astype("float32")  # a last batch of 27 rows: 14 + 13 per worker
+
+
+def strategies() -> dict:
+    """``{name: strategy}`` this process runs every case under."""
+    if ROLE == "worker":
+        return {"workers": tf.distribute.MultiWorkerMirroredStrategy()}
+    return {"one_replica": tf.distribute.get_strategy(), "two_replicas": tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])}
+
+
+def dataset(*tensors, batch: int = GLOBAL_BATCH):
+    """Global batches of ``tensors``, in order; each worker gets its half of every batch."""
+    ds = tf.data.Dataset.from_tensor_slices(tensors if len(tensors) > 1 else tensors[0]).batch(batch)
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    return ds.with_options(options)
+
+
+def mlp(*middle) -> keras.Model:
+    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"), *middle,
+                             keras.layers.Dense(1, activation="sigmoid")])
+
+
+def compiled(strategy, build=mlp, optimizer=lambda: keras.optimizers.SGD(0.1), **compile_kwargs) -> keras.Model:
+    keras.utils.set_random_seed(1)  # the same initial weights in every process
+    with strategy.scope():
+        model = build()
+        model.compile(optimizer=optimizer(), loss="binary_crossentropy", metrics=["accuracy"], **compile_kwargs)
+    return model
+
+
+def record(model, history=None, **more) -> dict:
+    out = {"weights": [w.tolist() for w in model.get_weights()]}
+    if history is not None:
+        out["history"] = history.history
+        out["epochs"] = list(history.epoch)
+    out.update(more)
+    return out
+
+
+def fit_evaluate_predict(strategy) -> dict:
+    """fit with two metrics and validation_data, then evaluate and predict (dataset and numpy)."""
+    keras.utils.set_random_seed(1)
+    with strategy.scope():
+        model = mlp()
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="binary_crossentropy",
+                      metrics=["accuracy", keras.metrics.AUC(name="auc")])
+    history = model.fit(dataset(X, Y), epochs=EPOCHS, verbose=0, validation_data=dataset(X[:64], Y[:64]))
+    return record(model, history,
+                  evaluate=model.evaluate(dataset(X, Y), verbose=0, return_dict=True),
+                  predict=model.predict(dataset(X_PREDICT), verbose=0)[:, 0].tolist(),
+                  predict_numpy=model.predict(X_PREDICT, batch_size=GLOBAL_BATCH, verbose=0)[:, 0].tolist())
+
+
+def steps_per_execution(strategy) -> dict:
+    model = compiled(strategy, optimizer=lambda: keras.optimizers.Adam(0.01), steps_per_execution=3)
+    history = model.fit(dataset(X, Y), epochs=EPOCHS, verbose=0)  # 8 steps per epoch: 3 + 3 + 2
+    return record(model, history, evaluate=model.evaluate(dataset(X, Y), verbose=0, return_dict=True),
+                  predict=model.predict(dataset(X_PREDICT), verbose=0)[:, 0].tolist())
+
+
+def dict_inputs(strategy) -> dict:
+    def build():
+        a, b = keras.Input((2,), name="a"), keras.Input((2,), name="b")
+        hidden = keras.layers.Dense(8, activation="relu")(keras.layers.Concatenate()([a, b]))
+        return keras.Model({"a": a, "b": b}, keras.layers.Dense(1, activation="sigmoid")(hidden))
+
+    model = compiled(strategy, build)
+    inputs = {"a": X[:, :2], "b": X[:, 2:]}
+    history = model.fit(dataset(inputs, Y), epochs=EPOCHS, verbose=0)
+    return record(model, history, evaluate=model.evaluate(dataset(inputs, Y), verbose=0, return_dict=True),
+                  predict=model.predict(dataset({"a": X_PREDICT[:, :2], "b": X_PREDICT[:, 2:]}), verbose=0)[:, 0].tolist())
+
+
+def dropout_batchnorm(synchronized: bool):
+    def case(strategy) -> dict:
+        model = compiled(strategy, lambda: mlp(keras.layers.Dropout(0.3, seed=5), keras.layers.BatchNormalization(synchronized=synchronized)))
+        history = model.fit(dataset(X, Y), epochs=EPOCHS, verbose=0)
+        # Each replica's own copy of every variable (BatchNormalization's moving statistics
+        # are updated from each replica's rows).
+        replicas = [[np.asarray(t).tolist() for t in strategy.experimental_local_results(v.value)] for v in model.weights]
+        return record(model, history, evaluate=model.evaluate(dataset(X, Y), verbose=0, return_dict=True),
+                      replica_weights=[list(r) for r in zip(*replicas)],
+                      trainable=[i for i, v in enumerate(model.weights) if v.trainable])
+
+    return case
+
+
+def batchnorm_synchronized(strategy) -> dict:
+    model = compiled(strategy, lambda: mlp(keras.layers.BatchNormalization(synchronized=True)))
+    history = model.fit(dataset(X, Y), epochs=EPOCHS, verbose=0)
+    return record(model, history, evaluate=model.evaluate(dataset(X, Y), verbose=0, return_dict=True))
+
+
+def mixed_precision(policy: str):
+    def case(strategy) -> dict:
+        keras.mixed_precision.set_global_policy(policy)
+        try:
+            model = compiled(strategy)
+            history = model.fit(dataset(X, Y), epochs=EPOCHS, verbose=0)
+            return record(model, history, evaluate=model.evaluate(dataset(X, Y), verbose=0, return_dict=True),
+                          optimizer=type(model.optimizer).__name__, compute_dtype=model.layers[0].compute_dtype)
+        finally:
+            keras.mixed_precision.set_global_policy("float32")
+
+    return case
+
+
+class CrashAfterEpoch(keras.callbacks.Callback):
+    """Raises at the end of epoch ``epoch`` (0-based), after the callbacks listed before it."""
+
+    def __init__(self, epoch: int) -> None:
+        super().__init__()
+        self.epoch = epoch
+
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch == self.epoch:
+            raise RuntimeError(f"injected failure after epoch {epoch + 1}")
+
+
+def callbacks_and_restart(name: str):
+    """The failed attempt trains 2 of 5 epochs, saved by BackupAndRestore, and fails; the
+    next attempt (a fresh model, as in a restarted TF process) resumes with
+    ModelCheckpoint, EarlyStopping and TensorBoard. Both workers share every path."""
+
+    def case(strategy) -> dict:
+        root = os.path.join(FILES, name)
+        backup = os.path.join(root, "backup")
+        model = compiled(strategy, optimizer=lambda: keras.optimizers.Adam(0.01))
+        try:
+            model.fit(dataset(X, Y), epochs=5, verbose=0, callbacks=[keras.callbacks.BackupAndRestore(backup), CrashAfterEpoch(1)])
+            failed = ""
+        except RuntimeError as exc:
+            failed = str(exc)
+        model = compiled(strategy, optimizer=lambda: keras.optimizers.Adam(0.01))
+        history = model.fit(dataset(X, Y), epochs=5, verbose=0, callbacks=[
+            keras.callbacks.BackupAndRestore(backup),  # delete_checkpoint=True: removed at the end
+            keras.callbacks.ModelCheckpoint(os.path.join(root, "ckpt", "epoch-{epoch:02d}.weights.h5"), save_weights_only=True),
+            keras.callbacks.ModelCheckpoint(os.path.join(root, "ckpt", "best.keras"), monitor="loss", save_best_only=True),
+            keras.callbacks.EarlyStopping(monitor="loss", min_delta=0.1, patience=0),
+            keras.callbacks.TensorBoard(os.path.join(root, "tensorboard")),
+        ])
+        files = sorted(os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs)
+        out = record(model, history, failed=failed, files=files)
+        if strategy.extended.should_checkpoint:  # the chief reads back what it wrote
+            last = keras.models.clone_model(model)
+            last.load_weights(os.path.join(root, "ckpt", f"epoch-{history.epoch[-1] + 1:02d}.weights.h5"))
+            out["last_checkpoint"] = [w.tolist() for w in last.get_weights()]
+            out["best_loss"] = float(keras.models.load_model(os.path.join(root, "ckpt", "best.keras")).evaluate(
+                X, Y, batch_size=GLOBAL_BATCH, verbose=0, return_dict=True)["loss"])
+        return out
+
+    return case
+
+
+def save_and_load(name: str):
+    """Saves ``model.keras`` and exports a SavedModel as TensorFlow's multi-worker tutorial
+    does: under MultiWorkerMirroredStrategy saving reads the metrics' variables across the
+    workers (collectives), so every worker saves, the chief to the real path and the others
+    to a temporary one. The chief loads both back for inference."""
+
+    def case(strategy) -> dict:
+        import shutil
+        import tempfile
+
+        model = compiled(strategy)
+        history = model.fit(dataset(X, Y), epochs=EPOCHS, verbose=0)
+        expected = model.predict(X_PREDICT, verbose=0)[:, 0]  # on every worker: it runs collectives
+        out = record(model, history, predict=expected.tolist())
+        chief = strategy.extended.should_checkpoint
+        target = FILES if chief else tempfile.mkdtemp()
+        os.makedirs(target, exist_ok=True)
+        path = os.path.join(target, name)
+        model.save(path + ".keras")
+        model.export(path + "-savedmodel", verbose=False)
+        if chief:
+            loaded = keras.models.load_model(path + ".keras").predict(X_PREDICT, verbose=0)[:, 0]
+            savedmodel = tf.saved_model.load(path + "-savedmodel")  # kept: its functions need its variables
+            served = savedmodel.serve(tf.constant(X_PREDICT)).numpy()[:, 0]
+            out["loaded_diff"] = float(np.abs(loaded - expected).max())
+            out["served_diff"] = float(np.abs(served - expected).max())
+        else:
+            shutil.rmtree(target)
+        return out
+
+    return case
+
+
+#: Cases whose result depends on each replica's share of the batch: compared with two replicas in one process.
+TWO_REPLICA_CASES = ("dropout_batchnorm", "mixed_bfloat16", "mixed_float16")
+
+CASES = {
+    "fit_evaluate_predict": fit_evaluate_predict,
+    "steps_per_execution": steps_per_execution,
+    "dict_inputs": dict_inputs,
+    "batchnorm_synchronized": batchnorm_synchronized,
+    "dropout_batchnorm": dropout_batchnorm(False),
+    "mixed_bfloat16": mixed_precision("mixed_bfloat16"),
+    "mixed_float16": mixed_precision("mixed_float16"),
+    "callbacks_and_restart": None,  # named per process below
+    "save_and_load": None,
+}
+
+
+def main() -> None:
+    results: dict = {"keras": keras.__version__}
+    for strategy_name, strategy in strategies().items():
+        tag = "workers" if ROLE == "worker" else strategy_name
+        cases = dict(CASES, callbacks_and_restart=callbacks_and_restart(f"callbacks-{tag}"), save_and_load=save_and_load(f"model-{tag}"))
+        for name, case in cases.items():
+            if os.environ.get("KERAS3_CASES") and name not in os.environ["KERAS3_CASES"].split(","):
+                continue
+            print(f"case {name} under {strategy_name}", file=sys.stderr, flush=True)
+            if ROLE == "reference" and (name in TWO_REPLICA_CASES) != (strategy_name == "two_replicas"):
+                continue
+            try:
+                results.setdefault(strategy_name, {})[name] = case(strategy)
+            except Exception:  # noqa: BLE001 - every case reports
+                results.setdefault(strategy_name, {})[name] = {"error": traceback.format_exc()[-6000:]}
+            with open(OUT + ".tmp", "w") as f:
+                json.dump(results, f)
+            os.replace(OUT + ".tmp", OUT)
+            if "error" in results[strategy_name][name] and ROLE == "worker":
+                return  # the workers' collectives no longer pair up
+
+
+if __name__ == "__main__":
+    main()
