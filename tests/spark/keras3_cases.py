@@ -251,7 +251,8 @@ CASES = {
 
 
 def main() -> None:
-    results: dict = {"keras": keras.__version__}
+    trainer = sys.modules.get("keras.src.backend.tensorflow.trainer")
+    results: dict = {"keras": keras.__version__, "fix_applied": bool(getattr(trainer, "_tfos_keras3_fix", False))}
     for strategy_name, strategy in strategies().items():
         tag = "workers" if ROLE == "worker" else strategy_name
         cases = dict(CASES, callbacks_and_restart=callbacks_and_restart(f"callbacks-{tag}"), save_and_load=save_and_load(f"model-{tag}"))

@@ -128,6 +128,7 @@ def tf_mode_fun(args, ctx):
         shipped = f.read()
     with open(os.path.join(SparkFiles.get(args["archive"]), "inside.txt")) as f:
         shipped += " + " + f.read()
+    shipped += " + " + __import__(args["module"]).WORD
     _write_json(os.path.join(args["out"], f"{ctx.job_name}{ctx.task_index}.json"), {
         "job": ctx.job_name, "index": ctx.task_index, "executor_id": ctx.executor_id,
         "tf_config": json.loads(os.environ["TF_CONFIG"]), "pid": os.getpid(), "file": shipped,
@@ -212,9 +213,13 @@ def test_tensorflow_mode(spark, tmp_path, caplog):
     shipped.write_text("shipped with addArtifacts")
     with zipfile.ZipFile(archive, "w") as z:
         z.writestr("inside.txt", "unpacked")
+    module = tmp_path / f"tfos_shipped_module_{tag}.py"
+    module.write_text('WORD = "imported"\n')
     spark.addArtifacts(str(shipped), file=True)
     spark.addArtifacts(str(archive), archive=True)
-    cluster = TFCluster.run(spark, tf_mode_fun, {"out": str(tmp_path), "file": shipped.name, "archive": archive.name}, 2, 0,
+    spark.addArtifacts(str(module), pyfile=True)
+    cluster = TFCluster.run(spark, tf_mode_fun, {"out": str(tmp_path), "file": shipped.name, "archive": archive.name,
+                                                 "module": module.stem}, 2, 0,
                             input_mode=InputMode.TENSORFLOW, master_node="chief", reservation_timeout=180)
     assert cluster.sc is None
     spec = cluster.cluster_spec
@@ -228,7 +233,7 @@ def test_tensorflow_mode(spark, tmp_path, caplog):
     assert {n["executor_id"] for n in seen.values()} == {0, 1}
     # main_fun reads its start task's TaskContext and the session's files (docs/connect.md)
     assert sorted(n["task"][0] for n in seen.values()) == [0, 1]
-    assert all(n["task"][1:] == [True, 0, []] and n["file"] == "shipped with addArtifacts + unpacked" for n in seen.values()), seen
+    assert all(n["task"][1:] == [True, 0, []] and n["file"] == "shipped with addArtifacts + unpacked + imported" for n in seen.values()), seen
     # The server's Spark runs without spark.authenticate: the closures carrying the key can
     # be fetched from its block managers, and the client says so (once per application).
     keys = [r.getMessage() for r in caplog.records if "spark.authenticate is off" in r.getMessage()]

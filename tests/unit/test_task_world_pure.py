@@ -183,7 +183,7 @@ _TF_PROCESS = textwrap.dedent('''
     tw.install(world)
     assert "pyspark" not in sys.modules  # nothing imported until main_fun (or the payload) does
     from pyspark import Broadcast, BarrierTaskContext, SparkFiles, TaskContext
-    from pyspark.core.broadcast import _from_id
+    _from_id = sys.modules[Broadcast.__module__]._from_id  # pyspark.core.broadcast (4.x), pyspark.broadcast (3.5)
     tc = TaskContext.get()
     try:
         BarrierTaskContext.get().allGather("x")

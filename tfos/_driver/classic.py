@@ -21,6 +21,7 @@ from tfos._common import wire as _wire
 from tfos._common.deadline import Deadline
 from tfos._data.feed_tasks import FeedPlan, arrow_safe_dataframe, make_arrow_feed_fn, make_feed_fn, make_infer_fn
 from tfos._data.framing import binary_as_bytes, feed_schema_json
+from tfos._data.sources import FeedSource
 from tfos._driver.backend import AttemptReport, ClusterPlan, InferenceCall, TrainCall, feed_plan
 from tfos._driver.runtime import ATTRIBUTION_S, ClusterRuntime, JobThread, Progress, spark_error_text
 from tfos._driver.spark_checks import busy_slots_report, check_spark, live_executors
@@ -233,10 +234,10 @@ class ClassicBackend:
         else:
             rdd = df.rdd if df is not None else call.data
             parts = rdd.getNumPartitions()
-            raw, kind = _raw_source(rdd, epochs)
-            plan = self._plan(call, kind, parts, first_epoch, last, report_done)
+            source = FeedSource.of(rdd, epochs)
+            plan = self._plan(call, source.kind, parts, first_epoch, last, report_done)
             feed_fn = make_feed_fn(plan)
-            action = lambda: raw.mapPartitionsWithIndex(feed_fn).collect()
+            action = lambda: source.feed(feed_fn).collect()
         total = parts * epochs
         if call.end_of_feed:
             self.state.close_feed_when_sent(plan.feed_id, total)
@@ -264,9 +265,9 @@ class ClassicBackend:
         from tfos._data.spark_rawio import raw_output_rdd
         from tfos._driver.recovery import prune
 
-        src, kind = _raw_source(call.data)
-        plan = self._plan(call, kind, call.parts)
-        out = raw_output_rdd(src, make_infer_fn(plan))
+        source = FeedSource.of(call.data)
+        plan = self._plan(call, source.kind, call.parts)
+        out = raw_output_rdd(source.rdd, make_infer_fn(plan))
         # The JVM holds each result frame as one byte array either way; "deserialized"
         # storage keeps those arrays as they are, where MEMORY_AND_DISK would copy every
         # frame again into serialized 1 MB buffers (measured: scripts/bench_feed.py).
@@ -442,21 +443,3 @@ def _chunk_kind(name: str) -> Any:
     from tfos._data.framing import ChunkKind
 
     return ChunkKind(name)
-
-
-def _raw_source(rdd: Any, epochs: int = 1) -> tuple[Any, Any]:
-    """The RDD to feed (``epochs`` passes, unioned) and its chunk kind (driver).
-
-    RDDs stored as PySpark pickled batches are fed as raw frames (the feed task never
-    unpickles them; it packs them into frames of about 1 MiB); any other RDD is fed row by
-    row, re-pickled in chunks (kind None).
-    """
-    from tfos._data.framing import ChunkKind
-    from tfos._data.spark_rawio import FrameKind, raw_frames, union_raw_frames
-
-    raw = raw_frames(rdd)
-    if raw is None or raw.kind != FrameKind.PICKLED_BATCH:
-        return (rdd if epochs == 1 else rdd.context.union([rdd] * epochs)), None
-    if epochs > 1:
-        raw = union_raw_frames([raw] * epochs)
-    return raw.rdd, ChunkKind.PICKLED_BATCHES  # feed tasks pack the batches (feed_tasks._packed_frames)

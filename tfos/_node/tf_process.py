@@ -32,6 +32,7 @@ from tfos._control.limits import event_poll_s
 from tfos._common.deadline import Deadline
 from tfos._data import local_socket as _local
 from tfos._data.feed_hub import FeedHub
+from tfos._common.wire import node_identity
 from tfos._node import keras3_fix
 from tfos._node.launch import NodeLaunch
 from tfos._node.output import OUTPUT_MARK_ENV, TF_LOG_LEVEL_DEFAULT, std_fds_identity, write_failure_marks, write_finished_marks
@@ -244,6 +245,8 @@ def run_node(launch: NodeLaunch) -> int:
             preimport = _preimport_async(_FEED_MODULES, launch.node_name)
         me = NodeInfo(eid, role.job_name, role.task_index, launch.host, port_sock.getsockname()[1], hub.port if hub else 0, os.getpid(), launch.executor_key,
                       hub.path if hub else "")
+        if hub is not None:
+            hub.identity = node_identity(me)  # data handshakes prove the task meant to reach this node
         resp = client.call(_msg.Register(me), timeout_s=30.0)
         if not resp.get("ok"):
             log.warning("tfos node %s not admitted: %s", launch.node_name, resp.get("abort"))
