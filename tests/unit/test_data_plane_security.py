@@ -479,7 +479,9 @@ def test_control_flood_bounded_and_legit_client_gets_through(server):
 def test_control_accept_survives_a_failed_connection_setup(server, monkeypatch):
     """Any error setting up one accepted connection closes that connection only; the
     event loop goes on accepting (the server has no thread per connection to fail)."""
-    real_conn = cs_mod._Conn
+    import tfos._control.loop as loop_mod
+
+    real_conn = loop_mod._Conn
     failures = {"n": 0}
 
     def flaky_conn(*args, **kwargs):
@@ -488,7 +490,7 @@ def test_control_accept_survives_a_failed_connection_setup(server, monkeypatch):
             raise RuntimeError("simulated: no memory for one more connection")
         return real_conn(*args, **kwargs)
 
-    monkeypatch.setattr(cs_mod, "_Conn", flaky_conn)
+    monkeypatch.setattr(loop_mod, "_Conn", flaky_conn)
     before = threading.active_count()
     for _ in range(2):
         s = socket.create_connection((server.host, server.port), timeout=20)

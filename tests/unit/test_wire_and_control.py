@@ -579,8 +579,8 @@ def test_close_drops_open_connections(monkeypatch):
     srv.close(timeout_s=10)
     assert time.monotonic() - t0 < 15
     assert srv.active_connections == 0 and srv.rejected == 0
-    with pytest.raises(ConnectionError):
-        c.request("ping", retry=False)
+    with pytest.raises(ConnectionError):  # refused at once: 1 s of reconnecting (not the 20 s allowed above)
+        c.request("ping", retry=False, connect_timeout_s=1.0)
     c.close()
 
 

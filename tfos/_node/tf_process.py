@@ -218,8 +218,6 @@ def _default_legacy_keras(driver_value: Optional[str]) -> None:
 
 def run_node(launch: NodeLaunch) -> int:
     """Runs one node in this process; returns the exit code (TF process)."""
-    import cloudpickle
-
     cfg = launch.config
     role = launch.role
     eid = role.executor_id
@@ -319,7 +317,7 @@ def run_node(launch: NodeLaunch) -> int:
             ctx.release_port()
         _default_legacy_keras(cfg.tf_use_legacy_keras)
         keras3_fix.install(cfg.keras3_fix)  # applied when main_fun imports Keras 3 (docs/keras.md)
-        main_fun, tf_args = cloudpickle.loads(launch.fn_payload)  # from the local pipe, not the network
+        main_fun, tf_args = _task_world.load_payload(launch.fn_payload)  # from the local pipe, not the network
         log.info("tfos node %s: starting main_fun%s", launch.node_name, f" (attempt {launch.attempt})" if launch.attempt else "")
         try:
             main_fun(tf_args, ctx)
