@@ -16,8 +16,9 @@ setup(
         "cloudpickle>=3.0",
         "psutil>=5.9",
         "tqdm>=4.66",
-        # AES-GMAC tags on every data-plane frame (tfos._common.wire.DataSession).
-        "cryptography>=42",
+        # AES-GCM encryption of every data-plane frame (tfos._common.wire.DataSession): 47
+        # added AESGCM.encrypt_into / decrypt_into (no copy of a frame).
+        "cryptography>=47",
     ],
     extras_require={
         # Users often bring their own TensorFlow build, so TF is an extra. Each TF extra

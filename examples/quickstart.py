@@ -1,7 +1,7 @@
 """tfos quick start: train a Keras model on a Spark DataFrame with 2 nodes, then predict an RDD."""
 import os, sys, tempfile
 from pyspark.sql import SparkSession
-from tfos import TFCluster
+from tfos import TFCluster, authenticate_spark
 
 def train_fun(args, ctx):                      # runs on every node, in its own TF process
     import tensorflow as tf, keras             # Keras 3: tfos makes model.fit work across nodes
@@ -25,6 +25,7 @@ def predict_fun(args, ctx):
 
 if __name__ == "__main__":
     master = sys.argv[1] if len(sys.argv) > 1 else "local-cluster[2,1,1024]"
+    authenticate_spark(master)     # spark.authenticate, its secret in a file only you can read (docs/deploy.md)
     spark = SparkSession.builder.master(master).appName("tfos-quickstart").getOrCreate()
     sc, args = spark.sparkContext, {"model_dir": tempfile.mkdtemp(prefix="tfos-quickstart-")}
     # label = 1 when x1 + x2 > 1, for points of the unit square

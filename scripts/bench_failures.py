@@ -21,6 +21,15 @@ One fault per run is injected on worker:1 (executor 1) after it consumed its fir
 * ``driver-term``: the same with SIGTERM; the time is until the driver exited (after its
   teardown) and every such process is gone.
 
+* ``slow-producer-50ms`` / ``slow-producer-100ms``: the fed RDD's rows come slowly, as
+  from an upstream decoder or a remote read: 200 rows per partition, one every 0.05 s or
+  0.1 s (10 s and 20 s partitions). Each node notes how long its first row took from being
+  produced to ``main_fun`` (``next_batch(1)``); worker:1 raises after 10 rows, the healthy
+  node is busy after its first row. Fault time: when worker:1's 10th row was produced (the
+  moment the data that makes main_fun fail exists; main_fun raises as soon as it has it).
+  Also printed: seconds from ``train()``'s call to the error, and from main_fun's raise to
+  the error.
+
 * ``restart``: restart time, failure to resumed training (``TFCluster.run(...,
   max_restarts=1)``, InputMode.SPARK, ``train()`` over 3 epochs): the bench SIGKILLs the
   executor JVM of worker:1 once it consumed its first batch; the time is until every
@@ -39,7 +48,8 @@ waits on a dead node before it fails.
 Usage::
 
     python scripts/bench_failures.py [--runs 5] [--heartbeat-timeout 10] [--busy compute|slow-feed]
-        [--only exception,tf-kill,jvm-kill,driver-kill,driver-term,restart,restart-tf] [--driver-runs 3]
+        [--only exception,tf-kill,jvm-kill,slow-producer-50ms,slow-producer-100ms,driver-kill,driver-term,restart,restart-tf]
+        [--driver-runs 3]
 """
 
 from __future__ import annotations
@@ -59,7 +69,10 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("TFOS_PROGRESS", "0")
 
 TFOS_FEED_TIMEOUT_S = 600.0
-FAULTS = ("exception", "tf-kill", "jvm-kill", "driver-kill", "driver-term", "restart", "restart-tf")
+FAULTS = ("exception", "tf-kill", "jvm-kill", "slow-producer-50ms", "slow-producer-100ms", "driver-kill", "driver-term", "restart",
+          "restart-tf")
+SLOW = {"slow-producer-50ms": 0.05, "slow-producer-100ms": 0.1}
+SLOW_ROWS_PER_PART = 200
 RESTARTS = ("restart", "restart-tf")
 CHILD_TAG = "tfos-bench-child-of-main-fun"
 
@@ -121,6 +134,75 @@ def main_fun(args, ctx):
             os.replace(marker + ".tmp", marker)
         time.sleep(0.02)
     del child
+
+
+def slow_main(args, ctx):
+    """The ``slow-producer-*`` node: notes its first row's lag (rows carry their production
+    time); executor 0 then keeps busy, worker:1 raises after 10 rows."""
+    import json
+    import os
+    import time
+
+    feed = ctx.get_data_feed(train_mode=True)
+    rows = feed.next_batch(1)
+    first_lag = time.time() - rows[0][1]
+    if ctx.executor_id == 0:
+        with open(args["marker"] + "-lag0", "w") as f:
+            f.write(repr(first_lag))
+        _busy(args["busy"])
+        while not feed.should_stop():  # a slow-feed reader (compute never returns)
+            feed.next_batch(10)
+            _busy(args["busy"])
+        return
+    while len(rows) < 10:
+        rows.extend(feed.next_batch(10 - len(rows)))
+    marker = args["marker"]
+    with open(marker + ".tmp", "w") as f:
+        json.dump({"fault": time.time(), "first_lag": first_lag, "tenth": rows[9][1]}, f)
+    os.replace(marker + ".tmp", marker)
+    raise RuntimeError("injected failure in main_fun after 10 rows of a slow producer")
+
+
+def _slow_rows(every_s: float):
+    def _produce(i):
+        import time
+
+        time.sleep(every_s)
+        return (i, time.time())  # the row and when it was produced
+
+    return _produce
+
+
+def slow_run(sc, fault: str, hb: float, workdir: str, run: int, busy: str) -> tuple[float, str, dict]:
+    """One cluster fed by a slow producer; returns (seconds from the production of
+    worker:1's 10th row to the exception, first error line, {"call": s from train() to the
+    exception, "raise": s from main_fun's raise, "lag1"/"lag0": first-row lags of the nodes})."""
+    import json
+
+    from tfos import TFCluster
+    from tfos.errors import ClusterFailedError
+
+    every_s = SLOW[fault]
+    marker = os.path.join(workdir, f"{fault}-{run}")
+    cluster = TFCluster.run(
+        sc, slow_main, {"marker": marker, "busy": busy}, 2, 0,
+        input_mode=TFCluster.InputMode.SPARK, heartbeat_timeout=hb, progress=False,
+        executor_wait_s=300, reservation_timeout=300,
+    )
+    rdd = sc.parallelize(range(4 * SLOW_ROWS_PER_PART), 4).map(_slow_rows(every_s))
+    called = time.time()
+    try:
+        cluster.train(rdd, num_epochs=1, feed_timeout=TFOS_FEED_TIMEOUT_S)
+    except ClusterFailedError as exc:
+        caught = time.time()
+        rec = json.loads(_wait_file(marker, 10.0))
+        lag0 = float(_wait_file(marker + "-lag0", 10.0)) if os.path.exists(marker + "-lag0") else float("nan")
+        lines = str(exc).splitlines()
+        extra = {"call": caught - called, "raise": caught - rec["fault"], "lag1": rec["first_lag"], "lag0": lag0}
+        return caught - rec["tenth"], (lines[1] if len(lines) > 1 else lines[0]).strip(), extra
+    finally:
+        cluster.shutdown()
+    raise RuntimeError(f"{fault}: train() returned without an error")
 
 
 def _new_context(name: str):
@@ -350,6 +432,10 @@ def driver_run(fault: str, hb: float, workdir: str, run: int, busy: str) -> tupl
     return took, line
 
 
+def _min_med_max(xs: list, digits: int = 2) -> str:
+    return f"{min(xs):.{digits}f} / {statistics.median(xs):.{digits}f} / {max(xs):.{digits}f}"
+
+
 def _executors_back(sc, n: int, timeout_s: float) -> bool:
     from tfos._driver.spark_checks import live_executors
 
@@ -379,6 +465,7 @@ def main(argv=None) -> int:
 
     results: dict[str, list[float]] = {}
     samples: dict[str, str] = {}
+    slow: dict[str, list[dict]] = {}
     relaunched = 0
     fresh = 0
     sc = _new_context("tfos-bench-failures") if any(not f.startswith("driver") for f in faults) else None
@@ -398,11 +485,16 @@ def main(argv=None) -> int:
                         fresh += 1
                     if fault in RESTARTS:
                         secs, line = restart_run(sc, fault, a.heartbeat_timeout, workdir, run)
+                    elif fault in SLOW:
+                        secs, line, extra = slow_run(sc, fault, a.heartbeat_timeout, workdir, run, a.busy)
+                        slow.setdefault(fault, []).append(extra)
+                        line = (f"train() call to error {extra['call']:.2f} s, main_fun's raise to error {extra['raise']:.2f} s, "
+                                f"first row lag {extra['lag1']:.3f} / {extra['lag0']:.3f} s; {line}")
                     else:
                         secs, line = one_run(sc, fault, a.heartbeat_timeout, workdir, run, a.busy)
                     results.setdefault(fault, []).append(secs)
                     samples.setdefault(fault, line)
-                    print(f"{fault:10s} run {run + 1}: {secs:6.2f} s   {line[:150]}", flush=True)
+                    print(f"{fault:19s} run {run + 1}: {secs:6.2f} s   {line[:150]}", flush=True)
                     if fault == "jvm-kill" or fault in RESTARTS:
                         if _executors_back(sc, 2, 90.0):
                             relaunched += 1
@@ -411,7 +503,8 @@ def main(argv=None) -> int:
             sc.stop()
 
     hb = a.heartbeat_timeout
-    targets = {"exception": 5.0, "tf-kill": 5.0, "jvm-kill": 5.0, "driver-kill": hb + 5.0, "driver-term": hb + 5.0}
+    targets = {"exception": 5.0, "tf-kill": 5.0, "jvm-kill": 5.0, "slow-producer-50ms": 5.0, "slow-producer-100ms": 5.0,
+               "driver-kill": hb + 5.0, "driver-term": hb + 5.0}
     load = os.getloadavg()
     print()
     print(f"machine: {os.cpu_count()} CPUs, load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1 / 5 / 15 min) at the end")
@@ -430,12 +523,25 @@ def main(argv=None) -> int:
     print(f"Seconds from fault to the driver's ClusterFailedError (driver-*: to every node process gone), "
           f"local-cluster[2,1,1024], healthy node busy: {a.busy}, heartbeat_timeout={hb:g} s, "
           f"feed_timeout={TFOS_FEED_TIMEOUT_S:g} s; target met by the median")
-    print(f"{'fault':<13}{'runs':>5}{'median s':>10}{'min s':>8}{'max s':>8}{'target s':>10}{'met':>6}{'TFoS 600 s / median':>22}")
+    print(f"{'fault':<21}{'runs':>5}{'median s':>10}{'min s':>8}{'max s':>8}{'target s':>10}{'met':>6}{'TFoS 600 s / median':>22}")
     for fault in faults:
         xs = results[fault]
         med, mn, mx = statistics.median(xs), min(xs), max(xs)
-        print(f"{fault:<13}{len(xs):>5}{med:>10.2f}{mn:>8.2f}{mx:>8.2f}{targets[fault]:>10.0f}{'yes' if med <= targets[fault] else 'NO':>6}"
+        print(f"{fault:<21}{len(xs):>5}{med:>10.2f}{mn:>8.2f}{mx:>8.2f}{targets[fault]:>10.0f}{'yes' if med <= targets[fault] else 'NO':>6}"
               f"{TFOS_FEED_TIMEOUT_S / med:>21.0f}x")
+    if slow:
+        print()
+        print(f"Slow producer: {SLOW_ROWS_PER_PART} rows per partition; min / median / max over the runs (the table above: "
+              "from the 10th row's production); targets: error <= 5 s after train()'s call, first row <= 0.5 s after it "
+              "was produced")
+        print(f"{'fault':<21}{'partition s':>12}{'train() to error s':>24}{'raise to error s':>22}"
+              f"{'first row lag s (both nodes)':>32}{'met':>6}")
+        for fault, recs in slow.items():
+            lags = [r["lag1"] for r in recs] + [r["lag0"] for r in recs if r["lag0"] == r["lag0"]]
+            calls = [r["call"] for r in recs]
+            met = statistics.median(calls) <= 5.0 and statistics.median(lags) <= 0.5
+            print(f"{fault:<21}{SLOW[fault] * SLOW_ROWS_PER_PART:>12.0f}{_min_med_max(calls):>24}"
+                  f"{_min_med_max([r['raise'] for r in recs]):>22}{_min_med_max(lags, 3):>32}{'yes' if met else 'NO':>6}")
     if "jvm-kill" in results:
         print(f"executor relaunched by the standalone Worker after {relaunched}/{len(results['jvm-kill'])} JVM kills; "
               f"fresh SparkContexts needed: {fresh}")

@@ -7,12 +7,15 @@ A train feed task forwards each PySpark pickled batch (about 98 KB: 32 MNIST row
 ``bench_feed.py``) unpickles the same batch in the Python worker and sends nothing. This
 script times, in one process (both ends; CPU time, all threads), for one frame:
 
-- ``tfos frame``: ``send_frame`` + ``recv_frame`` (GMAC tag, header, ``sendmsg``, receive,
-  tag check) over a loopback TCP connection (a feed task on another host, or one whose
-  node has no Unix socket) and over a Unix-domain socket (a feed task on the node's host);
+- ``tfos frame``: ``send_frame`` + ``recv_frame`` (AES-GCM encryption into the session's
+  send buffer, header, ``sendmsg``, receive, decryption and tag check in place) over a
+  loopback TCP connection (a feed task on another host, or one whose node has no Unix
+  socket) and over a Unix-domain socket (a feed task on the node's host);
 - ``bare socket``: the same bytes through the same kind of connection with ``sendall`` and
   ``recv_into`` into one reused buffer (no tfos: the kernel's two copies);
-- ``GMAC``: tag plus check alone (:class:`tfos._common.wire.DataSession`);
+- ``AES-GCM``: encryption plus decryption alone (:class:`tfos._common.wire.DataSession`);
+- ``GMAC``: a tag plus its check alone, without encryption (what frames carried before
+  they were encrypted; ``cryptography``'s AESGCM over the payload as associated data);
 - ``unpickle``: ``pickle.loads`` of the batch (the per-frame work both paths share).
 
 It prints microseconds per frame (min / median / max of ``--repeat`` runs) and the CPU
@@ -39,6 +42,7 @@ import os
 import pickle
 import socket
 import statistics
+import struct
 import sys
 import threading
 import time
@@ -99,7 +103,7 @@ def main() -> None:
 
     results: dict[str, list[float]] = {
         "tfos frame, TCP": [], "tfos frame, Unix": [], "bare socket, TCP": [], "bare socket, Unix": [],
-        "GMAC": [], "unpickle": [],
+        "AES-GCM": [], "GMAC": [], "unpickle": [],
     }
     for _ in range(args.repeat):
         for family, label in (("tcp", "TCP"), ("unix", "Unix")):
@@ -124,9 +128,21 @@ def main() -> None:
             b.close()
 
         s, r = DataSession(k1, k2), DataSession(k2, k1)
+        head = struct.pack(">BQ", FrameType.DATA.value[0], n)
+        buf = bytearray(n + DataSession.TAG_BYTES)
         c0 = time.process_time()
         for _ in range(args.frames):
-            r.check(FrameType.DATA.value[0], payload, s.seal(FrameType.DATA.value[0], payload))
+            buf[:] = s.seal(FrameType.DATA.value[0], head, payload)  # (the copy stands in for the wire)
+            r.open(FrameType.DATA.value[0], head, buf)
+        results["AES-GCM"].append((time.process_time() - c0) / args.frames * 1e6)
+
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+        gmac = AESGCM(k1)
+        c0 = time.process_time()
+        for i in range(args.frames):
+            nonce = i.to_bytes(12, "big")
+            gmac.decrypt(nonce, gmac.encrypt(nonce, b"", payload), payload)
         results["GMAC"].append((time.process_time() - c0) / args.frames * 1e6)
 
         c0 = time.process_time()
@@ -153,8 +169,8 @@ def _feed_path_cpu(payload: bytes, frames: int, packed: bool, labels_per_frame: 
     """
     from tfos._common import wire
     from tfos._data.feed_hub import FeedConnection, FeedHub
-    from tfos._data.feed_tasks import _packed_frames
-    from tfos._data.framing import send_frame_parts
+    from tfos._data.feed_tasks import _Packing
+    from tfos._data.framing import ChunkKind, send_frame_parts
     from tfos.datafeed import DataFeed
 
     key = os.urandom(32)
@@ -175,9 +191,20 @@ def _feed_path_cpu(payload: bytes, frames: int, packed: bool, labels_per_frame: 
         answer: list = []
 
         def feed_task() -> None:
-            if packed:
-                for parts in _packed_frames(iter([payload] * frames)):
-                    send_frame_parts(peer, tx, FrameType.DATA, parts)
+            if packed:  # the feed task's reader thread fills the Outbox, its sender sends (feed_tasks._stream)
+                packing = _Packing(ChunkKind.PICKLED_BATCHES)
+                outbox = packing.outbox(0.05)
+
+                def _send() -> None:
+                    while (items := outbox.take()) is not None:
+                        send_frame_parts(peer, tx, FrameType.DATA, packing.payload(items, outbox))
+
+                sender = threading.Thread(target=_send, daemon=True)
+                sender.start()
+                for _ in range(frames):
+                    outbox.put(payload, packing.size(payload))
+                outbox.end()
+                sender.join(60)
             else:
                 for _ in range(frames):
                     send_frame(peer, tx, FrameType.DATA, payload)

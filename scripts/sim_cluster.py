@@ -86,6 +86,9 @@ class SimConnection:
 
     async def open(self, deadline: float) -> None:
         while True:
+            if self.closed:
+                raise ConnectionError("the node stopped")
+            writer = None
             try:
                 reader, writer = await asyncio.wait_for(asyncio.open_connection(*self.addr), max(0.1, deadline - time.monotonic()))
                 frames = FrameReader(self.key, _wire.MAX_FIRST_FRAME_BYTES)
@@ -105,9 +108,15 @@ class SimConnection:
                 self.task = asyncio.ensure_future(self._read_loop(reader, frames))
                 return
             except (OSError, asyncio.TimeoutError):
+                if writer is not None:
+                    writer.close()
                 if time.monotonic() > deadline:
                     raise
                 await asyncio.sleep(0.2 + random.random() * 0.3)
+            except BaseException:  # cancelled (the node stopped): no half-open connection is left
+                if writer is not None:
+                    writer.close()
+                raise
 
     async def _read_loop(self, reader: asyncio.StreamReader, frames: FrameReader) -> None:
         try:
@@ -177,7 +186,6 @@ class SimNode:
 
     async def run(self) -> None:
         deadline = time.monotonic() + 120.0
-        await self.sup.open(deadline)
         self.spawn(self.heartbeats())
         await self.tf.open(deadline)
         node = NodeInfo(self.eid, self.role.job_name, self.role.task_index, "127.0.0.1", 20000 + self.eid,
@@ -199,7 +207,8 @@ class SimNode:
 
     async def heartbeats(self) -> None:
         interval = self.cfg["hb_interval_s"]
-        await asyncio.sleep(random.random() * interval)
+        await asyncio.sleep(random.random() * interval)  # the nodes' heartbeats spread over an interval
+        await self.sup.open(time.monotonic() + 120.0)  # as a real client, connected by its first request
         while self.alive:
             d = await self.sup.call(_msg.Heartbeat(self.eid, pid=os.getpid(), host="127.0.0.1", rss=200 << 20), 10.0)
             if d.get("abort") or d.get("stop"):
@@ -241,6 +250,8 @@ class SimNode:
 
     async def claim(self, feed_id: str, indices: list[int], trickle_s: float = 0.0) -> tuple[int, int]:
         """The node's feed task: claims, hands over and acknowledges each partition."""
+        if not self.alive:  # stopped before its feed task began: it opens no connection
+            return 0, 0
         if self.feed is None:
             self.feed = SimConnection("127.0.0.1", self.cfg["port"], self.worker.key, self.cfg["cluster_id"])
             await self.feed.open(time.monotonic() + 60.0)
@@ -473,6 +484,10 @@ def run_cluster(workers: Workers, n: int, timeout_s: float, steady_s: float, kin
     (when ``measure``) its steady state and a feed, then fails one node the way ``kind``
     says and times the driver's error. Returns the figures."""
     cluster_id = f"tfos-sim-{uuid.uuid4().hex[:8]}"
+    # Threads already in this process (a test runner's, the simulator's readers) are not
+    # the driver side's: count only those started from here on, plus the main thread.
+    before = {t.ident for t in threading.enumerate()}
+    os_before = psutil.Process().num_threads()
     key = _wire.new_key()
     roles = roles_from_template(build_template(n, 0))
     sc = FakeSparkContext()
@@ -509,10 +524,10 @@ def run_cluster(workers: Workers, n: int, timeout_s: float, steady_s: float, kin
             f1, c1, w1 = server.stats()["frames_in"], _cpu_s(), time.monotonic()
             out["cpu_pct"] = 100.0 * (c1 - c0) / (w1 - w0)
             out["frames_s"] = (f1 - f0) / (w1 - w0)
-            # The driver's own threads: not the simulator's readers of its node processes.
-            sim_threads = sum(1 for t in threading.enumerate() if t.name.startswith("sim-"))
-            out["threads"] = threading.active_count() - sim_threads
-            out["os_threads"] = proc.num_threads() - sim_threads
+            # The driver side's threads: the main thread and those the runtime started.
+            started = [t for t in threading.enumerate() if t.ident not in before and not t.name.startswith("sim-")]
+            out["threads"] = 1 + len(started)
+            out["os_threads"] = 1 + proc.num_threads() - os_before
             out["rss_mib"] = proc.memory_info().rss / 2**20
             out["load"] = os.getloadavg()[0]
             # A feed: every node's feed task claims its partitions; counts checked exactly.
@@ -542,15 +557,16 @@ def run_cluster(workers: Workers, n: int, timeout_s: float, steady_s: float, kin
             out[f"{kind}_recorded_s"] = (state.first_failure_at or 0.0) - injected["t"]
             if f"(executor {victim}," not in str(exc):
                 raise TFOSError(f"the driver's error does not name executor {victim}: {str(exc)[:500]}") from None
-        stats = server.stats()
-        out["conns"] = stats["peak_connections"]
-        out["refused"] = stats["rejected"]  # every connection refused by a cap, evicted or rejected
-        out["refused_detail"] = {k: stats[k] for k in ("refused", "evicted", "rejected")}
         return out
     finally:
         if not runtime.closed:
             runtime.teardown(failed=True)
         runtime.join_teardown()
+        stats = server.stats()  # the whole life of the cluster, its teardown included
+        out["conns"] = stats["peak_connections"]
+        out["refused"] = stats["rejected"]  # every connection refused by a cap, evicted or rejected
+        if stats["rejected"]:
+            print(f"  {n} nodes, {kind}: rejections {stats}", file=sys.stderr)
         for i, _ in enumerate(shares):
             workers.send(i, cmd="stop")
         workers.wait("stopped", len(shares), 60.0)
@@ -567,8 +583,12 @@ def run_size(n: int, procs: int, timeout_s: float, steady_s: float, kinds: tuple
     workers = Workers(procs)
     try:
         merged: dict = {}
+        refused = conns = 0
         for i, kind in enumerate(kinds):
-            merged.update(run_cluster(workers, n, timeout_s, steady_s, kind, measure=(i == 0)))
+            res = run_cluster(workers, n, timeout_s, steady_s, kind, measure=(i == 0))
+            refused, conns = refused + res.pop("refused"), max(conns, res.pop("conns"))
+            merged.update(res)
+        merged.update(refused=refused, conns=conns)  # over every cluster of this size
         return merged
     finally:
         workers.close()

@@ -8,6 +8,15 @@
 #   scripts/spark_standalone.sh status
 #   scripts/spark_standalone.sh stop
 #
+# Authentication: "start" makes a new random secret and writes it, with spark.authenticate=true
+# and spark.network.crypto.enabled=true, to $SPARK_STANDALONE_DIR/conf/spark-defaults.conf
+# (directory 0700, file 0600); the master and workers read it there (SPARK_CONF_DIR), never
+# from a command line. A standalone cluster has one secret for its master, its workers and
+# every application, so submit with the same directory:
+#   SPARK_CONF_DIR=/tmp/tfos-spark-standalone/conf spark-submit --master spark://127.0.0.1:7077 ...
+# (the workers hand it to the executors in their environment). SPARK_STANDALONE_AUTH=0 starts
+# a cluster without authentication (anyone who reaches its ports can run code on it).
+#
 # Settings (environment):
 #   PYTHON              Python whose PySpark to use (default: the repo's .venv, else python3)
 #   SPARK_WORKER_INSTANCES  how many workers (default 1; each is its own process, as
@@ -15,7 +24,8 @@
 #   SPARK_WORKER_CORES  cores each worker offers = max. executors with 1 core each (default 4)
 #   SPARK_WORKER_MEMORY memory each worker offers (default 4g)
 #   SPARK_MASTER_PORT   (default 7077)      SPARK_MASTER_WEBUI_PORT (default 8080)
-#   SPARK_STANDALONE_DIR  pid file, logs and worker dir (default /tmp/tfos-spark-standalone)
+#   SPARK_STANDALONE_DIR  pid file, logs, worker dir and conf/ (default /tmp/tfos-spark-standalone)
+#   SPARK_STANDALONE_AUTH   1 (default): authentication and encryption on, see above; 0: off
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -31,6 +41,8 @@ CORES="${SPARK_WORKER_CORES:-4}"
 MEMORY="${SPARK_WORKER_MEMORY:-4g}"
 WORKERS="${SPARK_WORKER_INSTANCES:-1}"
 MASTER_URL="spark://$HOST:$MASTER_PORT"
+AUTH="${SPARK_STANDALONE_AUTH:-1}"
+CONF_DIR="$STATE_DIR/conf"
 
 spark_home() {
   "$PYTHON" -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))'
@@ -55,6 +67,8 @@ start() {
   export SPARK_HOME; SPARK_HOME="$(spark_home)"
   export SPARK_LOCAL_IP="$HOST" PYSPARK_PYTHON="${PYSPARK_PYTHON:-$PYTHON}"
   echo "SPARK_HOME=$SPARK_HOME"
+  write_conf
+  export SPARK_CONF_DIR="$CONF_DIR"
   # spark.port.maxRetries=0: if the port is taken the master fails rather than moving to
   # the next port, where our worker would not find it (and might join another master).
   SPARK_MASTER_OPTS="${SPARK_MASTER_OPTS:-} -Dspark.port.maxRetries=0" \
@@ -99,7 +113,38 @@ start() {
   done
   echo "master $MASTER_URL (UI http://$HOST:$WEBUI_PORT), $WORKERS worker(s) with $CORES cores and $MEMORY each"
   echo "pids $(tr '\n' ' ' < "$PID_FILE")(in $PID_FILE); logs in $STATE_DIR"
+  if [[ $AUTH == 1 ]]; then
+    echo "authentication on: submit with SPARK_CONF_DIR=$CONF_DIR (the cluster's secret, readable only by $(id -un))"
+  else
+    echo "authentication OFF (SPARK_STANDALONE_AUTH=0): submit with SPARK_CONF_DIR=$CONF_DIR"
+  fi
   return 0
+}
+
+write_conf() {  # a fresh $CONF_DIR/spark-defaults.conf: the cluster's secret, or no authentication
+  rm -rf "$CONF_DIR"
+  (umask 077 && mkdir -p "$CONF_DIR")
+  chmod 700 "$CONF_DIR"
+  local spark_conf="$SPARK_HOME/conf" f
+  if [[ -d $spark_conf ]]; then  # keep the installation's other settings (log4j2.properties, ...)
+    for f in "$spark_conf"/*; do
+      [[ -e $f && $(basename "$f") != spark-defaults.conf ]] && ln -s "$f" "$CONF_DIR/"
+    done
+  fi
+  (
+    umask 077  # the file is made by the redirection below, inside this subshell: mode 0600
+    {
+      [[ -f $spark_conf/spark-defaults.conf ]] && cat "$spark_conf/spark-defaults.conf"
+      # No REST submission server (port 6066, unauthenticated; a second cluster on the host
+      # could not bind it, and the master would stay in STANDBY and register no worker).
+      echo "spark.master.rest.enabled false"
+      if [[ $AUTH == 1 ]]; then
+        echo "spark.authenticate true"
+        echo "spark.authenticate.secret $("$PYTHON" -c 'import secrets; print(secrets.token_hex(32))')"
+        echo "spark.network.crypto.enabled true"
+      fi
+    } > "$CONF_DIR/spark-defaults.conf"
+  )
 }
 
 stop() {
@@ -120,6 +165,7 @@ stop() {
     fi
   done
   rm -f "$PID_FILE"
+  rm -rf "$CONF_DIR"
   echo "stopped (pids $(echo $pids | tr '\n' ' '))"
 }
 

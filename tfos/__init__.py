@@ -5,7 +5,8 @@ The TensorFlowOnSpark names are kept, so a TFoS program runs after renaming its 
 ``TFCluster.InputMode`` and ``TFNode.DataFeed``.
 
 Where code runs:
-    driver: :mod:`tfos.TFCluster` (``run``, ``TFCluster``), :mod:`tfos.TFParallel`, :mod:`tfos.pipeline`;
+    driver: :mod:`tfos.TFCluster` (``run``, ``TFCluster``), :mod:`tfos.TFParallel`, :mod:`tfos.pipeline`,
+    :func:`tfos.authenticate_spark` (Spark authentication for a program that starts its own Spark);
     TF process: :mod:`tfos.TFNode`, :class:`tfos.datafeed.DataFeed`, :mod:`tfos.tf_server`, :mod:`tfos.compat`;
     anywhere (pure): :mod:`tfos.errors`, :mod:`tfos.cluster_template`.
 
@@ -31,6 +32,7 @@ from .errors import (
     TFOSError,
 )
 from .node_context import TFNodeContext
+from .spark_auth import authenticate_spark
 
 __version__ = "0.1.0"
 
@@ -40,6 +42,7 @@ __all__ = [
     "InputMode",
     "DataFeed",
     "TFNodeContext",
+    "authenticate_spark",
     "errors",
     "TFOSError",
     "ConfigurationError",

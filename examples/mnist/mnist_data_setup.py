@@ -396,6 +396,8 @@ def get_spark_context(master: str | None, app_name: str = "mnist_data_setup") ->
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark import SparkConf, SparkContext
 
+    from tfos import authenticate_spark
+
     active = SparkContext._active_spark_context
     if active is not None:
         return active, False
@@ -406,6 +408,7 @@ def get_spark_context(master: str | None, app_name: str = "mnist_data_setup") ->
     else:
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         conf.setMaster(master or DEFAULT_MASTER)
+        authenticate_spark(conf.get("spark.master"))  # a secret only this user can read (docs/deploy.md)
         conf.set("spark.driver.host", "127.0.0.1")
         conf.set("spark.ui.enabled", "false")
         conf.set("spark.ui.showConsoleProgress", "false")

@@ -108,8 +108,9 @@ def main() -> None:
 
     from pyspark.sql import SparkSession
 
-    from tfos import TFCluster, streaming
+    from tfos import TFCluster, authenticate_spark, streaming
 
+    authenticate_spark(args.master)  # spark.authenticate, its secret in a file only you can read (docs/deploy.md)
     spark = SparkSession.builder.master(args.master).appName("tfos-streaming-example").getOrCreate()
     sc = spark.sparkContext
     cluster = TFCluster.run(sc, main_fun, {"work_dir": work}, args.nodes, 0, input_mode=TFCluster.InputMode.SPARK,

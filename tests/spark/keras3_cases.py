@@ -198,6 +198,18 @@ class CrashAfterEpoch(keras.callbacks.Callback):
             raise RuntimeError(f"injected failure after epoch {epoch + 1}")
 
 
+def barrier(strategy) -> float:
+    """Returns once every replica reached it (an all-reduce across the workers): what one
+    worker does before it is done on the others, e.g. the chief's deletion of the backup
+    at the end of ``fit``. Returns the number of replicas."""
+
+    @tf.function
+    def step():
+        return strategy.run(lambda: tf.distribute.get_replica_context().all_reduce("SUM", tf.constant(1.0)))
+
+    return float(strategy.experimental_local_results(step())[0])
+
+
 def callbacks_and_restart(name: str):
     """The failed attempt trains 2 of 5 epochs, saved by BackupAndRestore, and fails; the
     next attempt (a fresh model, as in a restarted TF process) resumes with
@@ -220,6 +232,7 @@ def callbacks_and_restart(name: str):
             keras.callbacks.EarlyStopping(monitor="loss", min_delta=0.1, patience=0),
             keras.callbacks.TensorBoard(os.path.join(root, "tensorboard")),
         ])
+        barrier(strategy)  # the chief's files are all written (and the backup deleted) before any worker lists them
         files = sorted(os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs)
         out = record(model, history, failed=failed, files=files)
         if strategy.extended.should_checkpoint:  # the chief reads back what it wrote

@@ -507,6 +507,7 @@ def test_too_few_task_slots(spark, tmp_path):
     _assert_all_gone()
 
 
+@pytest.mark.chaos  # about 75 s, most of it the feed tasks' and the teardown's reconnect deadlines
 def test_lost_control_host_is_named(spark, tmp_path):
     """The control host process dies between two calls: the next train() raises a
     ClusterFailedError whose first cause says the control host cannot be reached, and the

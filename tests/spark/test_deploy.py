@@ -102,8 +102,11 @@ def test_venv_pack_archive_on_standalone_cluster(tmp_path, no_leftovers):
     try:
         job = tmp_path / "job.py"
         job.write_text(JOB)
+        conf_dir = state / "conf"  # the cluster's secret (spark.authenticate, crypto), as docs/deploy.md says
+        assert oct(conf_dir.stat().st_mode & 0o777) == "0o700"
+        assert oct((conf_dir / "spark-defaults.conf").stat().st_mode & 0o777) == "0o600"
         submit = dict(env, PYSPARK_DRIVER_PYTHON=sys.executable, PYSPARK_PYTHON="./environment/bin/python",
-                      PYTHONPATH=ROOT)  # the driver runs this checkout's tfos; executors only the archive's
+                      PYTHONPATH=ROOT, SPARK_CONF_DIR=str(conf_dir))  # the driver runs this checkout's tfos; executors only the archive's
         proc = subprocess.run(
             [os.path.join(os.path.dirname(sys.executable), "spark-submit"), "--master", f"spark://127.0.0.1:{port}",
              "--archives", f"{archive}#environment", "--total-executor-cores", "2", "--executor-cores", "1",
@@ -114,6 +117,8 @@ def test_venv_pack_archive_on_standalone_cluster(tmp_path, no_leftovers):
         subprocess.run(["bash", script, "stop"], env=env, timeout=120)
     out, err = proc.stdout, proc.stderr
     assert proc.returncode == 0, f"stdout:\n{out[-3000:]}\nstderr:\n{err[-6000:]}"
+    # authenticated and encrypted: tfos has nothing to warn about
+    assert "tfos cluster key" not in err, err[-6000:]  # in each of tfos's key-transport WARNINGs
     m = re.search(r"^executor python: (\S+)$", out, re.MULTILINE)
     assert m and m.group(1).endswith("/environment/bin/python") and str(state) in m.group(1), out
     workers = set()

@@ -1,19 +1,23 @@
-"""C21 on local-cluster: a process without the key squats a node's released data port.
+"""C21 on local-cluster: a process without the key takes a node's released data port.
 
 Node 0's ``main_fun`` reads 5 rows and returns, which closes its data listener. A separate
-process that never had the cluster key binds the freed port and answers every feed task
-that connects: it sends a made-up handshake, a made-up proof, then frames holding a pickle
-whose unpickling would write a marker file. The feed tasks must send it nothing but a nonce
-and a proof bound to its nonce, fail over to node 1 (a real node), and nothing it sent may
-be unpickled anywhere.
+process that never had the cluster key (``tests/unit/intruders.py``) binds the freed port:
+
+* a squatter answers every feed task that connects like a node: a made-up handshake, a
+  made-up proof, then frames holding a pickle whose unpickling would write a marker file.
+  The feed tasks must send it nothing but a nonce and a proof bound to its nonce, fail over
+  to node 1 (a real node), and nothing it sent may be unpickled anywhere;
+* a relay passes every connection on to node 1: node 1 refuses the handshakes (they name
+  node 0), the relay reads no row, and the driver logs a WARNING naming node 0 and the
+  intruding connection.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -22,68 +26,15 @@ import pytest
 pytest.importorskip("pyspark")
 
 from tfos import TFCluster  # noqa: E402
+from tfos._common import wire as _wire  # noqa: E402
 from tfos.errors import TFOSError  # noqa: E402
 
 pytestmark = pytest.mark.spark
 
 SPARK = TFCluster.InputMode.SPARK
 
-_SQUATTER = textwrap.dedent(
-    r'''
-    import os, pickle, socket, struct, sys, threading, time
-    host, port, log_path, marker, stop_path = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
-
-    class Boom:
-        def __reduce__(self):
-            return (open, (marker, "w"))
-
-    evil = pickle.dumps([Boom()])
-    lst = socket.socket()
-    lst.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    end = time.monotonic() + 240
-    while time.monotonic() < end and not os.path.exists(stop_path):
-        try:
-            lst.bind((host, port))
-            break
-        except OSError:
-            time.sleep(0.005)
-    else:
-        sys.exit(0)
-    lst.listen(64)
-    lst.settimeout(0.2)
-    with open(log_path, "a") as f:
-        f.write("bound\n")
-
-    def serve(c):
-        got = 0
-        try:
-            c.settimeout(5)
-            c.sendall(b"TFD2" + os.urandom(32))
-            while True:
-                b = c.recv(65536)
-                if not b:
-                    break
-                got += len(b)
-                if got >= 68:
-                    # a made-up proof, then a "status ok", an "ack" and "results" frames
-                    c.sendall(os.urandom(32))
-                    for t, p in ((b"S", b'{"state":"ok"}'), (b"A", b'{"rows":1000}'), (b"R", evil)):
-                        c.sendall(t + struct.pack(">Q", len(p)) + p + os.urandom(16))
-        except OSError:
-            pass
-        finally:
-            c.close()
-            with open(log_path, "a") as f:
-                f.write(f"conn {got}\n")
-
-    while not os.path.exists(stop_path) and time.monotonic() < end:
-        try:
-            c, _ = lst.accept()
-        except socket.timeout:
-            continue
-        threading.Thread(target=serve, args=(c,), daemon=True).start()
-    '''
-)
+#: The squatter and the relay: separate processes without the cluster key.
+INTRUDERS = Path(__file__).resolve().parents[1] / "unit" / "intruders.py"
 
 
 def _touch(path: str, text: str) -> None:
@@ -93,79 +44,110 @@ def _touch(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _early_return_or_count(args, ctx):
+def _early_return_or_collect(args, ctx):
     feed = ctx.get_data_feed(train_mode=True)
     if ctx.executor_id == 0:
         rows = feed.next_batch(5)
         _touch(os.path.join(args["out"], "rows0"), str(len(rows)))
-        # give the squatter time to take the port before feed tasks of executor 0 arrive
-        return
+        return  # releases the data port: the intruder takes it before feed tasks of executor 0 arrive
     seen: list = []
     while not feed.should_stop():
-        seen.extend(feed.next_batch(100))
+        seen.extend(r.decode() for r in feed.next_batch(100))
         if len(seen) >= args["need"]:
             break
-        time.sleep(0.02)  # a slower consumer spreads the feed tasks over seconds: the squatter has time to bind
-    _touch(os.path.join(args["out"], "rows1"), f"{len(seen)} {len(set(seen))}")
+        time.sleep(0.02)  # a slower consumer spreads the feed tasks over seconds: the intruder has time to bind
+    _touch(os.path.join(args["out"], "rows1"), " ".join(seen))
 
 
-def _squat_once(sc, tmp_path):
-    """One cluster whose node 0 returns after 5 rows while a squatter takes its released data
-    port; returns what the squatter logged (it may lose the race for the port under load)."""
-    marker = tmp_path / "unpickled-by-someone"
-    log_path = tmp_path / "squatter.log"
+#: Rows fed by the intruder tests, and how many partitions they fill.
+ROWS, PARTS = 12000, 24
+
+
+def _intrude_once(sc, tmp_path, mode: str, *extra: str) -> None:
+    """One cluster whose node 0 returns after 5 rows while an intruder (``intruders.py
+    mode``, no key) takes its released data port; it may lose the race for the port under
+    load. ``train()`` may raise only an error naming node 0 and why."""
     stop = tmp_path / "stop"
-    script = tmp_path / "squatter.py"
-    script.write_text(_SQUATTER)
-    n, parts = 24000, 24
-    cluster = TFCluster.run(sc, _early_return_or_count, {"out": str(tmp_path), "need": n}, 2, 0, input_mode=SPARK)
-    squatter = None
+    cluster = TFCluster.run(sc, _early_return_or_collect, {"out": str(tmp_path), "need": ROWS}, 2, 0, input_mode=SPARK)
+    intruder = None
     try:
-        [node0] = [i for i in cluster.cluster_info if i["executor_id"] == 0]
+        nodes = {i["executor_id"]: i for i in cluster.cluster_info}
         env = {k: v for k, v in os.environ.items() if not k.startswith("TFOS")}
-        squatter = subprocess.Popen(
-            [sys.executable, str(script), node0["host"], str(node0["data_port"]), str(log_path), str(marker), str(stop)],
-            env=env,
+        args = [a.format(node1_port=nodes[1]["data_port"]) for a in extra]
+        intruder = subprocess.Popen(
+            [sys.executable, str(INTRUDERS), mode, "--listen", f"{nodes[0]['host']}:{nodes[0]['data_port']}",
+             "--stop", str(stop), *args], env=env, stdout=subprocess.DEVNULL,
         )
-        rdd = sc.parallelize(range(n), parts)
+        rdd = sc.parallelize([b"row-secret-%06d" % i for i in range(ROWS)], PARTS)
         try:
             cluster.train(rdd, num_epochs=1, feed_timeout=120)
-            raised = None
         except TFOSError as exc:  # allowed: an error naming the node and why
-            raised = str(exc)
-        if raised is not None:
-            assert "worker:0" in raised and "authenticate" in raised, raised
-        cluster.shutdown(timeout=120)
+            assert "worker:0" in str(exc) and ("authenticate" in str(exc) or "relayed" in str(exc)), str(exc)
+        (tmp_path / "node0").write_text(f"{nodes[0]['host']}:{nodes[0]['data_port']}")
     finally:
+        cluster.shutdown(timeout=120)
         _touch(str(stop), "")
-        if squatter is not None:
-            squatter.wait(30)
-    lines = log_path.read_text().splitlines() if log_path.exists() else []
-    return lines, [int(x.split()[1]) for x in lines if x.startswith("conn ")], marker, n // parts
+        if intruder is not None:
+            intruder.wait(30)
 
 
-def test_squatter_on_released_data_port_gets_nothing(sc, no_leftovers, tmp_path):
-    # The squatter must win the race for node 0's released port before the feed tasks of
-    # executor 0 are done; on a loaded machine it can lose it, and then the run proves
-    # nothing: try again (at most 3 clusters), every run's security assertions still hold.
+def _intrude(sc, tmp_path, mode: str, log_name: str, *extra: str) -> tuple:
+    """:func:`_intrude_once` until the intruder took the port and a feed task reached it (at
+    most 3 clusters: on a loaded machine it can lose the race, and then a run proves
+    nothing); returns (the run's directory, its log lines, its "conn" lines)."""
     for attempt in range(3):
         run_dir = tmp_path / f"run{attempt}"
         run_dir.mkdir()
-        lines, conns, marker, per_part = _squat_once(sc, run_dir)
-        assert not marker.exists()  # nothing the squatter sent was unpickled, in any run
+        _intrude_once(sc, run_dir, mode, *[a.format(run=run_dir, node1_port="{node1_port}") for a in extra])
+        log = run_dir / log_name
+        lines = log.read_text().splitlines() if log.exists() else []
+        conns = [x for x in lines if x.startswith("conn ")]
         if "bound" in lines and conns:
             break
-    assert "bound" in lines, "the squatter never got the released port in 3 runs; the test did not exercise C21"
-    assert conns, "no feed task reached the squatter in 3 runs; the test did not exercise C21"
+    assert "bound" in lines, f"the {mode} intruder never got the released port in 3 runs; the test did not exercise it"
+    assert conns, f"no feed task reached the {mode} intruder in 3 runs; the test did not exercise it"
+    # every row reached a node once: the partitions the intruder was offered went to node 1
+    assert (run_dir / "rows0").read_text() == "5"
+    got = (run_dir / "rows1").read_text().split()
+    assert len(got) == len(set(got)), "a row was fed twice"
+    assert len(got) >= len(conns) * (ROWS // PARTS)
+    return run_dir, lines, conns
+
+
+def test_squatter_on_released_data_port_gets_nothing(sc, no_leftovers, tmp_path):
+    """A squatter answers like a node, with a made-up proof and frames holding a pickle whose
+    unpickling would write a marker: every feed task sent it 68 bytes, nothing it sent was
+    unpickled anywhere, and its partitions went to node 1."""
+    marker = tmp_path / "unpickled-by-someone"
+    run_dir, lines, conns = _intrude(sc, tmp_path, "squat", "squatter.log", "--log", "{run}/squatter.log",
+                                     "--marker", str(marker), "--magic", _wire._DATA_MAGIC.decode())
     # every feed task sent the squatter a nonce and a proof bound to its nonce (68 bytes), nothing else
-    assert set(conns) == {68}, conns
+    assert {int(x.split()[1]) for x in conns} == {68}, conns
     # nothing the squatter sent was unpickled anywhere (driver, executors, TF processes)
     assert not marker.exists()
-    # the partitions the squatter was offered went to the real node 1, each row once
-    assert (run_dir / "rows0").read_text() == "5"
-    got, distinct = (int(x) for x in (run_dir / "rows1").read_text().split())
-    assert got == distinct, "a row was fed twice"
-    assert got >= len(conns) * per_part
+
+
+def test_relay_on_released_data_port_reads_no_row(sc, no_leftovers, tmp_path, caplog):
+    """Node 0's main_fun returns; a local process without the key takes its data port and
+    relays every connection to node 1. Feed tasks meant for node 0 reach node 1 through
+    it, which refuses their handshake (it names another node); they fail over to node 1
+    directly. The relay reads no row, and the driver logs a WARNING naming node 0 and the
+    intruding connection."""
+    with caplog.at_level(logging.WARNING, logger="tfos._driver.state"):
+        run_dir, lines, conns = _intrude(sc, tmp_path, "relay", "relay.log", "--to", "{node1_port}",
+                                         "--capture", "{run}/relay")
+    to_node = (run_dir / "relay.to-node").read_bytes()
+    to_task = (run_dir / "relay.to-task").read_bytes() if (run_dir / "relay.to-task").exists() else b""
+    # 0 rows readable: each task sent the relay a magic, a nonce and a proof, nothing more
+    assert len(to_node) == 68 * len(conns), (len(to_node), len(conns))
+    assert b"row-secret" not in to_node and b"row-secret" not in to_task
+    # the driver's WARNING names node 0, its address, the connection and where it led
+    addr = (run_dir / "node0").read_text()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and r.name == "tfos._driver.state"]
+    relayed = [w for w in warnings if "relayed the handshake to worker:1" in w and f"data address {addr}" in w]
+    assert relayed, warnings
+    assert "worker:0 (executor 0" in relayed[0], relayed[0]
+    assert f"-> {addr}" in relayed[0] and "listener uid" in relayed[0], relayed[0]
 
 
 def _count_rows(args, ctx):

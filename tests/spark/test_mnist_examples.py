@@ -57,6 +57,8 @@ def _run(script: str, *args: str, cwd: str) -> tuple[str, float]:
     tb = proc.stdout.rfind("Traceback (most recent call last)")
     assert proc.returncode == 0, (f"{script} exited with {proc.returncode}:\n{proc.stdout[tb:tb + 8000] if tb >= 0 else ''}"
                                   f"\n...\n{proc.stdout[-4000:]}")
+    # The examples run Spark with spark.authenticate (tfos.authenticate_spark): no security WARNING.
+    assert "tfos cluster key" not in proc.stdout, proc.stdout[-4000:]  # in each of tfos's key-transport WARNINGs
     return proc.stdout, seconds
 
 
@@ -222,6 +224,7 @@ def _executor_jvm_hosting_a_node(root_pid: int):
     return None
 
 
+@pytest.mark.chaos  # the example under an executor kill; tests/spark/test_restarts.py covers the mechanism
 def test_mnist_spark_restart_resumes_at_the_checkpointed_epoch(mnist_data, tmp_path, no_leftovers):
     """mnist_spark.py --max_restarts 1: an executor JVM hosting a node is SIGKILLed once
     epoch 2 of 6 is saved; the feed resumes at the checkpoint the nodes reported, or at the

@@ -66,6 +66,7 @@ def _why_not() -> str:
 _SKIP = _why_not()
 pytestmark = [
     pytest.mark.netns,
+    pytest.mark.chaos,  # the multi-host bed and its failures: minutes; .ci/run runs it (TFOS_CHAOS=1)
     pytest.mark.spark,
     pytest.mark.skipif(bool(_SKIP), reason=_SKIP or "runs"),
     pytest.mark.timeout(900),

@@ -38,6 +38,9 @@ def test_quickstart_trains_and_predicts(tmp_path, no_leftovers):
     assert m, proc.stdout
     assert int(m.group(1)) == 2500
     assert float(m.group(2)) >= 0.9, proc.stdout
+    # Spark authenticates (tfos.authenticate_spark): no key-transport WARNING, and the secret
+    # was on no command line (tfos would warn about that too).
+    assert "tfos cluster key" not in proc.stderr, proc.stderr[-6000:]  # in each of tfos's key-transport WARNINGs
     # Both nodes' print() reached the driver's stderr, with their node prefix.
     for node in ("chief:0", "worker:0"):
         assert f"[{node}] {node} trained" in proc.stderr, proc.stderr[-6000:]

@@ -1,7 +1,9 @@
-"""Restarts after a lost node (issue 14), on the shared local-cluster[2,1,1024].
+"""Restarts after a lost node, on the shared local-cluster[2,1,1024].
 
 The chaos helper (tests/spark/chaos.py) finds a node's executor JVM from the node's own
-registration and kills it by PID.
+registration and kills it by PID. Spark's local-cluster worker starts a replacement
+executor, which the restarted cluster uses; the next test's ``spark_manager.get()`` waits
+for it (tests/conftest.py), so the shared context serves the chaos tests too.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ def _dead(proc, timeout_s: float = 30.0) -> bool:
 
 
 def test_chaos_helper_finds_each_nodes_executor_jvm(spark_manager, tmp_path):
-    sc = spark_manager.get("local-cluster[2,1,1024]", **{"spark.app.name": "tfos-chaos-helper"})
+    sc = spark_manager.get()  # the shared context: Spark replaces the killed executor, the next get() waits for it
     assert_no_tfos_processes()
     release = tmp_path / "release"
     hb = 8.0
@@ -74,7 +76,6 @@ def test_chaos_helper_finds_each_nodes_executor_jvm(spark_manager, tmp_path):
     finally:
         release.touch()
     assert_no_tfos_processes(60.0)
-    spark_manager.stop()  # its executor is gone: the next test gets a fresh context
 
 
 # ------------------------------------------------------------------ restarts (max_restarts)
@@ -129,7 +130,7 @@ def test_executor_killed_mid_training_restarts_and_accounts_for_every_row(spark_
     and every row of every epoch is accounted for (count and checksum)."""
     import logging
 
-    sc = spark_manager.get("local-cluster[2,1,1024]", **{"spark.app.name": "tfos-chaos-restart"})
+    sc = spark_manager.get()  # the shared context: Spark replaces the killed executor, the next get() waits for it
     assert_no_tfos_processes()
     caplog.set_level(logging.WARNING, logger="tfos")
     args = {"out": str(tmp_path), "sleep_s": 0.01}
@@ -167,7 +168,6 @@ def test_executor_killed_mid_training_restarts_and_accounts_for_every_row(spark_
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "attempt 0" in r.getMessage()]
     assert warnings and "worker:1 (executor 1" in warnings[0], warnings
     assert_no_tfos_processes(60.0)
-    spark_manager.stop()
 
 
 def _always_raises(args, ctx):
@@ -374,7 +374,7 @@ def test_restart_resumes_the_feed_at_the_reported_checkpoint(spark_manager, tmp_
     import logging
     import re
 
-    sc = spark_manager.get("local-cluster[2,1,1024]", **{"spark.app.name": "tfos-chaos-checkpoint"})
+    sc = spark_manager.get()  # the shared context: Spark replaces the killed executor, the next get() waits for it
     assert_no_tfos_processes()
     caplog.set_level(logging.WARNING, logger="tfos")
     args = {"out": str(tmp_path), "sleep_s": 0.01, "epochs": CK_EPOCHS}
@@ -417,4 +417,3 @@ def test_restart_resumes_the_feed_at_the_reported_checkpoint(spark_manager, tmp_
     assert m, text
     assert int(m.group(1)) == int(m.group(3)) == restored and int(m.group(2)) > restored, m.group(0)
     assert_no_tfos_processes(60.0)
-    spark_manager.stop()

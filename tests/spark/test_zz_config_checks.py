@@ -100,14 +100,15 @@ def test_c01_more_nodes_than_executors(spark_manager, no_leftovers):
     sc = spark_manager.get("local-cluster[2,1,1024]")
     msg = _refused(sc, 3, master_node="chief")
     assert "needs 3 executors" in msg and "has 2" in msg, msg
-    assert "num_executors" in msg and "spark.executor.instances=3" in msg, msg
+    assert "num_executors" in msg and "local-cluster[3,1,1024]" in msg, msg
+    assert "spark.executor.instances" not in msg, msg  # does nothing on local-cluster
 
 
 def test_c05_several_task_slots_per_executor(spark_manager, no_leftovers):
     sc = spark_manager.get("local-cluster[2,2,1024]")
     msg = _refused(sc, 4, master_node="chief")
-    assert "spark.task.cpus" in msg and "2 task slots" in msg, msg
-    assert "spark.executor.cores" in msg, msg
+    assert "spark.task.cpus=2" in msg and "2 task slots" in msg, msg
+    assert "local-cluster[2,1,1024]" in msg, msg
 
 
 # ------------------------------------------------------------------ local[N]

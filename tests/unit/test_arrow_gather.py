@@ -2,9 +2,10 @@
 
 The feed task writes each Arrow slice as an IPC stream whose data buffers are the batch's
 own memory (``arrow_ipc_parts``) and sends them as one authenticated frame
-(``send_frame_parts``). These tests pin that the bytes on the wire are exactly the IPC
-stream pyarrow writes into one buffer, that the tag is the one ``seal`` gives the joined
-payload (the receiver is unchanged), and that the big buffers are not copied.
+(``send_frame_parts``). These tests pin that the payload is exactly the IPC stream
+pyarrow writes into one buffer, that the ciphertext and tag are the ones ``seal`` gives
+the joined payload (the receiver is unchanged), and that the big buffers are not copied
+before the encryption reads them.
 """
 
 from __future__ import annotations
@@ -106,9 +107,12 @@ def test_gathered_frame_authenticates_and_decodes_to_the_same_rows():
 def test_seal_parts_equals_seal_of_the_joined_payload():
     parts = [b"ab", pa.py_buffer(b"c" * 70000), b"", memoryview(b"de"), np.arange(5, dtype=np.float32)]
     joined = b"".join(bytes(memoryview(p).cast("B")) for p in parts)
+    head = bytes(9)
     s1, s2 = DataSession(b"k" * 32, b"r" * 32), DataSession(b"k" * 32, b"r" * 32)
     for _ in range(3):  # the sequence numbers advance alike
-        assert s1.seal(ord("D"), joined) == s2.seal_parts(ord("D"), parts)
+        whole = bytes(s1.seal(ord("D"), head, joined))
+        assert whole == bytes(s2.seal_parts(ord("D"), head, parts, len(joined)))
+        assert b"c" * 64 not in whole  # encrypted
 
 
 def test_gathered_frame_with_many_small_parts_and_a_tampered_tag():

@@ -161,20 +161,48 @@ def _pyspark_batches(n_batches: int, rows_per_batch: int) -> list:
     return out
 
 
+def _packed(batches: list, limit: int = 0, linger_s: float = 60.0) -> list:
+    """The frames (lists of parts) a feed task makes of ``batches``: its reader thread puts
+    them into the Outbox, a sender thread takes frames out (as ``feed_tasks._stream`` does)."""
+    import threading
+
+    from tfos._data import feed_tasks
+    from tfos._data.framing import ChunkKind
+
+    packing = feed_tasks._Packing(ChunkKind.PICKLED_BATCHES)
+    if limit:
+        packing.limit = limit
+    outbox = packing.outbox(linger_s)
+    frames: list = []
+
+    def _send() -> None:
+        while (items := outbox.take()) is not None:
+            frames.append(packing.payload(items, outbox))
+
+    sender = threading.Thread(target=_send)
+    sender.start()
+    try:
+        for b in batches:
+            assert outbox.put(b, packing.size(b))
+    finally:
+        outbox.end()
+        sender.join(30)
+    return frames
+
+
 def test_packed_frames_close_at_the_limit_and_keep_every_batch():
-    from tfos._data.feed_tasks import _packed_frames
     from tfos._data.framing import ChunkKind, decode_chunk
 
     batches = _pyspark_batches(8, 5)
     size = len(batches[0])
-    frames = list(_packed_frames(iter(batches), limit=3 * size))
+    frames = _packed(batches, limit=3 * size)
     # a frame closes once it holds >= limit bytes: 3 + 3 + 2 batches, each with a 4-byte prefix
     assert [len(f) // 2 for f in frames] == [3, 3, 2]
     assert all(f[i] is batches[j] for f, js in zip(frames, ([0, 1, 2], [3, 4, 5], [6, 7])) for i, j in zip(range(1, 7, 2), js))
     rows = [r for f in frames for r in decode_chunk(ChunkKind.PICKLED_BATCHES, b"".join(f))]
     assert [r[1] for r in rows] == list(range(40))
     assert all(float(r[0][0]) == r[1] and r[0].dtype == np.float32 and r[0].shape == (784,) for r in rows)
-    assert list(_packed_frames(iter([]))) == []
+    assert _packed([]) == []
 
 
 def test_packed_frames_sent_gathered_arrive_as_one_authenticated_frame():
@@ -185,11 +213,11 @@ def test_packed_frames_sent_gathered_arrive_as_one_authenticated_frame():
 
     from tfos._common.deadline import Deadline
     from tfos._common.wire import DataSession
-    from tfos._data.feed_tasks import PACK_BYTES, _packed_frames
+    from tfos._data.feed_tasks import PACK_BYTES
     from tfos._data.framing import ChunkKind, FrameType as _FT, decode_chunk, recv_frame, send_frame_parts
 
     batches = _pyspark_batches(40, 32)  # about 100 KB each, as PySpark batches MNIST rows
-    frames = list(_packed_frames(iter(batches)))
+    frames = _packed(batches)
     assert len(frames) == 4 and all(sum(len(p) for p in f) >= PACK_BYTES for f in frames[:-1])
     a, b = _socket.socketpair()
     k1, k2 = b"1" * 32, b"2" * 32
@@ -240,8 +268,8 @@ def test_packed_frames_never_exceed_the_frame_cap(monkeypatch):
 
     monkeypatch.setattr(feed_tasks, "MAX_DATA_FRAME_BYTES", 100)
     batches = [b"a" * 40, b"b" * 40, b"c" * 8, b"d" * 90]  # 44 + 44 + 12 = 100 fits
-    frames = list(feed_tasks._packed_frames(iter(batches), limit=1000))
+    frames = _packed(batches, limit=1000)
     assert [[p for p in f[1::2]] for f in frames] == [[b"a" * 40, b"b" * 40, b"c" * 8], [b"d" * 90]]
     assert all(sum(len(p) for p in f) <= 100 for f in frames)
     with pytest.raises(ValueError, match="a PySpark batch of 97 bytes is too large to feed .a data frame holds at most 100 bytes"):
-        list(feed_tasks._packed_frames(iter([b"e" * 97]), limit=1000))
+        _packed([b"e" * 97], limit=1000)

@@ -110,7 +110,7 @@ def test_authenticated_partition_end_to_end(hub):
 
 def test_wrong_key_client_rejected_and_nothing_queued(hub, tmp_path):
     s = socket.create_connection(("127.0.0.1", hub.port), timeout=20)
-    with pytest.raises(ConnectionError):  # the node closes without proving itself
+    with pytest.raises(_wire.DataAuthError, match="failed to prove"):  # the node refuses, proving nothing
         _wire.client_handshake(s, OTHER_KEY, Deadline(20))
     s.close()
     _wait(lambda: hub.rejected >= 1, "the rejection")
@@ -126,7 +126,7 @@ def test_squatter_without_key_gets_only_a_nonce_and_a_proof(tmp_path):
 
     def squatter():
         c, _ = lst.accept()
-        c.sendall(b"TFD2" + os.urandom(32))
+        c.sendall(_wire._DATA_MAGIC + os.urandom(32))
         c.settimeout(3)
         try:
             while True:
@@ -148,7 +148,7 @@ def test_squatter_without_key_gets_only_a_nonce_and_a_proof(tmp_path):
     s.close()
     t.join(10)
     lst.close()
-    assert len(got) == 68  # "TFD2" + client nonce + proof bound to the squatter's nonce; no data
+    assert len(got) == 68  # magic + client nonce + proof bound to the squatter's nonce; no data
 
 
 def test_relay_in_the_middle_gets_nothing_accepted(hub, tmp_path):
@@ -195,8 +195,13 @@ def test_relay_in_the_middle_gets_nothing_accepted(hub, tmp_path):
     result["sock"].close()
 
 
+def _sealed(session, ftype: int, payload: bytes) -> tuple[bytes, bytearray]:
+    head = struct.pack(">BQ", ftype, len(payload))
+    return head, bytearray(session.seal(ftype, head, payload))
+
+
 def test_tampered_reordered_and_reflected_frames_rejected():
-    """Tags bind payload, type, sequence number and direction."""
+    """Tags bind header, payload, type, sequence number and direction; payloads are encrypted."""
     a, b = socket.socketpair()
     out: dict = {}
     t = threading.Thread(target=lambda: out.setdefault("c", _wire.client_handshake(b, KEY, Deadline(10))))
@@ -204,21 +209,34 @@ def test_tampered_reordered_and_reflected_frames_rejected():
     server = _wire.server_handshake(a, KEY, Deadline(10))
     t.join(10)
     client = out["c"]
-    # tampered payload
-    tag = client.seal(ord("D"), b"rows")
+    # encrypted: the plaintext is nowhere in the frame
+    head, ct = _sealed(client, ord("D"), b"secret rows" * 10)
+    assert b"secret" not in bytes(ct) and len(ct) == 110 + 16
+    server.open(ord("D"), head, ct)
+    assert bytes(ct) == b"secret rows" * 10  # decrypted in place, tag removed
+    # tampered payload (a flipped ciphertext bit)
+    head, ct = _sealed(client, ord("D"), b"rows")
+    ct[0] ^= 1
     with pytest.raises(_wire.DataAuthError):
-        server.check(ord("D"), b"rowz", tag)
-    # frame type changed (the failed check above consumed sequence number 1)
-    tag2 = client.seal(ord("D"), b"x")
+        server.open(ord("D"), head, ct)
+    # tampered header (another length): the header is authenticated with the payload
+    head, ct = _sealed(client, ord("D"), b"rows")
     with pytest.raises(_wire.DataAuthError):
-        server.check(ord("E"), b"x", tag2)
+        server.open(ord("D"), struct.pack(">BQ", ord("D"), 5), ct)
+    # frame type changed
+    head, ct = _sealed(client, ord("D"), b"x")
+    with pytest.raises(_wire.DataAuthError):
+        server.open(ord("E"), head, ct)
     # replayed frame: the next expected sequence number differs
+    head, ct = _sealed(client, ord("D"), b"x")
+    replay = bytearray(ct)
+    server.open(ord("D"), head, ct)
     with pytest.raises(_wire.DataAuthError):
-        server.check(ord("D"), b"x", tag2)
+        server.open(ord("D"), head, replay)
     # reflected: a frame the server sent, fed back to the server
-    tag3 = server.seal(ord("A"), b"{}")
+    head, ct = _sealed(server, ord("A"), b"{}")
     with pytest.raises(_wire.DataAuthError):
-        server.check(ord("A"), b"{}", tag3)
+        server.open(ord("A"), head, ct)
     a.close()
     b.close()
 
@@ -461,7 +479,9 @@ def test_control_flood_bounded_and_legit_client_gets_through(server):
 def test_control_accept_survives_a_failed_connection_setup(server, monkeypatch):
     """Any error setting up one accepted connection closes that connection only; the
     event loop goes on accepting (the server has no thread per connection to fail)."""
-    real_conn = cs_mod._Conn
+    import tfos._control.loop as loop_mod
+
+    real_conn = loop_mod._Conn
     failures = {"n": 0}
 
     def flaky_conn(*args, **kwargs):
@@ -470,7 +490,7 @@ def test_control_accept_survives_a_failed_connection_setup(server, monkeypatch):
             raise RuntimeError("simulated: no memory for one more connection")
         return real_conn(*args, **kwargs)
 
-    monkeypatch.setattr(cs_mod, "_Conn", flaky_conn)
+    monkeypatch.setattr(loop_mod, "_Conn", flaky_conn)
     before = threading.active_count()
     for _ in range(2):
         s = socket.create_connection((server.host, server.port), timeout=20)
@@ -551,10 +571,19 @@ def test_the_secret_on_a_command_line_is_warned_about(caplog):
 
 
 def test_tags_over_foreign_buffers_without_copy():
-    """Arrow buffers (signed-char exports) and numpy arrays are tagged like their bytes."""
+    """Arrow buffers (signed-char exports) and numpy arrays are encrypted like their bytes,
+    whole or in parts."""
     np = pytest.importorskip("numpy")
     pa = pytest.importorskip("pyarrow")
     tx, rx = _wire.DataSession(b"k" * 32, b"k" * 32), _wire.DataSession(b"k" * 32, b"k" * 32)
     data = np.arange(1000, dtype=np.float32)
-    for payload in (pa.py_buffer(data.tobytes()), data, memoryview(data.tobytes())):
-        rx.check(ord("D"), data.tobytes(), tx.seal(ord("D"), payload))
+    raw = data.tobytes()
+    head = struct.pack(">BQ", ord("D"), len(raw))
+    for payload in (pa.py_buffer(raw), data, memoryview(raw)):
+        ct = bytearray(tx.seal(ord("D"), head, payload))
+        rx.open(ord("D"), head, ct)
+        assert bytes(ct) == raw
+    parts = [pa.py_buffer(raw[:1000]), data[250:500], memoryview(raw)[2000:]]
+    ct = bytearray(tx.seal_parts(ord("D"), head, parts, len(raw)))
+    rx.open(ord("D"), head, ct)
+    assert bytes(ct) == raw

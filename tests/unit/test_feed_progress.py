@@ -34,6 +34,7 @@ def hub():
 
 def _link(hub: FeedHub) -> _Link:
     node = NodeInfo(0, "worker", 0, "127.0.0.1", 2222, hub.port, os.getpid(), "test/1", hub.path)
+    hub.identity = _wire.node_identity(node)  # as the TF process does once it registered
     plan = FeedPlan("tfos-unit-progress", KEY, "127.0.0.1", 1, (node,), "input", "train", None, feed_timeout_s=FEED_TIMEOUT_S, feed_id="feed-unit")
     return _Link(plan, node, 0, 0, 0, local=True)
 

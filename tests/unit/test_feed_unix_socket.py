@@ -32,8 +32,10 @@ def hub():
 
 
 def _node(hub: FeedHub, path: str | None = None) -> NodeInfo:
-    return NodeInfo(0, "worker", 0, "127.0.0.1", 2222, hub.port, os.getpid(), "test/1",
+    node = NodeInfo(0, "worker", 0, "127.0.0.1", 2222, hub.port, os.getpid(), "test/1",
                     hub.path if path is None else path)
+    hub.identity = _wire.node_identity(node)  # as the TF process does once it registered
+    return node
 
 
 def _plan(node: NodeInfo, feed_id: str = "feed-unit") -> FeedPlan:
@@ -83,7 +85,7 @@ def test_unix_socket_refuses_a_client_without_the_key(hub):
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(20)
     s.connect(hub.path)
-    with pytest.raises(ConnectionError):  # the node closes without proving itself
+    with pytest.raises(_wire.DataAuthError, match="failed to prove"):  # the node refuses, proving nothing
         _wire.client_handshake(s, OTHER_KEY, Deadline(20, "handshake"))
     s.close()
     Deadline(20, "the rejection").wait_for(lambda: hub.rejected >= 1)

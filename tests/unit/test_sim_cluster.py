@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 
 import pytest
 
@@ -21,7 +22,16 @@ TIMEOUT_S = 2.0
 
 @pytest.fixture(scope="module")
 def figures():
-    return sim_cluster.run_size(10, procs=1, timeout_s=TIMEOUT_S, steady_s=1.0, kinds=sim_cluster.FAILURE_KINDS)
+    # Threads an earlier test left in this process (Spark's py4j threads, say) are not the
+    # driver side's and must not be counted as its threads.
+    done = threading.Event()
+    strays = [threading.Thread(target=done.wait, args=(120,), name=f"stray-{i}", daemon=True) for i in range(5)]
+    for t in strays:
+        t.start()
+    try:
+        return sim_cluster.run_size(10, procs=1, timeout_s=TIMEOUT_S, steady_s=1.0, kinds=sim_cluster.FAILURE_KINDS)
+    finally:
+        done.set()
 
 
 def test_the_cluster_forms_and_feeds_exactly(figures):

@@ -55,7 +55,9 @@ def test_c01_too_few_executors():
     assert "needs 3 executors" in msg
     assert "has 2" in msg
     assert "local-cluster[2,1,1024]" in msg
-    assert "spark.executor.instances=3" in msg
+    # local-cluster's executors come from its URL: spark.executor.instances does nothing there
+    assert "start Spark with 3 executors (the master local-cluster[3,1,1024]: its executors come from the URL)" in msg
+    assert "spark.executor.instances" not in msg
 
 
 def test_c01_yarn_instances():
@@ -68,8 +70,8 @@ def test_c05_two_slots_per_executor():
         _check("local-cluster[2,2,1024]", 2)
     msg = str(ei.value)
     assert "each executor has 2 task slots" in msg
-    assert "spark.task.cpus" in msg
-    assert "spark.executor.cores" in msg
+    assert msg.endswith("use the master local-cluster[2,1,1024] (one core per worker: its executors get their cores "
+                        "from the URL), or set spark.task.cpus=2 so that one node takes all 2 cores of an executor"), msg
 
 
 def test_c05_fixed_by_task_cpus():
@@ -269,6 +271,6 @@ def test_standalone_executors_come_from_cores_max_not_instances():
     assert str(info.value) == (
         "the cluster needs 4 executors (one per node) but the Spark application has 3 (spark://10.0.0.1:7077). "
         "Reduce num_executors/cluster_size to 3, or start Spark with 4 executors (--total-executor-cores 4 "
-        "(spark.cores.max) with --executor-cores 1)")
+        "(spark.cores.max) with --executor-cores 1, on workers with 4 free cores in all (SPARK_WORKER_CORES))")
     assert plan_layout("spark://10.0.0.1:7077", {"spark.executor.cores": "1", "spark.executor.instances": "8"}).executors is None
     assert plan_layout("yarn", conf).executors == 8

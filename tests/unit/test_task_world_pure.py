@@ -332,3 +332,36 @@ def test_capture_refuses_a_broadcast_pyspark_did_not_load(monkeypatch):
 
     with pytest.raises(TFOSError, match="broadcast variable 5 that main_fun's payload refers to was not loaded"):
         tw.capture([(5, NotLoaded())])
+
+
+def test_only_the_payloads_accumulators_are_sent(monkeypatch):
+    """PySpark's own accumulators (negative ids, e.g. its UDF profiler's) and any other
+    accumulator the TF process holds are not main_fun's: only those the payload
+    deserialized are sent, with what main_fun added to them."""
+    from pyspark.accumulators import FLOAT_ACCUMULATOR_PARAM, INT_ACCUMULATOR_PARAM, Accumulator, AccumulatorParam
+    from pyspark.accumulators import _accumulatorRegistry
+
+    class DictParam(AccumulatorParam):
+        def zero(self, value):
+            return {}
+
+        def addInPlace(self, a, b):
+            a.update(b)
+            return a
+
+    monkeypatch.setattr(tw, "_payload_accumulators", None)
+    saved = dict(_accumulatorRegistry)
+    try:
+        _accumulatorRegistry.clear()
+        Accumulator(-2, {}, DictParam())  # registers itself, as PySpark's profiler accumulator does
+        assert tw.accumulator_updates() == []  # a negative id is PySpark's, never sent
+        payload = pickle.dumps((Accumulator(7, 5, INT_ACCUMULATOR_PARAM), "args"))  # as the driver pickles it
+        del _accumulatorRegistry[7]  # the TF process has not seen it yet
+        Accumulator(8, 1.0, FLOAT_ACCUMULATOR_PARAM)  # in the process before the payload: not main_fun's
+        acc, args = tw.load_payload(payload)
+        assert acc.aid == 7 and acc._value == 0 and args == "args"  # deserialized at its zero value, as in a worker
+        acc.add(3)
+        assert tw.accumulator_updates() == [{"aid": 7, **tw.encode_accumulator_value(3)}]
+    finally:
+        _accumulatorRegistry.clear()
+        _accumulatorRegistry.update(saved)

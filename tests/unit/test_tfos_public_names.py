@@ -154,7 +154,7 @@ def test_message_socket_refuses_a_wrong_key_before_reading_a_message():
     out: list = []
     t = threading.Thread(target=_serve, args=(reservation.MessageSocket(os.urandom(32), timeout_s=10), b, out))
     t.start()
-    with pytest.raises(ConnectionError):  # the server closes after the failed proof
+    with pytest.raises(DataAuthError, match="did not prove it holds the key"):  # the server refuses the proof
         reservation.MessageSocket(os.urandom(32), timeout_s=10).send(a, "hello")
     t.join(10)
     assert len(out) == 1 and isinstance(out[0], DataAuthError)

@@ -17,10 +17,11 @@ instance) cannot be replayed to a client either. A connection's first frame is c
 :data:`MAX_FIRST_FRAME_BYTES` before it is read.
 
 Data connections (feed task -> TF process) start with a mutual handshake bound to both
-sides' nonces and to the direction (:func:`server_handshake` / :func:`client_handshake`);
-the feed task sends nothing but its nonce and proof until the node has proven it holds
-the key. Every later frame carries a tag under a per-connection, per-direction session key
-and a sequence number (:class:`DataSession`, framing in :mod:`tfos._data.framing`).
+sides' nonces, to the direction and to the node the feed task means to reach
+(:func:`server_handshake` / :func:`client_handshake`); the feed task sends nothing but its
+nonce and proof until the node has proven it is that node. Every later frame is encrypted
+and authenticated (AES-GCM) under a per-connection, per-direction session key and a
+sequence number (:class:`DataSession`, framing in :mod:`tfos._data.framing`).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import json
 import os
 import socket
 import struct
-from typing import Any, Optional, Union
+from typing import Any, Mapping, Optional, Protocol, Union
 
 from tfos._common.deadline import Deadline
 from tfos.errors import ControlProtocolError
@@ -49,7 +50,9 @@ __all__ = [
     "recv_into",
     "TruncatedFrameError",
     "DataAuthError",
+    "DataRelayError",
     "DataSession",
+    "node_identity",
     "server_handshake",
     "client_handshake",
     "loads_strict",
@@ -68,7 +71,7 @@ MAX_FIRST_FRAME_BYTES = 16 << 10
 #: Length of the per-cluster HMAC key, in bytes.
 KEY_BYTES = 32
 _CHALLENGE_BYTES = 32
-_DATA_AUTH_CONTEXT = b"tfos-data-v2"
+_DATA_AUTH_CONTEXT = b"tfos-data-v3"
 
 
 def new_key() -> bytes:
@@ -295,29 +298,100 @@ class DataAuthError(ControlProtocolError):
     Attributes:
         address: Where a feed task reached the failing peer (a Unix socket path or
             ``host:port``), "" when not known.
+        connection: The feed task's connection to it (``local -> remote`` endpoints, and
+            the listener's owner when it is on the task's host), "" when not known.
     """
 
     address: str = ""
+    connection: str = ""
+
+
+class DataRelayError(DataAuthError):
+    """The process at a node's data address passed the feed task's handshake on to another
+    node of the cluster (a relay without the key), which refused it: raised on the feed-task
+    side. Nothing but a nonce and a proof was sent.
+
+    Attributes:
+        reached: The name of the node the handshake was relayed to.
+    """
+
+    reached: str = ""
+
+
+class _Identified(Protocol):
+    """What :func:`node_identity` reads (a :class:`tfos.cluster_template.NodeInfo`)."""
+
+    @property
+    def executor_id(self) -> int: ...
+    @property
+    def job_name(self) -> str: ...
+    @property
+    def task_index(self) -> int: ...
+    @property
+    def host(self) -> str: ...
+    @property
+    def data_port(self) -> int: ...
+
+
+def node_identity(node: _Identified) -> bytes:
+    """The identity a data connection's handshake binds (pure): the node's executor id,
+    role and the data address it registered (host and TCP port; the same whether the task
+    connects there or to the node's Unix socket).
+
+    A feed task proves it holds the key *for the node it meant to reach*, and that node
+    proves it is that node: a relay that passes the handshake to another node fails.
+    """
+    return json.dumps([node.executor_id, node.job_name, node.task_index, node.host, node.data_port],
+                      separators=(",", ":")).encode("utf-8")
+
+
+def _gcm() -> Any:
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    return AESGCM
+
+
+_IN_PLACE: Optional[bool] = None
+
+
+def _in_place_ok() -> bool:
+    """Whether ``AESGCM.decrypt_into`` may write the plaintext over its own ciphertext
+    (checked once per process on a known answer; without it, a frame is decrypted into a
+    second buffer)."""
+    global _IN_PLACE
+    if _IN_PLACE is None:
+        try:
+            aead = _gcm()(bytes(range(32)))
+            nonce, text = bytes(12), bytes(range(200)) * 3
+            buf = bytearray(aead.encrypt(nonce, text, b"h"))
+            view = memoryview(buf)
+            aead.decrypt_into(nonce, view, b"h", view[: len(text)])
+            _IN_PLACE = bytes(buf[: len(text)]) == text
+        except Exception:  # noqa: BLE001 - any failure: decrypt into a second buffer
+            _IN_PLACE = False
+    return _IN_PLACE
 
 
 class DataSession:
-    """Per-connection, per-direction frame authentication of a data connection (pure).
+    """Per-connection, per-direction encryption and authentication of a data connection
+    (pure).
 
-    Every data frame carries a 16-byte AES-GCM tag computed over its payload as associated
-    data, with an empty plaintext (GMAC: authentication without encryption, so the payload
-    is never copied). The 96-bit GCM nonce is ``sequence number (uint64) || frame type ||
-    three zero bytes``: each direction has its own session key and its own counter, so a
-    nonce is never reused under one key, a frame's type is bound to its tag, and a replayed,
-    dropped, reordered or reflected frame fails the check. The payload length is bound by
-    GCM's length block.
+    Every data frame's payload is encrypted with AES-256-GCM, and its 9-byte header (type
+    and length) is authenticated with it as associated data: no byte of a row can be read on
+    the wire, and a frame whose header, payload or tag was altered is refused before
+    anything acts on it. The 96-bit GCM nonce is ``sequence number (uint64) || frame type
+    || three zero bytes``: each direction has its own session key and its own counter, so
+    a nonce is never reused under one key, a frame's type is bound to it, and a replayed,
+    dropped, reordered or reflected frame fails the check.
 
-    The session keys are derived from the cluster key and both sides' handshake nonces
-    (:func:`server_handshake`), so they are fresh for every connection.
+    The session keys are derived from the cluster key, both sides' handshake nonces and
+    the node's identity (:func:`server_handshake`), so they are fresh for every connection.
 
-    Why GMAC rather than HMAC-SHA256: on the project's machines tagging plus checking with
-    GMAC (AES-NI, carry-less multiply) runs at 8 to 10 GB/s of CPU time against 0.8 GB/s
-    for HMAC-SHA256 (``scripts/bench_frame_tags.py``), and data frames carry hundreds of
-    megabytes per second (``scripts/bench_feed.py``).
+    Cost: encrypting plus decrypting with AES-GCM (AES-NI and carry-less multiply) runs at
+    about 10 GB/s of CPU time on the project's machine, against 0.8 GB/s for HMAC-SHA256
+    tags alone (``scripts/bench_frame_tags.py``); the payload is encrypted straight from
+    the sender's buffers (several parts are gathered by the encryption itself) into one
+    send buffer that the session reuses, and decrypted in place in the receive buffer.
 
     Args:
         send_key: 32-byte key of frames this side sends.
@@ -325,62 +399,107 @@ class DataSession:
     """
 
     TAG_BYTES = 16
+    #: Send buffers up to this size are kept for the next frame.
+    _KEEP_BYTES = 8 << 20
 
     def __init__(self, send_key: bytes, recv_key: bytes):
-        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-
-        self._tx = AESGCM(send_key)
+        aead = _gcm()
+        self._tx = aead(send_key)
         self._tx_key = send_key
-        self._rx = AESGCM(recv_key)
+        self._rx = aead(recv_key)
         self._tx_seq = 0
         self._rx_seq = 0
+        self._out = bytearray()
 
-    def seal(self, ftype: int, payload: Union[bytes, bytearray, memoryview]) -> bytes:
-        """The tag of the next outgoing frame (call in send order, one thread at a time)."""
+    def _out_view(self, n: int) -> memoryview:
+        if n <= self._KEEP_BYTES:
+            if len(self._out) < n:
+                self._out = bytearray(n)
+            return memoryview(self._out)[:n]
+        return memoryview(bytearray(n))
+
+    def _next_nonce(self, ftype: int) -> bytes:
         self._tx_seq += 1
-        nonce = _NONCE.pack(self._tx_seq, ftype)
-        return self._tx.encrypt(nonce, b"", _byte_view(payload))
+        return _NONCE.pack(self._tx_seq, ftype)
 
-    def seal_parts(self, ftype: int, parts: Any) -> bytes:
-        """The tag of the next outgoing frame whose payload is the concatenation of ``parts``.
-
-        Equal to ``seal(ftype, b"".join(parts))`` without joining: GCM reads the
-        associated data piece by piece, so a payload gathered from several buffers (the
-        Arrow buffers of a record batch) is authenticated without being copied. The
-        receiver checks the contiguous payload with :meth:`check` as usual.
+    def seal(self, ftype: int, head: bytes, payload: Union[bytes, bytearray, memoryview]) -> memoryview:
+        """The ciphertext and tag of the next outgoing frame (call in send order, one
+        thread at a time).
 
         Args:
             ftype: The frame type byte.
-            parts: Bytes-like objects, in payload order.
+            head: The frame's header (authenticated, sent in clear).
+            payload: The plaintext.
+
+        Returns:
+            The payload's size in bytes plus ``TAG_BYTES`` in the session's send buffer:
+            send them before the next call.
+        """
+        data = _byte_view(payload)
+        out = self._out_view((len(data) if data is not None else 0) + self.TAG_BYTES)
+        self._tx.encrypt_into(self._next_nonce(ftype), data if data is not None else b"", head, out)
+        return out
+
+    def seal_parts(self, ftype: int, head: bytes, parts: Any, n: int) -> memoryview:
+        """As :meth:`seal` for a payload that is the concatenation of ``parts`` (``n``
+        bytes in all): the parts are encrypted one after the other into the send buffer,
+        never joined first. The receiver decrypts the frame as one payload.
+
+        Args:
+            parts: Bytes-like objects, in payload order (the Arrow buffers of a record
+                batch, PySpark's batches and their length prefixes).
         """
         from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-        self._tx_seq += 1
-        nonce = _NONCE.pack(self._tx_seq, ftype)
-        enc = Cipher(algorithms.AES(self._tx_key), modes.GCM(nonce)).encryptor()
+        out = self._out_view(n + self.TAG_BYTES)
+        enc = Cipher(algorithms.AES(self._tx_key), modes.GCM(self._next_nonce(ftype))).encryptor()
+        enc.authenticate_additional_data(head)
+        at = 0
         for part in parts:
             view = _byte_view(part)
             if view is not None:
-                enc.authenticate_additional_data(view)
+                at += enc.update_into(view, out[at:])
+        if at != n:
+            raise ValueError(f"the parts hold {at} bytes, not the {n} announced")
         enc.finalize()
-        return enc.tag
+        out[n:] = enc.tag
+        return out
 
-    def check(self, ftype: int, payload: Union[bytes, bytearray, memoryview], tag: Union[bytes, bytearray]) -> None:
-        """Verifies the tag of the next incoming frame.
+    def open(self, ftype: int, head: bytes, buf: bytearray) -> None:
+        """Decrypts and verifies the next incoming frame in place.
+
+        Args:
+            ftype: The frame type byte.
+            head: The frame's header as received.
+            buf: Ciphertext and tag as received; on return it holds the plaintext only
+                (truncated by :data:`TAG_BYTES`).
 
         Raises:
-            DataAuthError: Wrong tag: tampered, injected, replayed or reordered frame.
+            DataAuthError: Wrong tag: a tampered, injected, replayed, reordered or
+                reflected frame, or another key. ``buf`` then holds nothing usable.
         """
         from cryptography.exceptions import InvalidTag
 
         self._rx_seq += 1
         nonce = _NONCE.pack(self._rx_seq, ftype)
+        n = len(buf) - self.TAG_BYTES
+        if n < 0:
+            raise DataAuthError(f"data frame {self._rx_seq} is shorter than its tag")
         try:
-            self._rx.decrypt(nonce, bytes(tag), _byte_view(payload))
+            view = memoryview(buf)
+            if _in_place_ok():
+                self._rx.decrypt_into(nonce, view, head, view[:n])
+                del view
+            else:
+                plain = bytearray(n)
+                self._rx.decrypt_into(nonce, view, head, plain)
+                del view
+                buf[:n] = plain
         except InvalidTag:
             raise DataAuthError(
                 f"data frame {self._rx_seq} failed authentication (tampered, injected, replayed or reordered)"
             ) from None
+        del buf[n:]  # truncating a bytearray in place does not copy the payload
 
 
 def _byte_view(payload: Any) -> Any:
@@ -398,36 +517,49 @@ def _byte_view(payload: Any) -> Any:
 
 
 _NONCE = struct.Struct(">QB3x")
-_DATA_MAGIC = b"TFD2"
+_DATA_MAGIC = b"TFD3"
 _HELLO = struct.Struct(">4s32s")  # magic, nonce
+_IDENTITY_LEN = struct.Struct(">H")
 
 
-def _session_keys(key: bytes, snonce: bytes, cnonce: bytes) -> tuple[bytes, bytes]:
+def _bound(key: bytes, label: bytes, snonce: bytes, cnonce: bytes, identity: bytes) -> bytes:
+    """HMAC of one handshake message: the direction label, both nonces and the node's
+    identity (length-prefixed)."""
+    return _mac(key, _DATA_AUTH_CONTEXT, label, snonce, cnonce, _IDENTITY_LEN.pack(len(identity)), identity)
+
+
+def _session_keys(key: bytes, snonce: bytes, cnonce: bytes, identity: bytes) -> tuple[bytes, bytes]:
     """(client->server key, server->client key) of one data connection."""
-    return (
-        _mac(key, _DATA_AUTH_CONTEXT, b" key c2s ", snonce, cnonce),
-        _mac(key, _DATA_AUTH_CONTEXT, b" key s2c ", snonce, cnonce),
-    )
+    return (_bound(key, b" key c2s ", snonce, cnonce, identity), _bound(key, b" key s2c ", snonce, cnonce, identity))
 
 
-def server_handshake(sock: socket.socket, key: bytes, deadline: Deadline) -> DataSession:
+def server_handshake(sock: socket.socket, key: bytes, deadline: Deadline, identity: bytes = b"") -> DataSession:
     """Server (node) half of the mutual data-connection handshake.
 
-    1. server -> client: ``"TFD2" | server nonce (32 random bytes)``;
-    2. client -> server: ``"TFD2" | client nonce (32) | HMAC(key, ctx "client" Ns Nc)``;
-    3. server -> client: ``HMAC(key, ctx "server" Ns Nc)``.
+    1. server -> client: ``"TFD3" | server nonce (32 random bytes)``;
+    2. client -> server: ``"TFD3" | client nonce (32) | HMAC(key, "client" Ns Nc identity)``;
+    3. server -> client: ``HMAC(key, "server" Ns Nc identity)``, or, when the client's proof
+       is wrong, ``HMAC(key, "refuse" Ns Nc identity)`` and the connection closes.
 
-    Both proofs cover both nonces and carry a direction label, so neither can be replayed
-    on another connection, reflected to the other side, or relayed to a third party to any
-    effect: a relay in the middle ends up with a session whose keys it does not know. Every
-    message before authentication has a fixed size (nothing is allocated from an announced
-    length).
+    ``identity`` is the node's (:func:`node_identity`): the client proves it holds the key
+    for the node it meant to reach, and the node proves it is that node. Both proofs
+    cover both nonces and carry a direction label, so neither can be replayed on another
+    connection, reflected to the other side, or relayed to any effect: a relay to another
+    node fails there (and the refusal, bound to the refusing node, tells the feed task which
+    node it reached), and a relay to the right node ends up with a session whose keys it
+    does not know, encrypting every frame. Every message before authentication has a fixed
+    size (nothing is allocated from an announced length).
+
+    Args:
+        identity: This node's identity (b"" for connections not bound to a node, as
+            ``tfos.reservation.MessageSocket``'s).
 
     Returns:
-        The connection's :class:`DataSession` (frames from now on are authenticated).
+        The connection's :class:`DataSession` (frames from now on are encrypted).
 
     Raises:
-        DataAuthError: The client's proof is wrong (stranger, wrong key, relay).
+        DataAuthError: The client's proof is wrong (stranger, wrong key, a handshake meant
+            for another node: a relay).
         ConnectionError, DeadlineExceededError: The peer went away or was too slow.
     """
     snonce = os.urandom(_CHALLENGE_BYTES)
@@ -435,27 +567,43 @@ def server_handshake(sock: socket.socket, key: bytes, deadline: Deadline) -> Dat
     answer = recv_exact(sock, _HELLO.size + _MAC_BYTES, deadline)
     magic, cnonce = _HELLO.unpack_from(answer)
     if magic != _DATA_MAGIC:
-        raise DataAuthError("data connection: bad handshake magic (not a tfos feed task)")
+        raise DataAuthError("data connection: bad handshake magic (not a tfos feed task of this version)")
     proof = answer[_HELLO.size:]
-    if not hmac.compare_digest(proof, _mac(key, _DATA_AUTH_CONTEXT, b" client ", snonce, cnonce)):
-        raise DataAuthError("data connection authentication failed (wrong key, or a relayed handshake)")
-    sock.sendall(_mac(key, _DATA_AUTH_CONTEXT, b" server ", snonce, cnonce))
-    c2s, s2c = _session_keys(key, snonce, cnonce)
+    if not hmac.compare_digest(proof, _bound(key, b" client ", snonce, cnonce, identity)):
+        try:  # tells a feed task whose handshake was relayed here which node it reached
+            sock.sendall(_bound(key, b" refuse ", snonce, cnonce, identity))
+        except OSError:
+            pass
+        raise DataAuthError(
+            "data connection authentication failed: the proof was not made with the cluster key for this node "
+            "(a stranger, or a feed task's handshake relayed from another node's data address)"
+        )
+    sock.sendall(_bound(key, b" server ", snonce, cnonce, identity))
+    c2s, s2c = _session_keys(key, snonce, cnonce, identity)
     return DataSession(send_key=s2c, recv_key=c2s)
 
 
-def client_handshake(sock: socket.socket, key: bytes, deadline: Deadline) -> DataSession:
+def client_handshake(sock: socket.socket, key: bytes, deadline: Deadline, identity: bytes = b"",
+                     others: Optional[Mapping[bytes, str]] = None) -> DataSession:
     """Client (feed task) half of the handshake (see :func:`server_handshake`).
 
-    Nothing but a fresh nonce and a proof bound to the server's nonce is sent before the
-    server has proven it holds ``key``.
+    Nothing but a fresh nonce and a proof bound to the server's nonce and to the identity
+    of the node the task means to reach is sent before the server has proven it is that
+    node.
+
+    Args:
+        identity: The identity of the node the task means to reach (:func:`node_identity`).
+        others: ``{identity: name}`` of the cluster's other nodes: a refusal from one of
+            them means the connection was relayed there (:class:`DataRelayError`).
 
     Returns:
         The connection's :class:`DataSession`.
 
     Raises:
-        DataAuthError: The server did not prove it holds the key: the process listening
-            on the port is not this cluster's node (e.g. it took over a released port).
+        DataRelayError: Another node of the cluster answered (it refused the proof): a
+            process at this node's address relayed the handshake.
+        DataAuthError: The server did not prove it is the node: the process listening on
+            the port is not this cluster's node (e.g. it took over a released port).
         ConnectionError, DeadlineExceededError: The server went away or was too slow.
     """
     hello = recv_exact(sock, _HELLO.size, deadline)
@@ -463,13 +611,20 @@ def client_handshake(sock: socket.socket, key: bytes, deadline: Deadline) -> Dat
     if magic != _DATA_MAGIC:
         raise DataAuthError("the peer did not start a tfos data handshake (bad magic)")
     cnonce = os.urandom(_CHALLENGE_BYTES)
-    sock.sendall(_HELLO.pack(_DATA_MAGIC, cnonce) + _mac(key, _DATA_AUTH_CONTEXT, b" client ", snonce, cnonce))
+    sock.sendall(_HELLO.pack(_DATA_MAGIC, cnonce) + _bound(key, b" client ", snonce, cnonce, identity))
     # A peer that closes here is handled as an unreachable node (ConnectionError): a real
     # node under a flood of strangers sheds unauthenticated connections this way.
     proof = recv_exact(sock, _MAC_BYTES, deadline)
-    if not hmac.compare_digest(proof, _mac(key, _DATA_AUTH_CONTEXT, b" server ", snonce, cnonce)):
+    if not hmac.compare_digest(proof, _bound(key, b" server ", snonce, cnonce, identity)):
+        for other, name in (others or {}).items():
+            if hmac.compare_digest(proof, _bound(key, b" refuse ", snonce, cnonce, other)):
+                err = DataRelayError(f"the handshake reached {name}, which refused it: a process in between relayed it there")
+                err.reached = name
+                raise err
+        if hmac.compare_digest(proof, _bound(key, b" refuse ", snonce, cnonce, identity)):
+            raise DataAuthError("the node refused the handshake (it does not take this proof)")
         raise DataAuthError("the peer failed to prove it holds the cluster key")
-    c2s, s2c = _session_keys(key, snonce, cnonce)
+    c2s, s2c = _session_keys(key, snonce, cnonce, identity)
     return DataSession(send_key=c2s, recv_key=s2c)
 
 

@@ -434,6 +434,20 @@ class ClaimPartition(Message):
     token: str = ""
 
 
+@_message("data_intrusion")
+@dataclasses.dataclass(frozen=True)
+class DataIntrusion(Message):
+    """A feed task found a process that is not the node at node ``executor_id``'s data
+    address (it failed the handshake, or relayed it to another node); ``text`` says what it
+    saw (at most 2000 characters). Answer: ``{"ok": true}``."""
+
+    executor_id: int
+    text: str
+
+    def __post_init__(self) -> None:
+        _check(len(self.text) <= 2000, f"data_intrusion text of {len(self.text)} characters exceeds 2000")
+
+
 @_message("epoch_handover")
 @dataclasses.dataclass(frozen=True)
 class EpochHandover(Message):

@@ -1,8 +1,9 @@
 """The node's data server and bounded queues (runs in the TF process, InputMode.SPARK).
 
-Spark feed tasks connect here, authenticate mutually with the cluster key
-(:func:`tfos._common.wire.server_handshake`), announce a partition and stream its chunks in
-authenticated frames (a chunk is queued, and later unpickled, only after its tag checked). A reader thread per connection puts chunks on the named queue,
+Spark feed tasks connect here, authenticate mutually with the cluster key and the node's
+identity (:func:`tfos._common.wire.server_handshake`), announce a partition and stream its
+chunks in encrypted, authenticated frames (a chunk is queued, and later unpickled, only
+after its tag checked). A reader thread per connection puts chunks on the named queue,
 which is bounded in chunks, so a slow TensorFlow consumer pushes back through TCP to
 the feed task. :class:`~tfos.datafeed.DataFeed` takes chunks off the queue in the main
 thread, decodes them, and answers each partition (consumed / results) on its connection.
@@ -184,6 +185,9 @@ class FeedHub:
                  local_socket: bool = True, socket_dir: Optional[SocketDir] = None):
         self._key = key
         self.node_name = node_name
+        #: The node's identity, bound into every data handshake (set by the TF process
+        #: once the node's address is known: ``wire.node_identity(NodeInfo)``); b"" until then.
+        self.identity = b""
         self.queues: dict[str, queue.Queue] = {q: queue.Queue(maxsize=queue_chunks) for q in queues}
         self.terminated: set[str] = set()
         #: The driver's abort reason once the cluster aborted ("" until then): DataFeed then
@@ -315,7 +319,7 @@ class FeedHub:
             if sock.family in (socket.AF_INET, socket.AF_INET6):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             hs = Deadline(_HANDSHAKE_TIMEOUT_S, "the data-connection handshake")
-            session = _wire.server_handshake(sock, self._key, hs)
+            session = _wire.server_handshake(sock, self._key, hs, self.identity)
             with self._lock:
                 if self._pending.pop(sock, None) is None:
                     raise ConnectionError("evicted before the handshake completed")

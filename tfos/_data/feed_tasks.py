@@ -3,7 +3,9 @@
 Each task takes one partition of one epoch, picks a node (its own executor's node
 first), authenticates to the node's data server and streams the partition in chunks:
 raw PySpark frames when possible (no unpickling here), pickled batches otherwise, or
-Arrow record batches for DataFrames. It never does per-row IPC.
+Arrow record batches for DataFrames. It never does per-row IPC, and it never holds a
+row longer than the plan's linger time (:mod:`tfos._data.outbox`): a frame goes out when
+it is full or when its oldest row is that old, whichever comes first.
 
 What a task does when the node cannot take data:
 
@@ -13,16 +15,18 @@ What a task does when the node cannot take data:
   driver logs a warning with the count (C02);
 * the node failed or died -> the task reports a feed failure to the driver (which cancels
   this cluster's jobs) and raises an error naming the node and the partition (C03);
-* the process on the node's data port does not prove it holds the cluster key (it took
-  over a released port, or relays) -> nothing but a nonce and a proof bound to that
-  process's nonce was sent to it; the task fails over to the next fed node, and when none
-  authenticates it reports and raises an error naming the node and why (C21);
+* the process on the node's data port does not prove it is the node (it took over a
+  released port, or relays to another node, which refuses the handshake) -> nothing but
+  a nonce and a proof bound to that process's nonce and to the node's identity was sent
+  to it; the task tells the driver (a WARNING there names the node and the connection),
+  fails over to the next fed node, and when none authenticates it reports and raises an
+  error naming the node and why (C21);
 * the node already received this partition index of this feed (Spark re-ran the task
   after a retry or a stage resubmission) -> the task raises instead of feeding twice.
 
-Every frame in both directions is authenticated (:mod:`tfos._data.framing`): a partition
-counts as consumed only on an authenticated ``A`` frame, and result frames are yielded
-(and later unpickled by Spark) only after their tag checked.
+Every frame in both directions is encrypted and authenticated (:mod:`tfos._data.framing`):
+a partition counts as consumed only on an authenticated ``A`` frame, and result frames are
+yielded (and later unpickled by Spark) only after their tag checked.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from tfos._data.framing import (
 from tfos._common.deadline import Deadline
 from tfos._common.wire import DataAuthError
 from tfos._data import local_socket as _local
+from tfos._data.outbox import InputFailed, Outbox, feed_linger_s
 from tfos.cluster_template import NodeInfo
 from tfos.errors import ControlProtocolError, DeadlineExceededError, FeedError, FeedTimeoutError, NodeFailure, TFOSError
 
@@ -55,7 +60,9 @@ __all__ = ["FeedPlan", "choose_node", "make_feed_fn", "make_arrow_feed_fn", "mak
 
 log = logging.getLogger(__name__)
 
-#: Rows per chunk when rows must be re-pickled in the task (non-raw RDDs).
+#: Most rows per chunk when rows are pickled in the task (RDDs that are not fed as raw
+#: PySpark batches, e.g. a Python-pipelined RDD run in the feed task's own worker); fewer
+#: when the rows are large (a chunk of about :data:`PACK_BYTES`).
 GENERIC_CHUNK_ROWS = 1024
 #: Target size of one Arrow chunk, in bytes. Spark hands ``mapInArrow`` record batches of up
 #: to ``spark.sql.execution.arrow.maxRecordsPerBatch`` (10,000) rows, 30 MB for MNIST rows;
@@ -101,6 +108,9 @@ class FeedPlan:
         last_epoch: Epoch number of the job's last epoch (-1: not known, e.g. a stream's
             feed), so a node that gets no row of the last epochs still knows they exist
             (``as_dataset(steps_per_epoch=S)`` gives ``S`` batches for each).
+        linger_s: Longest time a row read by the task waits to be sent, in seconds
+            (default: the driver's ``TFOS_FEED_LINGER_MS``, else 0.05; see
+            :mod:`tfos._data.outbox` and docs/datafeed.md "Latency: the linger time").
     """
 
     cluster_id: str
@@ -118,6 +128,7 @@ class FeedPlan:
     first_epoch: int = 0
     report_done: bool = False
     last_epoch: int = -1
+    linger_s: float = dataclasses.field(default_factory=feed_linger_s)
 
     def __post_init__(self) -> None:
         if not self.nodes:
@@ -126,6 +137,8 @@ class FeedPlan:
             raise ValueError(f"bad feed mode {self.mode!r}")
         if self.feed_timeout_s <= 0:
             raise ValueError("feed_timeout must be > 0 seconds")
+        if not 0 <= self.linger_s <= 60:
+            raise ValueError(f"linger_s must be 0 to 60 seconds, got {self.linger_s!r}")
 
 
 def choose_node(nodes: tuple[NodeInfo, ...], index: int, executor_key: str, host: str) -> tuple[NodeInfo, str]:
@@ -153,7 +166,7 @@ class _Link:
     """One mutually authenticated data connection from a task to a node.
 
     ``local`` (the node is on the task's host) connects to the node's Unix-domain socket
-    first, falling back to TCP; both carry the same handshake and tagged frames.
+    first, falling back to TCP; both carry the same handshake and encrypted frames.
 
     Raises (constructor):
         DataAuthError: The peer did not prove it holds the cluster key.
@@ -169,11 +182,14 @@ class _Link:
             #: Where the connection went: the node's Unix socket path, or host:port.
             self.address = node.data_path if self.sock.family == socket.AF_UNIX else f"{node.host}:{node.data_port}"
             try:
-                self.session = _wire.client_handshake(self.sock, plan.key, hs)
+                self.session = _wire.client_handshake(
+                    self.sock, plan.key, hs, _wire.node_identity(node),
+                    {_wire.node_identity(n): n.name for n in plan.nodes if n != node})
                 break
             except DataAuthError as exc:
-                self.close()
                 exc.address = self.address  # for the caller's message
+                exc.connection = _local.describe_connection(self.sock)
+                self.close()
                 raise
             except ConnectionError:
                 self.close()
@@ -228,6 +244,13 @@ class _Link:
         except OSError:
             pass
 
+    def shutdown(self) -> None:
+        """Shuts the connection down in both directions (wakes a thread blocked on it)."""
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
     def peer_spoke(self) -> bool:
         """True when the node sent something (T or X) while we were sending."""
         r, _, _ = select.select([self.sock], [], [], 0)
@@ -273,6 +296,19 @@ def _client(plan: FeedPlan) -> ControlClient:
     # One connection per Python worker and cluster for every request of every task it
     # runs (its close() keeps it open), not one per request.
     return shared_client(plan.driver_host, plan.driver_port, plan.key, plan.cluster_id, connect_timeout_s=10.0)
+
+
+def _report_intrusion(plan: FeedPlan, node: NodeInfo, text: str) -> None:
+    """Tells the driver, which logs it as a WARNING, that the process at ``node``'s data
+    address is not the node (Spark task; best effort: a failure is logged here only)."""
+    try:
+        c = _client(plan)
+        try:
+            c.request("data_intrusion", executor_id=node.executor_id, text=_wire.json_safe(text, 2000), timeout_s=10.0)
+        finally:
+            c.close()
+    except (OSError, ControlProtocolError, DeadlineExceededError) as exc:
+        log.warning("could not tell the driver about the process at %s's data address: %s", node.name, exc)
 
 
 def _report(plan: FeedPlan, node: NodeInfo, message: str, error_type: str = "FeedError") -> None:
@@ -443,13 +479,22 @@ def _open(plan: FeedPlan, index: int) -> tuple[Optional[_Link], NodeInfo, str]:
         try:
             link = _Link(plan, cand, part, epoch, index, local=cand.executor_key == key or cand.host == host)
         except DataAuthError as exc:
-            why = (
-                f"{cand.name}: the process listening at its data address "
-                f"{exc.address or f'{cand.host}:{cand.data_port}'} failed to "
-                f"authenticate ({exc}); it is not this cluster's node (the node released the port and another "
-                "process took it, or a relay sits in between). No data was sent to it"
-            )
+            address = exc.address or f"{cand.host}:{cand.data_port}"
+            seen = f" ({exc.connection})" if exc.connection else ""
+            if isinstance(exc, _wire.DataRelayError):
+                why = (
+                    f"{cand.name}: the process listening at its data address {address}{seen} relayed the handshake "
+                    f"to {exc.reached}, which refused it: a process without the cluster key sits in between (the node "
+                    "released its port and another process took it). No data was sent to it"
+                )
+            else:
+                why = (
+                    f"{cand.name}: the process listening at its data address {address}{seen} failed to "
+                    f"authenticate ({exc}); it is not this cluster's node (the node released the port and another "
+                    "process took it, or a relay sits in between). No data was sent to it"
+                )
             log.warning("%s: %s", where, why)
+            _report_intrusion(plan, cand, f"partition {part} (epoch {epoch}): {why}")
             refused.append(why)
             continue
         except (OSError, DeadlineExceededError, ControlProtocolError) as exc:
@@ -495,74 +540,159 @@ def _drain_answer(link: _Link) -> tuple[str, dict]:
     raise ConnectionError(f"unexpected {ftype.name} frame from the node")
 
 
-def _stream(link: _Link, frames: Iterator[Any]) -> str:
-    """Sends the frames then the end marker; returns early if the node spoke first."""
-    for frame in frames:
-        if link.peer_spoke():
-            return "interrupted"
-        link.send(FrameType.DATA, frame)
-    link.send(FrameType.END)
-    return "sent"
+class _Packing:
+    """How the items a feed task reads from its partition become data frame payloads
+    (Spark task).
 
+    * ``ChunkKind.PICKLED_BATCHES`` (PySpark's raw pickled batches): packed, each batch
+      preceded by its uint32 big-endian length, into frames of at least :data:`PACK_BYTES`
+      (at most that plus one batch, and never past ``MAX_DATA_FRAME_BYTES``); a payload is
+      a list of parts (the prefixes and the batches themselves, not copied), sent as one
+      frame by :func:`~tfos._data.framing.send_frame_parts`;
+    * kind None (rows): pickled in chunks of up to :data:`GENERIC_CHUNK_ROWS` rows, as
+      many as make about :data:`PACK_BYTES` by the size of the rows pickled so far (the
+      first chunk holds one row);
+    * any other kind (Arrow IPC parts, other raw frames): one item per frame, as it is.
 
-def _frames(plan: FeedPlan, rows: Iterator[Any]) -> Iterator[Any]:
-    """The data frame payloads of one partition's input (Spark task): PySpark's raw batches
-    packed (``PICKLED_BATCHES``), or rows pickled in chunks (kind None), or the input's
-    items as they are (Arrow parts, other raw kinds)."""
-    if plan.kind is ChunkKind.PICKLED_BATCHES:
-        return _packed_frames(rows)
-    if plan.kind is None:
-        return _generic_frames(rows)
-    return rows
-
-
-def _packed_frames(batches: Iterator[Any], limit: int = PACK_BYTES) -> Iterator[list]:
-    """PySpark's pickled batches packed into ``ChunkKind.PICKLED_BATCHES`` payloads of at
-    least ``limit`` bytes (the last one may be smaller), each batch preceded by its uint32
-    big-endian length (Spark task).
-
-    Yields:
-        Lists of parts (length prefixes and the batches themselves, not copied), sent as
-        one frame each by :func:`~tfos._data.framing.send_frame_parts`.
-
-    A frame never exceeds ``MAX_DATA_FRAME_BYTES`` (2 GiB - 1): a batch that would push
-    the frame past it starts the next frame.
-
-    Raises:
-        ValueError: A batch too large for a data frame on its own (2 GiB - 5 bytes or more).
+    Whatever the kind, a frame also goes out once its oldest item is ``plan.linger_s`` old
+    (:class:`~tfos._data.outbox.Outbox`).
     """
-    parts: list = []
-    size = 0
-    for batch in batches:
-        n = len(batch) if isinstance(batch, (bytes, bytearray)) else memoryview(batch).nbytes
+
+    def __init__(self, kind: Optional[ChunkKind]):
+        self.kind = kind
+        if kind is ChunkKind.PICKLED_BATCHES:
+            self.limit, self.max_size = PACK_BYTES, MAX_DATA_FRAME_BYTES
+        elif kind is None:
+            # The first frame holds one row: its pickled size sets the chunk size of the
+            # next ones (rows of 1 MiB must not make a chunk of 1 GiB).
+            self.limit, self.max_size = 1, GENERIC_CHUNK_ROWS
+        else:
+            self.limit, self.max_size = 1, 1
+
+    def outbox(self, linger_s: float) -> Outbox:
+        """A new :class:`Outbox` for one partition."""
+        return Outbox(self.limit, linger_s, self.max_size)
+
+    def size(self, item: Any) -> int:
+        """``item``'s share of a frame (bytes with its prefix, or 1).
+
+        Raises:
+            ValueError: A PySpark batch too large for a data frame on its own (2 GiB - 5
+                bytes or more).
+        """
+        if self.kind is not ChunkKind.PICKLED_BATCHES:
+            return 1
+        n = len(item) if isinstance(item, (bytes, bytearray)) else memoryview(item).nbytes
         if 4 + n > MAX_DATA_FRAME_BYTES:
             raise ValueError(f"a PySpark batch of {n} bytes is too large to feed (a data frame holds at most "
                              f"{MAX_DATA_FRAME_BYTES} bytes): use more partitions or smaller rows")
-        if parts and size + 4 + n > MAX_DATA_FRAME_BYTES:
-            yield parts
-            parts, size = [], 0
-        parts.append(_BATCH_LEN.pack(n))
-        parts.append(batch)
-        size += 4 + n
-        if size >= limit:
-            yield parts
-            parts, size = [], 0
-    if parts:
-        yield parts
+        return 4 + n
+
+    def payload(self, items: list, outbox: Optional[Outbox] = None) -> Any:
+        """The payload of one frame holding ``items`` (bytes-like, or a list of parts).
+
+        For rows, the chunk size of later frames is adapted on ``outbox``: as many rows as
+        make about :data:`PACK_BYTES`, at most :data:`GENERIC_CHUNK_ROWS`.
+        """
+        if self.kind is ChunkKind.PICKLED_BATCHES:
+            parts: list = []
+            for batch in items:
+                n = len(batch) if isinstance(batch, (bytes, bytearray)) else memoryview(batch).nbytes
+                parts.append(_BATCH_LEN.pack(n))
+                parts.append(batch)
+            return parts
+        if self.kind is None:
+            data = pickle.dumps(items, protocol=pickle.HIGHEST_PROTOCOL)
+            if outbox is not None:
+                per_row = max(1, len(data) // len(items))
+                outbox.set_limit(max(1, min(GENERIC_CHUNK_ROWS, PACK_BYTES // per_row)))
+            return data
+        if len(items) != 1:  # pragma: no cover - Outbox(limit=1) hands these out one by one
+            raise AssertionError(f"{len(items)} items taken for a one-item frame")
+        return items[0]
+
+
+#: Seconds beyond ``feed_timeout`` a feed task waits for its sender thread to end (each of
+#: its sends is bounded by ``feed_timeout`` already).
+_SENDER_JOIN_SLACK_S = 30.0
+
+
+class _InputRaised(Exception):
+    """Reading the partition raised :attr:`exc` (the RDD's or DataFrame's own code, e.g.
+    an ``OSError`` of a remote read): not a fault of the node or of the connection. The
+    caller re-raises :attr:`exc` itself."""
+
+    def __init__(self, exc: Exception):
+        super().__init__(repr(exc))
+        self.exc = exc
+
+
+def _send_loop(link: _Link, outbox: Outbox, packing: _Packing, out: dict, watch_node: bool) -> None:
+    """The sender thread of one partition: frames from ``outbox`` to the node, then the
+    end marker (Spark task). Sets ``out["state"]`` ('sent', 'interrupted': the node spoke
+    first, 'failed': the input raised) or ``out["error"]``. With ``watch_node`` (train) it
+    stops as soon as the node sent something (T or X); inference results come while it
+    sends, so an inference task does not watch."""
+    try:
+        while True:
+            items = outbox.take()
+            if items is None:
+                link.send(FrameType.END)
+                out["state"] = "sent"
+                return
+            if watch_node and link.peer_spoke():
+                out["state"] = "interrupted"
+                outbox.stop()
+                return
+            link.send(FrameType.DATA, packing.payload(items, outbox))
+    except InputFailed:
+        out["state"] = "failed"  # no END: the partition was not read to its end
+    except BaseException as exc:  # noqa: BLE001 - re-raised by _stream in the task's thread
+        out["error"] = exc
+        outbox.stop()
+
+
+def _stream(link: _Link, items: Iterator[Any], packing: _Packing, watch_node: bool = True) -> str:
+    """Reads ``items`` (this thread) while a sender thread sends them in frames, then the
+    end marker; each item waits at most ``plan.linger_s`` to be sent (Spark task).
+
+    Returns:
+        'sent', or 'interrupted' when the node spoke first (a T or X frame: the caller
+        reads it; only with ``watch_node``).
+
+    Raises:
+        _InputRaised: Reading ``items`` raised (the node gets no end marker: the partition
+            was not read to its end).
+        FeedTimeoutError, ConnectionError, OSError, DataAuthError: From the sends.
+    """
+    outbox = packing.outbox(link.plan.linger_s)
+    out: dict = {}
+    sender = threading.Thread(target=_send_loop, args=(link, outbox, packing, out, watch_node), name="tfos-feed-send",
+                              daemon=True)
+    sender.start()
+    try:
+        for item in items:
+            if not outbox.put(item, packing.size(item)):
+                break  # the sender stopped: an error, or the node spoke
+        else:
+            outbox.end()
+    except BaseException as exc:
+        outbox.fail()
+        sender.join(link.plan.feed_timeout_s + _SENDER_JOIN_SLACK_S)
+        if isinstance(exc, Exception):
+            raise _InputRaised(exc) from None
+        raise
+    sender.join(link.plan.feed_timeout_s + _SENDER_JOIN_SLACK_S)
+    if sender.is_alive():
+        raise FeedTimeoutError(
+            f"{link.node.name} accepted no data for {link.plan.feed_timeout_s:g} s while feeding {link.where}"
+        )
+    if "error" in out:
+        raise out["error"]
+    return str(out.get("state", "interrupted"))
 
 
 _BATCH_LEN = struct.Struct(">I")
-
-
-def _generic_frames(rows: Iterator[Any]) -> Iterator[bytes]:
-    chunk: list = []
-    for row in rows:
-        chunk.append(row)
-        if len(chunk) >= GENERIC_CHUNK_ROWS:
-            yield pickle.dumps(chunk, protocol=pickle.HIGHEST_PROTOCOL)
-            chunk = []
-    if chunk:
-        yield pickle.dumps(chunk, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def _tell_driver(plan: FeedPlan, msg_type: str, index: int, what: str) -> None:
@@ -597,7 +727,13 @@ def _notify_skipped(plan: FeedPlan, index: int) -> None:
         _tell_driver(plan, "partition_skipped", index, "went to no node")
 
 
-def _feed_partition(plan: FeedPlan, index: int, frames: Iterator[Any]) -> tuple[int, str]:
+def _feed_partition(plan: FeedPlan, index: int, items: Iterator[Any]) -> tuple[int, str]:
+    """Feeds one partition's ``items`` (PySpark's raw batches, rows or Arrow parts, as
+    ``plan.kind`` says) to its node and waits for the node's answer (Spark task).
+
+    Returns:
+        ``(index, outcome)``: 'ok', 'terminated', 'skipped' or the node's final state.
+    """
     link, node, state = _open(plan, index)
     if link is None:
         _notify_skipped(plan, index)
@@ -606,16 +742,23 @@ def _feed_partition(plan: FeedPlan, index: int, frames: Iterator[Any]) -> tuple[
             _notify_done(plan, index)
         return index, state
     try:
+        failed: Optional[Exception] = None
         try:
-            _stream(link, frames)
+            _stream(link, items, _Packing(plan.kind))
             _notify_sent(plan, index)
             state, info = _drain_answer(link)
+        except _InputRaised as raised:
+            failed = raised.exc
         except FeedTimeoutError:
             raise  # a TimeoutError, hence an OSError: not a lost connection
         except DataAuthError as exc:
             _auth_lost(plan, node, link.where, exc)
         except (ConnectionError, OSError) as exc:
             return index, _node_gone(plan, node, link.where, exc)
+        if failed is not None:
+            # The RDD's own code failed (an OSError of a remote read too), not the node:
+            # raised as it is, outside the except clause so that its own cause stays.
+            raise failed
         if state in ("ok", "terminated"):
             _notify_done(plan, index)
             return index, state
@@ -643,7 +786,7 @@ def make_feed_fn(plan: FeedPlan):
     """
 
     def _feed(index: int, rows: Iterator[Any]) -> Iterator[tuple[int, str]]:
-        result = _feed_partition(plan, index, _frames(plan, rows))
+        result = _feed_partition(plan, index, rows)
         if result[1] != "ok":
             _drain(rows)
         yield result
@@ -853,14 +996,21 @@ def make_infer_fn(plan: FeedPlan):
             msg = f"partition {index} -> {node.name}: the node is not running inference (state {state})"
             _report(plan, node, msg)
             raise FeedError(msg)
-        frames = _frames(plan, rows)
         send_error: list[BaseException] = []
+        input_failed = threading.Event()
 
         def _send() -> None:
+            # Reads the partition (rows may come from the RDD's own code, pipelined into
+            # this worker) while _stream's sender thread sends them.
             try:
-                for frame in frames:
-                    link.send(FrameType.DATA, frame)
-                link.send(FrameType.END)
+                _stream(link, rows, _Packing(plan.kind), watch_node=False)
+            except _InputRaised as raised:
+                # Reading the input failed: the node gets no end marker, so wake the reader
+                # below (blocked on the node's answer) instead of letting it wait for
+                # feed_timeout; it raises this error.
+                send_error.append(raised.exc)
+                input_failed.set()
+                link.shutdown()
             except BaseException as exc:  # noqa: BLE001 - surfaced by the reader below
                 send_error.append(exc)
 
@@ -875,6 +1025,8 @@ def make_infer_fn(plan: FeedPlan):
                 except DataAuthError as exc:
                     _auth_lost(plan, node, link.where, exc)
                 except (ConnectionError, OSError) as exc:
+                    if input_failed.is_set():
+                        break  # the input failed (see _send): raised below
                     _node_gone(plan, node, link.where, exc)
                     msg = f"{link.where}: main_fun returned before answering every row of the partition"
                     _report(plan, node, msg)
@@ -890,8 +1042,8 @@ def make_infer_fn(plan: FeedPlan):
                     msg = f"{link.where}: {info.get('message') or 'the node ended before answering every row'}"
                     _report(plan, node, msg)
                     raise FeedError(msg)
-            sender.join(plan.feed_timeout_s)
-            if send_error and not isinstance(send_error[0], (ConnectionError, OSError)):
+            sender.join(plan.feed_timeout_s + _SENDER_JOIN_SLACK_S)
+            if send_error and (input_failed.is_set() or not isinstance(send_error[0], (ConnectionError, OSError))):
                 raise send_error[0]
         except FeedTimeoutError as exc:
             raise _timed_out(plan, node, exc) from None

@@ -3,12 +3,12 @@
 A data connection goes from one Spark feed task to one node's TF process. After the
 mutual handshake (:func:`tfos._common.wire.server_handshake`), every frame in both directions is::
 
-    type (1 byte) | payload length (uint64, big-endian) | payload | tag (16 bytes)
+    type (1 byte) | payload length (uint64, big-endian) | encrypted payload | tag (16 bytes)
 
-where the tag authenticates type, length, payload and the frame's sequence number under
-the connection's session key for that direction (:class:`tfos._common.wire.DataSession`). A
-receiver acts on a frame (decodes JSON, queues a chunk that will be unpickled, yields a
-result) only after its tag checked.
+where the payload is encrypted with AES-GCM and the tag authenticates type, length,
+payload and the frame's sequence number under the connection's session key for that
+direction (:class:`tfos._common.wire.DataSession`). A receiver acts on a frame (decodes
+JSON, queues a chunk that will be unpickled, yields a result) only after its tag checked.
 
 Client -> server: ``H`` header (JSON), ``D`` data chunk, ``E`` end of partition.
 Server -> client: ``S`` status (JSON, right after the handshake), ``A`` partition consumed
@@ -91,77 +91,64 @@ class ChunkKind(str, enum.Enum):
 def send_frame(
     sock: socket.socket, session: DataSession, ftype: FrameType, payload: Union[bytes, bytearray, memoryview] = b""
 ) -> None:
-    """Sends one authenticated frame (blocking; the socket's timeout bounds it).
+    """Sends one encrypted, authenticated frame (blocking; the socket's timeout bounds it).
 
     Frames of one direction must be sent one at a time, in order (the caller serialises).
     """
-    head = _HEAD.pack(ftype.value[0], len(payload))
-    tag = session.seal(ftype.value[0], payload)
-    if len(payload) < 65536 or not hasattr(sock, "sendmsg"):
-        sock.sendall(b"".join((head, payload, tag)))
+    head = _HEAD.pack(ftype.value[0], memoryview(payload).nbytes)
+    sealed = session.seal(ftype.value[0], head, payload)
+    if len(sealed) < _GATHER_MIN_BYTES or not hasattr(sock, "sendmsg"):
+        sock.sendall(head + sealed)
     else:
-        # Header, payload and tag in one system call (gather write, no copy of the payload).
-        _sendall_parts(sock, [memoryview(head), _bytes_view(payload), memoryview(tag)])
+        # Header, ciphertext and tag in one system call (gather write, no join).
+        _sendall_parts(sock, [memoryview(head), sealed])
 
 
 def seal_frame(session: DataSession, ftype: FrameType, payload: Union[bytes, bytearray, memoryview]) -> bytes:
-    """One authenticated frame as bytes (header, payload, tag), for callers that send it
-    themselves under their own deadline (pure; advances ``session``'s send counter).
+    """One encrypted, authenticated frame as bytes (header, ciphertext, tag), for callers
+    that send it themselves under their own deadline (pure; advances ``session``'s send
+    counter).
 
     Raises:
         ValueError: The payload exceeds :data:`MAX_DATA_FRAME_BYTES`.
     """
-    if len(payload) > MAX_DATA_FRAME_BYTES:
-        raise ValueError(f"a {ftype.name} frame of {len(payload)} bytes exceeds the cap of {MAX_DATA_FRAME_BYTES} bytes")
-    return b"".join((_HEAD.pack(ftype.value[0], len(payload)), payload, session.seal(ftype.value[0], payload)))
+    n = memoryview(payload).nbytes
+    if n > MAX_DATA_FRAME_BYTES:
+        raise ValueError(f"a {ftype.name} frame of {n} bytes exceeds the cap of {MAX_DATA_FRAME_BYTES} bytes")
+    head = _HEAD.pack(ftype.value[0], n)
+    return head + bytes(session.seal(ftype.value[0], head, payload))
 
 
-# --- i12b: gathered frames (a payload sent from several buffers without joining them) ---
-#: Parts smaller than this are copied together into one buffer before a gathered send
-#: (Arrow IPC writes many small pieces: metadata, padding, offsets).
+#: Frames smaller than this are sent with one ``sendall`` of a joined copy (header,
+#: ciphertext and tag); larger ones with one gathering ``sendmsg``.
 _GATHER_MIN_BYTES = 1 << 16
 #: Most buffers handed to one ``sendmsg`` call (below every platform's IOV_MAX of 1024).
 _GATHER_MAX_PARTS = 512
 
 
 def send_frame_parts(sock: socket.socket, session: DataSession, ftype: FrameType, parts: list) -> None:
-    """Sends one authenticated frame whose payload is the concatenation of ``parts``.
+    """Sends one encrypted, authenticated frame whose payload is the concatenation of
+    ``parts``.
 
     On the wire and for the receiver it is the same frame as ``send_frame(sock, session,
-    ftype, b"".join(parts))``, but large parts are neither joined nor copied: they are
-    authenticated piece by piece (:meth:`DataSession.seal_parts`) and written with
-    ``sendmsg`` (blocking; the socket's timeout bounds it). Small parts are copied into
-    one buffer.
+    ftype, b"".join(parts))``, but the parts are never joined: they are encrypted one
+    after the other into the session's send buffer (:meth:`DataSession.seal_parts`), the
+    only pass over their bytes before the kernel's copy (blocking; the socket's timeout
+    bounds it).
 
     Args:
         parts: Bytes-like objects (``bytes``, ``pyarrow.Buffer``, memoryviews...), in order.
     """
-    views: list = []
-    small: list = []
-    for part in parts:
-        view = _bytes_view(part)
-        if not len(view):
-            continue
-        if len(view) < _GATHER_MIN_BYTES:
-            small.append(view)
-            continue
-        if small:
-            views.append(memoryview(b"".join(small)))
-            small = []
-        views.append(view)
-    if small:
-        views.append(memoryview(b"".join(small)))
+    views = [v for v in (_bytes_view(part) for part in parts) if len(v)]
     n = sum(len(v) for v in views)
     if n > MAX_DATA_FRAME_BYTES:
         raise ValueError(f"a {ftype.name} frame of {n} bytes exceeds the cap of {MAX_DATA_FRAME_BYTES} bytes")
-    tag = session.seal_parts(ftype.value[0], views)
-    out = [memoryview(_HEAD.pack(ftype.value[0], n))] + views + [memoryview(tag)]
+    head = _HEAD.pack(ftype.value[0], n)
+    sealed = session.seal_parts(ftype.value[0], head, views, n)
     if not hasattr(sock, "sendmsg"):
-        sock.sendall(b"".join(out))
+        sock.sendall(head + sealed)
         return
-    for i in range(0, len(out), _GATHER_MAX_PARTS):
-        _sendall_parts(sock, out[i : i + _GATHER_MAX_PARTS])
-# --- end i12b ---
+    _sendall_parts(sock, [memoryview(head), sealed])
 
 
 def _bytes_view(payload: Any) -> memoryview:
@@ -172,7 +159,7 @@ def _bytes_view(payload: Any) -> memoryview:
 def _sendall_parts(sock: socket.socket, parts: list) -> None:
     """``sendall`` of several buffers with ``sendmsg`` (partial sends resumed; blocking)."""
     while parts:
-        sent = sock.sendmsg(parts)
+        sent = sock.sendmsg(parts[:_GATHER_MAX_PARTS])
         while sent:
             first = len(parts[0])
             if sent >= first:
@@ -193,7 +180,7 @@ def send_json(sock: socket.socket, session: DataSession, ftype: FrameType, obj: 
 def recv_frame(
     sock: socket.socket, session: DataSession, deadline: Deadline, max_bytes: int = MAX_DATA_FRAME_BYTES
 ) -> tuple[FrameType, bytearray]:
-    """Receives one frame and checks its tag before returning it.
+    """Receives one frame, checks its tag and decrypts it before returning it.
 
     Args:
         sock: The connected socket.
@@ -202,7 +189,7 @@ def recv_frame(
         max_bytes: Cap on the announced length, checked before anything is allocated.
 
     Returns:
-        ``(frame type, payload)``, authenticated.
+        ``(frame type, payload)``, authenticated and decrypted (in the receive buffer).
 
     Raises:
         ConnectionError: The peer closed the connection, sent an unknown frame type or an
@@ -221,9 +208,7 @@ def recv_frame(
         raise ConnectionError(f"{ftype.name} data frame of {n} bytes exceeds the cap of {max_bytes} bytes")
     payload = bytearray(n + _TAG)
     recv_into(sock, memoryview(payload), deadline)
-    tag = bytes(memoryview(payload)[n:])
-    del payload[n:]  # truncating a bytearray in place does not copy the payload
-    session.check(code, payload, tag)
+    session.open(code, bytes(head), payload)  # decrypted in place, tag checked, then truncated
     return ftype, payload
 
 

@@ -211,3 +211,63 @@ def peer_is_node(sock: socket.socket, node_pid: int) -> Optional[str]:
     if node_pid and pid != node_pid:
         return f"the socket's listener is pid {pid}, not the node's TF process (pid {node_pid})"
     return None
+
+
+def _proc_net_address(text: str, v6: bool) -> str:
+    """The address of a ``/proc/net/tcp[6]`` entry (``HEXIP:HEXPORT``) as text (pure)."""
+    ip_hex = text.split(":")[0]
+    raw = bytes.fromhex(ip_hex)
+    if not v6:
+        return socket.inet_ntop(socket.AF_INET, raw[::-1])
+    # four 32-bit words, each in host (little-endian) order
+    return socket.inet_ntop(socket.AF_INET6, b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4)))
+
+
+def tcp_listener_uid(host: str, port: int, proc_net: str = "/proc/net") -> Optional[int]:
+    """The uid owning the socket that listens on ``host:port`` in this host's network
+    namespace, from ``/proc/net/tcp`` and ``tcp6`` (readable by every user), or None
+    when nothing listens there or the files cannot be read (a feed task naming the process
+    that took a node's released port)."""
+    for name, v6 in (("tcp", False), ("tcp6", True)):
+        try:
+            with open(os.path.join(proc_net, name)) as f:
+                lines = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) < 8 or fields[3] != "0A":  # 0A: LISTEN
+                continue
+            try:
+                addr_port = fields[1]
+                if int(addr_port.rsplit(":", 1)[1], 16) != port:
+                    continue
+                addr = _proc_net_address(addr_port, v6)
+            except (ValueError, IndexError, OSError):
+                continue
+            if addr in (host, "0.0.0.0", "::") or addr.endswith(f":{host}"):  # ::ffff:a.b.c.d
+                return int(fields[7])
+    return None
+
+
+def describe_connection(sock: socket.socket) -> str:
+    """A connected TCP socket's endpoints, and the uid (and user name) of the process
+    listening at the remote end when it is on this host, e.g. ``connection 127.0.0.1:51234
+    -> 127.0.0.1:40123, listener uid 1001 (mallory)``; "" for other sockets or on error."""
+    try:
+        if sock.family not in (socket.AF_INET, socket.AF_INET6):
+            return ""
+        local, remote = sock.getsockname(), sock.getpeername()
+    except OSError:
+        return ""
+    text = f"connection {local[0]}:{local[1]} -> {remote[0]}:{remote[1]}"
+    uid = tcp_listener_uid(remote[0], remote[1])
+    if uid is not None:
+        try:
+            import pwd
+
+            user = pwd.getpwuid(uid).pw_name
+        except (ImportError, KeyError):
+            user = "?"
+        text += f", listener uid {uid} ({user})"
+    return text

@@ -30,6 +30,7 @@ from tfos._control.server import ControlServer
 from tfos._control.limits import heartbeat_interval_s
 from tfos._common.deadline import Deadline
 from tfos._data.feed_tasks import FeedPlan, arrow_safe_dataframe, make_arrow_feed_fn, make_feed_fn, make_infer_fn
+from tfos._data.sources import FeedSource
 from tfos._data.framing import binary_as_bytes, feed_schema_json
 from tfos._driver.attempts import Attempt, DriverConfig, _Launcher, _Recovery
 from tfos._driver.restart import FeedResume, InferenceLedger
@@ -422,10 +423,10 @@ class TFCluster:
         else:
             rdd = df.rdd if df is not None else dataRDD
             parts = rdd.getNumPartitions()
-            data, kind = _raw_source(rdd, epochs)
-            plan = self._plan("train", qname, kind, parts, feed_timeout, end_of_feed, first_epoch, first_epoch + epochs - 1)
+            source = FeedSource.of(rdd, epochs)
+            plan = self._plan("train", qname, source.kind, parts, feed_timeout, end_of_feed, first_epoch, first_epoch + epochs - 1)
             fn = make_feed_fn(plan)
-            action = lambda: data.mapPartitionsWithIndex(fn).collect()
+            action = lambda: source.feed(fn).collect()
         return plan, action
 
     def _train_await(self, plan: FeedPlan, action: Callable[[], Any], parts: int, epochs: int, end_of_feed: bool) -> None:
@@ -495,7 +496,8 @@ class TFCluster:
         df = _as_dataframe(dataRDD)
         rdd = df.rdd if df is not None else dataRDD
         parts = rdd.getNumPartitions()
-        src, kind = _raw_source(rdd)
+        source = FeedSource.of(rdd)
+        src, kind = source.rdd, source.kind
         from pyspark import StorageLevel
 
         from tfos._data.spark_rawio import raw_output_rdd
@@ -758,22 +760,6 @@ def _chunk_kind(name: str):
 
     return ChunkKind(name)
 
-
-def _raw_source(rdd: Any, epochs: int = 1) -> tuple[Any, Any]:
-    """The RDD to feed (``epochs`` passes, unioned) and its chunk kind (driver).
-
-    RDDs stored as PySpark pickled batches are fed as raw frames (the feed task never
-    unpickles them; it packs them into frames of about 1 MiB); any other RDD is fed row by row, re-pickled in chunks (kind None).
-    """
-    from tfos._data.framing import ChunkKind
-    from tfos._data.spark_rawio import FrameKind, raw_frames, union_raw_frames
-
-    raw = raw_frames(rdd)
-    if raw is None or raw.kind != FrameKind.PICKLED_BATCH:
-        return (rdd if epochs == 1 else rdd.context.union([rdd] * epochs)), None
-    if epochs > 1:
-        raw = union_raw_frames([raw] * epochs)
-    return raw.rdd, ChunkKind.PICKLED_BATCHES  # feed tasks pack the batches (feed_tasks._packed_frames)
 
 def run(
     sc: Any,

@@ -24,6 +24,7 @@ import time
 import weakref
 from typing import Any, Callable, Optional, Sequence
 
+from tfos._driver.console import BarConsole
 from tfos._driver.state import ClusterState
 from tfos._node import output as _node_output
 from tfos._control.server import ControlServer
@@ -464,14 +465,22 @@ class ClusterRuntime:
 
 
 class Progress:
-    """The progress line of one feed/inference job on the driver's stderr (tqdm)."""
+    """The progress line of one feed/inference job on the driver's stderr (tqdm).
+
+    Log records and the bar never share a line (:class:`tfos._driver.console.BarConsole`):
+    on a terminal the program's console handlers clear and redraw the bar around each
+    record while it is shown; elsewhere the bar is written as whole lines, one per 10 s.
+    """
 
     def __init__(self, tracker: Any, state: ClusterState, group: str, total: int, parts: int, epochs: int, desc: str):
         from tqdm import tqdm
 
         self._tracker, self._state, self._group = tracker, state, group
         self._total, self._parts, self._epochs = total, parts, epochs
-        self._bar = tqdm(total=total, desc=desc, unit="part", file=sys.stderr, mininterval=0.5 if sys.stderr.isatty() else 10.0, leave=True)
+        self._console = BarConsole(sys.stderr, interval_s=10.0)
+        self._bar = tqdm(total=total, desc=desc, unit="part", file=self._console.bar_file,
+                         mininterval=0.5 if self._console.terminal else 10.0, leave=True)
+        self._console.start()
         self._t0, self._rows0 = time.monotonic(), state.rows_consumed()
 
     def _done_parts(self) -> int:
@@ -503,11 +512,13 @@ class Progress:
             log.debug("not every node sent its final row counter within %g s", FINAL_COUNT_S)
         self._show(self._total)
         self._bar.close()
+        self._console.stop()
 
     def abandon(self) -> None:
         """Removes the line without a final refresh (after an error: no stale line)."""
         self._bar.leave = False
         self._bar.close()
+        self._console.stop()
 
 
 # ------------------------------------------------------- the key and py4j's DEBUG log

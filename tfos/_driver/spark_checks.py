@@ -15,6 +15,7 @@ import time
 from typing import Any, Mapping, Optional
 
 from tfos._common.deadline import Deadline
+from tfos._driver import remedies
 from tfos.cluster_template import InputMode
 from tfos.errors import ConfigurationError
 
@@ -22,8 +23,8 @@ __all__ = ["SparkLayout", "plan_layout", "resource_slots", "check_static", "chec
 
 log = logging.getLogger(__name__)
 
-_LOCAL = re.compile(r"^local(?:\[(\*|\d+)(?:\s*,\s*\d+)?\])?$")
-_LOCAL_CLUSTER = re.compile(r"^local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*(\d+)\s*\]$")
+_LOCAL = remedies.LOCAL_MASTER
+_LOCAL_CLUSTER = remedies.LOCAL_CLUSTER_MASTER
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,8 +162,8 @@ def check_static(layout: SparkLayout, conf: Mapping[str, str], num_nodes: int, i
     if str(conf.get("spark.dynamicAllocation.enabled", "false")).lower() == "true":
         raise ConfigurationError(
             "spark.dynamicAllocation.enabled=true: tfos needs a fixed set of executors (one per node, and "
-            "Spark's barrier scheduling). Set spark.dynamicAllocation.enabled=false and "
-            f"spark.executor.instances={num_nodes}"
+            "Spark's barrier scheduling). Set spark.dynamicAllocation.enabled=false and give the application "
+            f"{num_nodes} executors ({remedies.more_executors_remedy(layout.master, num_nodes)})"
         )
     if input_mode == InputMode.SPARK and str(conf.get("spark.speculation", "false")).lower() == "true":
         raise ConfigurationError(
@@ -185,25 +186,15 @@ def check_static(layout: SparkLayout, conf: Mapping[str, str], num_nodes: int, i
     if layout.slots_per_executor is not None and layout.slots_per_executor > 1:
         raise ConfigurationError(
             f"each executor has {layout.slots_per_executor} task slots, so two tfos nodes could share one "
-            "executor and its CPUs/GPUs. tfos needs exactly one task slot per executor: set "
-            "spark.task.cpus equal to spark.executor.cores (e.g. spark.executor.cores=1 and spark.task.cpus=1, "
-            "or spark.task.cpus=<cores per executor>), or let a resource limit it (e.g. "
-            "spark.task.resource.gpu.amount equal to spark.executor.resource.gpu.amount)"
+            f"executor and its CPUs/GPUs. tfos needs exactly one task slot per executor: "
+            f"{remedies.one_slot_remedy(layout.master, layout.slots_per_executor)}"
         )
     if layout.executors is not None and layout.executors < num_nodes:
         raise ConfigurationError(
             f"the cluster needs {num_nodes} executors (one per node) but the Spark application has "
             f"{layout.executors} ({layout.master}). Reduce num_executors/cluster_size to {layout.executors}, "
-            f"or start Spark with {num_nodes} executors ({_executors_setting(layout.master, num_nodes)})"
+            f"or start Spark with {num_nodes} executors ({remedies.more_executors_remedy(layout.master, num_nodes)})"
         )
-
-
-def _executors_setting(master: str, n: int) -> str:
-    """The setting that gives an application ``n`` one-core executors on ``master`` (pure):
-    standalone sizes it by total cores and ignores ``spark.executor.instances``."""
-    if master.startswith("spark://"):
-        return f"--total-executor-cores {n} (spark.cores.max) with --executor-cores 1"
-    return f"spark.executor.instances={n}"
 
 
 def live_executors(sc: Any) -> int:
@@ -326,12 +317,8 @@ def warn_key_transport(master: str, conf: Mapping[str, str], secret_pid: Optiona
             "spark.authenticate is off, so Spark's block managers serve this application's task closures, and the "
             "tfos cluster key inside them, to any process that connects (they listen on the driver's and the "
             "executors' addresses, not on loopback; other users of this host included, on local masters too): "
-            "whoever fetches the key can send rows to the nodes and impersonate the driver or the nodes. Set "
-            "spark.authenticate=true%s%s",
-            " (on local[N] Spark generates the secret)" if re.match(r"local(\[|$)", master) else
-            " with spark.authenticate.secret in a properties file only you can read (not --conf or "
-            "SparkSession.builder.config(), which put it on the JVM's command line)",
-            "" if local else ", and spark.network.crypto.enabled=true so that closures do not cross the network in clear text",
+            "whoever fetches the key can send rows to the nodes and impersonate the driver or the nodes. %s",
+            remedies.auth_remedy(master),
         )
     else:
         log.warning(
@@ -393,32 +380,26 @@ def check_spark(sc: Any, num_nodes: int, input_mode: InputMode, wait_s: float = 
         raise ConfigurationError(
             f"only {have} of the {num_nodes} executors the cluster needs registered with the Spark driver within "
             f"{wait_s:g} s ({sc.master}): they are probably still starting. Wait for them, or raise "
-            "executor_wait_s / reservation_timeout in TFCluster.run()" + _gpu_hint(conf, num_nodes)
+            "executor_wait_s / reservation_timeout in TFCluster.run()" + _gpu_hint(conf, num_nodes, sc.master)
         )
     if have < num_nodes:
         raise ConfigurationError(
             f"the cluster needs {num_nodes} executors (one per node) but only {have} registered with the "
             f"Spark driver within {wait_s:g} s ({sc.master}). Reduce num_executors/cluster_size to {have}, or "
-            f"give the application {num_nodes} executors ({_executors_setting(sc.master, num_nodes)}, enough worker cores)"
-            + _ps_hint(ps_on_executors, num_nodes, "Reduce num_executors") + _gpu_hint(conf, num_nodes)
+            f"give the application {num_nodes} executors ({remedies.more_executors_remedy(sc.master, num_nodes)})"
+            + _ps_hint(ps_on_executors, num_nodes, "Reduce num_executors") + _gpu_hint(conf, num_nodes, sc.master)
         )
     _check_one_slot_per_executor(sc, num_nodes, have)
     return layout
 
 
-def _gpu_hint(conf: Mapping[str, str], num_nodes: int) -> str:
+def _gpu_hint(conf: Mapping[str, str], num_nodes: int, master: str = "") -> str:
     """Why executors that ask for GPUs may never start, for the too-few-executors errors (pure)."""
     try:
         gpus = float(conf.get("spark.executor.resource.gpu.amount", 0) or 0)
     except ValueError:
         return ""
-    if gpus <= 0:
-        return ""
-    return (f". Each executor asks for {gpus:g} GPU(s) (spark.executor.resource.gpu.amount): a cluster manager "
-            f"starts an executor only where a worker has that many GPUs free, so {num_nodes} executors need "
-            f"{num_nodes * gpus:g} GPUs in all on the workers (spark.worker.resource.gpu.amount and what its "
-            "discoveryScript finds; the master's log and UI show each worker's resources), and waiting longer does "
-            "not help when they are not there")
+    return remedies.gpu_hint(master, gpus, num_nodes)
 
 
 def _check_one_slot_per_executor(sc: Any, num_nodes: int, have: int) -> None:
@@ -432,18 +413,29 @@ def _check_one_slot_per_executor(sc: Any, num_nodes: int, have: int) -> None:
     slots = _max_slots(sc)
     execs = _scheduler_executors(sc)
     if slots is not None and execs is not None and slots > execs:
+        master = str(sc.master)
+        kind = remedies.master_kind(master)
         more = ""
         if have < num_nodes:
-            more = (
-                f". The cluster needs {num_nodes} executors and Spark gave the application {execs} with {slots} "
-                f"task slots in all: to get one executor per core, set spark.executor.cores=1 (spark-submit "
-                "--executor-cores 1; on a standalone cluster an executor otherwise takes all of its worker's cores)"
-            )
+            if kind == "local-cluster":
+                fix = f"use {remedies.executors_setting(master, num_nodes)}"
+            else:
+                fix = "set spark.executor.cores=1 (spark-submit --executor-cores 1" + (
+                    "; on a standalone cluster an executor otherwise takes all of its worker's cores)" if kind == "standalone"
+                    else ")")
+            more = (f". The cluster needs {num_nodes} executors and Spark gave the application {execs} with {slots} "
+                    f"task slots in all: to get one executor per core, {fix}")
+        fix_slots = ("set spark.task.cpus equal to spark.executor.cores, or spark.task.resource.gpu.amount equal to "
+                     "spark.executor.resource.gpu.amount")
+        if kind == "local-cluster":
+            fix_slots = remedies.one_slot_remedy(master)
+        elif kind == "standalone" and not more:
+            fix_slots = ("set spark.executor.cores=1 (spark-submit --executor-cores 1; on a standalone cluster an executor "
+                         "otherwise takes all of its worker's cores), or " + fix_slots[4:])
         raise ConfigurationError(
             f"the Spark application has {slots} task slots on {execs} executors (counting cores and every "
             "task resource, as Spark does), so two tfos nodes could share an executor. tfos needs exactly one "
-            "task slot per executor: set spark.task.cpus equal to spark.executor.cores, or "
-            f"spark.task.resource.gpu.amount equal to spark.executor.resource.gpu.amount{more}"
+            f"task slot per executor: {fix_slots}{more}"
         )
 
 

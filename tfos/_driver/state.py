@@ -189,7 +189,10 @@ class ClusterState:
             _msg.Checkpoint: (self._on_checkpoint, False),
             _msg.ClaimPartition: (self._on_claim_partition, False),
             _msg.EpochHandover: (self._on_epoch_handover, False),
+            _msg.DataIntrusion: (self._on_data_intrusion, True),
         }
+        #: Feed tasks' reports of a process that is not the node at a node's data address.
+        self._intrusions = 0
 
     # ----------------------------------------------------------------- queries
     def role(self, executor_id: int) -> NodeRole:
@@ -896,6 +899,19 @@ class ClusterState:
             if msg.seq > self._stacks.get(eid, (0, ""))[0]:
                 self._stacks[eid] = (msg.seq, msg.text[:_MAX_STACK_CHARS])
                 self._notify(node_topic(eid))
+        return {"ok": True}
+
+    def _on_data_intrusion(self, msg: _msg.DataIntrusion) -> dict:
+        """A feed task found a process that is not the node at a node's data address (one
+        that took its released port, or relays to another node): logged as a WARNING (the
+        first 10 of a cluster, then every 100th), not a failure; no row reached it."""
+        self.role(msg.executor_id)
+        with self._cond:
+            self._intrusions += 1
+            n = self._intrusions
+        if n <= 10 or n % 100 == 0:
+            log.warning("tfos data plane of cluster %s: %s (reported by a feed task; %d such report(s) so far)",
+                        self.cluster_id, msg.text, n)
         return {"ok": True}
 
     def _on_feed_error(self, msg: _msg.FeedError) -> dict:

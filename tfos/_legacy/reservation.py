@@ -164,9 +164,9 @@ class MessageSocket:
 
     TFoS sent length-prefixed pickles with no authentication. Here a message is a
     JSON-serialisable value (dict keys must be str; tuples come back as lists; NaN and
-    infinities are refused; at most 64 levels of nesting), sent as one frame with a 16-byte
-    AES-GCM tag, and nothing received is parsed before its tag is checked or unpickled at
-    all. Messages are authenticated, **not encrypted**: anyone on the path can read them.
+    infinities are refused; at most 64 levels of nesting), sent as one frame encrypted and
+    authenticated with AES-GCM (a 16-byte tag), as tfos's own data frames are, and nothing
+    received is parsed before its tag is checked or unpickled at all.
 
     The first call on a socket runs tfos's mutual handshake (both ends prove they hold
     ``key``, with fresh nonces from both): the side whose first call is :meth:`receive`

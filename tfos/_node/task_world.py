@@ -39,7 +39,8 @@ from typing import Any, Iterable, Optional, Sequence
 from tfos.errors import TFOSError
 
 __all__ = [
-    "Payload", "SparkTaskInfo", "TaskWorld", "capture", "capture_on_driver", "install", "accumulator_updates",
+    "Payload", "SparkTaskInfo", "TaskWorld", "capture", "capture_on_driver", "install", "load_payload",
+    "accumulator_updates",
     "send_accumulator_updates",
     "encode_accumulator_value", "decode_accumulator_value",
 ]
@@ -437,6 +438,30 @@ def decode_accumulator_value(data: dict) -> Any:
     raise ValueError(f"malformed accumulator update {data!r:.200}")
 
 
+_payload_accumulators: Optional[frozenset] = None  # ids set by load_payload
+
+
+def load_payload(payload: bytes) -> Any:
+    """Unpickles ``main_fun``'s payload (TF process; the bytes come from the local pipe,
+    never the network) and notes which accumulators it deserialized, so that
+    :func:`accumulator_updates` sends those and nothing else (not PySpark's own special
+    accumulators, nor a driver's accumulators when a node runs in the driver's process).
+
+    Returns:
+        Whatever the payload holds (``(main_fun, tf_args)``).
+    """
+    import cloudpickle
+
+    global _payload_accumulators
+    mod = sys.modules.get("pyspark.accumulators")
+    before = dict(mod._accumulatorRegistry) if mod is not None else {}
+    value = cloudpickle.loads(payload)
+    mod = sys.modules.get("pyspark.accumulators")
+    after = dict(mod._accumulatorRegistry) if mod is not None else {}
+    _payload_accumulators = frozenset(aid for aid, acc in after.items() if before.get(aid) is not acc)
+    return value
+
+
 def accumulator_updates() -> list[dict]:
     """What ``main_fun`` added to each accumulator of its payload (TF process, once
     ``main_fun`` returned): ``{"aid", "kind", "value"}`` per accumulator, [] when the
@@ -453,6 +478,10 @@ def accumulator_updates() -> list[dict]:
         return []
     updates = []
     for aid, acc in sorted(mod._accumulatorRegistry.items()):
+        if _payload_accumulators is not None and aid not in _payload_accumulators:
+            continue  # not main_fun's: PySpark's special ones, or the driver's (in-process nodes)
+        if _payload_accumulators is None and int(aid) < 0:
+            continue  # PySpark's special accumulators (profilers) have negative ids
         try:
             updates.append({"aid": int(aid), **encode_accumulator_value(acc._value)})
         except TypeError as exc:

@@ -32,6 +32,7 @@ from tfos._control.limits import event_poll_s
 from tfos._common.deadline import Deadline
 from tfos._data import local_socket as _local
 from tfos._data.feed_hub import FeedHub
+from tfos._common.wire import node_identity
 from tfos._node import keras3_fix
 from tfos._node.launch import NodeLaunch
 from tfos._node.output import OUTPUT_MARK_ENV, TF_LOG_LEVEL_DEFAULT, std_fds_identity, write_failure_marks, write_finished_marks
@@ -217,8 +218,6 @@ def _default_legacy_keras(driver_value: Optional[str]) -> None:
 
 def run_node(launch: NodeLaunch) -> int:
     """Runs one node in this process; returns the exit code (TF process)."""
-    import cloudpickle
-
     cfg = launch.config
     role = launch.role
     eid = role.executor_id
@@ -244,6 +243,8 @@ def run_node(launch: NodeLaunch) -> int:
             preimport = _preimport_async(_FEED_MODULES, launch.node_name)
         me = NodeInfo(eid, role.job_name, role.task_index, launch.host, port_sock.getsockname()[1], hub.port if hub else 0, os.getpid(), launch.executor_key,
                       hub.path if hub else "")
+        if hub is not None:
+            hub.identity = node_identity(me)  # data handshakes prove the task meant to reach this node
         resp = client.call(_msg.Register(me), timeout_s=30.0)
         if not resp.get("ok"):
             log.warning("tfos node %s not admitted: %s", launch.node_name, resp.get("abort"))
@@ -316,7 +317,7 @@ def run_node(launch: NodeLaunch) -> int:
             ctx.release_port()
         _default_legacy_keras(cfg.tf_use_legacy_keras)
         keras3_fix.install(cfg.keras3_fix)  # applied when main_fun imports Keras 3 (docs/keras.md)
-        main_fun, tf_args = cloudpickle.loads(launch.fn_payload)  # from the local pipe, not the network
+        main_fun, tf_args = _task_world.load_payload(launch.fn_payload)  # from the local pipe, not the network
         log.info("tfos node %s: starting main_fun%s", launch.node_name, f" (attempt {launch.attempt})" if launch.attempt else "")
         try:
             main_fun(tf_args, ctx)

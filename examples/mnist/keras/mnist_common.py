@@ -82,8 +82,9 @@ def common_parser(description: str, epochs: int = 5) -> argparse.ArgumentParser:
                    help="run TensorBoard on the chief (over MODEL_DIR/tensorboard) and print its URL")
     p.add_argument("--tf_keras", action="store_true",
                    help="train with the legacy tf_keras (Keras 2, TF_USE_LEGACY_KERAS=1) instead of Keras 3")
-    p.add_argument("--progress", action="store_true",
-                   help="show tfos' feed progress bar on stderr (off: it would interleave with the log lines)")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
+                   help="tfos' feed progress bar on stderr (on a terminal log lines clear and redraw it; on a pipe or "
+                        "file it is a line every 10 s); --no-progress: none")
     p.add_argument("--master", default=None,
                    help="Spark master; default: spark-submit's, or an own local-cluster[CLUSTER_SIZE,1,1024] "
                    "when started with python")
@@ -134,6 +135,8 @@ def spark_context(args: argparse.Namespace, app_name: str) -> tuple[Any, bool]:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark import SparkConf, SparkContext
 
+    from tfos import authenticate_spark
+
     active = SparkContext._active_spark_context
     if active is not None:
         return active, False
@@ -144,6 +147,9 @@ def spark_context(args: argparse.Namespace, app_name: str) -> tuple[Any, bool]:
     else:
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         conf.setMaster(args.master or f"local-cluster[{args.cluster_size},1,1024]")
+        # spark.authenticate with a secret only this user can read, never on a command line
+        # (docs/deploy.md, "Spark authentication"); spark-submit gets the settings from its user.
+        authenticate_spark(conf.get("spark.master"))
         conf.set("spark.driver.host", "127.0.0.1")
         conf.set("spark.ui.enabled", "false")
         conf.set("spark.ui.showConsoleProgress", "false")

@@ -431,6 +431,8 @@ def spark_context(args: argparse.Namespace) -> tuple[Any, bool]:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark import SparkConf, SparkContext
 
+    from tfos import authenticate_spark
+
     active = SparkContext._active_spark_context
     if active is not None:
         return active, False
@@ -442,6 +444,7 @@ def spark_context(args: argparse.Namespace) -> tuple[Any, bool]:
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         executors = args.cluster_size - (args.num_ps if args.driver_ps_nodes else 0)
         conf.setMaster(args.master or f"local-cluster[{executors},1,1024]")
+        authenticate_spark(conf.get("spark.master"))  # a secret only this user can read (docs/deploy.md)
         conf.set("spark.driver.host", "127.0.0.1").set("spark.ui.enabled", "false")
         conf.set("spark.ui.showConsoleProgress", "false")
     return SparkContext(conf=conf), True
