@@ -2,7 +2,7 @@
 
 Keras trained from the feed under MultiWorkerMirroredStrategy: Keras 3 in
 tests/spark/test_keras3_spark.py (against one process), tf_keras in
-tests/spark/test_feed_tfdata.py and test_feed_cases.py (C12).
+tests/spark/test_feed_tfdata.py and test_feed_cases.py.
 
 Every test runs a real tfos cluster on the shared ``local-cluster[2,1,1024]`` context
 (two executor JVMs, one node per executor). The main_funs write what they saw to

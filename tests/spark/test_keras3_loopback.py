@@ -133,17 +133,16 @@ def test_fit_with_metrics_and_validation_then_evaluate_and_predict(runs):
 
 @pytest.mark.parametrize("case", ["one_shot_source", "one_shot_unbuilt"])
 def test_a_dataset_that_cannot_be_rewound_is_trained_on_once(runs, case):
-    # fit and evaluate on one-shot sources (each batch handed out once, as a tfos feed does):
-    # with two workers, and with one (a one-node tfos cluster), where Keras 3 builds the model
-    # from a batch of an iterator it then discards (the batches it read ahead were lost);
-    # a model with keras.Input, and one that fit builds.
+    # fit and evaluate on one-shot sources (each batch handed out once, as a tfos feed does)
+    # on one MWMS worker alone (a one-node cluster), where Keras 3 builds the model from a
+    # batch of an iterator it then discards (the batches it read ahead were lost); a model
+    # with keras.Input, and one that fit builds.
     ref = runs["reference"]["one_replica"][case]
     single = runs["single"].get("single_worker", {}).get(case)
     assert single is not None and "error" not in single, (single or {}).get("error", runs["logs"]["single"][-4000:])
     for key in ("weights", "history", "evaluate"):
         _close(single[key], ref[key], f"{case}: one worker {key} vs one process")
-    w0, w1, ref = _same_training(runs, case)
-    for result in (w0, w1, ref, single):
+    for result in (ref, single):
         assert result["handed"] == [8, 4], result["handed"]  # every batch handed out once
 
 
