@@ -26,24 +26,30 @@ import time
 import traceback
 from typing import Callable, Optional
 
+from tfos._common.deadline import Deadline
+from tfos._common.wire import node_identity
 from tfos._control import messages as _msg
 from tfos._control.client import ControlClient
 from tfos._control.limits import event_poll_s
-from tfos._common.deadline import Deadline
 from tfos._data import local_socket as _local
 from tfos._data.feed_hub import FeedHub
-from tfos._common.wire import node_identity
 from tfos._node import keras3_fix
-from tfos._node.launch import NodeLaunch
-from tfos._node.output import OUTPUT_MARK_ENV, TF_LOG_LEVEL_DEFAULT, std_fds_identity, write_failure_marks, write_finished_marks
-from tfos._node.start_task import read_launch, setup_process_logging, watch_stdin_eof
 from tfos._node import task_world as _task_world
 from tfos._node.address_space import memory_limit_note
+from tfos._node.launch import NodeLaunch
+from tfos._node.output import (
+    OUTPUT_MARK_ENV,
+    TF_LOG_LEVEL_DEFAULT,
+    std_fds_identity,
+    write_failure_marks,
+    write_finished_marks,
+)
+from tfos._node.start_task import read_launch, setup_process_logging, watch_stdin_eof
 from tfos.cluster_template import InputMode, NodeInfo, tf_config_json
 from tfos.errors import ControlProtocolError, DeadlineExceededError, NodeFailure, ReservationTimeoutError
 from tfos.node_context import TFNodeContext, absolute_path
 
-log = logging.getLogger("tfos.tf_process")
+log = logging.getLogger(__name__)
 
 _MAX_TRACEBACK_CHARS = 60000
 _REQ_ERRORS = (OSError, ControlProtocolError, DeadlineExceededError)
@@ -329,7 +335,8 @@ def run_node(launch: NodeLaunch) -> int:
         if hub is not None:
             hub.close("finished", f"main_fun on {launch.node_name} returned")
         # The queues main_fun terminated: feed tasks that find the data server gone then
-        # skip their partitions as 'terminated', not as 'main_fun returned early' (C11).
+        # skip their partitions as 'terminated', not as 'main_fun returned early'
+        # (docs/datafeed.md "Ending early").
         terminated = sorted(hub.terminated) if hub is not None else []
         # A forwarded node's supervisor reports it after the lines main_fun printed, so
         # the driver's "main_fun finished" line follows them.
@@ -662,8 +669,9 @@ def main() -> int:
     # the payload is unpickled; the soft RLIMIT_AS raised to the hard limit.
     _task_world.install(launch.task_world)
 
-    # Quiet by default (C26): TensorFlow's C++ INFO lines only if the user asks for them
-    # (a TF_CPP_MIN_LOG_LEVEL of theirs wins); set before main_fun imports TensorFlow.
+    # Quiet by default (docs/api.md "Node output"): TensorFlow's C++ INFO lines only if the
+    # user asks for them (a TF_CPP_MIN_LOG_LEVEL of theirs wins); set before main_fun
+    # imports TensorFlow.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", TF_LOG_LEVEL_DEFAULT)
 
     # The supervisor is gone: never outlive it. Tell the driver first (one try, 2 s at
