@@ -176,6 +176,24 @@ def _tf_server_started() -> bool:
     return bool(mod is not None and mod.server_started())
 
 
+def _coordination_leader(role) -> bool:
+    """Whether this TF process leads TensorFlow's coordination service (TF process, after
+    ``main_fun`` returned): ``MultiWorkerMirroredStrategy`` makes the chief (else worker 0)
+    the service every other worker heartbeats to; when the leader's process exits before
+    theirs, TensorFlow logs ``StartAbort UNAVAILABLE: Failed to send RPC to coordination
+    service`` on each of them, an error in a run that went well. Only asked when TensorFlow
+    was imported."""
+    mod = sys.modules.get("tensorflow.python.eager.context")
+    if mod is None:
+        return False
+    try:
+        config = mod.context().coordination_service
+    except Exception:  # noqa: BLE001 - a TensorFlow without it: nothing to wait for
+        return False
+    leader = getattr(config, "service_leader", "") if config is not None else ""
+    return bool(leader) and leader == f"/job:{role.job_name}/replica:0/task:{role.task_index}"
+
+
 def _failure(launch: NodeLaunch, exc: BaseException) -> NodeFailure:
     r = launch.role
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
@@ -343,7 +361,13 @@ def run_node(launch: NodeLaunch) -> int:
         if not write_finished_marks(_OUTPUT_MARK, terminated, _OUTPUT_FDS):
             client.request("status", executor_id=eid, state="finished", terminated=terminated, timeout_s=10.0)
         serving = _tf_server_started()
-        if serving or (tb_proc is not None and tb_proc.poll() is None):
+        if _coordination_leader(role) and not stop_event.is_set():
+            # The other workers heartbeat to this process until they exit: it stays up until
+            # the driver stops the cluster, after every main_fun returned (or a node failed).
+            log.info("tfos node %s: main_fun returned; it leads TensorFlow's coordination service, "
+                     "so its process waits for the cluster to stop", launch.node_name)
+            stop_event.wait()
+        elif serving or (tb_proc is not None and tb_proc.poll() is None):
             # Keep TensorBoard, and a TF server main_fun started with start_cluster_server,
             # up until the driver stops the cluster (the supervisor ends this process if the
             # driver goes away): a TF1 peer may still be creating its session on this
