@@ -19,13 +19,14 @@ import logging
 from typing import Any, Dict
 
 from tfos._driver import cluster as _cluster
+
 from ._driver.cluster import TFCluster
 from ._driver.lifecycle import Lifecycle
 from .cluster_template import InputMode
 
 __all__ = ["run", "TFCluster", "InputMode", "Lifecycle", "tf_status"]
 
-#: TFoS's name for the cluster's logger: the parent of every driver-plane logger
+#: TFoS's name for the cluster's logger: the parent of the driver's cluster loggers
 #: (``tfos._driver.*``), so its level and handlers apply to what ``run``, ``train``,
 #: ``inference`` and ``shutdown`` log.
 logger = logging.getLogger("tfos._driver")

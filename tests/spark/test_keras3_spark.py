@@ -290,3 +290,36 @@ def test_fed_fit_on_two_nodes_equals_one_process(sc, tmp_path, no_leftovers, mon
     assert _relative([nodes[0]["history"]["loss"]], [one["history"]["row_loss"]]) <= 1e-5, (nodes[0]["history"], one["history"])
     assert _relative([nodes[0]["history"]["accuracy"]], [one["history"]["accuracy"]]) <= 1e-5, (nodes[0]["history"], one["history"])
     assert one["history"]["row_loss"][-1] < one["history"]["row_loss"][0]
+
+
+# ------------------------------------------------------------- the coordination service's leader
+def lingering_worker_main(args, ctx):
+    """MWMS on two workers; worker 1 is still busy (``linger_s``) when worker 0, the leader of
+    TensorFlow's coordination service, returns."""
+    import os
+    import time
+
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "0"  # TensorFlow's errors are printed
+    import tensorflow as tf
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    with strategy.scope():
+        v = tf.Variable(1.0)
+    total = strategy.experimental_local_results(strategy.run(lambda: tf.distribute.get_replica_context().all_reduce("SUM", v)))[0]
+    if ctx.task_index == 1:
+        time.sleep(args["linger_s"])  # longer than the workers' coordination heartbeat interval
+    print(f"{ctx.job_name}:{ctx.task_index} summed {float(total)}", flush=True)
+
+
+def test_a_worker_that_ends_after_the_leader_logs_no_coordination_error(sc, capfd, no_leftovers):
+    # The leader's process stays up until the cluster stops: the other worker's heartbeats
+    # to the coordination service keep reaching it. Before, worker:1 printed "StartAbort
+    # UNAVAILABLE: Failed to send RPC to coordination service" in a run that went well.
+    capfd.readouterr()
+    cluster = TFCluster.run(sc, lingering_worker_main, {"linger_s": 8.0}, 2, 0, False, TFCluster.InputMode.TENSORFLOW,
+                            reservation_timeout=120)
+    cluster.shutdown(timeout=120)
+    captured = capfd.readouterr()
+    text = captured.out + captured.err
+    assert "worker:0 summed 2.0" in text and "worker:1 summed 2.0" in text, text[-3000:]
+    assert "coordination service" not in text and "StartAbort" not in text, text[-3000:]

@@ -37,17 +37,17 @@ import threading
 import time
 from typing import IO, Callable, Hashable, Iterable, Optional
 
-from tfos._driver.state import ClusterState
 from tfos._control import messages as _msg
 from tfos._control.protocol import Call, LongPoll, Topic
 from tfos._control.server import ControlServer
+from tfos._driver.state import ClusterState
 from tfos._node.start_task import read_record, setup_process_logging, write_record
 from tfos.cluster_template import NodeRole
 from tfos.errors import ConfigurationError, ControlProtocolError, NodeFailure
 
 __all__ = ["HostLaunch", "ControlHost", "MAX_POLL_S", "write_host_launch", "read_host_launch"]
 
-log = logging.getLogger("tfos.connect_host")
+log = logging.getLogger(__name__)
 
 #: Longest a ``client_wait`` request is held open, in seconds.
 MAX_POLL_S = 10.0

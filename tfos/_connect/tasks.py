@@ -31,10 +31,17 @@ import subprocess
 import sys
 from typing import Any, Iterator, Optional
 
+from tfos._common.deadline import Deadline
 from tfos._connect.host import HostLaunch, write_host_launch
 from tfos._control.client import ControlClient
-from tfos._common.deadline import Deadline
-from tfos._data.feed_tasks import ARROW_CHUNK_BYTES, FeedPlan, arrow_ipc_parts, arrow_slices, make_arrow_feed_fn, rename_columns
+from tfos._data.feed_tasks import (
+    ARROW_CHUNK_BYTES,
+    FeedPlan,
+    arrow_ipc_parts,
+    arrow_slices,
+    make_arrow_feed_fn,
+    rename_columns,
+)
 from tfos._data.feed_tasks import make_infer_fn as _classic_infer_fn
 from tfos._node.launch import ClusterConfig, NodeLaunch
 from tfos.errors import ClusterFailedError, ControlProtocolError, DeadlineExceededError, NodeFailure, TFOSError
@@ -497,8 +504,3 @@ def make_infer_fn(plan: FeedPlan, schema_json: str, column_names: Optional[list]
             raise
 
     return _infer
-
-
-def parse_nodes(text: Optional[str]) -> list[dict]:
-    """The node dicts of the start stage's partition-0 row (pure)."""
-    return json.loads(text) if text else []

@@ -38,7 +38,7 @@ __all__ = [
     "inference_stream", "stop_streams", "stop_address", "request_stop", "stream_stats",
 ]
 
-log = logging.getLogger("tfos.streaming")
+log = logging.getLogger(__name__)
 
 #: Seconds between two checks of the stop conditions while shutdown(ssc) waits.
 _POLL_S = 1.0

@@ -50,7 +50,7 @@ import os
 import sys
 from typing import Any, Optional, Sequence
 
-log = logging.getLogger("tfos.keras3")
+log = logging.getLogger(__name__)
 
 #: Environment variable; ``0`` turns the fix off (in the TF process, before Keras is imported).
 OFF_SWITCH = "TFOS_KERAS3_FIX"
