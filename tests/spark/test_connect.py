@@ -321,13 +321,13 @@ def test_main_fun_returning_early_is_named_in_the_warning(spark, tmp_path, caplo
     """main_fun reading 10 rows and returning, on Connect: train() ends, and its WARNING
     (the one of the classic path: TFCluster logs it for both) says how many partitions
     were skipped and names the nodes."""
-    caplog.set_level(logging.INFO, logger="tfos.cluster")
+    caplog.set_level(logging.INFO, logger="tfos._driver")
     df = spark.range(0, 1000, 1, 4).selectExpr("id", "id as y")
     with TFCluster.run(spark, read_ten_and_return_fun, {"out": str(tmp_path)}, 2, 0, input_mode=InputMode.SPARK,
                        reservation_timeout=180) as cluster:
         cluster.train(df)
     assert {p.stem: json.loads(p.read_text())["rows"] for p in tmp_path.glob("*.json")} == {"worker0": 10, "worker1": 10}
-    warned = [r.getMessage() for r in caplog.records if r.name == "tfos.cluster" and r.levelno == logging.WARNING
+    warned = [r.getMessage() for r in caplog.records if r.name.startswith("tfos._driver.") and r.levelno == logging.WARNING
               and "not consumed to their end" in r.getMessage()]
     node = r"worker:[01] \(executor [01], host [^)]+\)"
     assert len(warned) == 1 and re.fullmatch(

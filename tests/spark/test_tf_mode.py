@@ -396,11 +396,11 @@ def test_tfos_style_program_unchanged(sc, tmp_path, no_leftovers):
 
 
 def test_ps_blocking_forever_is_stopped_by_shutdown(sc, tmp_path, caplog, no_leftovers):
-    caplog.set_level(logging.INFO, logger="tfos.cluster")
+    caplog.set_level(logging.INFO, logger="tfos._driver")
     cluster = TFCluster.run(sc, ps_worker_main, {"out": str(tmp_path)}, 2, 1, False,
                             TFCluster.InputMode.TENSORFLOW, reservation_timeout=120)
     assert cluster.cluster_template == {"ps": [0], "worker": [1]}
-    assert any("1 ps [0], 1 worker [1]" in r.getMessage() for r in caplog.records if r.name == "tfos.cluster"), caplog.text
+    assert any("1 ps [0], 1 worker [1]" in r.getMessage() for r in caplog.records if r.name.startswith("tfos._driver.")), caplog.text
     t0 = time.monotonic()
     cluster.shutdown(timeout=SHUTDOWN_TIMEOUT_S)
     assert time.monotonic() - t0 < 120

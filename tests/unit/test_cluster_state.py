@@ -994,7 +994,7 @@ def test_a_cluster_where_every_worker_only_served_is_warned_about(caplog):
 
     st = _state()
     _register_all(st)
-    caplog.set_level(logging.WARNING, logger="tfos.cluster")
+    caplog.set_level(logging.WARNING, logger="tfos._driver")
     for r in st.roles:
         _req(st, "status", executor_id=r.executor_id, state="serving")
     _warn_if_nobody_trained("tfos-test-1", st.roles, st.proc_state)

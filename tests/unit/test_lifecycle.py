@@ -46,7 +46,7 @@ def test_forming_running_restarting_running_shutting_down_closed(caplog):
     """A node fails during train() on attempt 0: the controller restarts the cluster, the
     feed resumes where the nodes' acknowledgements and checkpoint say, and shutdown()
     closes attempt 1. Each transition is logged once, with its state in the record."""
-    caplog.set_level(logging.INFO, logger="tfos.cluster")
+    caplog.set_level(logging.INFO, logger="tfos._driver")
     ctl, launcher = _controller(fail={(0, "feed"): "ValueError"}, consume={0: 6}, checkpoints={0: {"worker:0": 1, "worker:1": 1}})
     ctl.start()
     assert ctl.state is L.RUNNING and ctl.attempt == 0 and ctl.cluster_id == "tfos-fake"

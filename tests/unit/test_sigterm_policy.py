@@ -27,7 +27,7 @@ def test_sigterm_handler_lives_while_a_cluster_is_open_even_between_attempts(cap
     ctl.start()
     assert signal.getsignal(signal.SIGTERM) is open_clusters._on_sigterm
     ctl.state = Lifecycle.RESTARTING  # as while the next attempt forms
-    with caplog.at_level("ERROR", logger="tfos.cluster"), pytest.raises(SystemExit) as info:
+    with caplog.at_level("ERROR", logger="tfos._driver"), pytest.raises(SystemExit) as info:
         open_clusters._on_sigterm(signal.SIGTERM, None)
     assert info.value.code == 143 and "tfos-fake (between attempts)" in caplog.text
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # a second SIGTERM ends the driver at once

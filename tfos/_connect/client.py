@@ -32,20 +32,29 @@ import time
 from typing import Any, Optional, Sequence
 
 from tfos._common import wire as _wire
-from tfos._connect.tasks import OP_SCHEMA, START_SCHEMA, StartSpec, decode_failures, make_infer_fn, make_op_fn, make_start_fn, make_train_fn
 from tfos._common.deadline import Deadline
+from tfos._connect.tasks import (
+    OP_SCHEMA,
+    START_SCHEMA,
+    StartSpec,
+    decode_failures,
+    make_infer_fn,
+    make_op_fn,
+    make_start_fn,
+    make_train_fn,
+)
 from tfos._data.feed_tasks import arrow_safe_dataframe
 from tfos._data.framing import binary_as_bytes, feed_schema_json
 from tfos._driver.backend import UNCOUNTED, AttemptReport, ClusterPlan, InferenceCall, TrainCall, feed_plan
 from tfos._driver.spark_checks import plan_layout, warn_key_transport
 from tfos._node.launch import ClusterConfig
 from tfos.cluster_template import NodeInfo
-from tfos.node_context import normalize_default_fs
 from tfos.errors import ClusterFailedError, ConfigurationError, NodeFailure, ReservationTimeoutError, TFOSError
+from tfos.node_context import normalize_default_fs
 
 __all__ = ["ConnectLauncher", "ConnectBackend", "is_connect_session", "DEFAULT_CLIENT_TIMEOUT_S"]
 
-log = logging.getLogger("tfos.connect")
+log = logging.getLogger(__name__)
 
 #: Seconds to wait for the nodes' processes to exit after a stop directive.
 _STOP_TIMEOUT_S = 45.0

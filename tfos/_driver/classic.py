@@ -15,7 +15,7 @@ import functools
 import logging
 import os
 import time
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from tfos._common import wire as _wire
 from tfos._common.deadline import Deadline
@@ -29,12 +29,12 @@ from tfos._node import output as _node_output
 from tfos._node.launch import ClusterConfig
 from tfos._node.start_task import launch_local_node, make_start_task
 from tfos.cluster_template import InputMode, NodeInfo, format_template
-from tfos.node_context import normalize_default_fs
 from tfos.errors import ClusterFailedError, ConfigurationError, DeadlineExceededError, ReservationTimeoutError
+from tfos.node_context import normalize_default_fs
 
 __all__ = ["ClassicLauncher", "ClassicBackend"]
 
-log = logging.getLogger("tfos.cluster")
+log = logging.getLogger(__name__)
 
 #: Seconds run() waits for the start stage before it says which slots are busy.
 _BUSY_WARN_S = 8.0
@@ -230,14 +230,18 @@ class ClassicBackend:
             safe, names = arrow_safe_dataframe(df)  # dotted, backticked or repeated column names
             data = functools.reduce(lambda a, b: a.union(b), [safe] * epochs)
             fn = make_arrow_feed_fn(plan, feed_schema_json(df.schema, binary_as_bytes(df.sparkSession)), names)  # UDT and binary columns need the schema
-            action: Callable[[], Any] = lambda: [tuple(r) for r in data.mapInArrow(fn, "partition long, outcome string").collect()]
+
+            def action() -> Any:
+                return [tuple(r) for r in data.mapInArrow(fn, "partition long, outcome string").collect()]
         else:
             rdd = df.rdd if df is not None else call.data
             parts = rdd.getNumPartitions()
             source = FeedSource.of(rdd, epochs)
             plan = self._plan(call, source.kind, parts, first_epoch, last, report_done)
             feed_fn = make_feed_fn(plan)
-            action = lambda: source.feed(feed_fn).collect()
+
+            def action() -> Any:
+                return source.feed(feed_fn).collect()
         total = parts * epochs
         if call.end_of_feed:
             self.state.close_feed_when_sent(plan.feed_id, total)

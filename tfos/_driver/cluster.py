@@ -16,8 +16,8 @@ import numbers
 import uuid
 from typing import Any, Callable, Optional, Sequence
 
-from tfos._control.limits import heartbeat_interval_s
 from tfos._common.deadline import Deadline
+from tfos._control.limits import heartbeat_interval_s
 from tfos._driver import streaming as _streaming
 from tfos._driver.backend import ClusterPlan, Launcher
 from tfos._driver.lifecycle import Controller, Lifecycle
@@ -27,7 +27,7 @@ from tfos.errors import ClusterFailedError, ConfigurationError, check_num_epochs
 
 __all__ = ["TFCluster", "run"]
 
-log = logging.getLogger("tfos.cluster")
+log = logging.getLogger(__name__)
 
 
 #: TFoS's module-level status (``tfos.TFCluster.tf_status`` is this dict): ``{'error':

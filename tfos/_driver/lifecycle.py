@@ -24,8 +24,9 @@ attempt's :class:`~tfos._driver.backend.Backend`, and owns what spans attempts: 
 loop and its policy (:class:`~tfos._driver.restart.RestartPolicy`), where a restarted feed
 resumes (:class:`~tfos._driver.restart.FeedResume`), which inference results an attempt
 kept (:class:`~tfos._driver.restart.InferenceLedger`), and the SIGTERM and interpreter-exit
-handling (:mod:`tfos._driver.open_clusters`). ``TFCluster.train``/``inference``/``shutdown`` ask it; it asks the backend. Every
-transition is logged once, on the ``tfos.cluster`` logger, with the state in the record
+handling (:mod:`tfos._driver.open_clusters`). ``TFCluster.train``/``inference``/``shutdown``
+ask it; it asks the backend. Every transition is logged once, on this module's logger (a
+child of ``TFCluster.logger``, ``tfos._driver``), with the state in the record
 (``record.tfos_state``). See docs/architecture.md "Driver plane" and docs/reliability.md
 "Recovery".
 """
@@ -48,7 +49,7 @@ from tfos.errors import ClusterFailedError, ConfigurationError, NodeFailure, Res
 
 __all__ = ["Lifecycle", "TRANSITIONS", "Controller"]
 
-log = logging.getLogger("tfos.cluster")
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 __all__ = ["OPEN", "any_open", "install_sigterm"]
 
-log = logging.getLogger("tfos.cluster")
+log = logging.getLogger(__name__)
 
 
 class _Controller(Protocol):

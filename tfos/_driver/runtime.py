@@ -21,17 +21,17 @@ import threading
 import time
 from typing import Any, Callable, Optional, Sequence
 
+from tfos._control.server import ControlServer
 from tfos._driver.console import BarConsole
 from tfos._driver.open_clusters import any_open
 from tfos._driver.state import ClusterState
 from tfos._node import output as _node_output
-from tfos._control.server import ControlServer
 from tfos.cluster_template import NodeRole
 from tfos.errors import ClusterFailedError, NodeFailure, TFOSError, is_root_cause
 
 __all__ = ["ClusterRuntime", "JobThread", "Progress", "spark_error_text"]
 
-log = logging.getLogger("tfos.cluster")
+log = logging.getLogger(__name__)
 
 #: Seconds to wait for nodes to exit after a stop directive.
 STOP_TIMEOUT_S = 45.0
