@@ -24,10 +24,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "tfos"
 
-# Files exempt from these checks: none (the one-driver rewrite they waited for has landed).
-AWAITING_REWRITE: tuple[str, ...] = ()
-AWAITING_REWRITE_CYCLES: list[list[str]] = []
-
 
 def _modules() -> dict[str, tuple[Path, bool]]:
     """``{dotted module name: (path, is a package)}`` of every module under tfos/."""
@@ -154,7 +150,7 @@ def test_no_import_cycle_among_tfos_modules():
     below both."""
     graph = import_graph()
     assert len(graph) > 50 and "tfos._driver.state" in graph["tfos._connect.host"]  # the finder sees imports
-    assert [c for c in find_cycles(graph) if c not in AWAITING_REWRITE_CYCLES] == []
+    assert find_cycles(graph) == []
 
 
 # Ticket ids of the project's issue tracker and failure-case list (C01-C26), as written in
@@ -174,8 +170,6 @@ def test_the_ticket_id_pattern_has_no_false_positives_on_what_tfos_writes():
 def test_no_ticket_ids_in_tfos_comments_docstrings_or_messages():
     found = []
     for path in sorted(PKG.rglob("*.py")):
-        if str(path.relative_to(ROOT)) in AWAITING_REWRITE:
-            continue
         with open(path, "rb") as f:
             for tok in tokenize.tokenize(f.readline):
                 if tok.type in (tokenize.COMMENT, tokenize.STRING) or tok.type == getattr(tokenize, "FSTRING_MIDDLE", -1):
@@ -197,8 +191,6 @@ PUBLIC_LOGGERS = {
 def test_every_module_logger_is_named_after_its_module():
     wrong = []
     for name, (path, _) in _modules().items():
-        if str(path.relative_to(ROOT)) in AWAITING_REWRITE:
-            continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if not (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == "getLogger"
                     and node.args):
@@ -224,8 +216,6 @@ def test_the_driver_modules_log_under_tfcluster_logger():
 def test_ruff_check_tfos_is_clean():
     if importlib.util.find_spec("ruff") is None:
         pytest.skip("ruff is not installed: pip install -e '.[test]' (setup.py's test extra) installs it")
-    pending = ["--extend-exclude", ",".join(AWAITING_REWRITE)] if AWAITING_REWRITE else []
-    pending += ["--extend-per-file-ignores", "tfos/_connect/host.py:F841"]
-    proc = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", *pending, "tfos"],
+    proc = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "tfos"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
