@@ -22,13 +22,20 @@ For each cluster size it measures:
   and directive polls flow (a steady cluster), in percent of one core;
 * ``frames_s``: control requests per second the driver answered in that window;
 * ``threads`` and ``rss_mib`` of the driver process, ``conns`` (peak connections),
-  ``refused`` (connections refused or evicted by a cap, and rejected frames);
+  ``refused`` (connections refused or evicted by a cap, and rejected frames),
+  ``listen_overflows`` (connections the kernel dropped because a listener's accept queue
+  was full: counted for the whole network namespace, so other programs' listeners too);
 * ``feed_s``: time for every node's feed task to claim, hand over and acknowledge its
   partitions (counts checked exactly: every partition granted once, the feed closed);
 * ``exception_s`` / ``silence_s`` / ``drop_s``: from the moment one node fails (reports an
   exception; goes silent with its connections open; drops its connections without a word)
   until the driver's ``train()`` raises the ClusterFailedError naming it, while the other
-  nodes heartbeat, poll and feed. Each failure kind runs in a fresh cluster.
+  nodes heartbeat, poll and feed. Each failure kind runs in a fresh cluster;
+* ``hb_stale_s``: the longest time since a live node's last heartbeat (or its registration)
+  that the driver's cluster state held before the failure (sampled every 0.5 s): the
+  margin healthy nodes keep against ``heartbeat_timeout``; ``hb_gap_s``: the longest gap
+  between two heartbeats one simulated node sent, and ``hb_rtt_s`` the slowest answer to
+  one (the nodes' side: a gap with fast answers means the node processes lagged).
 
 Usage::
 
@@ -45,6 +52,7 @@ import argparse
 import asyncio
 import json
 import logging
+import math
 import os
 import random
 import resource
@@ -209,12 +217,21 @@ class SimNode:
         interval = self.cfg["hb_interval_s"]
         await asyncio.sleep(random.random() * interval)  # the nodes' heartbeats spread over an interval
         await self.sup.open(time.monotonic() + 120.0)  # as a real client, connected by its first request
+        # As the real supervisor's loop: it checks its TF process every tick (1 s, or the
+        # interval when shorter) and sends a heartbeat at the first tick at least
+        # ``interval`` after the previous one went out; a slow answer delays the next by a tick.
+        tick = min(1.0, interval)
+        last = 0.0
         while self.alive:
+            sent = time.monotonic()
             d = await self.sup.call(_msg.Heartbeat(self.eid, pid=os.getpid(), host="127.0.0.1", rss=200 << 20), 10.0)
+            answered = time.monotonic()
+            self.worker.heartbeat_sent(sent, last, answered - sent)
+            last = sent
             if d.get("abort") or d.get("stop"):
                 await self.end(-15)
                 return
-            await asyncio.sleep(interval)
+            await asyncio.sleep(tick * max(1, math.ceil((sent + interval - answered) / tick - 1e-9)))
 
     async def events(self) -> None:
         known: dict = {}
@@ -300,6 +317,12 @@ class NodeWorker:
         self.formed_count = 0
         self.first_formed = self.last_formed = 0.0
         self.out_lock = threading.Lock()
+        self.hb_gap = self.hb_rtt = 0.0  # the longest gap between two heartbeats of a node, the slowest answer
+
+    def heartbeat_sent(self, sent: float, previous: float, rtt: float) -> None:
+        if previous:
+            self.hb_gap = max(self.hb_gap, sent - previous)
+        self.hb_rtt = max(self.hb_rtt, rtt)
 
     def send(self, **event: Any) -> None:
         with self.out_lock:
@@ -337,6 +360,7 @@ class NodeWorker:
             self.roles = roles_from_template(build_template(cmd["num_nodes"], 0))
             self.nodes = {eid: SimNode(cmd, eid, self) for eid in cmd["nodes"]}
             self.expected, self.formed_count, self.first_formed = len(self.nodes), 0, 0.0
+            self.hb_gap = self.hb_rtt = 0.0
             for eid, node in self.nodes.items():
                 asyncio.ensure_future(self._guard(node.run(), eid))
         elif what == "feed":
@@ -356,7 +380,7 @@ class NodeWorker:
             for node in self.nodes.values():
                 node.stop(hard=True)
             self.nodes = {}
-            self.send(ev="stopped")
+            self.send(ev="stopped", hb_gap=self.hb_gap, hb_rtt=self.hb_rtt)
         elif what == "exit":
             self.loop.stop()
 
@@ -474,6 +498,44 @@ class Workers:
                 p.wait(10)
 
 
+def _listen_overflows() -> int:
+    """Connections the kernel dropped since boot because a listener's accept queue was full
+    (``TcpExt ListenOverflows`` of /proc/net/netstat: every listener of this network
+    namespace, not only the driver's); 0 where that file does not exist."""
+    try:
+        with open("/proc/net/netstat") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return 0
+    for names, values in zip(lines[::2], lines[1::2]):
+        if names.startswith("TcpExt:"):
+            return int(dict(zip(names.split()[1:], values.split()[1:])).get("ListenOverflows", 0))
+    return 0
+
+
+class _Staleness:
+    """The longest time since a live node's last heartbeat, as the driver's cluster state
+    holds it (what its liveness check compares with heartbeat_timeout), sampled every
+    0.5 s by a thread of the simulator until :meth:`end`: the margin healthy nodes keep."""
+
+    def __init__(self, state: Any):
+        self.state, self.max_s = state, 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="sim-staleness", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            seen = list(self.state.last_heartbeat.values())  # set at registration, then at each heartbeat
+            if seen:
+                self.max_s = max(self.max_s, time.monotonic() - min(seen))
+
+    def end(self) -> float:
+        self._stop.set()
+        self._thread.join(5.0)
+        return self.max_s
+
+
 def _cpu_s() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
@@ -496,6 +558,8 @@ def run_cluster(workers: Workers, n: int, timeout_s: float, steady_s: float, kin
     out: dict = {"nodes": n, "hb_interval_s": heartbeat_interval_s(n, timeout_s), "poll_s": event_poll_s(n)}
     shares = [list(range(i, n, len(workers.procs))) for i in range(len(workers.procs))]
     shares = [s for s in shares if s]
+    overflows0 = _listen_overflows()
+    staleness = _Staleness(state)
     try:
         t0, cpu0, nodes_cpu0 = time.monotonic(), _cpu_s(), workers.cpu_s()
         for i, share in enumerate(shares):
@@ -527,7 +591,7 @@ def run_cluster(workers: Workers, n: int, timeout_s: float, steady_s: float, kin
             # The driver side's threads: the main thread and those the runtime started.
             started = [t for t in threading.enumerate() if t.ident not in before and not t.name.startswith("sim-")]
             out["threads"] = 1 + len(started)
-            out["os_threads"] = 1 + proc.num_threads() - os_before
+            out["os_threads"] = 1 + proc.num_threads() - os_before - 1  # not the simulator's staleness sampler
             out["rss_mib"] = proc.memory_info().rss / 2**20
             out["load"] = os.getloadavg()[0]
             # A feed: every node's feed task claims its partitions; counts checked exactly.
@@ -547,6 +611,7 @@ def run_cluster(workers: Workers, n: int, timeout_s: float, steady_s: float, kin
             workers.send(i, cmd="feed", feed_id="sim-feed-busy", per_node=1000, num_nodes=n, trickle_s=2.0, report=False)
         job = runtime.run_job("train", "simulated feed", lambda: _cancelled(sc, runtime.job_group("train")))
         victim = random.randrange(1, n) if n > 1 else 0
+        out["hb_stale_s"] = staleness.end()
         workers.send(victim % len(workers.procs), cmd="inject", eid=victim, kind=kind)
         injected = workers.wait("injected", 1, 60.0)[0]
         try:
@@ -559,6 +624,7 @@ def run_cluster(workers: Workers, n: int, timeout_s: float, steady_s: float, kin
                 raise TFOSError(f"the driver's error does not name executor {victim}: {str(exc)[:500]}") from None
         return out
     finally:
+        staleness.end()
         if not runtime.closed:
             runtime.teardown(failed=True)
         runtime.join_teardown()
@@ -569,7 +635,10 @@ def run_cluster(workers: Workers, n: int, timeout_s: float, steady_s: float, kin
             print(f"  {n} nodes, {kind}: rejections {stats}", file=sys.stderr)
         for i, _ in enumerate(shares):
             workers.send(i, cmd="stop")
-        workers.wait("stopped", len(shares), 60.0)
+        stopped = workers.wait("stopped", len(shares), 60.0)
+        out["hb_gap_s"] = max(e["hb_gap"] for e in stopped)  # the nodes' side: longest gap between two heartbeats
+        out["hb_rtt_s"] = max(e["hb_rtt"] for e in stopped)  # and the slowest answer to one
+        out["listen_overflows"] = _listen_overflows() - overflows0
 
 
 def _cancelled(sc: FakeSparkContext, group: str) -> None:
@@ -583,19 +652,25 @@ def run_size(n: int, procs: int, timeout_s: float, steady_s: float, kinds: tuple
     workers = Workers(procs)
     try:
         merged: dict = {}
-        refused = conns = 0
+        summed = ("refused", "listen_overflows")
+        peaks = ("conns", "hb_stale_s", "hb_gap_s", "hb_rtt_s")
+        over: dict = {k: 0 for k in summed + peaks}
         for i, kind in enumerate(kinds):
             res = run_cluster(workers, n, timeout_s, steady_s, kind, measure=(i == 0))
-            refused, conns = refused + res.pop("refused"), max(conns, res.pop("conns"))
+            for k in summed:
+                over[k] += res.pop(k)
+            for k in peaks:
+                over[k] = max(over[k], res.pop(k))
             merged.update(res)
-        merged.update(refused=refused, conns=conns)  # over every cluster of this size
+        merged.update(over)  # over every cluster of this size
         return merged
     finally:
         workers.close()
 
 
 COLUMNS = ("nodes", "registered_s", "form_cpu_s", "nodes_cpu_s", "spec_s", "hb_interval_s", "frames_s", "cpu_pct", "threads", "os_threads", "rss_mib",
-           "conns", "refused", "feed_s", "exception_s", "silence_s", "drop_s", "load")
+           "conns", "refused", "listen_overflows", "feed_s", "exception_s", "silence_s", "drop_s", "hb_stale_s", "hb_gap_s", "hb_rtt_s",
+           "load")
 
 
 def _fmt(values: list) -> str:
