@@ -8,7 +8,8 @@ The nodes are simulated: a few node processes, each running many nodes on one as
 Every simulated node speaks the real control protocol with the real key handling
 (:mod:`tfos._control.protocol`: the same frame reader, sessions, nonces and sequence
 numbers as :class:`tfos._control.client.ControlClient`; :mod:`tfos._control.messages`):
-like a real node it holds one connection for its supervisor (heartbeats every
+like a real node its Spark start task asks for the node's state every 0.2 s until the node
+registered (on a connection of its own, closed then), and it holds one connection for its supervisor (heartbeats every
 :func:`tfos._control.limits.heartbeat_interval_s`, reports of its exit) and one for its TF
 process (register, await the cluster spec, report running, long-poll for directives every
 :func:`tfos._control.limits.event_poll_s` with its row counter, report a failure), and
@@ -41,6 +42,7 @@ Usage::
 
     python scripts/sim_cluster.py                       # N = 10, 100, 500, 2000
     python scripts/sim_cluster.py --nodes 2000 --repeat 3 --heartbeat-timeout 15
+    python scripts/sim_cluster.py --nodes 2000 --kinds exception --tf-startup-s 5   # start tasks poll 2.5-7.5 s
     nice -n 10 python scripts/sim_cluster.py --json out.json
 
 Figures and how they were taken: docs/performance.md "Scale".
@@ -72,6 +74,7 @@ from tfos._control import messages as _msg
 from tfos._control.limits import event_poll_s, heartbeat_interval_s
 from tfos._control.protocol import ClientSession, FrameReader
 from tfos._driver.runtime import ClusterRuntime
+from tfos._node.start_task import _START_POLL_S
 from tfos.cluster_template import NodeInfo, build_template, roles_from_template
 from tfos.errors import ClusterFailedError, NodeFailure, TFOSError
 
@@ -176,7 +179,8 @@ class SimConnection:
 
 
 class SimNode:
-    """One node: its supervisor's connection and its TF process's connection."""
+    """One node: its Spark start task's connection (until the node registered), its
+    supervisor's and its TF process's connections, its feed task's."""
 
     def __init__(self, cfg: dict, eid: int, worker: "NodeWorker"):
         self.cfg, self.eid, self.worker = cfg, eid, worker
@@ -188,13 +192,17 @@ class SimNode:
         self.sup = SimConnection("127.0.0.1", cfg["port"], worker.key, cfg["cluster_id"])
         self.tf = SimConnection("127.0.0.1", cfg["port"], worker.key, cfg["cluster_id"])
         self.feed: Optional[SimConnection] = None
+        self.start: Optional[SimConnection] = None
 
     def spawn(self, coro: Any) -> None:
         self.tasks.append(asyncio.ensure_future(coro))
 
     async def run(self) -> None:
         deadline = time.monotonic() + 120.0
+        self.spawn(self.start_task())
         self.spawn(self.heartbeats())
+        if self.cfg["tf_startup_s"]:  # the TF process starts (Python, TensorFlow's import) before it registers
+            await asyncio.sleep(self.cfg["tf_startup_s"] * random.uniform(0.5, 1.5))
         await self.tf.open(deadline)
         node = NodeInfo(self.eid, self.role.job_name, self.role.task_index, "127.0.0.1", 20000 + self.eid,
                         30000 + self.eid, os.getpid(), f"127.0.0.1/{self.eid}")
@@ -212,6 +220,21 @@ class SimNode:
         self.worker.formed(self.eid)
         await self.tf.call(_msg.Status(self.eid, _msg.NodeState.RUNNING), 10.0)
         self.spawn(self.events())
+
+    async def start_task(self) -> None:
+        """The node's Spark start task (InputMode.SPARK), as ``_await_registration`` of
+        tfos._node.start_task: from the supervisor's start until the node registered, it
+        asks the driver for the node's state every ``_START_POLL_S``, on a connection of its
+        own, which it then closes."""
+        self.start = SimConnection("127.0.0.1", self.cfg["port"], self.worker.key, self.cfg["cluster_id"])
+        try:
+            while self.alive:
+                r = await self.start.call(_msg.NodeStateQuery(self.eid), 10.0)
+                if r.get("state") not in (None, "pending") or r.get("cluster_failed"):
+                    return
+                await asyncio.sleep(_START_POLL_S)
+        finally:
+            self.start.close()
 
     async def heartbeats(self) -> None:
         interval = self.cfg["hb_interval_s"]
@@ -261,7 +284,7 @@ class SimNode:
         for t in self.tasks:
             if t is not current:
                 t.cancel()
-        for conn in (self.sup, self.tf, self.feed):
+        for conn in (self.start, self.sup, self.tf, self.feed):
             if conn is not None:
                 conn.close(hard)
 
@@ -541,7 +564,8 @@ def _cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def run_cluster(workers: Workers, n: int, timeout_s: float, steady_s: float, kind: str, measure: bool, per_node: int = 2) -> dict:
+def run_cluster(workers: Workers, n: int, timeout_s: float, steady_s: float, kind: str, measure: bool, per_node: int = 2,
+                tf_startup_s: float = 0.0) -> dict:
     """Forms one cluster of ``n`` simulated nodes against a real driver runtime; measures
     (when ``measure``) its steady state and a feed, then fails one node the way ``kind``
     says and times the driver's error. Returns the figures."""
@@ -564,7 +588,7 @@ def run_cluster(workers: Workers, n: int, timeout_s: float, steady_s: float, kin
         t0, cpu0, nodes_cpu0 = time.monotonic(), _cpu_s(), workers.cpu_s()
         for i, share in enumerate(shares):
             workers.send(i, cmd="start", cluster_id=cluster_id, port=server.port, key=key.hex(), nodes=share, num_nodes=n,
-                         hb_interval_s=out["hb_interval_s"], poll_s=out["poll_s"])
+                         hb_interval_s=out["hb_interval_s"], poll_s=out["poll_s"], tf_startup_s=tf_startup_s)
         outcome = ""
         deadline = Deadline(300.0, f"{n} simulated nodes to register")
         while outcome not in ("registered", "failed", "expired"):
@@ -647,7 +671,7 @@ def _cancelled(sc: FakeSparkContext, group: str) -> None:
     raise TFOSError(f"job group {group} cancelled")
 
 
-def run_size(n: int, procs: int, timeout_s: float, steady_s: float, kinds: tuple[str, ...]) -> dict:
+def run_size(n: int, procs: int, timeout_s: float, steady_s: float, kinds: tuple[str, ...], tf_startup_s: float = 0.0) -> dict:
     """Every measurement of one cluster size (one cluster per failure kind)."""
     workers = Workers(procs)
     try:
@@ -656,7 +680,7 @@ def run_size(n: int, procs: int, timeout_s: float, steady_s: float, kinds: tuple
         peaks = ("conns", "hb_stale_s", "hb_gap_s", "hb_rtt_s")
         over: dict = {k: 0 for k in summed + peaks}
         for i, kind in enumerate(kinds):
-            res = run_cluster(workers, n, timeout_s, steady_s, kind, measure=(i == 0))
+            res = run_cluster(workers, n, timeout_s, steady_s, kind, measure=(i == 0), tf_startup_s=tf_startup_s)
             for k in summed:
                 over[k] += res.pop(k)
             for k in peaks:
@@ -692,6 +716,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--heartbeat-timeout", type=float, default=15.0, help="heartbeat_timeout of run(), seconds")
     ap.add_argument("--steady-s", type=float, default=10.0, help="seconds of steady heartbeats measured")
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--tf-startup-s", type=float, default=0.0,
+                    help="a TF process registers this long (x 0.5-1.5) after its node started; its start task polls meanwhile")
     ap.add_argument("--kinds", default=",".join(FAILURE_KINDS))
     ap.add_argument("--json", default="", help="also write every run's figures to this file")
     ap.add_argument("--node-worker", action="store_true", help=argparse.SUPPRESS)
@@ -706,7 +732,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     for n in args.nodes:
         for r in range(args.repeat):
             procs = args.procs or min(8, max(1, n // 250))
-            res = run_size(n, procs, args.heartbeat_timeout, args.steady_s, kinds)
+            res = run_size(n, procs, args.heartbeat_timeout, args.steady_s, kinds, args.tf_startup_s)
             res["procs"] = procs
             runs.append(res)
             print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in res.items()}), file=sys.stderr, flush=True)
