@@ -18,7 +18,9 @@ its feed task a third (claim partitions, report them sent and consumed).
 For each cluster size it measures:
 
 * ``registered_s``: from the nodes' start until the driver has every node registered, and
-  ``spec_s`` until every node holds the cluster spec;
+  ``spec_s`` until every node holds the cluster spec; ``form_cpu_s`` and ``form_frames``:
+  the driver's CPU seconds and the requests it answered until every node registered, and
+  ``nodes_cpu_s`` the node processes' CPU seconds meanwhile;
 * ``cpu_pct``: the driver process's CPU time per second of wall time while only heartbeats
   and directive polls flow (a steady cluster), in percent of one core;
 * ``frames_s``: control requests per second the driver answered in that window;
@@ -597,6 +599,7 @@ def run_cluster(workers: Workers, n: int, timeout_s: float, steady_s: float, kin
             raise TFOSError(f"the simulated cluster did not form: {outcome}; missing {state.missing()[:10]}")
         out["registered_s"] = time.monotonic() - t0
         out["form_cpu_s"] = _cpu_s() - cpu0  # the driver's CPU seconds to register every node
+        out["form_frames"] = server.stats()["frames_in"]  # the requests it answered meanwhile (start tasks' polls too)
         out["nodes_cpu_s"] = workers.cpu_s() - nodes_cpu0  # the simulated nodes' (same machine)
         formed = workers.wait("formed", len(shares), 300.0)
         out["spec_s"] = max(e["last"] for e in formed) - t0
@@ -692,7 +695,7 @@ def run_size(n: int, procs: int, timeout_s: float, steady_s: float, kinds: tuple
         workers.close()
 
 
-COLUMNS = ("nodes", "registered_s", "form_cpu_s", "nodes_cpu_s", "spec_s", "hb_interval_s", "frames_s", "cpu_pct", "threads", "os_threads", "rss_mib",
+COLUMNS = ("nodes", "registered_s", "form_cpu_s", "form_frames", "nodes_cpu_s", "spec_s", "hb_interval_s", "frames_s", "cpu_pct", "threads", "os_threads", "rss_mib",
            "conns", "refused", "listen_overflows", "feed_s", "exception_s", "silence_s", "drop_s", "hb_stale_s", "hb_gap_s", "hb_rtt_s",
            "load")
 
