@@ -319,54 +319,6 @@ def test_env_overrides_host(monkeypatch):
         srv.close()  # idempotent
 
 
-def _socket_states_on(port: int) -> set[str]:
-    """TCP states of this host's IPv4 sockets whose local port is ``port`` (Linux /proc)."""
-    names = {"01": "ESTABLISHED", "04": "FIN_WAIT1", "05": "FIN_WAIT2", "06": "TIME_WAIT", "07": "CLOSE",
-             "08": "CLOSE_WAIT", "09": "LAST_ACK", "0A": "LISTEN"}
-    states = set()
-    with open("/proc/net/tcp") as f:
-        for line in f.readlines()[1:]:
-            local, st = line.split()[1], line.split()[3]
-            if int(local.split(":")[1], 16) == port:
-                states.add(names.get(st, st))
-    return states
-
-
-def test_fixed_port_binds_again_right_after_a_server_with_live_connections_closed(monkeypatch):
-    """TFOS_SERVER_PORT set to one port: a new cluster's server binds it at once after the
-    previous one closed, although that server's connections (closed by the server first,
-    their peers still open) keep sockets on the port (FIN_WAIT2 / TIME_WAIT)."""
-    monkeypatch.delenv("TFOS_SERVER_HOST", raising=False)
-    monkeypatch.delenv("TFOS_SERVER_PORT", raising=False)
-    first = ControlServer(KEY, _dispatch_factory([]), "127.0.0.1")
-    port = first.port
-    clients = [ControlClient("127.0.0.1", port, KEY, CID, connect_timeout_s=20) for _ in range(3)]
-    raw, _ = _raw(first)  # a connection that never sent a frame
-    try:
-        for i, c in enumerate(clients):
-            assert c.request("ping", x=i)["echo"] == i
-        Deadline(20, "4 connections on the first server").wait_for(lambda: first.active_connections == 4)
-        first.close()
-        assert _closed_by_server(raw, timeout=20)
-        left = _socket_states_on(port) - {"LISTEN", "CLOSE"}
-        assert left & {"FIN_WAIT1", "FIN_WAIT2", "TIME_WAIT"}, left  # what made a plain bind fail
-        assert "LISTEN" not in _socket_states_on(port)
-        monkeypatch.setenv("TFOS_SERVER_PORT", str(port))
-        second = ControlServer(KEY, _dispatch_factory([]), "127.0.0.1")
-        try:
-            assert second.port == port
-            _legit_roundtrip(second, x=42)
-            # a port a running server listens on is still refused, with the reason
-            with pytest.raises(ConfigurationError, match=f"ports {port}-{port}.*another socket listens there"):
-                ControlServer(KEY, _dispatch_factory([]), "127.0.0.1")
-        finally:
-            second.close()
-    finally:
-        for c in clients:
-            c.close()
-        first.close()
-
-
 def test_request_response(server):
     c = ControlClient(server.host, server.port, KEY, CID, connect_timeout_s=20)
     try:
