@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 
 __all__ = ["ControlLimits", "heartbeat_interval_s", "event_poll_s", "HEARTBEATS_PER_S", "EVENT_POLLS_PER_S",
-           "CONNECTIONS_PER_NODE"]
+           "CONNECTIONS_PER_NODE", "FORMING_CONNECTIONS_PER_NODE"]
 
 #: Heartbeats per second a whole cluster sends at most once it is larger than this many
 #: nodes (smaller clusters heartbeat every second).
@@ -27,6 +27,10 @@ MAX_EVENT_POLL_S = 5.0
 #: the Python workers of its executor (the start task, feed and inference tasks; idle
 #: reused workers keep theirs), and short-lived ones (a dying process's last report).
 CONNECTIONS_PER_NODE = 8
+#: Connections one node opens at about the same moment while its cluster forms: its Spark
+#: start task's (InputMode.SPARK: it asks for the node's state until the node registered),
+#: its supervisor's and its TF process's.
+FORMING_CONNECTIONS_PER_NODE = 3
 
 
 def heartbeat_interval_s(num_nodes: int, heartbeat_timeout_s: float) -> float:
@@ -74,14 +78,16 @@ class ControlLimits:
     @classmethod
     def for_nodes(cls, num_nodes: int) -> "ControlLimits":
         """Caps for a cluster of ``num_nodes`` nodes: :data:`CONNECTIONS_PER_NODE` connections
-        per node and two unauthenticated connections per node (at least the defaults): a
-        forming cluster opens both of each node's connections at once, and none of them may
-        be evicted. Strangers can hold at most that many sockets, each with at most
-        :data:`tfos._common.wire.MAX_FIRST_FRAME_BYTES` of buffer for
-        ``FIRST_FRAME_TIMEOUT_S`` (about 65 MB at 2,000 nodes)."""
+        per node, and :data:`FORMING_CONNECTIONS_PER_NODE` unauthenticated connections and
+        as many places in the listen backlog per node (at least the defaults): a forming
+        cluster opens those connections of every node at once, and none of them may be
+        evicted (with two per node, 500 simulated nodes saw their own connections evicted,
+        docs/performance.md "Scale"). Strangers can hold at most that many sockets, each
+        with at most :data:`tfos._common.wire.MAX_FIRST_FRAME_BYTES` of buffer for
+        ``FIRST_FRAME_TIMEOUT_S`` (about 100 MB at 2,000 nodes)."""
         n = max(0, int(num_nodes))
         return cls(
             max_connections=max(512, CONNECTIONS_PER_NODE * n + 64),
-            max_unauthenticated=max(64, 2 * n + 64),
-            backlog=max(128, 2 * n),
+            max_unauthenticated=max(64, FORMING_CONNECTIONS_PER_NODE * n + 64),
+            backlog=max(128, FORMING_CONNECTIONS_PER_NODE * n),
         )
