@@ -38,6 +38,9 @@ setup(
             "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29",
             "packaging>=23",  # tests/unit/test_packaging.py reads requirement strings
             "venv-pack>=0.2",  # tests/spark/test_deploy.py packs a venv (docs/deploy.md)
+            # tests/unit/test_source_hygiene.py runs `ruff check tfos` (rules in ruff.toml); one
+            # minor series, so a new ruff's new checks do not fail the suite unannounced.
+            "ruff==0.17.*",
         ],
     },
     classifiers=[

@@ -384,7 +384,7 @@ def as_driver(out: str, hb: float, busy: str) -> int:
     )
 
     def _ready() -> None:
-        while len(cluster._state.counters) < 2:  # both nodes took data: training is under way
+        while len(cluster._ctl.backend.state.counters) < 2:  # both nodes took data: training is under way
             time.sleep(0.1)
         with open(out + ".tmp", "w") as f:
             f.write(str(os.getpid()))

@@ -146,7 +146,7 @@ def main() -> None:
             sys.stdout.flush()
             if not query.isActive:
                 raise RuntimeError(f"the query ended early: {query.exception()}")
-        consumed = cluster._state.rows_consumed()  # rows the TF processes took from the feed
+        consumed = cluster._ctl.backend.state.rows_consumed()  # rows the TF processes took from the feed
         open(stop_file, "w").close()  # the nodes call DataFeed.terminate(): the running micro-batch ends
         cluster.shutdown()
     finally:

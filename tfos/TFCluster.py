@@ -7,6 +7,9 @@ becomes ``from tfos import TFCluster``::
                             TFCluster.InputMode.SPARK, master_node="chief")
     cluster.train(rdd, num_epochs=2)
     cluster.shutdown()
+
+``TFCluster.Lifecycle`` names the states ``cluster.state`` goes through (forming, running,
+restarting, shutting down, closed, failed; docs/architecture.md "Driver plane").
 """
 
 from __future__ import annotations
@@ -16,12 +19,14 @@ import logging
 from typing import Any, Dict
 
 from tfos._driver import cluster as _cluster
+
 from ._driver.cluster import TFCluster
+from ._driver.lifecycle import Lifecycle
 from .cluster_template import InputMode
 
-__all__ = ["run", "TFCluster", "InputMode", "tf_status"]
+__all__ = ["run", "TFCluster", "InputMode", "Lifecycle", "tf_status"]
 
-#: TFoS's name for the cluster's logger: the parent of every driver-plane logger
+#: TFoS's name for the cluster's logger: the parent of the driver's cluster loggers
 #: (``tfos._driver.*``), so its level and handlers apply to what ``run``, ``train``,
 #: ``inference`` and ``shutdown`` log.
 logger = logging.getLogger("tfos._driver")

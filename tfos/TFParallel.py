@@ -18,12 +18,13 @@ from typing import Any, Callable, Optional
 
 from tfos._driver import cluster as _cluster
 from tfos._driver.user_source import with_source
+
 from .cluster_template import InputMode
 from .errors import ClusterFailedError, ConfigurationError, RecoveryFailedError
 
 __all__ = ["run"]
 
-#: TFoS's name for this module's logger: the parent of every driver-plane logger
+#: TFoS's name for this module's logger: the parent of the driver's cluster loggers
 #: (``tfos._driver.*``), which logs the instances' start and failures.
 logger = logging.getLogger("tfos._driver")
 

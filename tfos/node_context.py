@@ -295,7 +295,7 @@ class TFNodeContext:
         tf1_kw = {"tag_set", "signatures"} & set(kwargs)
         is_session = type(model_or_sess).__name__ == "Session" and hasattr(model_or_sess, "graph")
         if len(args) == 2 or tf1_kw or is_session:
-            from .TFNode import export_saved_model as _tf1_export
+            from ._node.tf1_export import export_saved_model as _tf1_export
 
             params = dict(zip(("tag_set", "signatures"), args), **kwargs)
             missing = {"tag_set", "signatures"} - set(params)

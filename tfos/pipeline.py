@@ -129,7 +129,7 @@ class HasEpochs(Params):
 
 
 class HasFeedTimeout(Params):
-    """Param ``feed_timeout``: seconds a node may accept no data before the feed fails (C17)."""
+    """Param ``feed_timeout``: seconds a node may accept no data before the feed fails."""
 
     feed_timeout = _param("feed_timeout", "Seconds a node may accept no data before the feed fails", TypeConverters.toFloat)
 
@@ -824,7 +824,16 @@ def _output_schema(cols: list, kinds: list) -> Any:
     Values come from ``numpy.tolist()``: floats -> DoubleType, ints -> LongType, bools ->
     BooleanType, strings -> BinaryType, nested in one ArrayType per row dimension.
     """
-    from pyspark.sql.types import ArrayType, BinaryType, BooleanType, DataType, DoubleType, LongType, StructField, StructType
+    from pyspark.sql.types import (
+        ArrayType,
+        BinaryType,
+        BooleanType,
+        DataType,
+        DoubleType,
+        LongType,
+        StructField,
+        StructType,
+    )
 
     base = {"float": DoubleType, "int": LongType, "bool": BooleanType, "bytes": BinaryType}
     fields = []

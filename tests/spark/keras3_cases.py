@@ -2,6 +2,8 @@
 
     python keras3_cases.py OUT_JSON worker   (TF_CONFIG set: a MultiWorkerMirroredStrategy worker)
     python keras3_cases.py OUT_JSON reference (one process, two logical CPU devices)
+    python keras3_cases.py OUT_JSON single    (no TF_CONFIG: a MultiWorkerMirroredStrategy of one
+                                              worker, as on a one-node tfos cluster; SINGLE_CASES)
 
 A worker installs tfos's Keras 3 fix the way a tfos TF process does before ``main_fun``
 (``tfos._node.keras3_fix.install()``; ``TFOS_KERAS3_FIX=0`` turns it off) and runs every
@@ -25,7 +27,7 @@ import traceback
 OUT, ROLE = sys.argv[1], sys.argv[2]
 faulthandler.enable()
 faulthandler.register(signal.SIGUSR1)  # the test dumps every thread's stack before killing a stuck run
-if ROLE == "worker":
+if ROLE in ("worker", "single"):
     from tfos._node import keras3_fix
 
     keras3_fix.install()  # what the TF process does before main_fun
@@ -53,6 +55,8 @@ def strategies() -> dict:
     """``{name: strategy}`` this process runs every case under."""
     if ROLE == "worker":
         return {"workers": tf.distribute.MultiWorkerMirroredStrategy()}
+    if ROLE == "single":
+        return {"single_worker": tf.distribute.MultiWorkerMirroredStrategy()}
     return {"one_replica": tf.distribute.get_strategy(), "two_replicas": tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])}
 
 
@@ -98,6 +102,34 @@ def fit_evaluate_predict(strategy) -> dict:
                   evaluate=model.evaluate(dataset(X, Y), verbose=0, return_dict=True),
                   predict=model.predict(dataset(X_PREDICT), verbose=0)[:, 0].tolist(),
                   predict_numpy=model.predict(X_PREDICT, batch_size=GLOBAL_BATCH, verbose=0)[:, 0].tolist())
+
+
+def one_shot_source(strategy, unbuilt: bool = False) -> dict:
+    """fit, then evaluate, on datasets that cannot be rewound: a new iteration goes on where
+    the last one stopped, each batch handed out once, as a tfos feed (``as_dataset``) does.
+    Every batch must be trained on (evaluated) once, even when Keras builds the model
+    (``unbuilt``: a model without ``keras.Input``, built by ``fit``)."""
+    handed: list = []
+
+    def source(x, y):
+        starts = iter(range(0, len(x), GLOBAL_BATCH))  # shared by every iteration of the dataset
+        count = len(handed)
+        handed.append(0)
+
+        def batches():
+            for start in starts:
+                handed[count] += 1
+                yield x[start:start + GLOBAL_BATCH], y[start:start + GLOBAL_BATCH]
+
+        ds = tf.data.Dataset.from_generator(batches, output_signature=(tf.TensorSpec((None, 4), tf.float32), tf.TensorSpec((None,), tf.float32)))
+        options = tf.data.Options()
+        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+        return ds.with_options(options).prefetch(2)
+
+    build = (lambda: keras.Sequential([keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1, activation="sigmoid")])) if unbuilt else mlp
+    model = compiled(strategy, build)
+    history = model.fit(source(X, Y), epochs=1, verbose=0)
+    return record(model, history, evaluate=model.evaluate(source(X[:128], Y[:128]), verbose=0, return_dict=True), handed=handed)
 
 
 def steps_per_execution(strategy) -> dict:
@@ -249,9 +281,13 @@ def save_and_load(name: str):
 
 #: Cases whose result depends on each replica's share of the batch: compared with two replicas in one process.
 TWO_REPLICA_CASES = ("dropout_batchnorm", "mixed_bfloat16", "mixed_float16")
+#: Cases the one-worker process runs.
+SINGLE_CASES = ("one_shot_source", "one_shot_unbuilt")
 
 CASES = {
     "fit_evaluate_predict": fit_evaluate_predict,
+    "one_shot_source": one_shot_source,
+    "one_shot_unbuilt": lambda strategy: one_shot_source(strategy, unbuilt=True),
     "steps_per_execution": steps_per_execution,
     "dict_inputs": dict_inputs,
     "batchnorm_synchronized": batchnorm_synchronized,
@@ -273,8 +309,12 @@ def main() -> None:
             if os.environ.get("KERAS3_CASES") and name not in os.environ["KERAS3_CASES"].split(","):
                 continue
             print(f"case {name} under {strategy_name}", file=sys.stderr, flush=True)
-            if ROLE == "reference" and (name in TWO_REPLICA_CASES) != (strategy_name == "two_replicas"):
-                continue
+            if ROLE == "reference":
+                if (strategy_name != "one_replica") if name in SINGLE_CASES else \
+                        ((name in TWO_REPLICA_CASES) != (strategy_name == "two_replicas")):
+                    continue
+            elif (ROLE == "single") != (name in SINGLE_CASES):
+                continue  # the one-shot cases run on one worker alone (and in the reference)
             try:
                 results.setdefault(strategy_name, {})[name] = case(strategy)
             except Exception:  # noqa: BLE001 - every case reports

@@ -318,15 +318,16 @@ def test_results_that_do_not_fit_the_schema_are_the_error_shown(spark):
 
 
 def test_main_fun_returning_early_is_named_in_the_warning(spark, tmp_path, caplog):
-    """C02 on Connect: main_fun reads 10 rows and returns; train() ends, and its WARNING
-    says how many partitions were skipped and names the nodes, as on the classic path."""
-    caplog.set_level(logging.INFO, logger="tfos.connect")
+    """main_fun reading 10 rows and returning, on Connect: train() ends, and its WARNING
+    (the one of the classic path: TFCluster logs it for both) says how many partitions
+    were skipped and names the nodes."""
+    caplog.set_level(logging.INFO, logger="tfos._driver")
     df = spark.range(0, 1000, 1, 4).selectExpr("id", "id as y")
     with TFCluster.run(spark, read_ten_and_return_fun, {"out": str(tmp_path)}, 2, 0, input_mode=InputMode.SPARK,
                        reservation_timeout=180) as cluster:
         cluster.train(df)
     assert {p.stem: json.loads(p.read_text())["rows"] for p in tmp_path.glob("*.json")} == {"worker0": 10, "worker1": 10}
-    warned = [r.getMessage() for r in caplog.records if r.name == "tfos.connect" and r.levelno == logging.WARNING
+    warned = [r.getMessage() for r in caplog.records if r.name.startswith("tfos._driver.") and r.levelno == logging.WARNING
               and "not consumed to their end" in r.getMessage()]
     node = r"worker:[01] \(executor [01], host [^)]+\)"
     assert len(warned) == 1 and re.fullmatch(
@@ -530,3 +531,77 @@ def test_lost_control_host_is_named(spark, tmp_path):
     assert "the tfos control host at " in first.message and "cannot be reached" in first.message
     cluster.shutdown()  # already torn down: a no-op
     _assert_all_gone()
+
+
+def raises_on_attempt_0_fun(args, ctx):
+    """worker:1 raises on attempt 0; on later attempts every node records its attempt."""
+    if ctx.attempt == 0 and ctx.task_index == 1:
+        raise ValueError("bad shard on the first attempt")
+    _write_json(os.path.join(args["out"], f"{ctx.job_name}{ctx.task_index}-{ctx.attempt}.json"), {"attempt": ctx.attempt})
+
+
+def counts_then_fails_once_fun(args, ctx):
+    """InputMode.SPARK: records the rows it read per epoch in ``<out>/rows-<attempt>-<task>.json``;
+    worker:1 of attempt 0 raises once it read 300 rows."""
+    from tfos.datafeed import DataFeed
+
+    feed = DataFeed(ctx.mgr, train_mode=True)
+    seen: dict = {}
+    path = os.path.join(args["out"], f"rows-{ctx.attempt}-{ctx.task_index}.json")
+    while not feed.should_stop():
+        batch = feed.next_batch(50)
+        origins = feed.last_origins + [(len(batch), -1, -1, 0)]
+        for (start, _part, epoch, _first), (end, *_rest) in zip(origins, origins[1:]):
+            seen.setdefault(str(epoch), []).extend(int(r[0]) for r in batch[start:end])
+        _write_json(path, seen)
+        if ctx.attempt == 0 and ctx.task_index == 1 and sum(len(v) for v in seen.values()) >= 300:
+            raise RuntimeError("worker 1 fails once, mid-feed")
+
+
+def test_max_restarts_recovers_a_node_failure(spark, tmp_path, caplog):
+    """TFCluster.run(spark_connect_session, ..., max_restarts=1): worker:1's main_fun raises
+    on attempt 0; the client tears the cluster down, starts attempt 1 (a new start stage,
+    control host and cluster id; ctx.attempt == 1), and shutdown() returns once it
+    finished, as on the classic path."""
+    if str(spark.conf.get("spark.master")).startswith("local-cluster"):
+        pytest.skip("the restart path is the client's, the same on both masters: local[2] covers it")
+    caplog.set_level(logging.WARNING, logger="tfos")
+    cluster = TFCluster.run(spark, raises_on_attempt_0_fun, {"out": str(tmp_path)}, 2, 0, input_mode=InputMode.TENSORFLOW,
+                            reservation_timeout=180, max_restarts=1)
+    cluster.shutdown(timeout=SHUTDOWN_TIMEOUT_S)
+    assert (cluster.attempt, cluster.state, cluster.cluster_id.endswith("-r1")) == (1, TFCluster.Lifecycle.CLOSED, True)
+    names = {p.name for p in tmp_path.glob("*.json")}
+    assert {"worker0-1.json", "worker1-1.json"} <= names and "worker1-0.json" not in names, names
+    text = "\n".join(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+    assert "attempt 0 failed during" in text and "ValueError: bad shard on the first attempt" in text, text
+    assert "starting attempt 1 (restart 1 of 1)" in text and "attempt 1 running" in text, text
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR and r.name.startswith("tfos")] == []
+    _assert_all_gone()
+
+
+def test_max_restarts_resumes_the_feed(spark, tmp_path, caplog):
+    """InputMode.SPARK under Spark Connect: worker:1 fails mid-feed on attempt 0; train()
+    restarts the cluster and feeds again from the first epoch not acknowledged in full (the
+    failed attempt's acknowledgements come back in the teardown's answer): every row of
+    every epoch from there on reaches attempt 1's main_fun."""
+    if str(spark.conf.get("spark.master")).startswith("local-cluster"):
+        pytest.skip("the restart path is the client's, the same on both masters: local[2] covers it")
+    caplog.set_level(logging.WARNING, logger="tfos")
+    n, epochs = 800, 2
+    df = spark.range(0, n, 1, 4).selectExpr("id", "0 as e")
+    with TFCluster.run(spark, counts_then_fails_once_fun, {"out": str(tmp_path)}, 2, 0, input_mode=InputMode.SPARK,
+                       reservation_timeout=180, max_restarts=1) as cluster:
+        cluster.train(df, num_epochs=epochs, feed_timeout=120)
+        assert cluster.attempt == 1
+    text = "\n".join(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+    resumed = re.search(r"train\(\): attempt 1 resumes the feed at epoch (\d) of 2", text)
+    assert resumed, text
+    second: dict = {}  # attempt 1: epoch -> rows its nodes read
+    for p in tmp_path.glob("rows-1-*.json"):
+        for epoch, rows in json.loads(p.read_text()).items():
+            second.setdefault(int(epoch), []).extend(rows)
+    # every row of every epoch from the resume epoch on reached attempt 1's main_fun, once
+    for epoch in range(int(resumed.group(1)), epochs):
+        assert sorted(second.get(epoch, [])) == list(range(n)), (epoch, len(second.get(epoch, [])))
+    _assert_all_gone()
+

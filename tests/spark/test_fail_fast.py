@@ -99,13 +99,13 @@ def test_busy_slots_are_named_within_15_s_and_in_the_timeout_error(sc, caplog, n
                 warned_at.append((time.monotonic(), record.getMessage()))
 
     handler = _Catch(logging.WARNING)
-    logging.getLogger("tfos.cluster").addHandler(handler)
+    logging.getLogger("tfos._driver").addHandler(handler)
     t0 = time.monotonic()
     try:
         with pytest.raises(ReservationTimeoutError) as ei:
             TFCluster.run(sc, busy_and_boom, {}, 2, 0, input_mode=TFCluster.InputMode.SPARK, reservation_timeout=25)
     finally:
-        logging.getLogger("tfos.cluster").removeHandler(handler)
+        logging.getLogger("tfos._driver").removeHandler(handler)
         sc.cancelJobGroup("tfos-test-hog")
         t.join(60)
     assert warned_at, "no WARNING about busy slots"

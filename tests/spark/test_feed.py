@@ -1,5 +1,8 @@
-"""Spark tests of InputMode.SPARK feeding: train() of RDDs and DataFrames, inference(),
-and a Keras model trained from the feed under MultiWorkerMirroredStrategy.
+"""Spark tests of InputMode.SPARK feeding: train() of RDDs and DataFrames, inference().
+
+Keras trained from the feed under MultiWorkerMirroredStrategy: Keras 3 in
+tests/spark/test_keras3_spark.py (against one process), tf_keras in
+tests/spark/test_feed_tfdata.py and test_feed_cases.py.
 
 Every test runs a real tfos cluster on the shared ``local-cluster[2,1,1024]`` context
 (two executor JVMs, one node per executor). The main_funs write what they saw to
@@ -117,49 +120,6 @@ def train_and_square_fun(args, ctx):
         _json.dump({"rows": n, "sum": total, "wrong": wrong[:10]}, f)
 
 
-def keras_regression_fun(args, ctx):
-    """Linear regression with tf_keras under MultiWorkerMirroredStrategy, fed by as_dataset.
-
-    Writes the initial and final weights, the rows taken from the feed and the loss history.
-    """
-    import json as _json
-    import os as _os
-
-    _os.environ["TF_USE_LEGACY_KERAS"] = "1"  # before TensorFlow is imported
-    _os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
-    import tensorflow as tf
-    import tf_keras as keras
-
-    from tfos import TFNode
-
-    k = args["k"]
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    with strategy.scope():
-        model = keras.Sequential([keras.layers.Dense(1, input_shape=(k,))])
-        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
-    initial = [w.tolist() for w in model.get_weights()]
-    feed = TFNode.DataFeed(ctx.mgr, train_mode=True)
-    ds = feed.as_dataset(
-        args["batch_size"],
-        output_signature=(tf.TensorSpec((None, k), tf.float32), tf.TensorSpec((None,), tf.float32)),
-    )
-    opts = tf.data.Options()
-    # Each node is fed its own share of the data already: no tf.data sharding on top.
-    opts.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-    hist = model.fit(ds.with_options(opts), epochs=1, verbose=0)
-    with open(f"{args['out']}/{ctx.job_name}{ctx.task_index}.json", "w") as f:
-        _json.dump({
-            "initial": initial, "final": [w.tolist() for w in model.get_weights()],
-            "rows": ctx.mgr.rows_taken, "loss": hist.history["loss"],
-        }, f)
-
-
-def _regression_row(i: int, k: int = 4) -> tuple:
-    """Row ``i`` of the regression data: ``(float32[k] x, y = x . [1..k] - 0.5)``."""
-    x = np.random.default_rng(i).normal(size=k).astype(np.float32)
-    return x, float(x @ np.arange(1, k + 1, dtype=np.float32) - 0.5)
-
-
 def _image(i: int) -> np.ndarray:
     """The deterministic float32[784] image of row ``i`` (also called in Spark closures)."""
     return ((np.arange(784, dtype=np.int64) + i) % 10).astype(np.float32) / np.float32(8.0)
@@ -248,40 +208,3 @@ def test_one_cluster_trains_then_infers(sc, tmp_path):
     assert all(r["wrong"] == [] for r in reports.values()), reports
     assert sum(r["rows"] for r in reports.values()) == 3 * 300
     assert sum(r["sum"] for r in reports.values()) == 3 * sum(range(300))
-
-
-@pytest.mark.tf
-def test_keras_mwms_trains_from_as_dataset(sc, tmp_path):
-    """tf_keras linear regression under MultiWorkerMirroredStrategy on 2 workers, fed through
-    ``DataFeed.as_dataset``: every row is trained on, the replicas stay identical, and the
-    loss goes down.
-
-    Two partitions of equal size, one per executor (each runs one task at a time), so both
-    workers get the same number of batches: uneven feeds under a lock-step strategy are C12
-    (tests/spark/test_feed_cases.py).
-    """
-    k, per_part = 4, 400
-    rdd = sc.parallelize(range(2), 2).flatMap(lambda p: [_regression_row(i, k) for i in range(p * per_part, (p + 1) * per_part)])
-    args = {"out": str(tmp_path), "k": k, "batch_size": 20}
-    cluster = TFCluster.run(sc, keras_regression_fun, args, 2, 0, input_mode=INPUT)
-    cluster.train(rdd, num_epochs=1, feed_timeout=120)
-    cluster.shutdown(timeout=120)
-
-    reports = _node_reports(tmp_path)
-    assert set(reports) == {"worker0", "worker1"}
-    assert [r["rows"] for r in reports.values()] == [per_part, per_part]
-    w0, w1 = reports["worker0"], reports["worker1"]
-    assert w0["initial"] == w1["initial"] and w0["loss"] == w1["loss"]
-    np.testing.assert_allclose(np.concatenate([np.ravel(w) for w in w0["final"]]), np.concatenate([np.ravel(w) for w in w1["final"]]), rtol=1e-6)
-
-    probe = [_regression_row(i, k) for i in range(10_000, 10_200)]
-    x = np.stack([r[0] for r in probe]).astype(np.float64)
-    y = np.array([r[1] for r in probe])
-
-    def mse(weights):
-        kernel, bias = (np.asarray(w, np.float64) for w in weights)
-        return float(np.mean((x @ kernel[:, 0] + bias[0] - y) ** 2))
-
-    before, after = mse(w0["initial"]), mse(w0["final"])
-    assert after < 0.2 * before, (before, after)
-    assert np.isfinite(w0["loss"][0])

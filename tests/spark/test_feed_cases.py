@@ -180,7 +180,7 @@ def _regression_row(i: int, k: int = 4) -> tuple:
 def test_c02_main_fun_returns_early_skips_rest_with_warning(sc, tmp_path, caplog, no_leftovers):
     """C02: main_fun reads 10 rows and returns (no terminate()): train() ends quickly, the
     unfed partitions are skipped, and the driver logs a WARNING saying why."""
-    caplog.set_level(logging.INFO, logger="tfos.cluster")
+    caplog.set_level(logging.INFO, logger="tfos._driver")
     rdd = sc.parallelize(range(1000), 4)
     cluster = TFCluster.run(sc, read_ten_and_return, {"out": str(tmp_path)}, 2, 0, input_mode=INPUT)
     t0 = time.monotonic()
@@ -188,7 +188,7 @@ def test_c02_main_fun_returns_early_skips_rest_with_warning(sc, tmp_path, caplog
     assert time.monotonic() - t0 < QUICK_S
     cluster.shutdown(timeout=QUICK_S)
     assert {k: v["rows"] for k, v in _reports(tmp_path).items()} == {"worker0": 10, "worker1": 10}
-    warnings = [r.getMessage() for r in caplog.records if r.name == "tfos.cluster" and r.levelno == logging.WARNING]
+    warnings = [r.getMessage() for r in caplog.records if r.name.startswith("tfos._driver.") and r.levelno == logging.WARNING]
     # No partition was consumed to its end, so none was acknowledged: all 4 are skipped.
     # ... and names the nodes whose main_fun returned (those the driver knows of by then)
     node = r"worker:[01] \(executor [01], host [^)]+\)"
@@ -273,7 +273,7 @@ def test_c10_bad_num_epochs_is_refused(sc, tmp_path, no_leftovers):
 def test_c11_terminate_after_one_epoch_of_five(sc, tmp_path, caplog, no_leftovers):
     """C11: the node terminates the feed after one epoch's worth of rows (of 5 epochs):
     train() returns normally and quickly, and the rest is skipped."""
-    caplog.set_level(logging.INFO, logger="tfos.cluster")
+    caplog.set_level(logging.INFO, logger="tfos._driver")
     rows, parts, epochs = 1000, 5, 5
     rdd = sc.parallelize(range(rows), parts)
     args = {"out": str(tmp_path), "rows_per_epoch": rows, "batch_size": 200, "linger_s": 2}
@@ -290,7 +290,7 @@ def test_c11_terminate_after_one_epoch_of_five(sc, tmp_path, caplog, no_leftover
     assert report["rows"] == rows
     assert report["should_stop"] is True and report["after"] == 0
     assert set(report["epochs_seen"]) <= {0, 1, 2}
-    infos = [r.getMessage() for r in caplog.records if r.name == "tfos.cluster"]
+    infos = [r.getMessage() for r in caplog.records if r.name.startswith("tfos._driver.")]
     skipped = [m for m in infos if "skipped after DataFeed.terminate()" in m]
     assert len(skipped) == 1, infos
     # A partition is acknowledged ('ok') when next_batch() reads its end marker. The 5th
@@ -497,7 +497,7 @@ def test_shutdown_from_another_thread_waits_for_the_running_train(sc, tmp_path, 
     after 12,288 of 40,000 rows)."""
     import threading
 
-    caplog.set_level(logging.WARNING, logger="tfos.cluster")
+    caplog.set_level(logging.WARNING, logger="tfos._driver")
     rows = 20000
     rdd = sc.parallelize(range(rows), 8).map(_slow_identity)  # ~5 s of feeding per executor
     cluster = TFCluster.run(sc, count_until_end, {"out": str(tmp_path)}, 2, 0, input_mode=INPUT)
@@ -513,7 +513,7 @@ def test_shutdown_from_another_thread_waits_for_the_running_train(sc, tmp_path, 
     t = threading.Thread(target=_train)
     t.start()
     end = time.monotonic() + QUICK_S
-    while cluster._feeds_running == 0 and time.monotonic() < end:
+    while cluster._ctl._feeds_running == 0 and time.monotonic() < end:
         time.sleep(0.05)
     time.sleep(1.0)
     assert t.is_alive(), "train() ended before shutdown() was called: the test proves nothing"
@@ -534,5 +534,5 @@ def test_an_exception_in_the_with_block_tells_the_nodes_why_they_were_aborted(sc
         with TFCluster.run(sc, count_until_end, {"out": str(tmp_path)}, 2, 0, input_mode=INPUT) as cluster:
             cluster.train(sc.parallelize(range(100), 2), num_epochs=1)
             raise ValueError("driver-side bug")
-    assert cluster._state.abort_reason == "the driver program raised ValueError inside `with TFCluster.run(...)`"
-    assert not cluster._state.failures
+    assert cluster._ctl.backend.state.abort_reason == "the driver program raised ValueError inside `with TFCluster.run(...)`"
+    assert not cluster._ctl.backend.state.failures

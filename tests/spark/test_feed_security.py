@@ -166,7 +166,10 @@ def test_rerun_of_delivered_partition_is_refused(sc, no_leftovers, tmp_path):
 
     cluster = TFCluster.run(sc, _count_rows, {"out": str(tmp_path)}, 2, 0, input_mode=SPARK)
     rdd = sc.parallelize(range(100), 2)
-    plan = cluster._plan("train", "input", None, 2, 120.0)
+    from tfos._driver.backend import feed_plan
+
+    backend = cluster._ctl.backend
+    plan = feed_plan(backend.config, backend.nodes(), "train", "input", 120.0, None, 2)
     try:
         assert sorted(rdd.mapPartitionsWithIndex(make_feed_fn(plan)).collect()) == [(0, "ok"), (1, "ok")]
         with pytest.raises(Exception) as ei:  # Py4J/Spark wraps the task's FeedError
@@ -216,7 +219,7 @@ def test_key_stays_out_of_py4j_debug_log(sc, tmp_path):
         lg.setLevel(logging.DEBUG)
     try:
         cluster = TFCluster.run(sc, _drain, {"out": str(tmp_path)}, 2, 0, input_mode=SPARK)
-        key = cluster._config.node.key
+        key = cluster._ctl.backend.config.key
         cluster.train(sc.parallelize(range(400), 4), num_epochs=1)
         cluster.shutdown()
         during = stream.getvalue()

@@ -239,7 +239,7 @@ def test_epoch_order_does_not_wait_for_partitions_a_terminated_node_skipped(sc, 
     assert (out / "worker1-terminated").exists(), "worker:1 never called terminate()"
     t0 = _time.monotonic()
     cluster.train(rdd, num_epochs=epochs, end_of_feed=True, feed_timeout=60)
-    state = cluster._state
+    state = cluster._ctl.backend.state
     with state._cond:
         claimed, skipped = dict(state._claimed), {k: set(v) for k, v in state._skipped.items()}
     cluster.shutdown(timeout=120)

@@ -1,10 +1,11 @@
 """Keras 3 under MultiWorkerMirroredStrategy with tfos's fix: two workers on loopback vs one process.
 
 No Spark: ``keras3_cases.py`` runs as two MWMS worker processes (TF_CONFIG with two 127.0.0.1
-ports; each installs the fix as a tfos TF process does) and as one reference process on the
-same global batches. One run feeds every test below. Weights, losses, metrics and predictions
-must agree within 1e-5 (relative, over each whole result). With the fix off
-(``TFOS_KERAS3_FIX=0``) every test fails: ``fit`` raises on the workers.
+ports; each installs the fix as a tfos TF process does), as one MWMS worker alone (a one-node
+cluster) and as one reference process on the same global batches. One run feeds every test
+below. Weights, losses, metrics and predictions must agree within 1e-5 (relative, over each
+whole result). With the fix off (``TFOS_KERAS3_FIX=0``) every test fails: ``fit`` raises on
+the workers (and the worker alone loses the batches Keras read to build the model).
 """
 
 from __future__ import annotations
@@ -47,13 +48,13 @@ def runs(tmp_path_factory) -> dict:
     env.pop("TF_CONFIG", None)
     env.pop("TF_USE_LEGACY_KERAS", None)
     procs = {}
-    for name in ("worker0", "worker1", "reference"):
+    for name in ("worker0", "worker1", "reference", "single"):
         penv = dict(env)
-        if name != "reference":
+        if name.startswith("worker"):
             penv["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": int(name[-1])}})
         log = open(out / f"{name}.log", "w")
         procs[name] = (subprocess.Popen([sys.executable, os.path.join(HERE, "keras3_cases.py"), str(out / f"{name}.json"),
-                                         "reference" if name == "reference" else "worker"],
+                                         "worker" if name.startswith("worker") else name],
                                         cwd=str(out), env=penv, stdout=log, stderr=subprocess.STDOUT), log)
     deadline = time.monotonic() + RUN_TIMEOUT_S
     try:
@@ -130,6 +131,21 @@ def test_fit_with_metrics_and_validation_then_evaluate_and_predict(runs):
     assert runs["worker0"]["keras"] == runs["reference"]["keras"]
 
 
+@pytest.mark.parametrize("case", ["one_shot_source", "one_shot_unbuilt"])
+def test_a_dataset_that_cannot_be_rewound_is_trained_on_once(runs, case):
+    # fit and evaluate on one-shot sources (each batch handed out once, as a tfos feed does)
+    # on one MWMS worker alone (a one-node cluster), where Keras 3 builds the model from a
+    # batch of an iterator it then discards (the batches it read ahead were lost); a model
+    # with keras.Input, and one that fit builds.
+    ref = runs["reference"]["one_replica"][case]
+    single = runs["single"].get("single_worker", {}).get(case)
+    assert single is not None and "error" not in single, (single or {}).get("error", runs["logs"]["single"][-4000:])
+    for key in ("weights", "history", "evaluate"):
+        _close(single[key], ref[key], f"{case}: one worker {key} vs one process")
+    for result in (ref, single):
+        assert result["handed"] == [8, 4], result["handed"]  # every batch handed out once
+
+
 def test_steps_per_execution(runs):
     w0, w1, ref = _same_training(runs, "steps_per_execution")
     _close(w0["predict"], ref["predict"], "predict")
@@ -195,7 +211,7 @@ def test_chief_saves_keras_file_and_savedmodel_for_inference(runs):
 
 def test_the_fix_is_applied_on_the_workers_without_a_warning(runs):
     # Applied by the import hook when the program imported Keras; a tested version: no WARNING.
-    for name in ("worker0", "worker1"):
+    for name in ("worker0", "worker1", "single"):
         assert runs[name]["fix_applied"], f"{name}: the fix is not applied (TFOS_KERAS3_FIX={os.environ.get('TFOS_KERAS3_FIX')})"
         assert "tfos: Keras" not in runs["logs"][name], runs["logs"][name][-3000:]
     assert not runs["reference"]["fix_applied"]  # the reference is plain Keras

@@ -142,7 +142,7 @@ def test_executor_killed_mid_training_restarts_and_accounts_for_every_row(spark_
         # whichever executor is free: worker:1 can be in epoch 1 while worker:0 still reads a
         # partition of epoch 0. Epoch 0 must be acknowledged in full (to the driver, by the
         # feed tasks) before the kill, or the restart rightly resumes at epoch 0.
-        state = cluster._state  # driver: job partition indices acknowledged, per feed id
+        state = cluster._ctl.backend.state  # driver: job partition indices acknowledged, per feed id
         if not any(set(range(PARTS)) <= state.partitions_done(f) for f in list(state._done)):
             return False
         rows = _read_rows(tmp_path).get((0, 1), {})

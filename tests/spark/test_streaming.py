@@ -78,8 +78,7 @@ def _wait_batches(cluster, n: int, timeout_s: float = 300.0) -> None:
 
 def _close(cluster) -> None:
     """Tears the cluster down when a test failed before its shutdown()."""
-    if not cluster._runtime.closed:
-        cluster._runtime.teardown(failed=True)
+    cluster._ctl.abort("the test failed before its shutdown()")
 
 
 def _no_active_ssc() -> bool:
@@ -471,7 +470,7 @@ def test_tfos_style_text_file_stream_stopped_by_tfos_stop_script(sc, tmp_path, k
 
     from pyspark.streaming import StreamingContext
 
-    caplog.set_level(logging.INFO, logger="tfos.streaming")
+    caplog.set_level(logging.INFO, logger="tfos._driver.streaming")
     src = tmp_path / "src"
     src.mkdir()
     out = tmp_path / "out"

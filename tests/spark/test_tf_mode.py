@@ -396,11 +396,11 @@ def test_tfos_style_program_unchanged(sc, tmp_path, no_leftovers):
 
 
 def test_ps_blocking_forever_is_stopped_by_shutdown(sc, tmp_path, caplog, no_leftovers):
-    caplog.set_level(logging.INFO, logger="tfos.cluster")
+    caplog.set_level(logging.INFO, logger="tfos._driver")
     cluster = TFCluster.run(sc, ps_worker_main, {"out": str(tmp_path)}, 2, 1, False,
                             TFCluster.InputMode.TENSORFLOW, reservation_timeout=120)
     assert cluster.cluster_template == {"ps": [0], "worker": [1]}
-    assert any("1 ps [0], 1 worker [1]" in r.getMessage() for r in caplog.records if r.name == "tfos.cluster"), caplog.text
+    assert any("1 ps [0], 1 worker [1]" in r.getMessage() for r in caplog.records if r.name.startswith("tfos._driver.")), caplog.text
     t0 = time.monotonic()
     cluster.shutdown(timeout=SHUTDOWN_TIMEOUT_S)
     assert time.monotonic() - t0 < 120
@@ -549,7 +549,7 @@ def test_driver_ps_nodes(sc, tmp_path, no_leftovers):
     assert "driver" in info["ps:0"]["executor_key"]
     assert info["worker:0"]["executor_key"] != info["worker:1"]["executor_key"]
     # the driver-hosted ps supervisor exited cleanly (it used to abort at interpreter exit)
-    assert [p.returncode for p in cluster._runtime.local_nodes] == [0]
+    assert [p.returncode for p in cluster._ctl.backend.runtime.local_nodes] == [0]
 
 
 def test_tensorboard_relative_log_dir_is_ctx_absolute_path(sc, tmp_path, monkeypatch, no_leftovers):

@@ -29,7 +29,7 @@ import pytest
 pytest.importorskip("pyspark")
 pytest.importorskip("tensorflow")
 
-import tfos._driver.attempts  # noqa: E402
+import tfos._driver.classic  # noqa: E402
 
 from conftest import DEFAULT_MASTER, assert_no_tfos_processes  # noqa: E402
 
@@ -174,13 +174,13 @@ def test_tf1_driver_ps_nodes_with_evaluator(spark_manager, mnist_tfr, tmp_path, 
     sc = spark_manager.get(DEFAULT_MASTER)
     assert_no_tfos_processes()
     local = []
-    real_launch = tfos._driver.attempts.launch_local_node
+    real_launch = tfos._driver.classic.launch_local_node
 
     def spy(config, executor_id, payload, cwd, *rest):  # rest: the attempt (issue 14)
         local.append(executor_id)
         return real_launch(config, executor_id, payload, cwd, *rest)
 
-    monkeypatch.setattr(tfos._driver.attempts, "launch_local_node", spy)
+    monkeypatch.setattr(tfos._driver.classic, "launch_local_node", spy)
     steps = 400
     args = tf1_example.parse_args(
         _common_args(mnist_tfr, tmp_path, steps)

@@ -990,19 +990,19 @@ def test_a_cluster_where_every_worker_only_served_is_warned_about(caplog):
     trains, shutdown() returns cleanly; a WARNING says that nothing was trained."""
     import logging
 
-    from tfos._driver.cluster import _warn_if_nobody_trained
+    from tfos._driver.lifecycle import _warn_if_nobody_trained
 
     st = _state()
     _register_all(st)
-    caplog.set_level(logging.WARNING, logger="tfos.cluster")
+    caplog.set_level(logging.WARNING, logger="tfos._driver")
     for r in st.roles:
         _req(st, "status", executor_id=r.executor_id, state="serving")
-    _warn_if_nobody_trained("tfos-test-1", st)
+    _warn_if_nobody_trained("tfos-test-1", st.roles, st.proc_state)
     assert [rec.getMessage() for rec in caplog.records if "none ran a training loop" in rec.getMessage()], caplog.records
     caplog.clear()
     worker = next(r.executor_id for r in st.roles if not r.is_background)
     _req(st, "status", executor_id=worker, state="finished")
-    _warn_if_nobody_trained("tfos-test-1", st)
+    _warn_if_nobody_trained("tfos-test-1", st.roles, st.proc_state)
     assert not caplog.records
 
 

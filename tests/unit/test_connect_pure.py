@@ -266,7 +266,7 @@ def test_client_timeout_below_the_keepalive_floor_is_refused(monkeypatch, text):
 def test_idle_client_sends_keepalives_within_a_quarter_of_a_short_timeout():
     """With TFOS_CONNECT_CLIENT_TIMEOUT_S=20 the idle client's keep-alive control jobs come
     every 5 s (a quarter), not every 30 s, which outlived the timeout."""
-    from tfos._connect.client import ConnectTFCluster
+    from tfos._connect.client import ConnectBackend
     from tfos._node.launch import ClusterConfig
     from tfos.cluster_template import InputMode
 
@@ -288,7 +288,7 @@ def test_idle_client_sends_keepalives_within_a_quarter_of_a_short_timeout():
     config = ClusterConfig(cluster_id="c1", key=_wire.new_key(), driver_host="127.0.0.1", driver_port=1,
                            input_mode=InputMode.SPARK, roles=roles)
     t0 = time.monotonic()
-    cluster = ConnectTFCluster(_Spark(), config, {"worker": [0, 1]}, ("127.0.0.1", 1), [], client_timeout_s=20.0)
+    cluster = ConnectBackend(_Spark(), config, [], client_timeout_s=20.0)
     try:
         deadline = time.monotonic() + 15
         while len(jobs) < 2 and time.monotonic() < deadline:
@@ -303,13 +303,15 @@ def test_idle_client_sends_keepalives_within_a_quarter_of_a_short_timeout():
 @pytest.mark.parametrize("entry", ["inference_stream", "train_stream", "stop_address", "request_stop"])
 def test_streaming_entry_points_refuse_a_connect_cluster(entry):
     """tfos.streaming.inference_stream/train_stream (docs audit helper) and stop_address/
-    request_stop (break helper) on a Spark Connect cluster raised AttributeError:
-    'ConnectTFCluster' object has no attribute '_runtime' (or '_streams'); they now refuse
-    it as train()/inference() refuse a streaming DataFrame."""
-    from tfos._connect.client import ConnectTFCluster
-    from tfos._driver import streaming  # tfos.streaming exports inference_stream
+    request_stop (break helper) on a Spark Connect cluster raised AttributeError; they
+    refuse it as train()/inference() refuse a streaming DataFrame."""
+    from types import SimpleNamespace
 
-    cluster = object.__new__(ConnectTFCluster)  # no session needed: refused before any use
+    from tfos._driver import streaming  # tfos.streaming exports inference_stream
+    from tfos._driver.cluster import TFCluster
+
+    cluster = object.__new__(TFCluster)  # no session needed: refused before any use
+    cluster._ctl = SimpleNamespace(launcher=SimpleNamespace(streams=False))  # a Connect cluster's launcher feeds no streams
     call = getattr(streaming, entry)
     args = {"inference_stream": (cluster, None, lambda df, results, batch_id: None), "train_stream": (cluster, None)}.get(entry, (cluster,))
     with pytest.raises(ConfigurationError, match=r"\): streams cannot be fed under Spark Connect"):

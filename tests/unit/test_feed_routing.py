@@ -138,7 +138,7 @@ def test_a_refused_retry_of_an_inference_task_names_recomputed_results(monkeypat
 def test_repeated_struct_fields_are_found_at_any_depth():
     from pyspark.sql.types import ArrayType, LongType, MapType, StringType, StructField, StructType
 
-    from tfos._driver.cluster import _repeated_struct_fields
+    from tfos._driver.classic import _repeated_struct_fields
 
     def st(*names):
         return StructType([StructField(n, LongType()) for n in names])

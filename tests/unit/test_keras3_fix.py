@@ -87,7 +87,7 @@ def test_an_untested_keras_gets_one_warning_naming_the_tested_versions_and_the_o
     patched = []
     monkeypatch.setattr(keras3_fix, "_patch", patched.append)
     trainer = _fake_trainer()
-    with caplog.at_level(logging.INFO, logger="tfos.keras3"):
+    with caplog.at_level(logging.INFO, logger="tfos._node.keras3_fix"):
         assert keras3_fix.apply(trainer) and keras3_fix.apply(trainer)  # applied once
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and patched == [trainer]
@@ -98,7 +98,7 @@ def test_a_keras_without_what_the_fix_replaces_is_left_unchanged_with_a_warning(
     monkeypatch.delenv("TFOS_KERAS3_FIX", raising=False)
     monkeypatch.setattr(keras3_fix, "_keras_version", lambda: "3.15.1")
     monkeypatch.setattr(keras3_fix, "_patch", lambda trainer: pytest.fail("patched"))
-    with caplog.at_level(logging.WARNING, logger="tfos.keras3"):
+    with caplog.at_level(logging.WARNING, logger="tfos._node.keras3_fix"):
         assert not keras3_fix.apply(_fake_trainer(reduce_per_replica=None))
     assert "reduce_per_replica" in caplog.text and "NOT applied" in caplog.text
 
@@ -107,6 +107,6 @@ def test_a_tested_keras_gets_no_warning(monkeypatch, caplog):
     monkeypatch.delenv("TFOS_KERAS3_FIX", raising=False)
     monkeypatch.setattr(keras3_fix, "_keras_version", lambda: "3.15.1")
     monkeypatch.setattr(keras3_fix, "_patch", lambda trainer: None)
-    with caplog.at_level(logging.WARNING, logger="tfos.keras3"):
+    with caplog.at_level(logging.WARNING, logger="tfos._node.keras3_fix"):
         assert keras3_fix.apply(_fake_trainer())
     assert not caplog.records

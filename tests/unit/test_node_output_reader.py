@@ -18,7 +18,7 @@ CHILD = textwrap.dedent("""
     import logging, os, sys
     from tfos._node.start_task import setup_process_logging
     setup_process_logging()
-    logging.getLogger("tfos.tf_process").warning("a tfos log line: executor log only")
+    logging.getLogger("tfos._node.tf_process").warning("a tfos log line: executor log only")
     print("stdout line 1")
     print("stderr line 2", file=sys.stderr)
     os.write(2, b"I0000 00:00:1796080592.555864    7250 cpu_feature_guard.cc:210] noise\\n")

@@ -6,19 +6,21 @@ from __future__ import annotations
 
 import time
 
-import tfos._driver.attempts as at
+import tfos._driver.classic as at
 from tfos._common.deadline import Deadline
+from tfos._driver.backend import ClusterPlan
+from tfos.cluster_template import InputMode
 
 
 class _Sc:
     master = "local-cluster[2,1,1024]"
 
 
-def _launcher(**kw):
-    base = dict(sc=_Sc(), base_id="tfos-x", roles=(), template={}, spark_ids=(0, 1), input_mode=at.InputMode.SPARK,
-                payload=b"", executor_wait_s=60.0, reservation_timeout_s=600.0)
-    base.update(kw)
-    return at._Launcher(**base)
+def _launcher(executor_wait_s: float = 60.0) -> at.ClassicLauncher:
+    launcher = object.__new__(at.ClassicLauncher)  # no SparkContext: the Spark checks are not the point
+    launcher.sc, launcher.spark_ids = _Sc(), (0, 1)
+    launcher.plan = ClusterPlan("tfos-x", {}, (), InputMode.SPARK, b"", executor_wait_s=executor_wait_s, reservation_timeout_s=600.0)
+    return launcher
 
 
 def test_waiting_for_replacement_executors_stops_at_the_outer_deadline(monkeypatch):
@@ -34,5 +36,5 @@ def test_waiting_for_replacement_executors_stops_at_the_outer_deadline(monkeypat
 def test_without_an_outer_deadline_the_executor_wait_is_its_own(monkeypatch):
     monkeypatch.setattr(at, "live_executors", lambda sc: 1)
     t0 = time.monotonic()
-    _launcher(executor_wait_s=0.4).await_executors()
+    _launcher(executor_wait_s=0.4).await_executors(None)
     assert time.monotonic() - t0 < 30.0

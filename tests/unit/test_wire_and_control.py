@@ -456,7 +456,7 @@ def test_replayed_frame_rejected_on_new_and_same_connection(server, caplog):
     assert _closed_by_server(a)
     _wait_rejected(server, 2)
     assert len(server.calls) == 1
-    msgs = [r.getMessage() for r in caplog.records if r.name == "tfos._control.server" and r.levelno == logging.WARNING]
+    msgs = [r.getMessage() for r in caplog.records if r.name == "tfos._control.loop" and r.levelno == logging.WARNING]
     assert sum("replayed or out-of-order frame" in m for m in msgs) == 2
     assert "(2 rejected so far)" in msgs[-1]
     _legit_roundtrip(server)

@@ -626,11 +626,3 @@ def client_handshake(sock: socket.socket, key: bytes, deadline: Deadline, identi
         raise DataAuthError("the peer failed to prove it holds the cluster key")
     c2s, s2c = _session_keys(key, snonce, cnonce, identity)
     return DataSession(send_key=c2s, recv_key=s2c)
-
-
-def json_safe(value: Any, max_chars: Optional[int] = None) -> str:
-    """``str(value)``, truncated to ``max_chars`` characters (for reports in frames)."""
-    text = str(value)
-    if max_chars is not None and len(text) > max_chars:
-        text = text[: max_chars - 20] + "... [truncated]"
-    return text

@@ -1,4 +1,5 @@
-"""``TFCluster.run`` on a Spark Connect session (client side; see docs/connect.md).
+"""The Spark Connect backend: a tfos cluster driven from a Spark Connect client (client
+side; see docs/connect.md).
 
 Under Spark Connect the program is a remote client: it has no SparkContext, no RDDs, and
 executors may not be able to reach it. So nothing here listens or is dialled:
@@ -12,10 +13,15 @@ executors may not be able to reach it. So nothing here listens or is dialled:
   whose tasks feed the nodes on their own hosts;
 * failures reach the client as failed Spark jobs, or in the status a control job returns;
   either way they are raised as :class:`~tfos.errors.ClusterFailedError` naming the node.
+
+:class:`ConnectLauncher` starts attempts (start stages) and checks the DataFrames given to
+``train()``/``inference()``; :class:`ConnectBackend` is one started attempt. The protocol
+both follow is :mod:`tfos._driver.backend`; ``TFCluster`` is written once above it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -23,24 +29,32 @@ import os
 import re
 import threading
 import time
-import uuid
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from tfos._common import wire as _wire
-from tfos._control.limits import heartbeat_interval_s
-from tfos._connect.tasks import OP_SCHEMA, START_SCHEMA, StartSpec, decode_failures, make_infer_fn, make_op_fn, make_start_fn, make_train_fn
 from tfos._common.deadline import Deadline
-from tfos._data.feed_tasks import FeedPlan, arrow_safe_dataframe
+from tfos._connect.tasks import (
+    OP_SCHEMA,
+    START_SCHEMA,
+    StartSpec,
+    decode_failures,
+    make_infer_fn,
+    make_op_fn,
+    make_start_fn,
+    make_train_fn,
+)
+from tfos._data.feed_tasks import arrow_safe_dataframe
 from tfos._data.framing import binary_as_bytes, feed_schema_json
-from tfos._driver.cluster import _records_failure
+from tfos._driver.backend import UNCOUNTED, AttemptReport, ClusterPlan, InferenceCall, TrainCall, feed_plan
 from tfos._driver.spark_checks import plan_layout, warn_key_transport
 from tfos._node.launch import ClusterConfig
-from tfos.cluster_template import InputMode, NodeInfo, build_cluster_spec, build_template, format_template, roles_from_template
-from tfos.errors import ClusterFailedError, ConfigurationError, NodeFailure, ReservationTimeoutError, TFOSError, check_num_epochs
+from tfos.cluster_template import NodeInfo
+from tfos.errors import ClusterFailedError, ConfigurationError, NodeFailure, ReservationTimeoutError, TFOSError
+from tfos.node_context import normalize_default_fs
 
-__all__ = ["ConnectTFCluster", "run_connect", "is_connect_session", "DEFAULT_CLIENT_TIMEOUT_S"]
+__all__ = ["ConnectLauncher", "ConnectBackend", "is_connect_session", "DEFAULT_CLIENT_TIMEOUT_S"]
 
-log = logging.getLogger("tfos.connect")
+log = logging.getLogger(__name__)
 
 #: Seconds to wait for the nodes' processes to exit after a stop directive.
 _STOP_TIMEOUT_S = 45.0
@@ -69,80 +83,171 @@ def _job_error_text(exc: BaseException) -> str:
     return text.splitlines()[0][:500] if text else type(exc).__name__
 
 
-class ConnectTFCluster:
-    """A running tfos cluster driven from a Spark Connect client. Created by ``TFCluster.run``.
+class ConnectLauncher:
+    """Starts the attempts of a cluster from a Spark Connect client (client).
 
-    The same methods as :class:`tfos.TFCluster`, with DataFrames only:
-    :meth:`train` feeds a DataFrame, :meth:`inference` returns a DataFrame.
+    Creating it checks what can be checked from the client: PySpark >= 4,
+    ``driver_ps_nodes`` refused (the client is not a cluster host), the task slots of a
+    local server's master, ``TFOS_CONNECT_CLIENT_TIMEOUT_S``; it warns when the server's
+    Spark sends the cluster key unprotected.
 
-    Attributes:
-        spark: The Spark Connect session.
-        sc: Always None (a Connect client has no SparkContext).
-        cluster_id: Unique id of the cluster.
-        input_mode: :class:`InputMode` of the cluster.
-        num_executors: Number of nodes.
-        cluster_template: ``{job: [executor ids]}``.
-        queues: The queue names of the fed nodes.
+    Raises:
+        ConfigurationError: One of the checks above failed.
     """
 
-    def __init__(self, spark: Any, config: ClusterConfig, template: dict[str, list[int]], ctrl: tuple[str, int], nodes: list[NodeInfo],
-                 client_timeout_s: float = DEFAULT_CLIENT_TIMEOUT_S):
+    streams = False
+    sc = None
+    working_dir: Optional[str] = None
+
+    def __init__(self, spark: Any, plan: ClusterPlan) -> None:
+        import pyspark
+
+        if int(pyspark.__version__.split(".")[0]) < 4:
+            raise ConfigurationError(f"tfos on Spark Connect needs PySpark >= 4.0 (DataFrame.localCheckpoint over Connect), found {pyspark.__version__}")
+        if plan.driver_ps_nodes:
+            raise ConfigurationError("driver_ps_nodes=True is not available under Spark Connect: the client is not a cluster host")
         self.spark = spark
-        self._client_timeout_s = client_timeout_s
-        self.sc = None
+        self.plan = plan
+        try:
+            default_fs = str(spark.conf.get("spark.hadoop.fs.defaultFS", "file://") or "file://")
+        except Exception:  # noqa: BLE001 - unreadable conf: local file system
+            default_fs = "file://"
+        self.default_fs = normalize_default_fs(default_fs)  # 'hdfs://' (no host) stays 'hdfs://'
+        master, server_conf = _key_transport_conf(spark)
+        warn_key_transport(master, server_conf)
+        # local[N]: the nodes' "executor log" and the control host's stderr (where forwarded
+        # lines go) are the same stream, the server's: lines show once, prefixed.
+        self.local_master = master.split("[", 1)[0] == "local"
+        self.client_timeout_s = client_timeout_from_env()
+        _check_local_slots(master, server_conf, len(plan.roles))
+
+    def launch(self, attempt: int, restarts_left: int, outer: Optional[Deadline]) -> "ConnectBackend":
+        """Runs the barrier start stage of ``attempt``; returns once every node registered
+        (within ``reservation_timeout`` and what is left of ``outer``).
+
+        Raises:
+            ReservationTimeoutError: The start stage did not finish in time (too few free
+                task slots, or nodes that never registered).
+            ClusterFailedError: A node failed while the cluster was forming, or the start
+                stage failed (too few task slots, executors that cannot reach each other).
+        """
+        del restarts_left  # the control host logs node failures; the client decides on restarts
+        plan = self.plan
+        cluster_id = plan.cluster_id(attempt)
+        config = ClusterConfig(
+            cluster_id=cluster_id, key=_wire.new_key(), driver_host="0.0.0.0", driver_port=1,  # set by the start tasks
+            input_mode=plan.input_mode, roles=plan.roles, default_fs=self.default_fs, local_master=self.local_master,
+            **plan.settings,
+        )
+        # bytes: a Connect client has no broadcasts or accumulators to carry
+        spec = StartSpec(config=config, fn_payload=bytes(plan.payload), client_timeout_s=self.client_timeout_s, attempt=attempt)
+        timeout_s = min(plan.reservation_timeout_s, outer.remaining()) if outer is not None else plan.reservation_timeout_s
+        try:
+            rows = _start_stage(self.spark, spec, len(plan.roles), timeout_s)
+        except ReservationTimeoutError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - Connect raises several exception types
+            failures = decode_failures(str(exc))
+            if not failures:
+                r = plan.roles[0]
+                failures = [NodeFailure(r.executor_id, r.job_name, r.task_index, "", "spark", type(exc).__name__, _job_error_text(exc))]
+            raise ClusterFailedError(cluster_id, failures, "run()") from exc
+        lead = next(r for r in rows if r["executor_id"] == 0)
+        nodes = [NodeInfo.from_dict(d) for d in json.loads(lead["nodes"] or "[]")]
+        config = dataclasses.replace(config, driver_host=str(lead["ctrl_host"]), driver_port=int(lead["ctrl_port"]))
+        return ConnectBackend(self.spark, config, nodes, self.client_timeout_s)
+
+    def await_executors(self, outer: Optional[Deadline]) -> None:
+        """Nothing to wait for: a Connect client cannot see the executors (the start stage
+        waits for its task slots, bounded by ``reservation_timeout``)."""
+
+    def train_call(self, data: Any, num_epochs: int, feed_timeout: float, qname: str, end_of_feed: bool, count: bool) -> TrainCall:
+        """Checks ``data`` (a batch DataFrame); counts its partitions when the epoch of a
+        task (several epochs), the total (``end_of_feed``) or a restart (``count``) needs it.
+
+        Raises:
+            ConfigurationError: An RDD (none under Spark Connect), a streaming DataFrame or
+                anything else.
+        """
+        df = _as_connect_dataframe(data)
+        # Spark Connect has no getNumPartitions(): a job counts the partitions.
+        parts = _num_partitions(df) if (count or end_of_feed or num_epochs > 1) else UNCOUNTED
+        return TrainCall(df, parts, num_epochs, feed_timeout, qname, end_of_feed)
+
+    def inference_call(self, data: Any, feed_timeout: float, qname: str, schema: Any) -> InferenceCall:
+        """Checks ``data`` (a batch DataFrame) and resolves ``schema`` (default
+        ``"result double"``). The results come back whole or not at all, so the whole
+        input is one unit of the inference ledger.
+
+        Raises:
+            ConfigurationError: ``data`` is not a batch DataFrame.
+        """
+        df = _as_connect_dataframe(data)
+        schema = "result double" if schema is None else schema
+        struct = schema if not isinstance(schema, str) else self.spark.createDataFrame([], schema).schema
+        return InferenceCall(df, 1, feed_timeout, qname, struct)
+
+    def assemble(self, sources: Sequence[Any], owner: Sequence[int]) -> Any:
+        """The results of the one unit (see :meth:`inference_call`)."""
+        return sources[owner[0]]
+
+
+class ConnectBackend:
+    """One attempt of a cluster driven from a Spark Connect client (client).
+
+    Args:
+        spark: The Spark Connect session.
+        config: What every node got; its control address is the control host's.
+        nodes: The registered nodes.
+        client_timeout_s: The control host's client timeout (the keep-alive runs in time).
+    """
+
+    sc = None
+    nodes_rdd = None
+    server = None
+
+    def __init__(self, spark: Any, config: ClusterConfig, nodes: list[NodeInfo], client_timeout_s: float = DEFAULT_CLIENT_TIMEOUT_S):
+        self.spark = spark
+        self.config = config
         self.cluster_id = config.cluster_id
-        self.input_mode = config.input_mode
-        self.num_executors = config.num_nodes
-        self.cluster_template = template
-        self.defaultFS = config.default_fs
-        self.working_dir = None
-        self.queues = list(config.queues)
-        self._config = config
-        self._ctrl = ctrl
+        self._client_timeout_s = client_timeout_s
+        self._ctrl = (config.driver_host, config.driver_port)
         self._nodes = nodes
         self._closed = False
+        self._torn_down = False
         self._feed_closed = False
+        self._final: dict = {}
+        self._last_status: dict = {}
+        self._last_feed_id = ""
         self._last_op = time.monotonic()
         self._busy = 0  # feed/inference jobs in flight (their tasks keep the lease)
         self._keepalive_stop = threading.Event()
         threading.Thread(target=self._keepalive, name=f"{self.cluster_id}-keepalive", daemon=True).start()
 
-    # ------------------------------------------------------------ properties
     @property
-    def cluster_info(self) -> list[dict]:
-        """The registered nodes (dicts with executor_id, job_name, task_index, host, port, ...)."""
-        return [n.to_dict() for n in self._nodes]
+    def closed(self) -> bool:
+        return self._closed
 
     @property
-    def cluster_spec(self) -> dict[str, list[str]]:
-        """``{job: ["host:port", ...]}`` of the running cluster."""
-        return build_cluster_spec(self._nodes)
+    def torn_down(self) -> bool:
+        return self._torn_down
 
-    def tensorboard_url(self, timeout_s: float = 60.0) -> Optional[str]:
-        """The TensorBoard URL on the lead node's host, or None when TensorBoard is off.
+    @property
+    def feed_closed(self) -> bool:
+        return self._feed_closed
 
-        The address is an executor host's: the client may not be able to open it.
+    def nodes(self) -> list[NodeInfo]:
+        return list(self._nodes)
 
-        Raises:
-            ClusterFailedError: A node failed while waiting.
-        """
-        if not self._config.tensorboard:
-            return None
-        deadline = Deadline(timeout_s, "TensorBoard to start")
-        while True:
-            # The control host answers when TensorBoard reported its URL or its start-up
-            # error, a node failed, or the poll (at most 10 s) ended.
-            st = self._status("tensorboard", deadline.slice(10.0), "tensorboard_url()")
-            if st.get("failures"):
-                raise self._fail("tensorboard_url()", self._failures(st))
-            if st.get("tensorboard_url") or st.get("done") or deadline.expired():
-                return st.get("tensorboard_url")
+    def check_open(self, what: str) -> None:
+        if self._closed:
+            raise TFOSError(f"{what}: the cluster {self.cluster_id} was already shut down")
 
     # ------------------------------------------------------------- control jobs
     def _op(self, msg_type: str, context: str, timeout_s: float = 30.0, **fields: Any) -> dict:
         """One control request through a one-task Spark job (client)."""
         host, port = self._ctrl
-        fn = make_op_fn(host, port, self._config.key, self.cluster_id, msg_type, fields, timeout_s)
+        fn = make_op_fn(host, port, self.config.key, self.cluster_id, msg_type, fields, timeout_s)
         self._last_op = time.monotonic()
         try:
             rows = self.spark.range(0, 1, 1, 1).mapInArrow(fn, OP_SCHEMA).collect()
@@ -152,8 +257,10 @@ class ConnectTFCluster:
             self._last_op = time.monotonic()
         return json.loads(rows[0]["reply"])
 
-    def _status(self, until: str, poll_s: float, context: str) -> dict:
-        return self._op("client_wait", context, timeout_s=poll_s + 20.0, until=until, poll_s=poll_s)
+    def _status(self, until: str, poll_s: float, context: str, action: str = "") -> dict:
+        status = self._op("client_wait", context, timeout_s=poll_s + 20.0, until=until, poll_s=poll_s, action=action)
+        self._last_status = status
+        return status
 
     def _keepalive(self) -> None:
         # An idle client sends a keep-alive every 30 s, or every quarter of a shorter client
@@ -172,6 +279,10 @@ class ConnectTFCluster:
     @staticmethod
     def _failures(status: dict) -> list[NodeFailure]:
         return [NodeFailure.from_dict(f) for f in status.get("failures", [])]
+
+    def _raise_failures(self, status: dict, context: str) -> None:
+        if status.get("failures"):
+            raise self._fail(context, self._failures(status))
 
     def _lead_failure(self, kind: str, error_type: str, message: str, host: Optional[str] = None) -> NodeFailure:
         """A failure attributed to the node of start task 0 (its host also runs the control
@@ -207,180 +318,106 @@ class ConnectTFCluster:
             err.__cause__ = cause
         return err
 
-    def _job_failed(self, context: str, exc: BaseException) -> ClusterFailedError:
-        """The error for a failed feed/inference job: the nodes' own reports (fetched while
-        tearing down), else the failures the failed task carried, else its text (client)."""
-        return self._fail(context, decode_failures(str(exc)), exc, attribution_s=_ATTRIBUTION_S)
+    def fail(self, context: str) -> ClusterFailedError:
+        return self._fail(context, [])
 
-    def _check_open(self, what: str) -> None:
-        if self._closed:
-            raise TFOSError(f"{what}: the cluster {self.cluster_id} was already shut down")
+    def _job(self, context: str, run: Any) -> Any:
+        """Runs a feed or inference job (``run()``); its failure is raised as the cluster's
+        error: the nodes' own reports (fetched while tearing down), else the failures the
+        failed task carried, else its text (client)."""
+        self._busy += 1
+        try:
+            return run()
+        except Exception as exc:  # noqa: BLE001 - Connect raises several exception types
+            raise self._fail(context, decode_failures(str(exc)), exc, attribution_s=_ATTRIBUTION_S) from exc
+        finally:
+            self._busy -= 1
+            self._last_op = time.monotonic()
 
-    def _plan(self, mode: str, qname: str, parts: int, feed_timeout: float, report_sent: bool = False) -> FeedPlan:
-        from tfos._data.framing import ChunkKind
-
-        if qname not in self.queues:
-            raise ConfigurationError(f"qname {qname!r} is not one of the cluster's queues {self.queues}; pass queues=[...] to TFCluster.run()")
-        host, port = self._ctrl
-        feedable = tuple(n for n in self._nodes if n.role.feedable)
-        return FeedPlan(self.cluster_id, self._config.key, host, port, feedable, qname, mode, ChunkKind.ARROW, parts,
-                        float(feed_timeout), feed_id=uuid.uuid4().hex, report_sent=report_sent)
+    def clear_checkpoints(self) -> None:
+        self._op("client_control", "train()", action="clear_checkpoints")
 
     # ----------------------------------------------------------------- feeding
-    @_records_failure
-    def train(self, dataRDD: Any, num_epochs: int = 1, feed_timeout: float = 600, qname: str = "input", end_of_feed: bool = False) -> None:
-        """Feeds a DataFrame to the nodes' ``DataFeed`` for ``num_epochs`` epochs (client).
-
-        Same contract as :meth:`tfos.TFCluster.train`, with a DataFrame (its rows arrive as
-        tuples, list columns as numpy arrays). Runs as one ``mapInArrow`` job whose tasks
-        feed the nodes on their own hosts.
-
-        Raises:
-            ConfigurationError: Not InputMode.SPARK, not a DataFrame, ``num_epochs`` < 1,
-                unknown ``qname``, or a train() after the feed ended.
-            ClusterFailedError: A node failed, died or stopped reading (names the node,
-                with its remote traceback).
-        """
-        if self.input_mode != InputMode.SPARK:
-            raise ConfigurationError("train() feeds data only in InputMode.SPARK; this cluster runs InputMode.TENSORFLOW, where TensorFlow reads its own data")
-        check_num_epochs(num_epochs)
-        df = _as_connect_dataframe(dataRDD)
-        self._check_open("train()")
-        if self._feed_closed:
-            raise ConfigurationError("train(): the feed already ended (an earlier train(..., end_of_feed=True)); start a new cluster to feed more data")
-        # Spark Connect has no getNumPartitions(): a job counts the partitions when the
-        # epoch of a task (several epochs) or the total (end_of_feed) matters.
-        parts = _num_partitions(df) if (end_of_feed or num_epochs > 1) else _UNCOUNTED
-        plan = self._plan("train", qname, parts, feed_timeout, end_of_feed)
-        total = parts * num_epochs
-        if end_of_feed:
-            self._op("client_control", "train()", action="close_feed_when_sent", feed_id=plan.feed_id, total=total)
+    def feed(self, call: TrainCall, first_epoch: int, report_done: bool) -> list[tuple[int, str]]:
+        """One train() feed job: one ``mapInArrow`` job whose tasks feed the nodes on their
+        own hosts, epochs ``first_epoch..num_epochs-1`` back to back (client)."""
+        df, epochs = call.data, call.num_epochs - first_epoch
+        plan = feed_plan(self.config, self._nodes, "train", call.qname, call.feed_timeout, _arrow_kind(), call.parts,
+                         report_sent=call.end_of_feed, first_epoch=first_epoch, last_epoch=call.num_epochs - 1, report_done=report_done)
+        self._last_feed_id = plan.feed_id
+        if call.end_of_feed:
+            self._op("client_control", "train()", action="close_feed_when_sent", feed_id=plan.feed_id, total=call.parts * epochs)
             self._feed_closed = True
         safe, names = arrow_safe_dataframe(df)  # dotted, backticked or repeated column names
-        data = functools.reduce(lambda a, b: a.union(b), [safe] * num_epochs)
-        log.info("tfos train: %d epoch(s) -> %d node(s)", num_epochs, len(plan.nodes))
-        self._busy += 1
+        data = functools.reduce(lambda a, b: a.union(b), [safe] * epochs)
+        log.info("tfos train: %d epoch(s) -> %d node(s)", epochs, len(plan.nodes))
+        fn = make_train_fn(plan, feed_schema_json(df.schema, binary_as_bytes(df.sparkSession)), names)
+        rows = self._job("train()", lambda: data.mapInArrow(fn, "partition long, outcome string").collect())
+        return [(int(r["partition"]), str(r["outcome"])) for r in rows]
+
+    def returned_without_terminate(self, executor_ids: Sequence[int], qname: str, wait_s: float) -> list[str]:
         try:
-            fn = make_train_fn(plan, feed_schema_json(df.schema, binary_as_bytes(df.sparkSession)), names)
-            rows = data.mapInArrow(fn, "partition long, outcome string").collect()
-        except Exception as exc:  # noqa: BLE001 - Connect raises several exception types
-            self._busy -= 1
-            raise self._job_failed("train()", exc) from exc
-        self._busy -= 1
-        self._last_op = time.monotonic()
-        outcomes = [r["outcome"] for r in rows]
-        skipped = sum(1 for o in outcomes if o in ("finished", "skipped"))
-        if skipped:
-            try:
-                # The nodes' reports may still be on their way: the control host waits up to 2 s.
-                done = self._op("client_returned", "train()", executors=[n.executor_id for n in plan.nodes],
-                                qname=plan.qname, wait_s=2.0).get("names", [])
-            except TFOSError as exc:
-                log.debug("tfos: could not ask which node returned: %s", exc)
-                done = []
-            log.warning(
-                "train(): %d of %d partitions were not consumed to their end because main_fun on their node had "
-                "returned (it stopped reading without DataFeed.terminate()); their unread rows were not trained on%s",
-                skipped, len(rows), f". main_fun returned without terminate() on {', '.join(done)}" if done else "",
-            )
+            # The nodes' reports may still be on their way: the control host waits up to wait_s.
+            return list(self._op("client_returned", "train()", executors=list(executor_ids), qname=qname, wait_s=wait_s).get("names", []))
+        except TFOSError as exc:
+            log.debug("tfos: could not ask which node returned: %s", exc)
+            return []
 
-    @_records_failure
-    def inference(self, dataRDD: Any, feed_timeout: float = 600, qname: str = "input", schema: Any = "result double") -> Any:
-        """Runs inference over a DataFrame and returns the results as a DataFrame (client).
+    def infer(self, call: InferenceCall, todo: Sequence[int]) -> Any:
+        """One inference job: a ``mapInArrow`` job returning the nodes' results as record
+        batches of ``call.schema``, made eager with ``localCheckpoint()`` so failures surface
+        here and inference never runs twice (client)."""
+        plan = feed_plan(self.config, self._nodes, "inference", call.qname, call.feed_timeout, _arrow_kind(), UNCOUNTED)
+        safe, names = arrow_safe_dataframe(call.data)
+        fn = make_infer_fn(plan, call.schema.json(), names)
+        return self._job("inference()", lambda: safe.mapInArrow(fn, call.schema).localCheckpoint(eager=True))
 
-        The nodes' ``main_fun`` reads batches with ``DataFeed.next_batch`` and answers each
-        with ``batch_results``, as in the classic path (the same ``main_fun`` may have served
-        ``train()`` on this cluster before). The job runs eagerly (the
-        result is locally checkpointed), so failures surface here and inference never
-        runs twice.
-
-        Args:
-            dataRDD: A Spark Connect DataFrame.
-            feed_timeout: Seconds a node may go without accepting data or returning results.
-            qname: The node queue to feed.
-            schema: The result schema (DDL string or ``StructType``). Each result is a value
-                (one-field schema), a tuple (fields by position) or a dict (by name).
-
-        Returns:
-            A DataFrame with exactly one row per input row, in input order within each
-            partition (partitions in input order).
-
-        Raises:
-            ConfigurationError: Not InputMode.SPARK, not a DataFrame, unknown ``qname``, or
-                the feed already ended (``train(..., end_of_feed=True)``).
-            ClusterFailedError: A node failed, or returned too few/many results.
-        """
-        if self.input_mode != InputMode.SPARK:
-            raise ConfigurationError("inference() needs InputMode.SPARK")
-        df = _as_connect_dataframe(dataRDD)
-        self._check_open("inference()")
-        if self._feed_closed:
-            raise ConfigurationError(
-                "inference(): the feed already ended (an earlier train(..., end_of_feed=True) ended every queue of "
-                "the nodes); run inference on a new cluster, or train without end_of_feed"
-            )
-        struct = schema if not isinstance(schema, str) else self.spark.createDataFrame([], schema).schema
-        plan = self._plan("inference", qname, _UNCOUNTED, feed_timeout)
-        self._busy += 1
-        try:
-            safe, names = arrow_safe_dataframe(df)
-            out = safe.mapInArrow(make_infer_fn(plan, struct.json(), names), struct).localCheckpoint(eager=True)
-        except Exception as exc:  # noqa: BLE001 - Connect raises several exception types
-            self._busy -= 1
-            raise self._job_failed("inference()", exc) from exc
-        self._busy -= 1
-        self._last_op = time.monotonic()
-        return out
+    def held_results(self, todo: Sequence[int]) -> tuple[Any, set[int]]:
+        """Nothing: a failed Connect inference job keeps no results."""
+        return None, set()
 
     # ---------------------------------------------------------------- shutdown
-    @_records_failure
-    def shutdown(self, ssc: Any = None, grace_secs: float = 0, timeout: float = 259200) -> None:
-        """Ends the feed, waits for the workers' ``main_fun`` to return, stops every node (client).
+    def await_workers(self, deadline: Deadline, end_feed: bool) -> None:
+        # The first poll also ends the feed (InputMode.SPARK).
+        action = "close_feed" if end_feed else ""
+        while True:
+            status = self._op("client_wait", "shutdown()", timeout_s=30.0, until="workers_done", poll_s=10.0, action=action)
+            self._last_status = status
+            action = ""
+            self._raise_failures(status, "shutdown()")
+            if status.get("done"):
+                return
+            if deadline.expired():
+                raise deadline.error()
 
-        Args:
-            ssc: Ignored (TFoS's Spark Streaming context).
-            grace_secs: Extra seconds before stopping ps/evaluator nodes.
-            timeout: Longest wait, in seconds, for the workers' ``main_fun`` to return.
+    def wait_for_failure(self, timeout_s: float) -> bool:
+        end = Deadline(float(timeout_s), "grace period")
+        while not end.expired():
+            if self._status("failed", min(10.0, max(0.0, end.remaining())), "shutdown()").get("failures"):
+                return True
+        return False
 
-        Raises:
-            ClusterFailedError: Any node failed at any time (remote tracebacks included).
-            DeadlineExceededError: The workers did not finish within ``timeout``.
-        """
-        if self._closed:
-            return
-        try:
-            deadline = Deadline(timeout, "main_fun to return on every chief/master/worker node", "a main_fun that never ends")
-            # The first poll also ends the feed (InputMode.SPARK).
-            action = "close_feed" if self.input_mode == InputMode.SPARK else ""
-            while True:
-                st = self._op("client_wait", "shutdown()", timeout_s=30.0, until="workers_done", poll_s=10.0, action=action)
-                action = ""
-                if st.get("failures"):
-                    raise self._fail("shutdown()", self._failures(st))
-                if st.get("done"):
-                    break
-                if deadline.expired():
-                    raise deadline.error()
-            if grace_secs and any(r.is_background for r in self._config.roles):
-                end = Deadline(float(grace_secs), "grace period")
-                while not end.expired():
-                    st = self._status("failed", min(10.0, max(0.0, end.remaining())), "shutdown()")
-                    if st.get("failures"):
-                        raise self._fail("shutdown()", self._failures(st))
-            final = self._teardown(failed=False)
-            if final is not None and final.get("failures"):
-                raise ClusterFailedError(self.cluster_id, self._failures(final), "shutdown()")
-        except BaseException:
-            if not self._closed:
-                self._teardown(failed=True)
-            raise
-        log.info("tfos cluster %s shut down", self.cluster_id)
+    def node_states(self) -> dict[int, str]:
+        return {int(k): str(v) for k, v in self._last_status.get("states", {}).items()}
+
+    def stop(self) -> None:
+        final = self._teardown(failed=False)
+        if final is not None and final.get("failures"):
+            raise ClusterFailedError(self.cluster_id, self._failures(final), "shutdown()")
+
+    def teardown(self, failed: bool, reason: str = "") -> None:
+        del reason  # the control host aborts with "the cluster failed"
+        self._teardown(failed)
+
+    def join_teardown(self) -> None:
+        """Nothing to join: the teardown is synchronous."""
 
     def _teardown(self, failed: bool, attribution_s: float = 0.0) -> Optional[dict]:
         """Stops every node, waits (bounded) for their exit, releases the control host.
 
         One control job in the common case (see ``client_teardown`` in
-        :mod:`tfos._connect.host`).
+        :mod:`tfos._connect.host`); its answer also says what the nodes got done
+        (:meth:`report`).
 
         Args:
             failed: Abort the nodes (a failure) instead of stopping them.
@@ -399,7 +436,7 @@ class ConnectTFCluster:
             while True:
                 poll = min(10.0, max(0.5, deadline.remaining()))
                 final = self._op("client_teardown", "teardown", timeout_s=attribution_s + poll + 20.0, abort=failed,
-                                 attribution_s=attribution_s, poll_s=poll, release=deadline.expired())
+                                 attribution_s=attribution_s, poll_s=poll, release=deadline.expired(), feed_id=self._last_feed_id)
                 attribution_s = 0.0
                 if final.get("done") or deadline.expired():
                     break
@@ -407,19 +444,33 @@ class ConnectTFCluster:
                 log.warning("tfos cluster %s: not every node reported its exit within %g s", self.cluster_id, _STOP_TIMEOUT_S)
         except TFOSError as exc:
             log.warning("tfos cluster %s: teardown could not reach the control host: %s", self.cluster_id, exc)
+        finally:
+            self._torn_down = True
+        self._final = final or {}
         return final
 
-    def __enter__(self) -> "ConnectTFCluster":
-        return self
+    def report(self) -> AttemptReport:
+        final = self._final
+        return AttemptReport(int(final.get("rows_consumed", 0)), dict(final.get("checkpoints", {})),
+                             frozenset(int(i) for i in final.get("partitions_done", [])))
 
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            self.shutdown()
-        elif not self._closed:
-            try:
-                self._teardown(failed=True)
-            except Exception as texc:  # noqa: BLE001 - never mask the user's exception
-                log.warning("teardown after an error failed: %s", texc)
+    def tensorboard_url(self, timeout_s: float) -> Optional[str]:
+        """The TensorBoard URL on the lead node's host (an executor host's address, which
+        the client may not be able to open)."""
+        deadline = Deadline(timeout_s, "TensorBoard to start")
+        while True:
+            # The control host answers when TensorBoard reported its URL or its start-up
+            # error, a node failed, or the poll (at most 10 s) ended.
+            st = self._status("tensorboard", deadline.slice(10.0), "tensorboard_url()")
+            self._raise_failures(st, "tensorboard_url()")
+            if st.get("tensorboard_url") or st.get("done") or deadline.expired():
+                return st.get("tensorboard_url")
+
+
+def _arrow_kind() -> Any:
+    from tfos._data.framing import ChunkKind
+
+    return ChunkKind.ARROW
 
 
 def _as_connect_dataframe(data: Any) -> Any:
@@ -442,11 +493,6 @@ def _as_connect_dataframe(data: Any) -> Any:
         f"under Spark Connect tfos feeds DataFrames only (there are no RDDs), got {type(data).__name__}; "
         "use spark.createDataFrame(...) or spark.read..."
     )
-
-
-#: ``parts_per_epoch`` when the partition count is not needed: every task is epoch 0 and
-#: its partition index is its Spark partition id.
-_UNCOUNTED = 1 << 40
 
 
 def _num_partitions(df: Any) -> int:
@@ -595,102 +641,3 @@ def client_timeout_from_env() -> float:
             f"control host aborts the cluster, a number >= {MIN_CLIENT_TIMEOUT_S:g} (default {DEFAULT_CLIENT_TIMEOUT_S:g})"
         )
     return value
-
-
-def run_connect(
-    spark: Any,
-    map_fun: Callable[[Any, Any], Any],
-    tf_args: Any,
-    num_executors: int,
-    num_ps: int,
-    tensorboard: bool = False,
-    input_mode: InputMode = InputMode.TENSORFLOW,
-    log_dir: Optional[str] = None,
-    driver_ps_nodes: bool = False,
-    master_node: Optional[str] = None,
-    reservation_timeout: float = 600,
-    queues: Sequence[str] = ("input", "output", "error"),
-    eval_node: bool = False,
-    release_port: bool = True,
-    *,
-    heartbeat_timeout: float = 15.0,
-    forward_logs: str = "chief",
-    progress: bool = True,
-    queue_chunks: int = 4,
-    executor_wait_s: float = 60.0,
-) -> ConnectTFCluster:
-    """``TFCluster.run`` for a Spark Connect session (client); see :func:`tfos.TFCluster.run`.
-
-    Differences from the classic path (docs/connect.md): ``driver_ps_nodes`` is refused;
-    node output stays in the executor logs (``forward_logs`` sends it to the control
-    host's log); ``progress`` is ignored; of the Spark configuration checks of the classic
-    path only the slot count of a local master is made; elsewhere a start stage that
-    Spark cannot schedule is interrupted after ``reservation_timeout``.
-
-    Raises:
-        ConfigurationError: Bad arguments, ``driver_ps_nodes=True``, or a local master
-            with fewer task slots than nodes.
-        ReservationTimeoutError: The start stage did not finish within ``reservation_timeout``
-            seconds (too few free task slots, or nodes that never registered).
-        ClusterFailedError: A node failed while the cluster was forming, or the start
-            stage failed (too few task slots, executors that cannot reach each other).
-    """
-    del progress, executor_wait_s  # no SparkContext status tracker / executor list under Connect
-    import pyspark
-
-    if int(pyspark.__version__.split(".")[0]) < 4:
-        raise ConfigurationError(f"tfos on Spark Connect needs PySpark >= 4.0 (DataFrame.localCheckpoint over Connect), found {pyspark.__version__}")
-    if not callable(map_fun):
-        raise ConfigurationError("map_fun must be callable as map_fun(args, ctx)")
-    if driver_ps_nodes:
-        raise ConfigurationError("driver_ps_nodes=True is not available under Spark Connect: the client is not a cluster host")
-    input_mode = InputMode(int(input_mode))
-    template = build_template(num_executors, num_ps, master_node, eval_node)
-    roles = roles_from_template(template)
-    if isinstance(queues, str) or not all(isinstance(q, str) and q for q in queues):
-        raise ConfigurationError(f"queues must be a list of queue names such as ['input', 'output'], got {queues!r}")
-    queues = tuple(queues)
-    if input_mode == InputMode.SPARK and not queues:
-        raise ConfigurationError("InputMode.SPARK needs at least one queue (the default is ['input', 'output', 'error'])")
-    from tfos._driver.task_world import pickle_payload
-
-    payload = bytes(pickle_payload(map_fun, tf_args))  # a Connect client has no broadcasts or accumulators to carry
-    cluster_id = f"tfos-{uuid.uuid4().hex[:12]}"
-    try:
-        default_fs = str(spark.conf.get("spark.hadoop.fs.defaultFS", "file://") or "file://")
-    except Exception:  # noqa: BLE001 - unreadable conf: local file system
-        default_fs = "file://"
-    default_fs = "file://" if default_fs.startswith("file:") else default_fs.rstrip("/")
-    master, server_conf = _key_transport_conf(spark)
-    warn_key_transport(master, server_conf)
-    config = ClusterConfig(
-        cluster_id=cluster_id, key=_wire.new_key(), driver_host="0.0.0.0", driver_port=1,  # set by the start tasks
-        input_mode=input_mode, roles=tuple(roles), default_fs=default_fs,
-        heartbeat_interval_s=heartbeat_interval_s(len(roles), heartbeat_timeout), heartbeat_timeout_s=float(heartbeat_timeout),
-        reservation_timeout_s=float(reservation_timeout), release_port=release_port, queues=queues,
-        queue_chunks=queue_chunks, tensorboard=bool(tensorboard), log_dir=log_dir, forward_logs=forward_logs,
-        # local[N]: the nodes' "executor log" and the control host's stderr (where forwarded
-        # lines go) are the same stream, the server's: lines show once, prefixed.
-        local_master=master.split("[", 1)[0] == "local",
-    )
-    client_timeout = client_timeout_from_env()
-    spec = StartSpec(config=config, fn_payload=payload, client_timeout_s=client_timeout)
-    n = len(roles)
-    log.info("tfos cluster %s (Spark Connect): %s (input mode %s)", cluster_id, format_template(template), input_mode.name)
-    _check_local_slots(master, server_conf, n)
-    try:
-        rows = _start_stage(spark, spec, n, float(reservation_timeout))
-    except ReservationTimeoutError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - Connect raises several exception types
-        failures = decode_failures(str(exc))
-        if not failures:
-            r = roles[0]
-            failures = [NodeFailure(r.executor_id, r.job_name, r.task_index, "", "spark", type(exc).__name__, _job_error_text(exc))]
-        raise ClusterFailedError(cluster_id, failures, "run()") from exc
-    lead = next(r for r in rows if r["executor_id"] == 0)
-    nodes = [NodeInfo.from_dict(d) for d in json.loads(lead["nodes"] or "[]")]
-    cluster = ConnectTFCluster(spark, config, template, (str(lead["ctrl_host"]), int(lead["ctrl_port"])), nodes, client_timeout)
-    log.info("tfos cluster %s: all %d nodes registered: %s", cluster_id, n, cluster.cluster_spec)
-    return cluster
-

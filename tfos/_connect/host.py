@@ -37,17 +37,17 @@ import threading
 import time
 from typing import IO, Callable, Hashable, Iterable, Optional
 
-from tfos._driver.state import ClusterState
 from tfos._control import messages as _msg
 from tfos._control.protocol import Call, LongPoll, Topic
 from tfos._control.server import ControlServer
+from tfos._driver.state import ClusterState
 from tfos._node.start_task import read_record, setup_process_logging, write_record
 from tfos.cluster_template import NodeRole
 from tfos.errors import ConfigurationError, ControlProtocolError, NodeFailure
 
 __all__ = ["HostLaunch", "ControlHost", "MAX_POLL_S", "write_host_launch", "read_host_launch"]
 
-log = logging.getLogger("tfos.connect_host")
+log = logging.getLogger(__name__)
 
 #: Longest a ``client_wait`` request is held open, in seconds.
 MAX_POLL_S = 10.0
@@ -142,7 +142,7 @@ class ControlHost:
         if isinstance(msg, _msg.ClientControl):
             return Call(functools.partial(self._on_client_control, msg))
         if isinstance(msg, _msg.ClientTeardown):
-            return Call(functools.partial(self._client_teardown, msg.abort, msg.attribution_s, msg.poll_s, msg.release), offload=True)
+            return Call(functools.partial(self._client_teardown, msg.abort, msg.attribution_s, msg.poll_s, msg.release, msg.feed_id), offload=True)
         if isinstance(msg, _msg.ClientReturned):
             wait_s = max(0.0, min(msg.wait_s, MAX_POLL_S))
             return Call(lambda: {"names": self.state.returned_without_terminate(list(msg.executors), msg.qname, wait_s)}, offload=True)
@@ -218,12 +218,14 @@ class ControlHost:
         """The cluster status for the client: ``done`` and :meth:`ClusterState.status`."""
         return {"done": done, **self.state.status()}
 
-    def _client_teardown(self, abort: bool, attribution_s: float, poll_s: float, release: bool) -> dict:
+    def _client_teardown(self, abort: bool, attribution_s: float, poll_s: float, release: bool, feed_id: str = "") -> dict:
         """Stops (or aborts) every node and waits for their exit, in one request.
 
         With ``abort``, first waits up to ``attribution_s`` for a failure report (a failed
         Spark job usually precedes the failed node's own report by a moment). Releases
-        this process once every node exited, or at once with ``release``.
+        this process once every node exited, or at once with ``release``. The answer also
+        says what the nodes got done, for a restart: rows consumed, checkpoint reports, and
+        the partitions of feed ``feed_id`` the nodes acknowledged.
         """
         st = self.state
         if abort and attribution_s > 0:
@@ -232,6 +234,8 @@ class ControlHost:
         status = self._client_wait("exited", poll_s)
         if status["done"] or release:
             self.released.set()
+        status.update(rows_consumed=st.rows_consumed(), checkpoints=st.checkpoints(),
+                      partitions_done=sorted(st.partitions_done(feed_id)) if feed_id else [])
         return status
 
     def _client_control(self, action: str, reason: str) -> dict:
@@ -242,6 +246,8 @@ class ControlHost:
             st.request_stop()
         elif action == "abort":
             st.abort(reason or "the client aborted the cluster")
+        elif action == "clear_checkpoints":  # a train() call starts: earlier reports do not count
+            st.clear_checkpoints()
         elif action == "abort_and_exit":
             # The start stage failed: nobody will release this process.
             st.abort(reason or "the start stage failed")

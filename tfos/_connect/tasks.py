@@ -31,10 +31,17 @@ import subprocess
 import sys
 from typing import Any, Iterator, Optional
 
+from tfos._common.deadline import Deadline
 from tfos._connect.host import HostLaunch, write_host_launch
 from tfos._control.client import ControlClient
-from tfos._common.deadline import Deadline
-from tfos._data.feed_tasks import ARROW_CHUNK_BYTES, FeedPlan, arrow_ipc_parts, arrow_slices, make_arrow_feed_fn, rename_columns
+from tfos._data.feed_tasks import (
+    ARROW_CHUNK_BYTES,
+    FeedPlan,
+    arrow_ipc_parts,
+    arrow_slices,
+    make_arrow_feed_fn,
+    rename_columns,
+)
 from tfos._data.feed_tasks import make_infer_fn as _classic_infer_fn
 from tfos._node.launch import ClusterConfig, NodeLaunch
 from tfos.errors import ClusterFailedError, ControlProtocolError, DeadlineExceededError, NodeFailure, TFOSError
@@ -88,11 +95,13 @@ class StartSpec:
             tasks replace with the control host's.
         fn_payload: cloudpickled ``(main_fun, tf_args)``.
         client_timeout_s: See :class:`tfos._connect.host.HostLaunch`.
+        attempt: The attempt this stage starts (``ctx.attempt`` of every node).
     """
 
     config: ClusterConfig
     fn_payload: bytes = dataclasses.field(repr=False)
     client_timeout_s: float = 600.0
+    attempt: int = 0
 
 
 def _child_env() -> dict[str, str]:
@@ -194,7 +203,7 @@ def make_start_fn(spec: StartSpec):
         launch = NodeLaunch(
             config=config, role=role, host=host, executor_key=key_id, watch_pid=jvm_pid, watch_stdin=False,
             working_dir=os.getcwd(), python_path=tuple(sys.path), fn_payload=spec.fn_payload,
-            cuda_visible_devices=cuda_visible_devices(resources),
+            cuda_visible_devices=cuda_visible_devices(resources), attempt=spec.attempt,
             task_world=capture_task_world(),  # TaskContext and SparkFiles for main_fun (docs/connect.md)
         )
         client = ControlClient(ctrl_host, ctrl_port, cfg.key, cfg.cluster_id, connect_timeout_s=30.0)
@@ -495,8 +504,3 @@ def make_infer_fn(plan: FeedPlan, schema_json: str, column_names: Optional[list]
             raise
 
     return _infer
-
-
-def parse_nodes(text: Optional[str]) -> list[dict]:
-    """The node dicts of the start stage's partition-0 row (pure)."""
-    return json.loads(text) if text else []

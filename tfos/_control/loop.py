@@ -32,7 +32,7 @@ from tfos.errors import ControlProtocolError
 
 __all__ = ["Timeouts", "EventLoop"]
 
-log = logging.getLogger("tfos._control.server")
+log = logging.getLogger(__name__)
 
 #: Largest amount of answers, in bytes, kept for one peer that does not read them.
 _MAX_OUT_BYTES = 4 * _wire.MAX_CONTROL_FRAME_BYTES

@@ -482,8 +482,9 @@ class ClientWait(Message):
 @_message("client_control")
 @dataclasses.dataclass(frozen=True)
 class ClientControl(Message):
-    """Close the feed, stop or abort the nodes, or close the feed once ``total``
-    partitions of ``feed_id`` were handed over. Answer: ``{"ok": true}``."""
+    """Close the feed, stop or abort the nodes, forget their checkpoint reports (a
+    ``train()`` starts), or close the feed once ``total`` partitions of ``feed_id`` were
+    handed over. Answer: ``{"ok": true}``."""
 
     action: str
     reason: str = ""
@@ -495,12 +496,14 @@ class ClientControl(Message):
 @dataclasses.dataclass(frozen=True)
 class ClientTeardown(Message):
     """Stop (or ``abort``) every node and wait up to ``poll_s`` for their exit. Answer: the
-    cluster status with ``done``."""
+    cluster status with ``done``, and what the nodes got done for a restart: rows consumed,
+    checkpoint reports and the partitions of feed ``feed_id`` they acknowledged."""
 
     abort: bool
     attribution_s: float = 0.0
     poll_s: float = 10.0
     release: bool = False
+    feed_id: str = ""
 
 
 @_message("client_returned")

@@ -22,12 +22,12 @@ import time
 from typing import Any, Callable, Optional
 
 from tfos._common import wire as _wire
-from tfos._data import local_socket as _local
-from tfos._data.local_socket import SocketDir
-from tfos._data.framing import ChunkKind, FrameType, recv_frame, recv_json, send_frame, send_json
 from tfos._common.deadline import Deadline
 from tfos._common.wire import DataSession
-from tfos.errors import ControlProtocolError, DeadlineExceededError, TFOSError
+from tfos._data import local_socket as _local
+from tfos._data.framing import ChunkKind, FrameType, recv_frame, recv_json, send_frame, send_json
+from tfos._data.local_socket import SocketDir
+from tfos.errors import TFOSError
 
 __all__ = ["FeedHub", "FeedConnection", "Chunk", "PartitionEnd", "END_OF_FEED"]
 

@@ -10,17 +10,17 @@ it is full or when its oldest row is that old, whichever comes first.
 What a task does when the node cannot take data:
 
 * the node called ``DataFeed.terminate()`` -> the partition is skipped at once, without
-  reading its rows (C11);
+  reading its rows;
 * the node's ``main_fun`` already returned -> the partition is skipped and counted; the
-  driver logs a warning with the count (C02);
+  driver logs a warning with the count (docs/datafeed.md "Ending early");
 * the node failed or died -> the task reports a feed failure to the driver (which cancels
-  this cluster's jobs) and raises an error naming the node and the partition (C03);
+  this cluster's jobs) and raises an error naming the node and the partition;
 * the process on the node's data port does not prove it is the node (it took over a
   released port, or relays to another node, which refuses the handshake) -> nothing but
   a nonce and a proof bound to that process's nonce and to the node's identity was sent
   to it; the task tells the driver (a WARNING there names the node and the connection),
   fails over to the next fed node, and when none authenticates it reports and raises an
-  error naming the node and why (C21);
+  error naming the node and why (docs/reliability.md "Data plane");
 * the node already received this partition index of this feed (Spark re-ran the task
   after a retry or a stage resubmission) -> the task raises instead of feeding twice.
 
@@ -43,14 +43,22 @@ import uuid
 from typing import Any, Iterator, Optional, Union
 
 from tfos._common import wire as _wire
-from tfos._control.client import ControlClient, shared_client
-from tfos._data.framing import (
-    MAX_DATA_FRAME_BYTES, SPARK_SCHEMA_KEY, ChunkKind, FrameType, parse_json, recv_frame, recv_json, send_frame,
-    send_frame_parts, send_json,
-)
 from tfos._common.deadline import Deadline
 from tfos._common.wire import DataAuthError
+from tfos._control.client import ControlClient, shared_client
 from tfos._data import local_socket as _local
+from tfos._data.framing import (
+    MAX_DATA_FRAME_BYTES,
+    SPARK_SCHEMA_KEY,
+    ChunkKind,
+    FrameType,
+    parse_json,
+    recv_frame,
+    recv_json,
+    send_frame,
+    send_frame_parts,
+    send_json,
+)
 from tfos._data.outbox import InputFailed, Outbox, feed_linger_s
 from tfos.cluster_template import NodeInfo
 from tfos.errors import ControlProtocolError, DeadlineExceededError, FeedError, FeedTimeoutError, NodeFailure, TFOSError
@@ -147,7 +155,8 @@ def choose_node(nodes: tuple[NodeInfo, ...], index: int, executor_key: str, host
     Nodes on the task's own executor come first (under ``local[N]`` all nodes share one
     executor, and partitions are spread over them by index, so no node steals another's
     data); then nodes on the same host; then any node (the task runs on an executor that
-    hosts no feedable node, e.g. a ps executor or a spare one: C06, C07).
+    hosts no feedable node, e.g. a ps executor or a spare one: docs/datafeed.md "Which node
+    gets which partition").
 
     Returns:
         ``(node, how)`` where how is 'executor', 'host' or 'remote'.
@@ -301,10 +310,12 @@ def _client(plan: FeedPlan) -> ControlClient:
 def _report_intrusion(plan: FeedPlan, node: NodeInfo, text: str) -> None:
     """Tells the driver, which logs it as a WARNING, that the process at ``node``'s data
     address is not the node (Spark task; best effort: a failure is logged here only)."""
+    if len(text) > 2000:  # DataIntrusion's bound
+        text = text[:1980] + "... [truncated]"
     try:
         c = _client(plan)
         try:
-            c.request("data_intrusion", executor_id=node.executor_id, text=_wire.json_safe(text, 2000), timeout_s=10.0)
+            c.request("data_intrusion", executor_id=node.executor_id, text=text, timeout_s=10.0)
         finally:
             c.close()
     except (OSError, ControlProtocolError, DeadlineExceededError) as exc:

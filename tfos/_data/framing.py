@@ -26,8 +26,8 @@ import datetime
 import enum
 import functools
 import json
-import socket
 import pickle
+import socket
 import struct
 from typing import Any, Optional, Union
 

@@ -55,8 +55,9 @@ import threading
 import time
 from typing import Any, Iterator, Optional, Sequence
 
-from tfos._data.framing import ChunkKind, arrow_rows, decode_chunk
+from tfos._data.columns import rows_to_columns
 from tfos._data.feed_hub import END_OF_FEED, Chunk, PartitionEnd
+from tfos._data.framing import ChunkKind, arrow_rows, decode_chunk
 from tfos.errors import InferenceResultError, TFOSError
 
 __all__ = ["FeedBatches", "EpochOrder", "feed_dataset", "steps_per_epoch", "DEFAULT_BUFFER_BYTES"]
@@ -837,11 +838,10 @@ class FeedBatches:
         return self._row_columns(rows, origins)
 
     def _row_columns(self, rows: list, origins: list) -> tuple:
-        # i17 (C24): rows decoded from an Arrow chunk are already tuples of columns, with
-        # the column names for error messages, also for a single TensorSpec; only the
-        # single values of an RDD feed are wrapped.
+        # Rows decoded from an Arrow chunk are already tuples of columns, with the column
+        # names for error messages, also for a single TensorSpec; only the single values of
+        # an RDD feed are wrapped (docs/datafeed.md "DataFrames").
         from tfos._data.framing import ArrowRows
-        from tfos.datafeed import rows_to_columns
 
         spec = [(c.dtype, c.shape) for c in self._cols]
         if self._single and not isinstance(rows, ArrowRows):
@@ -875,14 +875,14 @@ class FeedBatches:
                     return None
                 view = _list_view(arr, n, col.width)
                 if view is None:
-                    # C24: nested numeric lists (e.g. array<array<float>> images) -> (n, d1, ..., dk)
+                    # nested numeric lists (e.g. array<array<float>> images) -> (n, d1, ..., dk)
                     view = arrow_ndarray(arr)
                     if view is None or view.shape[1:] != col.shape:
                         return None
                 else:
                     view = view.reshape((n,) + col.shape)
             elif pa.types.is_struct(t) and col.shape is not None and len(col.shape) == 1:
-                # C24: a column of dense Spark ML vectors -> (n, size) (sparse ones: slow path)
+                # a column of dense Spark ML vectors -> (n, size) (sparse ones: slow path)
                 view = arrow_vector_ndarray(arr, batch.schema, len(out))
                 if view is None or view.shape[1:] != col.shape:
                     return None

@@ -6,7 +6,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 from pyspark.sql import Row
 
-from tfos._dfutil.schema import _BYTES, _FieldSpec, _as_name_set, infer_schema
+from tfos._dfutil.schema import _BYTES, _as_name_set, _FieldSpec, infer_schema
 
 
 def fromTFExample(iter: Iterable[Any], binary_features: Iterable[str] = ()) -> Iterator[Row]:  # noqa: A002

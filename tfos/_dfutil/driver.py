@@ -26,7 +26,7 @@ from tfos._dfutil.schema import _as_name_set, _field_specs
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from pyspark import SparkContext
 
-logger = logging.getLogger("tfos.dfutil")
+logger = logging.getLogger(__name__)
 
 
 #: Registry of DataFrames created by :func:`loadTFRecords`, mapping each DataFrame

@@ -5,7 +5,7 @@ from __future__ import annotations
 import operator
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-from tfos._dfutil.schema import _FLOAT, _INT64, _ColumnSpec, _column_spec
+from tfos._dfutil.schema import _FLOAT, _INT64, _column_spec, _ColumnSpec
 
 
 def toTFExample(dtypes: Sequence[tuple[str, str]]) -> Callable[[Iterable[Any]], Iterator[bytes]]:

@@ -7,7 +7,6 @@ from typing import Any, Iterable, NamedTuple
 
 from pyspark.sql.types import ArrayType, BinaryType, DataType, FloatType, LongType, StringType, StructField, StructType
 
-
 _INT64 = "int64_list"
 
 

@@ -4,8 +4,9 @@
 the control server, the Spark jobs it started (each in a :class:`JobThread` under a job
 group of this cluster), the node processes on the driver host and the liveness thread.
 It turns a failure into a :class:`ClusterFailedError` that names the node and tears the
-cluster down, and it chains that teardown to SIGTERM and interpreter exit.
-:class:`tfos._driver.cluster.TFCluster` is the public face over it.
+cluster down. :class:`tfos._driver.classic.ClassicBackend` drives it (one per attempt);
+SIGTERM and interpreter exit reach it through the cluster's controller
+(:mod:`tfos._driver.lifecycle`).
 
 Every wait here is a question to the cluster state with a deadline, woken by its
 condition variable (every report, and the end of each Spark job, notifies it).
@@ -13,27 +14,24 @@ condition variable (every report, and the end of each Spark job, notifies it).
 
 from __future__ import annotations
 
-import atexit
 import logging
-import os
 import re
-import signal
 import sys
 import threading
 import time
-import weakref
 from typing import Any, Callable, Optional, Sequence
 
+from tfos._control.server import ControlServer
 from tfos._driver.console import BarConsole
+from tfos._driver.open_clusters import any_open
 from tfos._driver.state import ClusterState
 from tfos._node import output as _node_output
-from tfos._control.server import ControlServer
 from tfos.cluster_template import NodeRole
 from tfos.errors import ClusterFailedError, NodeFailure, TFOSError, is_root_cause
 
 __all__ = ["ClusterRuntime", "JobThread", "Progress", "spark_error_text"]
 
-log = logging.getLogger("tfos.cluster")
+log = logging.getLogger(__name__)
 
 #: Seconds to wait for nodes to exit after a stop directive.
 STOP_TIMEOUT_S = 45.0
@@ -210,11 +208,11 @@ def failed_task_errors(sc: Any, groups: Sequence[str], limit: int = 5) -> list[t
 
 
 class ClusterRuntime:
-    """The live parts of one cluster on the driver; created by :func:`tfos._driver.cluster.run`.
+    """The live parts of one cluster attempt on the driver; created by
+    :class:`tfos._driver.classic.ClassicLauncher`.
 
     Creating it creates the cluster state, starts the control server (bound to
-    ``driver_host``, on a free port) and the liveness thread, and registers the cluster
-    for teardown at SIGTERM and interpreter exit.
+    ``driver_host``, on a free port) and the liveness thread.
 
     Args:
         sc: The SparkContext.
@@ -238,7 +236,7 @@ class ClusterRuntime:
         self._closed = False
         self._liveness_stop = threading.Event()
         self._teardown_thread: Optional[threading.Thread] = None
-        _open_clusters.add(self)
+        self._torn_down = threading.Event()
         install_py4j_redaction()
         _node_output.note_spark_bar(_node_output.spark_shows_progress(sc))
         threading.Thread(target=self._liveness_loop, name=f"{cluster_id}-liveness", daemon=True).start()
@@ -247,6 +245,11 @@ class ClusterRuntime:
     def closed(self) -> bool:
         """True once the teardown started (shut down, failed, or interrupted)."""
         return self._closed
+
+    @property
+    def torn_down(self) -> bool:
+        """True once the teardown ended (every node exited, or its wait ran out)."""
+        return self._torn_down.is_set()
 
     # ------------------------------------------------------------------ jobs
     def run_job(self, kind: str, description: str, action: Callable[[], Any]) -> JobThread:
@@ -259,10 +262,6 @@ class ClusterRuntime:
     def job_group(self, kind: str) -> str:
         """The job group of the last job of ``kind`` started (or about to be)."""
         return f"{self.cluster_id}-{kind}-{self._job_seq}"
-
-    def next_job_group(self, kind: str) -> str:
-        """The job group the next :meth:`run_job` of ``kind`` will use."""
-        return f"{self.cluster_id}-{kind}-{self._job_seq + 1}"
 
     def cancel_jobs(self) -> None:
         """Cancels every job of this cluster that still runs."""
@@ -314,7 +313,7 @@ class ClusterRuntime:
             return job.result
         except BaseException as exc:
             if not isinstance(exc, TFOSError) and not self._closed:
-                # Ctrl-C (or SIGTERM, see _install_sigterm) while a job runs: tear the
+                # Ctrl-C (or SIGTERM, see open_clusters.install_sigterm) while a job runs: tear the
                 # cluster down before the interruption propagates.
                 log.warning("tfos cluster %s: %s during %s; tearing the cluster down", self.cluster_id, type(exc).__name__, context)
                 self.teardown(failed=True, reason=f"{type(exc).__name__} on the driver during {context}")
@@ -452,7 +451,7 @@ class ClusterRuntime:
                     proc.stdin.close()
             self._liveness_stop.set()
             self.server.close()
-            _forget(self)
+            self._torn_down.set()
         # main_fun's accumulator updates count once, for an attempt that ended well (a
         # failed one's nodes run again after a restart): tfos._driver.task_world.
         if failed or st.failed:
@@ -537,7 +536,7 @@ class Py4jCommandRedactor(logging.Filter):
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno > logging.DEBUG or not (_open_clusters or _restarting):
+        if record.levelno > logging.DEBUG or not any_open():
             return True
         try:
             text = record.getMessage()
@@ -559,94 +558,3 @@ def install_py4j_redaction() -> None:
         logger = logging.getLogger(name)
         if _py4j_redactor not in logger.filters:
             logger.addFilter(_py4j_redactor)
-
-
-# ------------------------------------------------------- SIGTERM and interpreter exit
-_open_clusters: "weakref.WeakSet[ClusterRuntime]" = weakref.WeakSet()
-#: Base ids of clusters between two attempts of ``max_restarts`` (no runtime open, but the
-#: driver is still running the cluster): SIGTERM must still end it as Ctrl-C would.
-_restarting: set[str] = set()
-_sigterm_lock = threading.Lock()
-_sigterm_installed = False
-
-
-def _on_sigterm(signum: int, frame: Any) -> None:
-    """SIGTERM handler installed by :func:`install_sigterm` (driver main thread)."""
-    global _sigterm_installed
-    ids = [c.cluster_id for c in list(_open_clusters)] + [f"{b} (between attempts)" for b in sorted(_restarting)]
-    if not ids:  # every cluster is gone: behave as if tfos had never been here
-        with _sigterm_lock:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            _sigterm_installed = False
-        os.kill(os.getpid(), signal.SIGTERM)
-        return
-    log.error("tfos: the driver received SIGTERM; tearing down cluster(s) %s as for Ctrl-C, then exiting", ", ".join(ids) or "(none)")
-    with _sigterm_lock:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the driver at once
-        _sigterm_installed = False
-    raise SystemExit(128 + signal.SIGTERM)
-
-
-def install_sigterm(enabled: bool) -> None:
-    """Chains the cluster teardown to SIGTERM, only where nobody else handles it (driver).
-
-    Installed only when ``enabled``, in the main thread, and when SIGTERM still has its
-    default disposition (the user and their framework did not install a handler), and
-    removed again when the last cluster is torn down. The handler raises ``SystemExit``
-    in the main thread, which runs the same teardown as Ctrl-C (the ``except`` blocks of
-    the blocking call, the context manager, or the atexit hook below).
-    """
-    global _sigterm_installed
-    if not enabled or threading.current_thread() is not threading.main_thread():
-        return
-    with _sigterm_lock:
-        if _sigterm_installed or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-            return
-        signal.signal(signal.SIGTERM, _on_sigterm)
-        _sigterm_installed = True
-
-
-def restarting(base_id: str, between: bool, handle_sigterm: bool) -> None:
-    """Marks a cluster as between two attempts (``between=True``) or not (driver).
-
-    While marked, tfos's SIGTERM handler stays installed (and is installed again if the
-    failed attempt's teardown removed it) and ends the driver with ``SystemExit(143)`` and
-    an ERROR line, as it does while an attempt runs, instead of the default SIGTERM death.
-    """
-    if between:
-        _restarting.add(base_id)
-        install_sigterm(handle_sigterm)
-    else:
-        _restarting.discard(base_id)
-        if not _open_clusters and threading.current_thread() is threading.main_thread():
-            global _sigterm_installed
-            with _sigterm_lock:
-                if _sigterm_installed and not _restarting and signal.getsignal(signal.SIGTERM) is _on_sigterm:
-                    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                    _sigterm_installed = False
-
-
-def _forget(cluster: ClusterRuntime) -> None:
-    global _sigterm_installed
-    _open_clusters.discard(cluster)
-    if _open_clusters or _restarting or threading.current_thread() is not threading.main_thread():
-        return
-    with _sigterm_lock:
-        if _sigterm_installed and signal.getsignal(signal.SIGTERM) is _on_sigterm:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            _sigterm_installed = False
-
-
-@atexit.register
-def _teardown_at_exit() -> None:
-    """Interpreter exit with clusters still open (no shutdown(), no ``with``; e.g. after
-    SIGTERM or Ctrl-C outside a tfos call): tear them down, bounded (driver)."""
-    for cluster in list(_open_clusters):
-        try:
-            if cluster.closed:
-                cluster.join_teardown()
-            else:
-                log.warning("tfos cluster %s still running at interpreter exit; tearing it down", cluster.cluster_id)
-                cluster.teardown(failed=True)
-        except Exception as exc:  # noqa: BLE001 - best effort at exit
-            log.warning("teardown of %s at exit failed: %s", cluster.cluster_id, exc)

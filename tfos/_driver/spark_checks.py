@@ -156,8 +156,9 @@ def check_static(layout: SparkLayout, conf: Mapping[str, str], num_nodes: int, i
 
     Raises:
         ConfigurationError: Dynamic allocation on; InputMode.SPARK with
-            ``spark.python.worker.reuse=false`` (C13); more than one task slot per executor
-            (C05); too few executors or slots (C01, C14). Each message says what to change.
+            ``spark.python.worker.reuse=false``; more than one task slot per executor; too few
+            executors or slots. Each message says what to change (docs/reliability.md
+            "Configuration errors, before launch").
     """
     if str(conf.get("spark.dynamicAllocation.enabled", "false")).lower() == "true":
         raise ConfigurationError(

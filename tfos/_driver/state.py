@@ -27,14 +27,14 @@ import threading
 import time
 from typing import Any, Callable, Hashable, Iterable, Optional, Sequence
 
-from tfos._node import output as _node_output
 from tfos._common.deadline import Deadline
 from tfos._control import messages as _msg
 from tfos._control.messages import NodeState
 from tfos._control.protocol import Call, LongPoll, RawJSON, Reply, Topic, node_topic
-from tfos.cluster_template import NodeInfo, NodeRole, build_cluster_spec
 from tfos._driver.restart import NON_RETRYABLE
 from tfos._driver.task_world import AccumulatorInbox
+from tfos._node import output as _node_output
+from tfos.cluster_template import NodeInfo, NodeRole, build_cluster_spec
 from tfos.errors import ClusterFailedError, ControlProtocolError, DeadlineExceededError, NodeFailure, is_root_cause
 
 __all__ = ["ClusterState", "describe_exit", "kill_hint", "format_bytes"]
@@ -140,7 +140,7 @@ class ClusterState:
         self._sent: dict[str, tuple[int, set]] = {}
         #: feed id -> job partition indices a node acknowledged (restarts resume after them).
         self._done: dict[str, set[int]] = {}
-        self._claimed: dict[str, dict[int, str]] = {}  # issue 9: feed id -> partition index -> node
+        self._claimed: dict[str, dict[int, str]] = {}  # feed id -> partition index -> node
         self._claim_tokens: dict[str, dict[int, str]] = {}  # feed id -> partition index -> the claim's token
         #: Feed ids with a record above, oldest first: only the newest
         #: :data:`MAX_FEEDS_KEPT` are kept (a streaming job feeds every micro-batch as a feed).
@@ -386,7 +386,7 @@ class ClusterState:
             self._record_feed(feed_id)
             self._sent[feed_id] = (total, set())
 
-    # --- issue 14 (restarts): partitions the nodes acknowledged, per feed ---
+    # --- restarts (docs/reliability.md "Recovery"): partitions the nodes acknowledged, per feed ---
     def partitions_done(self, feed_id: str) -> set[int]:
         """Job partition indices of feed ``feed_id`` that a node acknowledged (a copy)."""
         with self._cond:
@@ -609,7 +609,7 @@ class ClusterState:
 
     def returned_without_terminate(self, executor_ids: Sequence[int], qname: str, timeout_s: float) -> list[str]:
         """Names the nodes among ``executor_ids`` whose ``main_fun`` returned without
-        ``DataFeed.terminate()`` of ``qname`` (the cause of skipped partitions, C02).
+        ``DataFeed.terminate()`` of ``qname`` (the cause of skipped partitions: docs/datafeed.md "Ending early").
 
         A skipped partition means such a node exists, but its report may still be on its
         way: waits up to ``timeout_s`` for at least one (driver or control host).

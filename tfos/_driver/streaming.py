@@ -38,7 +38,7 @@ __all__ = [
     "inference_stream", "stop_streams", "stop_address", "request_stop", "stream_stats",
 ]
 
-log = logging.getLogger("tfos.streaming")
+log = logging.getLogger(__name__)
 
 #: Seconds between two checks of the stop conditions while shutdown(ssc) waits.
 _POLL_S = 1.0
@@ -177,7 +177,7 @@ class StreamSet:
     def stop_server(self) -> _StopServer:
         with self.lock:
             if self._stop_server is None:
-                self._stop_server = _StopServer(self.cluster._config.node.driver_host)
+                self._stop_server = _StopServer(self.cluster._classic("streaming").config.driver_host)
             return self._stop_server
 
     def close_stop_server(self) -> None:
@@ -198,14 +198,7 @@ def _streams(cluster: Any, create: bool = True) -> Optional[StreamSet]:
 def _refuse_connect(cluster: Any, what: str) -> None:
     """Raises ConfigurationError for a Spark Connect cluster: streams need a classic
     SparkContext (driver)."""
-    import sys
-
-    connect = sys.modules.get("tfos._connect.client")  # a Connect cluster has loaded it
-    if connect is not None and isinstance(cluster, connect.ConnectTFCluster):
-        raise ConfigurationError(
-            f"{what}: streams cannot be fed under Spark Connect (docs/streaming.md: streams need a classic "
-            "SparkContext); feed a batch DataFrame, e.g. spark.read... instead of spark.readStream..."
-        )
+    cluster._classic(what)
 
 
 def _check_spark_mode(cluster: Any, what: str) -> None:
@@ -214,7 +207,7 @@ def _check_spark_mode(cluster: Any, what: str) -> None:
     _refuse_connect(cluster, what)
     if cluster.input_mode != InputMode.SPARK:
         raise ConfigurationError(f"{what} feeds data only in InputMode.SPARK; this cluster runs InputMode.TENSORFLOW")
-    cluster._runtime.check_open(what)
+    cluster._check_open(what)
 
 
 def _stop_context_async(ssc: Any) -> None:
@@ -276,7 +269,7 @@ def train_dstream(cluster: Any, dstream: Any, num_epochs: int, feed_timeout: flo
             streams.contexts.append(ssc)
     streams.stop_server()
     dstream.foreachRDD(lambda _time, rdd: feeder(rdd))
-    log.info("train(DStream): every micro-batch is fed to %d node(s) once the StreamingContext starts", len(cluster._feed_ids()))
+    log.info("train(DStream): every micro-batch is fed to %d node(s) once the StreamingContext starts", sum(1 for n in cluster._classic("train(DStream)").nodes() if n.role.feedable))
 
 
 def inference_dstream(cluster: Any, dstream: Any, feed_timeout: float, qname: str) -> Any:
@@ -522,7 +515,7 @@ def _terminated(obj: Any, wait_s: float) -> bool:
 
 
 def _workers_done(cluster: Any) -> bool:
-    st = cluster._state
+    st = cluster._classic("shutdown()").state
     return all(st.is_done(e) for e in st.feedable_ids())
 
 
@@ -558,7 +551,7 @@ def stop_streams(cluster: Any, ssc: Any, deadline: Deadline) -> None:
                     why = "the stream ended"
                 elif server.requested:
                     why = "a stop was requested"
-                elif cluster._state.failed or streams.error is not None:
+                elif cluster._classic("shutdown()").state.failed or streams.error is not None:
                     why = "the cluster failed"
                 elif _workers_done(cluster):
                     why = "every worker's main_fun returned"
@@ -573,7 +566,7 @@ def stop_streams(cluster: Any, ssc: Any, deadline: Deadline) -> None:
             contexts = list(streams.contexts)
         # after a failure nothing more is fed: no graceful stop (which waits up to Spark's
         # spark.streaming.gracefulStopTimeout for micro-batches that would be refused anyway)
-        graceful = streams.error is None and not cluster._state.failed
+        graceful = streams.error is None and not cluster._classic("shutdown()").state.failed
         for ctx in contexts:
             if _context_active(ctx):
                 ctx.stop(stopSparkContext=False, stopGraceFully=graceful)

@@ -32,7 +32,13 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 from tfos._common import wire as _wire
 from tfos._control.client import ControlClient
 from tfos._control.server import ControlServer, parse_port_spec
-from tfos.errors import ConfigurationError, ControlProtocolError, DeadlineExceededError, ReservationTimeoutError, TFOSError
+from tfos.errors import (
+    ConfigurationError,
+    ControlProtocolError,
+    DeadlineExceededError,
+    ReservationTimeoutError,
+    TFOSError,
+)
 
 __all__ = ["Reservations", "MessageSocket", "Server", "Client", "ServerAddress", "TFOS_SERVER_PORT", "TFOS_SERVER_HOST", "MAX_RETRIES", "BUFSIZE",
            "TFOS_KEY_DIR", "write_key_file", "remove_key_file", "read_key_file"]
@@ -506,7 +512,7 @@ class Client:
         host, port = server_addr[0], int(server_addr[1])
         key, sid = getattr(server_addr, "key", b""), getattr(server_addr, "server_id", "")
         if not key:
-            known = _LOCAL_KEYS.get((host, port)) or read_key_file(host, port)  # key file: issue 16
+            known = _LOCAL_KEYS.get((host, port)) or read_key_file(host, port)  # see write_key_file
             if known is None:
                 raise ConfigurationError(
                     f"no key for reservation server {host}:{port}: tfos reservation servers authenticate every "
@@ -561,7 +567,7 @@ class Client:
         return self._request("STOP")
 
 
-# ---------------------------------------------------------------- key files (issue 16)
+# ----------------- key files (docs/streaming.md "Asking a streaming cluster to stop from outside")
 #: Environment variable naming the directory of the stop-endpoint key files
 #: (default ``~/.tfos/keys``).
 TFOS_KEY_DIR = "TFOS_KEY_DIR"

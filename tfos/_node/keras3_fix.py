@@ -16,12 +16,21 @@ its TensorFlow trainer (``keras/src/backend/tensorflow/trainer.py``) are at faul
    dimensions" on scalar metrics (tensorflow/tensorflow#72388) and would average a
    vector-valued metric over its own first axis.
 
-The fix replaces exactly these two calls, and only when the strategy is a multi-worker
-``MultiWorkerMirroredStrategy``; every other strategy and every other path runs Keras's own
-code. (1) builds the model from the dataset's element spec (its shapes and dtypes, which is
+The fix replaces exactly these two calls, and (but for the one-worker case below) only when
+the strategy is a multi-worker ``MultiWorkerMirroredStrategy``; every other strategy and
+every other path runs Keras's own code. (1) builds the model from the dataset's element spec (its shapes and dtypes, which is
 all the build reads; nothing is iterated and no collective runs, so a dataset that reshuffles
 on every iteration keeps the order one process sees). (2) averages each value across the
 replicas element by element (``axis=None``), as Keras does for a single worker.
+
+(1) also applies under a ``MultiWorkerMirroredStrategy`` of one worker (a tfos cluster of one
+node) and a ``MirroredStrategy``: there Keras's sample batch does not fail, but it is read
+from an iterator that ``fit``/``evaluate`` then discard and replace (``epoch_iterator.reset()``),
+so on a dataset that cannot be rewound, such as a tfos feed (``DataFeed.as_dataset``), the
+batches that iterator read ahead are never trained on, and ``evaluate`` may see none
+(keras-team/keras#20394, keras-team/keras#20402). It applies when the element spec holds
+what the build reads (the model's layers are built, or every tensor's shape is known beyond
+the batch dimension); otherwise Keras builds as it does.
 
 How it is applied: :func:`install` (called by the TF process right before ``main_fun``)
 registers an import hook, so nothing is imported until ``main_fun`` itself imports Keras 3
@@ -41,7 +50,7 @@ import os
 import sys
 from typing import Any, Optional, Sequence
 
-log = logging.getLogger("tfos.keras3")
+log = logging.getLogger(__name__)
 
 #: Environment variable; ``0`` turns the fix off (in the TF process, before Keras is imported).
 OFF_SWITCH = "TFOS_KERAS3_FIX"
@@ -163,11 +172,28 @@ def _patch(trainer: Any) -> None:
     # which fails on a nested per-replica batch, only to read its shapes and dtypes. The
     # dataset's element spec has them; not iterating also keeps a dataset that reshuffles on
     # every iteration in the order one process sees.
+    # keras-team/keras#20394, keras-team/keras#20402: on one worker Keras takes that batch from
+    # an iterator that fit/evaluate then discard; a dataset that cannot be rewound (a tfos
+    # feed) loses what that iterator read ahead. Built from the spec when it suffices.
     def _maybe_symbolic_build(self: Any, iterator: Any = None, data_batch: Any = None) -> Any:
         strategy = self._distribute_strategy
-        if iterator is not None and strategy is not None and multi_worker(strategy):
-            data_batch, iterator = _sample_spec(iterator), None
+        if iterator is not None and strategy is not None:
+            if multi_worker(strategy):
+                data_batch, iterator = _sample_spec(iterator), None
+            elif isinstance(strategy, (tf.distribute.MultiWorkerMirroredStrategy, tf.distribute.MirroredStrategy)):
+                spec = _sample_spec(iterator)
+                if _spec_builds(self, spec):
+                    data_batch, iterator = spec, None
         return keras_symbolic_build(self, iterator=iterator, data_batch=data_batch)
+
+    def _spec_builds(model: Any, spec: Any) -> bool:
+        """Whether ``spec`` holds all the build reads: the model's layers are built (then only
+        the compiled metrics and loss are built from it), or every tensor's shape is known
+        beyond the batch dimension."""
+        if all(layer.built for layer in model._flatten_layers()):
+            return True
+        return all(not isinstance(s, tf.TensorSpec) or (s.shape.rank is not None and s.shape[1:].is_fully_defined())
+                   for s in tree.flatten(spec))
 
     # tensorflow/tensorflow#72388: reduction "mean" across workers used axis=0, which fails
     # on scalar metrics; Keras means the element-wise mean across replicas (axis=None).

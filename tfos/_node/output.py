@@ -1,4 +1,5 @@
-"""Node output: the TF process's stdout/stderr lines, filtered, teed and shown on the driver (C26).
+"""Node output: the TF process's stdout/stderr lines, filtered, teed and shown on the driver
+(docs/api.md "Node output").
 
 Two ends:
 

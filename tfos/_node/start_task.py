@@ -9,11 +9,13 @@ process* that runs ``main_fun``::
 Why two processes:
 
 * TensorFlow servers and collective contexts cannot be torn down in-process, so a TF
-  process that exits is the only way to free ports and state between clusters (C08).
+  process that exits is the only way to free ports and state between clusters.
 * PySpark kills idle Python workers after a minute; in InputMode.SPARK the start task
   returns (feed tasks need the slot), so the supervisor must outlive its Python worker. It
   watches the executor JVM instead, reaps the TF process, and reports its exit code or
-  signal to the driver within a second (C03).
+  signal to the driver within a second.
+
+See docs/architecture.md "Executor plane: three processes per node".
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ import sys
 import threading
 from typing import IO, Any, Callable, Iterable, Iterator, Optional, TypeVar
 
-from tfos._node.output import OUTPUT_MARK_ENV
 from tfos._node.launch import ClusterConfig, NodeLaunch
+from tfos._node.output import OUTPUT_MARK_ENV
 from tfos._node.task_world import broadcast_id, capture, capture_on_driver, payload_broadcasts
 from tfos.cluster_template import InputMode
 from tfos.errors import TFOSError
@@ -380,8 +382,8 @@ def _await_registration(config: ClusterConfig, executor_id: int, proc: subproces
         None once the node registered (or the driver answers that the cluster ended), else
         the supervisor's exit code.
     """
-    from tfos._control.client import ControlClient
     from tfos._common.deadline import Deadline
+    from tfos._control.client import ControlClient
     from tfos.errors import ControlProtocolError, DeadlineExceededError
 
     client = ControlClient(config.driver_host, config.driver_port, config.key, config.cluster_id, connect_timeout_s=10.0)

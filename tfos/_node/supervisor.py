@@ -34,18 +34,18 @@ import threading
 import time
 from typing import Optional
 
-from tfos._driver.state import describe_exit
 from tfos._control import messages as _msg
 from tfos._control.client import ControlClient
 from tfos._data import local_socket as _local
+from tfos._driver.state import describe_exit
+from tfos._node.address_space import memory_limit_exit_hint
 from tfos._node.launch import NodeLaunch
 from tfos._node.output import NodeOutput, tf_noise_level
-from tfos._node.address_space import memory_limit_exit_hint
-from tfos.cluster_template import InputMode
 from tfos._node.start_task import read_launch, setup_process_logging, start_node_process, watch_stdin_eof
+from tfos.cluster_template import InputMode
 from tfos.errors import ControlProtocolError, DeadlineExceededError, NodeFailure
 
-log = logging.getLogger("tfos.supervisor")
+log = logging.getLogger(__name__)
 
 #: Seconds the TF process gets to exit by itself after a stop directive.
 STOP_GRACE_S = 10.0
@@ -260,7 +260,7 @@ def _report(client: ControlClient, launch: NodeLaunch, kind: str, etype: str, me
 
 def node_output(launch: NodeLaunch, client: Optional[ControlClient] = None) -> Optional[NodeOutput]:
     """The reader of the TF process's output: forwarded to the driver (over ``client``, the
-    supervisor's own connection, when given), TF's C++ noise dropped (C26); None when
+    supervisor's own connection, when given), TF's C++ noise dropped (docs/api.md "Node output"); None when
     neither applies (supervisor)."""
     cfg = launch.config
     forwarded = cfg.forwards_logs_of(launch.role)

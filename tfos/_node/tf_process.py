@@ -26,24 +26,30 @@ import time
 import traceback
 from typing import Callable, Optional
 
+from tfos._common.deadline import Deadline
+from tfos._common.wire import node_identity
 from tfos._control import messages as _msg
 from tfos._control.client import ControlClient
 from tfos._control.limits import event_poll_s
-from tfos._common.deadline import Deadline
 from tfos._data import local_socket as _local
 from tfos._data.feed_hub import FeedHub
-from tfos._common.wire import node_identity
 from tfos._node import keras3_fix
-from tfos._node.launch import NodeLaunch
-from tfos._node.output import OUTPUT_MARK_ENV, TF_LOG_LEVEL_DEFAULT, std_fds_identity, write_failure_marks, write_finished_marks
-from tfos._node.start_task import read_launch, setup_process_logging, watch_stdin_eof
 from tfos._node import task_world as _task_world
 from tfos._node.address_space import memory_limit_note
+from tfos._node.launch import NodeLaunch
+from tfos._node.output import (
+    OUTPUT_MARK_ENV,
+    TF_LOG_LEVEL_DEFAULT,
+    std_fds_identity,
+    write_failure_marks,
+    write_finished_marks,
+)
+from tfos._node.start_task import read_launch, setup_process_logging, watch_stdin_eof
 from tfos.cluster_template import InputMode, NodeInfo, tf_config_json
 from tfos.errors import ControlProtocolError, DeadlineExceededError, NodeFailure, ReservationTimeoutError
 from tfos.node_context import TFNodeContext, absolute_path
 
-log = logging.getLogger("tfos.tf_process")
+log = logging.getLogger(__name__)
 
 _MAX_TRACEBACK_CHARS = 60000
 _REQ_ERRORS = (OSError, ControlProtocolError, DeadlineExceededError)
@@ -168,6 +174,24 @@ def _tf_server_started() -> bool:
     asked when tfos.tf_server was imported, so nodes that never use it import nothing."""
     mod = sys.modules.get("tfos.tf_server")
     return bool(mod is not None and mod.server_started())
+
+
+def _coordination_leader(role) -> bool:
+    """Whether this TF process leads TensorFlow's coordination service (TF process, after
+    ``main_fun`` returned): ``MultiWorkerMirroredStrategy`` makes the chief (else worker 0)
+    the service every other worker heartbeats to; when the leader's process exits before
+    theirs, TensorFlow logs ``StartAbort UNAVAILABLE: Failed to send RPC to coordination
+    service`` on each of them, an error in a run that went well. Only asked when TensorFlow
+    was imported."""
+    mod = sys.modules.get("tensorflow.python.eager.context")
+    if mod is None:
+        return False
+    try:
+        config = mod.context().coordination_service
+    except Exception:  # noqa: BLE001 - a TensorFlow without it: nothing to wait for
+        return False
+    leader = getattr(config, "service_leader", "") if config is not None else ""
+    return bool(leader) and leader == f"/job:{role.job_name}/replica:0/task:{role.task_index}"
 
 
 def _failure(launch: NodeLaunch, exc: BaseException) -> NodeFailure:
@@ -329,14 +353,21 @@ def run_node(launch: NodeLaunch) -> int:
         if hub is not None:
             hub.close("finished", f"main_fun on {launch.node_name} returned")
         # The queues main_fun terminated: feed tasks that find the data server gone then
-        # skip their partitions as 'terminated', not as 'main_fun returned early' (C11).
+        # skip their partitions as 'terminated', not as 'main_fun returned early'
+        # (docs/datafeed.md "Ending early").
         terminated = sorted(hub.terminated) if hub is not None else []
         # A forwarded node's supervisor reports it after the lines main_fun printed, so
         # the driver's "main_fun finished" line follows them.
         if not write_finished_marks(_OUTPUT_MARK, terminated, _OUTPUT_FDS):
             client.request("status", executor_id=eid, state="finished", terminated=terminated, timeout_s=10.0)
         serving = _tf_server_started()
-        if serving or (tb_proc is not None and tb_proc.poll() is None):
+        if _coordination_leader(role) and not stop_event.is_set():
+            # The other workers heartbeat to this process until they exit: it stays up until
+            # the driver stops the cluster, after every main_fun returned (or a node failed).
+            log.info("tfos node %s: main_fun returned; it leads TensorFlow's coordination service, "
+                     "so its process waits for the cluster to stop", launch.node_name)
+            stop_event.wait()
+        elif serving or (tb_proc is not None and tb_proc.poll() is None):
             # Keep TensorBoard, and a TF server main_fun started with start_cluster_server,
             # up until the driver stops the cluster (the supervisor ends this process if the
             # driver goes away): a TF1 peer may still be creating its session on this
@@ -662,8 +693,9 @@ def main() -> int:
     # the payload is unpickled; the soft RLIMIT_AS raised to the hard limit.
     _task_world.install(launch.task_world)
 
-    # Quiet by default (C26): TensorFlow's C++ INFO lines only if the user asks for them
-    # (a TF_CPP_MIN_LOG_LEVEL of theirs wins); set before main_fun imports TensorFlow.
+    # Quiet by default (docs/api.md "Node output"): TensorFlow's C++ INFO lines only if the
+    # user asks for them (a TF_CPP_MIN_LOG_LEVEL of theirs wins); set before main_fun
+    # imports TensorFlow.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", TF_LOG_LEVEL_DEFAULT)
 
     # The supervisor is gone: never outlive it. Tell the driver first (one try, 2 s at
