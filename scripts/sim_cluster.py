@@ -8,7 +8,8 @@ The nodes are simulated: a few node processes, each running many nodes on one as
 Every simulated node speaks the real control protocol with the real key handling
 (:mod:`tfos._control.protocol`: the same frame reader, sessions, nonces and sequence
 numbers as :class:`tfos._control.client.ControlClient`; :mod:`tfos._control.messages`):
-like a real node its Spark start task asks for the node's state every 0.2 s until the node
+like a real node its Spark start task asks for the node's state every
+:func:`tfos._control.limits.start_poll_s` until the node
 registered (on a connection of its own, closed then), and it holds one connection for its supervisor (heartbeats every
 :func:`tfos._control.limits.heartbeat_interval_s`, reports of its exit) and one for its TF
 process (register, await the cluster spec, report running, long-poll for directives every
@@ -73,10 +74,9 @@ import psutil
 from tfos._common import wire as _wire
 from tfos._common.deadline import Deadline
 from tfos._control import messages as _msg
-from tfos._control.limits import event_poll_s, heartbeat_interval_s
+from tfos._control.limits import event_poll_s, heartbeat_interval_s, start_poll_s
 from tfos._control.protocol import ClientSession, FrameReader
 from tfos._driver.runtime import ClusterRuntime
-from tfos._node.start_task import _START_POLL_S
 from tfos.cluster_template import NodeInfo, build_template, roles_from_template
 from tfos.errors import ClusterFailedError, NodeFailure, TFOSError
 
@@ -226,7 +226,7 @@ class SimNode:
     async def start_task(self) -> None:
         """The node's Spark start task (InputMode.SPARK), as ``_await_registration`` of
         tfos._node.start_task: from the supervisor's start until the node registered, it
-        asks the driver for the node's state every ``_START_POLL_S``, on a connection of its
+        asks the driver for the node's state every :func:`start_poll_s`, on a connection of its
         own, which it then closes."""
         self.start = SimConnection("127.0.0.1", self.cfg["port"], self.worker.key, self.cfg["cluster_id"])
         try:
@@ -234,7 +234,7 @@ class SimNode:
                 r = await self.start.call(_msg.NodeStateQuery(self.eid), 10.0)
                 if r.get("state") not in (None, "pending") or r.get("cluster_failed"):
                     return
-                await asyncio.sleep(_START_POLL_S)
+                await asyncio.sleep(start_poll_s(self.cfg["num_nodes"]))
         finally:
             self.start.close()
 

@@ -16,7 +16,7 @@ from tfos._common import wire as _wire
 from tfos._common.deadline import Deadline
 from tfos._control import messages as msg
 from tfos._control.client import ControlClient, shared_client
-from tfos._control.limits import ControlLimits, event_poll_s, heartbeat_interval_s
+from tfos._control.limits import ControlLimits, event_poll_s, heartbeat_interval_s, start_poll_s
 from tfos._control.protocol import Call, ClientSession, FrameReader, LongPoll
 from tfos._control.server import ControlServer
 from tfos._driver.state import ClusterState
@@ -319,6 +319,9 @@ def test_caps_and_intervals_scale_with_the_cluster():
     assert heartbeat_interval_s(1000, 15.0) == 2.0 and heartbeat_interval_s(2000, 15.0) == 3.75
     assert heartbeat_interval_s(100000, 15.0) == 3.75  # four heartbeats per timeout, always
     assert event_poll_s(10) == 1.0 and event_poll_s(800) == 2.0 and event_poll_s(5000) == 5.0
+    # a forming cluster's start tasks: 0.2 s up to 400 nodes, then at most 2,000 questions a second
+    assert start_poll_s(2) == 0.2 and start_poll_s(400) == 0.2 and start_poll_s(2000) == 1.0
+    assert start_poll_s(100000) == 2.0
 
 
 def test_a_forming_cluster_opening_three_connections_per_node_at_once_loses_none():
