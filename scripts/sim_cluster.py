@@ -8,7 +8,9 @@ The nodes are simulated: a few node processes, each running many nodes on one as
 Every simulated node speaks the real control protocol with the real key handling
 (:mod:`tfos._control.protocol`: the same frame reader, sessions, nonces and sequence
 numbers as :class:`tfos._control.client.ControlClient`; :mod:`tfos._control.messages`):
-like a real node it holds one connection for its supervisor (heartbeats every
+like a real node its Spark start task asks for the node's state every
+:func:`tfos._control.limits.start_poll_s` until the node
+registered (on a connection of its own, closed then), and it holds one connection for its supervisor (heartbeats every
 :func:`tfos._control.limits.heartbeat_interval_s`, reports of its exit) and one for its TF
 process (register, await the cluster spec, report running, long-poll for directives every
 :func:`tfos._control.limits.event_poll_s` with its row counter, report a failure), and
@@ -17,23 +19,33 @@ its feed task a third (claim partitions, report them sent and consumed).
 For each cluster size it measures:
 
 * ``registered_s``: from the nodes' start until the driver has every node registered, and
-  ``spec_s`` until every node holds the cluster spec;
+  ``spec_s`` until every node holds the cluster spec; ``form_cpu_s`` and ``form_frames``:
+  the driver's CPU seconds and the requests it answered until every node registered, and
+  ``nodes_cpu_s`` the node processes' CPU seconds meanwhile;
 * ``cpu_pct``: the driver process's CPU time per second of wall time while only heartbeats
   and directive polls flow (a steady cluster), in percent of one core;
 * ``frames_s``: control requests per second the driver answered in that window;
 * ``threads`` and ``rss_mib`` of the driver process, ``conns`` (peak connections),
-  ``refused`` (connections refused or evicted by a cap, and rejected frames);
+  ``refused`` (connections refused or evicted by a cap, and rejected frames),
+  ``listen_overflows`` (connections the kernel dropped because a listener's accept queue
+  was full: counted for the whole network namespace, so other programs' listeners too);
 * ``feed_s``: time for every node's feed task to claim, hand over and acknowledge its
   partitions (counts checked exactly: every partition granted once, the feed closed);
 * ``exception_s`` / ``silence_s`` / ``drop_s``: from the moment one node fails (reports an
   exception; goes silent with its connections open; drops its connections without a word)
   until the driver's ``train()`` raises the ClusterFailedError naming it, while the other
-  nodes heartbeat, poll and feed. Each failure kind runs in a fresh cluster.
+  nodes heartbeat, poll and feed. Each failure kind runs in a fresh cluster;
+* ``hb_stale_s``: the longest time since a live node's last heartbeat (or its registration)
+  that the driver's cluster state held before the failure (sampled every 0.5 s): the
+  margin healthy nodes keep against ``heartbeat_timeout``; ``hb_gap_s``: the longest gap
+  between two heartbeats one simulated node sent, and ``hb_rtt_s`` the slowest answer to
+  one (the nodes' side: a gap with fast answers means the node processes lagged).
 
 Usage::
 
     python scripts/sim_cluster.py                       # N = 10, 100, 500, 2000
     python scripts/sim_cluster.py --nodes 2000 --repeat 3 --heartbeat-timeout 15
+    python scripts/sim_cluster.py --nodes 2000 --kinds exception --tf-startup-s 5   # start tasks poll 2.5-7.5 s
     nice -n 10 python scripts/sim_cluster.py --json out.json
 
 Figures and how they were taken: docs/performance.md "Scale".
@@ -45,6 +57,7 @@ import argparse
 import asyncio
 import json
 import logging
+import math
 import os
 import random
 import resource
@@ -61,7 +74,7 @@ import psutil
 from tfos._common import wire as _wire
 from tfos._common.deadline import Deadline
 from tfos._control import messages as _msg
-from tfos._control.limits import event_poll_s, heartbeat_interval_s
+from tfos._control.limits import event_poll_s, heartbeat_interval_s, start_poll_s
 from tfos._control.protocol import ClientSession, FrameReader
 from tfos._driver.runtime import ClusterRuntime
 from tfos.cluster_template import NodeInfo, build_template, roles_from_template
@@ -168,7 +181,8 @@ class SimConnection:
 
 
 class SimNode:
-    """One node: its supervisor's connection and its TF process's connection."""
+    """One node: its Spark start task's connection (until the node registered), its
+    supervisor's and its TF process's connections, its feed task's."""
 
     def __init__(self, cfg: dict, eid: int, worker: "NodeWorker"):
         self.cfg, self.eid, self.worker = cfg, eid, worker
@@ -180,13 +194,17 @@ class SimNode:
         self.sup = SimConnection("127.0.0.1", cfg["port"], worker.key, cfg["cluster_id"])
         self.tf = SimConnection("127.0.0.1", cfg["port"], worker.key, cfg["cluster_id"])
         self.feed: Optional[SimConnection] = None
+        self.start: Optional[SimConnection] = None
 
     def spawn(self, coro: Any) -> None:
         self.tasks.append(asyncio.ensure_future(coro))
 
     async def run(self) -> None:
         deadline = time.monotonic() + 120.0
+        self.spawn(self.start_task())
         self.spawn(self.heartbeats())
+        if self.cfg["tf_startup_s"]:  # the TF process starts (Python, TensorFlow's import) before it registers
+            await asyncio.sleep(self.cfg["tf_startup_s"] * random.uniform(0.5, 1.5))
         await self.tf.open(deadline)
         node = NodeInfo(self.eid, self.role.job_name, self.role.task_index, "127.0.0.1", 20000 + self.eid,
                         30000 + self.eid, os.getpid(), f"127.0.0.1/{self.eid}")
@@ -205,16 +223,40 @@ class SimNode:
         await self.tf.call(_msg.Status(self.eid, _msg.NodeState.RUNNING), 10.0)
         self.spawn(self.events())
 
+    async def start_task(self) -> None:
+        """The node's Spark start task (InputMode.SPARK), as ``_await_registration`` of
+        tfos._node.start_task: from the supervisor's start until the node registered, it
+        asks the driver for the node's state every :func:`start_poll_s`, on a connection of its
+        own, which it then closes."""
+        self.start = SimConnection("127.0.0.1", self.cfg["port"], self.worker.key, self.cfg["cluster_id"])
+        try:
+            while self.alive:
+                r = await self.start.call(_msg.NodeStateQuery(self.eid), 10.0)
+                if r.get("state") not in (None, "pending") or r.get("cluster_failed"):
+                    return
+                await asyncio.sleep(start_poll_s(self.cfg["num_nodes"]))
+        finally:
+            self.start.close()
+
     async def heartbeats(self) -> None:
         interval = self.cfg["hb_interval_s"]
         await asyncio.sleep(random.random() * interval)  # the nodes' heartbeats spread over an interval
         await self.sup.open(time.monotonic() + 120.0)  # as a real client, connected by its first request
+        # As the real supervisor's loop: it checks its TF process every tick (1 s, or the
+        # interval when shorter) and sends a heartbeat at the first tick at least
+        # ``interval`` after the previous one went out; a slow answer delays the next by a tick.
+        tick = min(1.0, interval)
+        last = 0.0
         while self.alive:
+            sent = time.monotonic()
             d = await self.sup.call(_msg.Heartbeat(self.eid, pid=os.getpid(), host="127.0.0.1", rss=200 << 20), 10.0)
+            answered = time.monotonic()
+            self.worker.heartbeat_sent(sent, last, answered - sent)
+            last = sent
             if d.get("abort") or d.get("stop"):
                 await self.end(-15)
                 return
-            await asyncio.sleep(interval)
+            await asyncio.sleep(tick * max(1, math.ceil((sent + interval - answered) / tick - 1e-9)))
 
     async def events(self) -> None:
         known: dict = {}
@@ -244,7 +286,7 @@ class SimNode:
         for t in self.tasks:
             if t is not current:
                 t.cancel()
-        for conn in (self.sup, self.tf, self.feed):
+        for conn in (self.start, self.sup, self.tf, self.feed):
             if conn is not None:
                 conn.close(hard)
 
@@ -300,6 +342,12 @@ class NodeWorker:
         self.formed_count = 0
         self.first_formed = self.last_formed = 0.0
         self.out_lock = threading.Lock()
+        self.hb_gap = self.hb_rtt = 0.0  # the longest gap between two heartbeats of a node, the slowest answer
+
+    def heartbeat_sent(self, sent: float, previous: float, rtt: float) -> None:
+        if previous:
+            self.hb_gap = max(self.hb_gap, sent - previous)
+        self.hb_rtt = max(self.hb_rtt, rtt)
 
     def send(self, **event: Any) -> None:
         with self.out_lock:
@@ -337,6 +385,7 @@ class NodeWorker:
             self.roles = roles_from_template(build_template(cmd["num_nodes"], 0))
             self.nodes = {eid: SimNode(cmd, eid, self) for eid in cmd["nodes"]}
             self.expected, self.formed_count, self.first_formed = len(self.nodes), 0, 0.0
+            self.hb_gap = self.hb_rtt = 0.0
             for eid, node in self.nodes.items():
                 asyncio.ensure_future(self._guard(node.run(), eid))
         elif what == "feed":
@@ -356,7 +405,7 @@ class NodeWorker:
             for node in self.nodes.values():
                 node.stop(hard=True)
             self.nodes = {}
-            self.send(ev="stopped")
+            self.send(ev="stopped", hb_gap=self.hb_gap, hb_rtt=self.hb_rtt)
         elif what == "exit":
             self.loop.stop()
 
@@ -474,12 +523,51 @@ class Workers:
                 p.wait(10)
 
 
+def _listen_overflows() -> int:
+    """Connections the kernel dropped since boot because a listener's accept queue was full
+    (``TcpExt ListenOverflows`` of /proc/net/netstat: every listener of this network
+    namespace, not only the driver's); 0 where that file does not exist."""
+    try:
+        with open("/proc/net/netstat") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return 0
+    for names, values in zip(lines[::2], lines[1::2]):
+        if names.startswith("TcpExt:"):
+            return int(dict(zip(names.split()[1:], values.split()[1:])).get("ListenOverflows", 0))
+    return 0
+
+
+class _Staleness:
+    """The longest time since a live node's last heartbeat, as the driver's cluster state
+    holds it (what its liveness check compares with heartbeat_timeout), sampled every
+    0.5 s by a thread of the simulator until :meth:`end`: the margin healthy nodes keep."""
+
+    def __init__(self, state: Any):
+        self.state, self.max_s = state, 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="sim-staleness", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            seen = list(self.state.last_heartbeat.values())  # set at registration, then at each heartbeat
+            if seen:
+                self.max_s = max(self.max_s, time.monotonic() - min(seen))
+
+    def end(self) -> float:
+        self._stop.set()
+        self._thread.join(5.0)
+        return self.max_s
+
+
 def _cpu_s() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
 
 
-def run_cluster(workers: Workers, n: int, timeout_s: float, steady_s: float, kind: str, measure: bool, per_node: int = 2) -> dict:
+def run_cluster(workers: Workers, n: int, timeout_s: float, steady_s: float, kind: str, measure: bool, per_node: int = 2,
+                tf_startup_s: float = 0.0) -> dict:
     """Forms one cluster of ``n`` simulated nodes against a real driver runtime; measures
     (when ``measure``) its steady state and a feed, then fails one node the way ``kind``
     says and times the driver's error. Returns the figures."""
@@ -496,11 +584,13 @@ def run_cluster(workers: Workers, n: int, timeout_s: float, steady_s: float, kin
     out: dict = {"nodes": n, "hb_interval_s": heartbeat_interval_s(n, timeout_s), "poll_s": event_poll_s(n)}
     shares = [list(range(i, n, len(workers.procs))) for i in range(len(workers.procs))]
     shares = [s for s in shares if s]
+    overflows0 = _listen_overflows()
+    staleness = _Staleness(state)
     try:
         t0, cpu0, nodes_cpu0 = time.monotonic(), _cpu_s(), workers.cpu_s()
         for i, share in enumerate(shares):
             workers.send(i, cmd="start", cluster_id=cluster_id, port=server.port, key=key.hex(), nodes=share, num_nodes=n,
-                         hb_interval_s=out["hb_interval_s"], poll_s=out["poll_s"])
+                         hb_interval_s=out["hb_interval_s"], poll_s=out["poll_s"], tf_startup_s=tf_startup_s)
         outcome = ""
         deadline = Deadline(300.0, f"{n} simulated nodes to register")
         while outcome not in ("registered", "failed", "expired"):
@@ -509,6 +599,7 @@ def run_cluster(workers: Workers, n: int, timeout_s: float, steady_s: float, kin
             raise TFOSError(f"the simulated cluster did not form: {outcome}; missing {state.missing()[:10]}")
         out["registered_s"] = time.monotonic() - t0
         out["form_cpu_s"] = _cpu_s() - cpu0  # the driver's CPU seconds to register every node
+        out["form_frames"] = server.stats()["frames_in"]  # the requests it answered meanwhile (start tasks' polls too)
         out["nodes_cpu_s"] = workers.cpu_s() - nodes_cpu0  # the simulated nodes' (same machine)
         formed = workers.wait("formed", len(shares), 300.0)
         out["spec_s"] = max(e["last"] for e in formed) - t0
@@ -527,7 +618,7 @@ def run_cluster(workers: Workers, n: int, timeout_s: float, steady_s: float, kin
             # The driver side's threads: the main thread and those the runtime started.
             started = [t for t in threading.enumerate() if t.ident not in before and not t.name.startswith("sim-")]
             out["threads"] = 1 + len(started)
-            out["os_threads"] = 1 + proc.num_threads() - os_before
+            out["os_threads"] = 1 + proc.num_threads() - os_before - 1  # not the simulator's staleness sampler
             out["rss_mib"] = proc.memory_info().rss / 2**20
             out["load"] = os.getloadavg()[0]
             # A feed: every node's feed task claims its partitions; counts checked exactly.
@@ -547,6 +638,7 @@ def run_cluster(workers: Workers, n: int, timeout_s: float, steady_s: float, kin
             workers.send(i, cmd="feed", feed_id="sim-feed-busy", per_node=1000, num_nodes=n, trickle_s=2.0, report=False)
         job = runtime.run_job("train", "simulated feed", lambda: _cancelled(sc, runtime.job_group("train")))
         victim = random.randrange(1, n) if n > 1 else 0
+        out["hb_stale_s"] = staleness.end()
         workers.send(victim % len(workers.procs), cmd="inject", eid=victim, kind=kind)
         injected = workers.wait("injected", 1, 60.0)[0]
         try:
@@ -559,6 +651,7 @@ def run_cluster(workers: Workers, n: int, timeout_s: float, steady_s: float, kin
                 raise TFOSError(f"the driver's error does not name executor {victim}: {str(exc)[:500]}") from None
         return out
     finally:
+        staleness.end()
         if not runtime.closed:
             runtime.teardown(failed=True)
         runtime.join_teardown()
@@ -569,7 +662,10 @@ def run_cluster(workers: Workers, n: int, timeout_s: float, steady_s: float, kin
             print(f"  {n} nodes, {kind}: rejections {stats}", file=sys.stderr)
         for i, _ in enumerate(shares):
             workers.send(i, cmd="stop")
-        workers.wait("stopped", len(shares), 60.0)
+        stopped = workers.wait("stopped", len(shares), 60.0)
+        out["hb_gap_s"] = max(e["hb_gap"] for e in stopped)  # the nodes' side: longest gap between two heartbeats
+        out["hb_rtt_s"] = max(e["hb_rtt"] for e in stopped)  # and the slowest answer to one
+        out["listen_overflows"] = _listen_overflows() - overflows0
 
 
 def _cancelled(sc: FakeSparkContext, group: str) -> None:
@@ -578,24 +674,30 @@ def _cancelled(sc: FakeSparkContext, group: str) -> None:
     raise TFOSError(f"job group {group} cancelled")
 
 
-def run_size(n: int, procs: int, timeout_s: float, steady_s: float, kinds: tuple[str, ...]) -> dict:
+def run_size(n: int, procs: int, timeout_s: float, steady_s: float, kinds: tuple[str, ...], tf_startup_s: float = 0.0) -> dict:
     """Every measurement of one cluster size (one cluster per failure kind)."""
     workers = Workers(procs)
     try:
         merged: dict = {}
-        refused = conns = 0
+        summed = ("refused", "listen_overflows")
+        peaks = ("conns", "hb_stale_s", "hb_gap_s", "hb_rtt_s")
+        over: dict = {k: 0 for k in summed + peaks}
         for i, kind in enumerate(kinds):
-            res = run_cluster(workers, n, timeout_s, steady_s, kind, measure=(i == 0))
-            refused, conns = refused + res.pop("refused"), max(conns, res.pop("conns"))
+            res = run_cluster(workers, n, timeout_s, steady_s, kind, measure=(i == 0), tf_startup_s=tf_startup_s)
+            for k in summed:
+                over[k] += res.pop(k)
+            for k in peaks:
+                over[k] = max(over[k], res.pop(k))
             merged.update(res)
-        merged.update(refused=refused, conns=conns)  # over every cluster of this size
+        merged.update(over)  # over every cluster of this size
         return merged
     finally:
         workers.close()
 
 
-COLUMNS = ("nodes", "registered_s", "form_cpu_s", "nodes_cpu_s", "spec_s", "hb_interval_s", "frames_s", "cpu_pct", "threads", "os_threads", "rss_mib",
-           "conns", "refused", "feed_s", "exception_s", "silence_s", "drop_s", "load")
+COLUMNS = ("nodes", "registered_s", "form_cpu_s", "form_frames", "nodes_cpu_s", "spec_s", "hb_interval_s", "frames_s", "cpu_pct", "threads", "os_threads", "rss_mib",
+           "conns", "refused", "listen_overflows", "feed_s", "exception_s", "silence_s", "drop_s", "hb_stale_s", "hb_gap_s", "hb_rtt_s",
+           "load")
 
 
 def _fmt(values: list) -> str:
@@ -617,6 +719,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--heartbeat-timeout", type=float, default=15.0, help="heartbeat_timeout of run(), seconds")
     ap.add_argument("--steady-s", type=float, default=10.0, help="seconds of steady heartbeats measured")
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--tf-startup-s", type=float, default=0.0,
+                    help="a TF process registers this long (x 0.5-1.5) after its node started; its start task polls meanwhile")
     ap.add_argument("--kinds", default=",".join(FAILURE_KINDS))
     ap.add_argument("--json", default="", help="also write every run's figures to this file")
     ap.add_argument("--node-worker", action="store_true", help=argparse.SUPPRESS)
@@ -631,7 +735,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     for n in args.nodes:
         for r in range(args.repeat):
             procs = args.procs or min(8, max(1, n // 250))
-            res = run_size(n, procs, args.heartbeat_timeout, args.steady_s, kinds)
+            res = run_size(n, procs, args.heartbeat_timeout, args.steady_s, kinds, args.tf_startup_s)
             res["procs"] = procs
             runs.append(res)
             print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in res.items()}), file=sys.stderr, flush=True)

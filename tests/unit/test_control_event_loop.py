@@ -16,7 +16,7 @@ from tfos._common import wire as _wire
 from tfos._common.deadline import Deadline
 from tfos._control import messages as msg
 from tfos._control.client import ControlClient, shared_client
-from tfos._control.limits import ControlLimits, event_poll_s, heartbeat_interval_s
+from tfos._control.limits import ControlLimits, event_poll_s, heartbeat_interval_s, start_poll_s
 from tfos._control.protocol import Call, ClientSession, FrameReader, LongPoll
 from tfos._control.server import ControlServer
 from tfos._driver.state import ClusterState
@@ -313,12 +313,38 @@ def test_caps_and_intervals_scale_with_the_cluster():
     assert ControlLimits.for_nodes(0) == ControlLimits()
     assert ControlLimits.for_nodes(50).max_connections == 512  # the defaults are the least
     big = ControlLimits.for_nodes(2000)
-    assert big.max_connections == 16064 and big.max_unauthenticated == 4064 and big.backlog == 4000
+    assert big.max_connections == 16064 and big.max_unauthenticated == 6064 and big.backlog == 6000
     assert big.handler_threads == ControlLimits().handler_threads  # threads do not grow with N
     assert heartbeat_interval_s(3, 15.0) == 1.0 and heartbeat_interval_s(3, 2.0) == 0.5
     assert heartbeat_interval_s(1000, 15.0) == 2.0 and heartbeat_interval_s(2000, 15.0) == 3.75
     assert heartbeat_interval_s(100000, 15.0) == 3.75  # four heartbeats per timeout, always
     assert event_poll_s(10) == 1.0 and event_poll_s(800) == 2.0 and event_poll_s(5000) == 5.0
+    # a forming cluster's start tasks: 0.2 s up to 400 nodes, then at most 2,000 questions a second
+    assert start_poll_s(2) == 0.2 and start_poll_s(400) == 0.2 and start_poll_s(2000) == 1.0
+    assert start_poll_s(100000) == 2.0
+
+
+def test_a_forming_cluster_opening_three_connections_per_node_at_once_loses_none():
+    """Each node of a forming InputMode.SPARK cluster opens its start task's, supervisor's
+    and TF process's connections at about the same moment: with all of them accepted and
+    none yet authenticated, none is evicted (two per node evicted 36 of these 300)."""
+    n = 100
+    limits = ControlLimits.for_nodes(n)
+    assert limits.max_unauthenticated >= 3 * n and limits.backlog >= 3 * n
+    srv = ControlServer(KEY, lambda body, peer: {"ok": True, "eid": body["executor_id"]}, "127.0.0.1", num_nodes=n)
+    clients: list[RawClient] = []
+    try:
+        for _ in range(3 * n):
+            clients.append(RawClient(srv.port))  # connected and its hello read, no frame sent yet
+        assert srv.stats()["connections"] == 3 * n and srv.stats()["evicted"] == 0, srv.stats()
+        for i, c in enumerate(clients):
+            c.send(msg.NodeStateQuery(executor_id=i % n))
+        assert [c.answer()["eid"] for c in clients] == [i % n for i in range(3 * n)]
+        assert srv.rejected == 0 and srv.stats()["evicted"] == 0
+    finally:
+        for c in clients:
+            c.close()
+        srv.close()
 
 
 def test_pipelined_requests_beyond_the_inflight_cap_are_all_answered_in_turn():

@@ -57,3 +57,10 @@ def test_no_connection_refused_and_few_driver_threads(figures):
     # the control server's loop and the liveness thread besides the main thread; no thread per connection
     assert figures["threads"] <= 4, figures
     assert figures["conns"] >= 20  # each node's supervisor and TF process, and its feed task
+
+
+def test_healthy_nodes_keep_a_margin_against_the_heartbeat_timeout(figures):
+    # the longest time since a live node's last heartbeat the driver held before a failure:
+    # heartbeats every TIMEOUT_S / 4 keep it well under the timeout (else a healthy node is lost)
+    assert 0 < figures["hb_stale_s"] < TIMEOUT_S, figures
+    assert figures["hb_gap_s"] >= TIMEOUT_S / 4 - 0.05, figures  # paced as the real supervisor

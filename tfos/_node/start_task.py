@@ -43,9 +43,6 @@ log = logging.getLogger(__name__)
 
 _LEN = struct.Struct(">Q")
 _R = TypeVar("_R")
-#: Longest single wait of an InputMode.SPARK start task for its supervisor's exit between
-#: questions to the driver (seconds).
-_START_POLL_S = 0.2
 # Supervisors spawned by this Python worker, kept so they are reaped (no zombies).
 _children: list[subprocess.Popen] = []
 _children_lock = threading.Lock()
@@ -384,10 +381,12 @@ def _await_registration(config: ClusterConfig, executor_id: int, proc: subproces
     """
     from tfos._common.deadline import Deadline
     from tfos._control.client import ControlClient
+    from tfos._control.limits import start_poll_s
     from tfos.errors import ControlProtocolError, DeadlineExceededError
 
     client = ControlClient(config.driver_host, config.driver_port, config.key, config.cluster_id, connect_timeout_s=10.0)
     deadline = Deadline(config.reservation_timeout_s, f"executor {executor_id} to register")
+    poll_s = start_poll_s(len(config.roles))  # stretches with the cluster (docs/performance.md "Scale")
     try:
         while not deadline.expired():
             code = proc.poll()
@@ -401,7 +400,7 @@ def _await_registration(config: ClusterConfig, executor_id: int, proc: subproces
             if state.get("state") not in (None, "pending") or state.get("cluster_failed"):
                 return None
             try:
-                return proc.wait(deadline.slice(_START_POLL_S))
+                return proc.wait(deadline.slice(poll_s))
             except subprocess.TimeoutExpired:
                 pass
         return None
