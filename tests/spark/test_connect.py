@@ -466,10 +466,11 @@ def test_tfparallel_runs_independent_instances(spark, tmp_path):
     _assert_all_gone()
 
 
-def _sleep_in_task(batches):
+def _sleep_in_task(batches, marker):
     import time
 
     for b in batches:
+        open(marker, "w").close()  # the task holds its slot from here
         time.sleep(120)
         yield b
 
@@ -481,6 +482,7 @@ def test_too_few_task_slots(spark, tmp_path):
     barrier stage for about 10 minutes)."""
     import threading
 
+    marker = str(tmp_path / "blocker.running")
     t0 = time.monotonic()
     with pytest.raises(ConfigurationError, match=r"has 2 task slot\(s\) but the cluster needs 3"):
         TFCluster.run(spark, tf_mode_fun, {"out": str(tmp_path)}, 3, 0)
@@ -489,14 +491,17 @@ def test_too_few_task_slots(spark, tmp_path):
     def hold_a_slot() -> None:
         spark.addTag("tfos-test-blocker")
         try:
-            spark.range(0, 1, 1, 1).mapInArrow(_sleep_in_task, "id long").collect()
+            spark.range(0, 1, 1, 1).mapInArrow(lambda batches: _sleep_in_task(batches, marker), "id long").collect()
         except Exception:  # interrupted below
             pass
 
     blocker = threading.Thread(target=hold_a_slot, daemon=True)
     blocker.start()
     try:
-        time.sleep(3)  # the blocking task runs
+        end = time.monotonic() + 120
+        while not os.path.exists(marker) and time.monotonic() < end:
+            time.sleep(0.1)
+        assert os.path.exists(marker), "the blocking task did not start"
         t0 = time.monotonic()
         with pytest.raises(ReservationTimeoutError, match=r"did not finish within reservation_timeout=8 s, so it was interrupted"):
             TFCluster.run(spark, tf_mode_fun, {"out": str(tmp_path)}, 2, 0, reservation_timeout=8)
