@@ -203,6 +203,17 @@ def test_every_module_logger_is_named_after_its_module():
     assert wrong == [], "use logging.getLogger(__name__)"
 
 
+def test_entry_modules_log_under_the_tfos_logger_when_run_with_dash_m():
+    # ``python -m tfos._node.tf_process`` runs the module as "__main__": a plain
+    # getLogger(__name__) there is the "__main__" logger, outside 'tfos' and its handler.
+    wrong = []
+    for name, (path, _) in _modules().items():
+        text = path.read_text(encoding="utf-8")
+        if 'if __name__ == "__main__"' in text and "getLogger(__name__)" in text:
+            wrong.append(f"{path.relative_to(ROOT)}: getLogger(__name__) in a module run with python -m")
+    assert wrong == [], "use getLogger(__spec__.name if __name__ == '__main__' and __spec__ is not None else __name__)"
+
+
 def test_the_driver_modules_log_under_tfcluster_logger():
     from tfos import TFCluster
     from tfos._driver import state, streaming

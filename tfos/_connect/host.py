@@ -47,7 +47,9 @@ from tfos.errors import ConfigurationError, ControlProtocolError, NodeFailure
 
 __all__ = ["HostLaunch", "ControlHost", "MAX_POLL_S", "write_host_launch", "read_host_launch"]
 
-log = logging.getLogger(__name__)
+# Run as ``python -m``: __name__ is "__main__" there, outside the 'tfos' logger and its
+# handler (its records went to stderr bare, its INFO lines nowhere); __spec__ has the real name.
+log = logging.getLogger(__spec__.name if __name__ == "__main__" and __spec__ is not None else __name__)
 
 #: Longest a ``client_wait`` request is held open, in seconds.
 MAX_POLL_S = 10.0

@@ -45,7 +45,9 @@ from tfos._node.start_task import read_launch, setup_process_logging, start_node
 from tfos.cluster_template import InputMode
 from tfos.errors import ControlProtocolError, DeadlineExceededError, NodeFailure
 
-log = logging.getLogger(__name__)
+# Run as ``python -m``: __name__ is "__main__" there, outside the 'tfos' logger and its
+# handler (its records went to stderr bare, its INFO lines nowhere); __spec__ has the real name.
+log = logging.getLogger(__spec__.name if __name__ == "__main__" and __spec__ is not None else __name__)
 
 #: Seconds the TF process gets to exit by itself after a stop directive.
 STOP_GRACE_S = 10.0

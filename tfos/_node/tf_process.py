@@ -49,7 +49,9 @@ from tfos.cluster_template import InputMode, NodeInfo, tf_config_json
 from tfos.errors import ControlProtocolError, DeadlineExceededError, NodeFailure, ReservationTimeoutError
 from tfos.node_context import TFNodeContext, absolute_path
 
-log = logging.getLogger(__name__)
+# Run as ``python -m``: __name__ is "__main__" there, outside the 'tfos' logger and its
+# handler (its records went to stderr bare, its INFO lines nowhere); __spec__ has the real name.
+log = logging.getLogger(__spec__.name if __name__ == "__main__" and __spec__ is not None else __name__)
 
 _MAX_TRACEBACK_CHARS = 60000
 _REQ_ERRORS = (OSError, ControlProtocolError, DeadlineExceededError)
