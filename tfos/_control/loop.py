@@ -103,6 +103,17 @@ def _malformed(body: dict, exc: BaseException) -> str:
     return f"malformed {str(body.get('type'))[:40]!r} message: {type(exc).__name__}: {str(exc)[:200]}"
 
 
+def _run_call(call: Call, body: dict) -> Any:
+    """Runs a decoded request's handler (the loop thread, or a handler thread when the call
+    may block); a refusal or a malformed message becomes the reply's rejection."""
+    try:
+        return call.run()
+    except ControlProtocolError as exc:
+        return _Reject(str(exc))
+    except Exception as exc:  # noqa: BLE001 - a malformed message from a key holder
+        return _Reject(_malformed(body, exc))
+
+
 class EventLoop:
     """The event loop of one control server (run in its own thread by :meth:`run`).
 
@@ -365,22 +376,10 @@ class EventLoop:
             except RuntimeError:  # the pool is shut down: the server is closing
                 self._close(conn)
             return
-        try:
-            result: Any = call.run()
-        except ControlProtocolError as exc:
-            result = _Reject(str(exc))
-        except Exception as exc:  # noqa: BLE001 - a malformed message from a key holder
-            result = _Reject(_malformed(body, exc))
-        self._complete(conn, seq, result)
+        self._complete(conn, seq, _run_call(call, body))
 
     def _pooled(self, conn: _Conn, seq: int, call: Call, body: dict) -> None:
-        try:
-            result: Any = call.run()
-        except ControlProtocolError as exc:
-            result = _Reject(str(exc))
-        except Exception as exc:  # noqa: BLE001 - a malformed message from a key holder
-            result = _Reject(_malformed(body, exc))
-        self.done.append((conn, seq, result))
+        self.done.append((conn, seq, _run_call(call, body)))
         self.wake()
 
     def _drain_done(self) -> None:
