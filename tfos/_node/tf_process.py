@@ -36,6 +36,7 @@ from tfos._data.feed_hub import FeedHub
 from tfos._node import keras3_fix
 from tfos._node import task_world as _task_world
 from tfos._node.address_space import memory_limit_note
+from tfos._node.figures import FIGURES
 from tfos._node.launch import NodeLaunch
 from tfos._node.output import (
     OUTPUT_MARK_ENV,
@@ -543,7 +544,7 @@ def _event_loop(client: ControlClient, eid: int, hub: Optional[FeedHub], stop_ev
     while True:
         try:
             d = client.call(
-                _msg.WaitEvent(executor_id=eid, known=known, counters={"rows": hub.rows_taken if hub else 0}, poll_s=poll_s),
+                _msg.WaitEvent(executor_id=eid, known=known, counters={**FIGURES.snapshot(), "rows": hub.rows_taken if hub else 0}, poll_s=poll_s),
                 timeout_s=poll_s + 14.0,
             )
         except _REQ_ERRORS:
