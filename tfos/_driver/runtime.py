@@ -22,6 +22,7 @@ import time
 from typing import Any, Callable, Optional, Sequence
 
 from tfos._control.server import ControlServer
+from tfos._driver import spark_bar as _spark_bar
 from tfos._driver.console import BarConsole
 from tfos._driver.open_clusters import any_open
 from tfos._driver.state import ClusterState
@@ -238,7 +239,8 @@ class ClusterRuntime:
         self._teardown_thread: Optional[threading.Thread] = None
         self._torn_down = threading.Event()
         install_py4j_redaction()
-        _node_output.note_spark_bar(_node_output.spark_shows_progress(sc))
+        _spark_bar.pause(sc)  # Spark's console bar is off while this cluster lives (tfos._driver.spark_bar)
+        _node_output.note_spark_bar(_spark_bar.showing(sc))
         threading.Thread(target=self._liveness_loop, name=f"{cluster_id}-liveness", daemon=True).start()
 
     @property
@@ -451,6 +453,7 @@ class ClusterRuntime:
                     proc.stdin.close()
             self._liveness_stop.set()
             self.server.close()
+            _spark_bar.resume(self.sc)
             self._torn_down.set()
         # main_fun's accumulator updates count once, for an attempt that ended well (a
         # failed one's nodes run again after a restart): tfos._driver.task_world.
