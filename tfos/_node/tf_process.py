@@ -36,7 +36,7 @@ from tfos._data.feed_hub import FeedHub
 from tfos._node import keras3_fix
 from tfos._node import task_world as _task_world
 from tfos._node.address_space import memory_limit_note
-from tfos._node.figures import live_snapshot
+from tfos._node.figures import live_snapshot, report_now
 from tfos._node.launch import NodeLaunch
 from tfos._node.output import (
     OUTPUT_MARK_ENV,
@@ -356,6 +356,7 @@ def run_node(launch: NodeLaunch) -> int:
             if exc.code not in (None, 0):
                 raise
         main_done.set()
+        report_now(client, eid, hub)  # main_fun's last rows and Keras steps, for the driver's summary
         _task_world.send_accumulator_updates(client, eid)  # before 'finished': the driver applies them at shutdown
         if hub is not None:
             hub.close("finished", f"main_fun on {launch.node_name} returned")
