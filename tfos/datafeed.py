@@ -518,7 +518,7 @@ class DataFeed:
         each call numbers its epochs from 0 on the driver and in error messages).
 
         Both epoch-aware forms keep every epoch whole when Spark runs a later epoch's
-        task before an earlier one's (``tfos._data.tfdata.EpochOrder``): the node holds a
+        task before an earlier one's (``tfos._data.epoch_order.EpochOrder``): the node holds a
         later epoch's chunks back in memory until the driver says the earlier epoch's
         partitions all went out and this node read its own; at most ``feed_timeout / 2``
         seconds and ``max(2 x buffer, 64 MiB)`` bytes, then a WARNING names the epoch.

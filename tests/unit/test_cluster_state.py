@@ -878,7 +878,7 @@ def test_status_is_a_json_ready_snapshot():
 
 
 def test_epoch_handover_counts_claimed_and_skipped_partitions_and_names_the_nodes_own():
-    """The epoch-aware readers' question (tfos._data.tfdata.EpochOrder): are the job
+    """The epoch-aware readers' question (tfos._data.epoch_order.EpochOrder): are the job
     partitions lo..hi-1 of a feed all handed to a node or skipped, and which went to me?"""
     cs = _state()
     a, b = "worker:0 (executor 1, host h)", "worker:1 (executor 2, host h)"

@@ -527,10 +527,10 @@ def test_epoch_order_gives_up_when_the_held_chunks_exceed_their_bound(hub, caplo
     late.end()
     hub.ask_driver = _Driver(hub, 0, [], never=True)
     feed = DataFeed(hub, timeout_s=10)
-    from tfos._data.tfdata import EpochOrder
+    from tfos._data.epoch_order import EpochOrder
 
     order = EpochOrder(feed, max_held_bytes=1)
-    with caplog.at_level(logging.WARNING, logger="tfos._data.tfdata"):
+    with caplog.at_level(logging.WARNING, logger="tfos._data.epoch_order"):
         t0 = time.monotonic()
         first = order.next()
     assert time.monotonic() - t0 < 2
@@ -548,7 +548,7 @@ def test_epoch_order_gives_up_after_half_the_feed_timeout_with_a_warning(hub, ca
     hub.ask_driver = _Driver(hub, 0, [], never=True)
     reader = FeedBatches(DataFeed(hub, timeout_s=10), 2, COLS, steps_per_epoch=1)
     t0 = time.monotonic()
-    with caplog.at_level(logging.WARNING, logger="tfos._data.tfdata"):
+    with caplog.at_level(logging.WARNING, logger="tfos._data.epoch_order"):
         it = iter(reader)
         first = next(it)  # epoch 0: one empty batch, once the wait gave up
         waited = time.monotonic() - t0

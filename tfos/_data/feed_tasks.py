@@ -733,7 +733,7 @@ def _notify_done(plan: FeedPlan, index: int) -> None:
 
 def _notify_skipped(plan: FeedPlan, index: int) -> None:
     """Tells the driver partition ``index`` went to no node, so that the nodes' epoch-aware
-    readers do not wait for it (see tfos._data.tfdata.EpochOrder)."""
+    readers do not wait for it (see tfos._data.epoch_order.EpochOrder)."""
     if plan.mode == "train" and plan.feed_id:
         _tell_driver(plan, "partition_skipped", index, "went to no node")
 
