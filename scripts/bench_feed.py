@@ -619,7 +619,7 @@ def main() -> int:
             spark_batch_rows = min(max_rec, max(_split(rows, parts)))
             row_bytes = IMAGE * 4 + 8 + 4
             try:  # tfos slices Spark's Arrow batches into chunks of about ARROW_CHUNK_BYTES
-                from tfos._data.feed_tasks import ARROW_CHUNK_BYTES
+                from tfos._data.arrow_chunks import ARROW_CHUNK_BYTES
                 df_rows_per_chunk = max(1, min(spark_batch_rows, ARROW_CHUNK_BYTES // row_bytes))
             except ImportError:
                 df_rows_per_chunk = spark_batch_rows

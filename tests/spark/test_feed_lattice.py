@@ -49,7 +49,7 @@ from pyspark.sql.types import (  # noqa: E402
     TimestampNTZType, TimestampType,
 )
 
-from tfos._data.feed_tasks import arrow_slices  # noqa: E402
+from tfos._data.arrow_chunks import arrow_slices  # noqa: E402
 from tfos._data.framing import SPARK_SCHEMA_KEY, arrow_rows, binary_as_bytes, feed_schema_json  # noqa: E402
 
 pytestmark = [pytest.mark.spark]

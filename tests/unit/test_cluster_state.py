@@ -913,7 +913,8 @@ def test_the_claim_survives_an_answer_lost_after_the_driver_recorded_it():
     granted, once, instead of failing as a re-run task."""
     from tfos._common import wire
     from tfos._control.server import ControlServer
-    from tfos._data.feed_tasks import FeedPlan, _claim
+    from tfos._data.feed_link import claim as _claim
+    from tfos._data.feed_plan import FeedPlan
 
     cs = _state()
     seen: list = []

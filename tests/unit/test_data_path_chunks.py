@@ -14,7 +14,7 @@ import pytest
 pa = pytest.importorskip("pyarrow")
 
 from tfos._data.framing import arrow_rows  # noqa: E402
-from tfos._data.feed_tasks import arrow_slices  # noqa: E402
+from tfos._data.arrow_chunks import arrow_slices  # noqa: E402
 from tfos.datafeed import result_frames  # noqa: E402
 
 

@@ -16,7 +16,8 @@ import pytest
 
 from tfos._common import wire as _wire
 from tfos._data.feed_hub import Chunk, FeedHub, PartitionEnd
-from tfos._data.feed_tasks import FeedPlan, _Link
+from tfos._data.feed_link import Link as _Link
+from tfos._data.feed_plan import FeedPlan
 from tfos._data.framing import FrameType, parse_json
 from tfos.cluster_template import NodeInfo
 from tfos.errors import FeedTimeoutError
