@@ -15,7 +15,7 @@ pa = pytest.importorskip("pyarrow")
 
 from tfos._data.framing import arrow_rows  # noqa: E402
 from tfos._data.arrow_chunks import arrow_slices  # noqa: E402
-from tfos.datafeed import result_frames  # noqa: E402
+from tfos._data.results import result_frames  # noqa: E402
 
 
 def _mnist_batch(n: int) -> "pa.RecordBatch":

@@ -186,7 +186,7 @@ def test_datafeed_on_tfos_hub_has_no_row_queues():
 
 
 def test_result_items_keep_numpy():
-    from tfos.datafeed import _result_items
+    from tfos._data.results import result_items as _result_items
 
     rows = _result_items(np.arange(6).reshape(3, 2))
     assert [type(r) for r in rows] == [np.ndarray] * 3 and rows[2].tolist() == [4, 5]
@@ -402,7 +402,7 @@ def test_reservation_non_json_register_leaves_the_connection_in_step(caplog):
 def test_result_items_refuse_what_is_not_one_result_per_row(bad, text):
     """batch_results(None) raised a bare TypeError and batch_results("xxxx") answered one
     row per character; both are InferenceResultError now, saying what was passed."""
-    from tfos.datafeed import _result_items
+    from tfos._data.results import result_items as _result_items
     from tfos.errors import InferenceResultError
 
     with pytest.raises(InferenceResultError) as info:
