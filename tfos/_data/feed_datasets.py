@@ -140,7 +140,9 @@ class FeedDatasets:
             rows_per_epoch: Rows of one epoch over all nodes (``data.count()`` on the driver,
                 passed to ``main_fun`` in its args).
             batch_size: Rows per step on one node (the per-worker batch).
-            num_nodes: Nodes fed (e.g. ``strategy.num_replicas_in_sync`` on CPU workers).
+            num_nodes: Nodes fed: ``ctx.num_workers`` (chief/master plus workers;
+                ``strategy.num_replicas_in_sync`` equals it only with one replica per
+                node). See docs/datafeed.md.
 
         Returns:
             The steps per epoch (>= 1).

@@ -18,6 +18,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from tfos._common.deadline import Deadline
 from tfos._control.limits import heartbeat_interval_s
+from tfos._driver import remedies
 from tfos._driver import streaming as _streaming
 from tfos._driver.backend import ClusterPlan, Launcher
 from tfos._driver.lifecycle import Controller, Lifecycle
@@ -448,7 +449,8 @@ def run(
         The running :class:`TFCluster`.
 
     Raises:
-        ConfigurationError: Bad arguments or Spark configuration (dynamic allocation, more
+        ConfigurationError: A master URL Spark cannot parse (checked first; the message names
+            it and lists the forms Spark accepts), bad arguments or Spark configuration (dynamic allocation, more
             than one task slot per executor, too few executors or slots; see
             docs/deploy.md), before anything is launched.
         ReservationTimeoutError: Not every node registered within ``reservation_timeout``.
@@ -457,6 +459,12 @@ def run(
     """
     from tfos._connect.client import is_connect_session
 
+    if not is_connect_session(sc):  # before anything else (a Connect server's master is its own)
+        master = getattr(sc, "master", None)
+        if master is None and hasattr(sc, "sparkContext"):
+            master = sc.sparkContext.master
+        if master is not None:
+            remedies.check_master_url(master)
     _check_seconds("reservation_timeout", reservation_timeout)
     _check_seconds("heartbeat_timeout", heartbeat_timeout)
     _check_seconds("executor_wait_s", executor_wait_s, allow_zero=True)
