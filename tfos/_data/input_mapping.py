@@ -11,7 +11,7 @@ from typing import Sequence
 
 __all__ = ["InputMapping", "row_names"]
 
-log = logging.getLogger("tfos.datafeed")
+log = logging.getLogger(__name__)
 
 
 def row_names(rows: Sequence, pos: int) -> tuple:

@@ -31,7 +31,7 @@ from tfos.errors import PortUnavailableError, ProtocolUnavailableError, TFServer
 
 __all__ = ["create_server", "reservation_compatible", "split_host_port"]
 
-logger = logging.getLogger("tfos.tf_server")
+logger = logging.getLogger(__name__)
 
 
 def _node_address(ctx: Any) -> str:

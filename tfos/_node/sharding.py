@@ -10,7 +10,7 @@ from typing import Any
 
 __all__ = ["LEADER_JOBS", "shard_files", "worker_rank"]
 
-logger = logging.getLogger("tfos.tf_server")
+logger = logging.getLogger(__name__)
 
 #: Jobs whose tasks rank before the 'worker' tasks in :func:`worker_rank`, in order.
 LEADER_JOBS: tuple[str, ...] = ("chief", "master")
