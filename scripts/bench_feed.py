@@ -469,7 +469,7 @@ def main() -> int:
     from pyspark.sql import SparkSession
 
     from tfos import TFCluster
-    from tfos._data.spark_rawio import raw_frames
+    from tfos._data.spark_rawio import raw_records
 
     load_start = os.getloadavg()
     conf = (
@@ -493,7 +493,7 @@ def main() -> int:
         print(f"generating {rows:,} rows in {parts} partitions ...", flush=True)
         rdd = make_rdd(sc, rows, parts).persist(StorageLevel.MEMORY_AND_DISK)
         assert rdd.count() == rows
-        raw = raw_frames(rdd)
+        raw = raw_records(rdd)
         sizes = raw.rdd.map(len).collect()
         rdd_batch = statistics.mean(sizes)
         # Feed tasks pack PySpark's batches into frames that close at the batch reaching
