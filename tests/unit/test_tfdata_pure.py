@@ -392,7 +392,7 @@ def test_malformed_row_inside_tf_data_is_reported_as_itself(hub):
 
     from tfos._data.tfdata import unwrap_tf_data_error
     from tfos._node.launch import NodeLaunch
-    from tfos._node.tf_process import _failure
+    from tfos._node.node_failure import node_failure as _failure
 
     a = Feeder(hub, 6, epoch=1)
     a.chunk(_rows(0, 3))
@@ -429,7 +429,7 @@ def test_malformed_row_inside_tf_data_is_reported_as_itself(hub):
 def test_failure_report_survives_an_exception_whose_str_raises():
     """An exception with a broken __str__ keeps its type and traceback (it used to kill the
     TF process before the report was sent: "ProcessDied ... exit code 1")."""
-    from tfos._node.tf_process import _failure
+    from tfos._node.node_failure import node_failure as _failure
 
     class Weird(Exception):
         def __str__(self):
