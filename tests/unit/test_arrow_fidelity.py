@@ -20,8 +20,8 @@ from pyspark.sql.types import (  # noqa: E402
 )
 
 from tfos._data.feed_hub import END_OF_FEED, FeedHub  # noqa: E402
-from tfos._data.framing import BINARY_AS_BYTES_KEY, feed_schema_json  # noqa: E402
-from tfos._data.framing import SPARK_SCHEMA_KEY, arrow_ndarray, arrow_rows, feed_schema_json  # noqa: E402
+from tfos._data.arrow_codec import BINARY_AS_BYTES_KEY, arrow_rows, feed_schema_json  # noqa: E402
+from tfos._data.arrow_views import SPARK_SCHEMA_KEY, arrow_ndarray  # noqa: E402
 from tfos._data.chunk_columns import arrow_columns  # noqa: E402
 from tfos._data.tfdata import FeedBatches  # noqa: E402
 from tfos.datafeed import DataFeed, rows_to_columns  # noqa: E402
@@ -179,7 +179,7 @@ def test_binary_as_bytes_reads_sparks_own_default():
 
     from types import SimpleNamespace
 
-    from tfos._data.framing import binary_as_bytes
+    from tfos._data.arrow_codec import binary_as_bytes
 
     assert binary_as_bytes(SimpleNamespace(conf=Conf("true"))) is True
     assert binary_as_bytes(SimpleNamespace(conf=Conf("false"))) is False
@@ -351,7 +351,7 @@ def test_arrow_column_path_views_nested_arrays_and_dense_vectors_without_copies(
     vec, label = arrow_columns(_ipc(dense), reader._cols)
     assert vec.dtype == np.float64 and vec.tolist() == [[0.5, 1.5, 2.5], [3.0, 4.0, 5.0]] and not vec.flags.writeable
     assert label.tolist() == [0, 1]
-    from tfos._data.framing import arrow_vector_ndarray
+    from tfos._data.arrow_vectors import arrow_vector_ndarray
 
     piece = _vector_batch([DenseVector([i, i + 0.5]) for i in range(5)]).slice(2, 2)  # offset 2, as arrow_slices cuts
     assert arrow_vector_ndarray(piece.column(0), piece.schema, 0).tolist() == [[2.0, 2.5], [3.0, 3.5]]

@@ -23,7 +23,9 @@ pa = pytest.importorskip("pyarrow")
 from tfos._common.deadline import Deadline  # noqa: E402
 from tfos._common.wire import DataAuthError, DataSession  # noqa: E402
 from tfos._data.arrow_chunks import arrow_ipc_parts, arrow_slices  # noqa: E402
-from tfos._data.framing import SPARK_SCHEMA_KEY, FrameType, arrow_rows, recv_frame, send_frame_parts  # noqa: E402
+from tfos._data.arrow_codec import arrow_rows  # noqa: E402
+from tfos._data.arrow_views import SPARK_SCHEMA_KEY  # noqa: E402
+from tfos._data.framing import FrameType, recv_frame, send_frame_parts  # noqa: E402
 
 
 def _joined_stream(batch, schema=None):

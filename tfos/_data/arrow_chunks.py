@@ -79,7 +79,7 @@ def arrow_ipc_parts(batch: Any, schema: Any = None) -> list:
     Args:
         batch: A ``pyarrow.RecordBatch`` (or a slice of one).
         schema: The stream's schema: ``batch.schema``, possibly with metadata (the Spark
-            schema, :data:`tfos._data.framing.SPARK_SCHEMA_KEY`). Default ``batch.schema``.
+            schema, :data:`tfos._data.arrow_views.SPARK_SCHEMA_KEY`). Default ``batch.schema``.
 
     Returns:
         Bytes-like objects (``pyarrow.Buffer`` and ``bytes``), in stream order.

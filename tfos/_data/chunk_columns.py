@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
+from tfos._data.arrow_codec import ArrowRows, arrow_rows
 from tfos._data.columns import rows_to_columns
-from tfos._data.framing import ArrowRows, ChunkKind, arrow_rows, decode_chunk
+from tfos._data.framing import ChunkKind, decode_chunk
 
 __all__ = ["Column", "chunk_columns", "arrow_columns", "batch_bytes", "columns_of", "check_batch_dims"]
 
@@ -71,7 +72,8 @@ def arrow_columns(payload: Any, cols: Sequence[Column]) -> Optional[tuple]:
     """
     import pyarrow as pa
 
-    from tfos._data.framing import _numeric_view, arrow_ndarray, arrow_vector_ndarray
+    from tfos._data.arrow_vectors import arrow_vector_ndarray
+    from tfos._data.arrow_views import arrow_ndarray, numeric_view
 
     batches = list(pa.ipc.open_stream(pa.py_buffer(payload)))
     if len(batches) != 1 or batches[0].num_columns != len(cols):
@@ -84,7 +86,7 @@ def arrow_columns(payload: Any, cols: Sequence[Column]) -> Optional[tuple]:
         if pa.types.is_integer(t) or pa.types.is_floating(t):
             if col.shape not in ((), None):
                 return None
-            view = _numeric_view(arr, 0, n)
+            view = numeric_view(arr, 0, n)
         elif pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
             if arr.null_count or col.shape is None or len(col.shape) < 1:
                 return None
@@ -130,21 +132,21 @@ def list_view(arr: Any, n: int, width: int) -> Any:
     ``width`` numbers, or None (other lengths, nulls or non-numeric values; pure)."""
     import pyarrow as pa
 
-    from tfos._data.framing import _equal_steps, _numeric_view
+    from tfos._data.arrow_views import equal_steps, numeric_view
 
     if pa.types.is_fixed_size_list(arr.type):
         if arr.type.list_size != width:
             return None
         start = arr.offset * width
     else:
-        offsets = _numeric_view(arr.offsets, 0, n + 1)
-        if offsets is None or (n and (int(offsets[1] - offsets[0]) != width or not _equal_steps(offsets))):
+        offsets = numeric_view(arr.offsets, 0, n + 1)
+        if offsets is None or (n and (int(offsets[1] - offsets[0]) != width or not equal_steps(offsets))):
             return None
         start = int(offsets[0])
     values = arr.values
     if values.null_count:
         return None
-    flat = _numeric_view(values, start, start + n * width)
+    flat = numeric_view(values, start, start + n * width)
     return None if flat is None else flat.reshape(n, width)
 
 

@@ -40,6 +40,7 @@ from typing import Any, Iterator, Optional, Union
 
 from tfos._common.wire import DataAuthError
 from tfos._data.arrow_chunks import ARROW_CHUNK_BYTES, arrow_ipc_parts, arrow_slices, rename_columns
+from tfos._data.arrow_views import SPARK_SCHEMA_KEY
 from tfos._data.feed_link import (
     Link,
     auth_lost,
@@ -53,7 +54,7 @@ from tfos._data.feed_link import (
     timed_out,
 )
 from tfos._data.feed_plan import FeedPlan
-from tfos._data.framing import MAX_DATA_FRAME_BYTES, SPARK_SCHEMA_KEY, ChunkKind, FrameType, parse_json
+from tfos._data.framing import MAX_DATA_FRAME_BYTES, ChunkKind, FrameType, parse_json
 from tfos._data.outbox import InputFailed, Outbox
 from tfos.errors import FeedError, FeedTimeoutError, TFOSError
 
@@ -351,9 +352,9 @@ def make_arrow_feed_fn(plan: FeedPlan, spark_schema_json: Optional[str] = None, 
     Args:
         plan: The feed plan.
         spark_schema_json: The DataFrame's Spark schema (``df.schema.json()``), put into
-            every chunk's Arrow schema metadata (:data:`tfos._data.framing.SPARK_SCHEMA_KEY`)
+            every chunk's Arrow schema metadata (:data:`tfos._data.arrow_views.SPARK_SCHEMA_KEY`)
             so the node can decode UDT columns (Spark ML vectors), whose Arrow form is a bare
-            struct. None (the default) when no column needs it (see :func:`tfos._data.framing.feed_schema_json`).
+            struct. None (the default) when no column needs it (see :func:`tfos._data.arrow_codec.feed_schema_json`).
         column_names: The DataFrame's own column names when the driver renamed its columns
             for ``mapInArrow`` (:func:`arrow_safe_dataframe`); None when it did not.
     """
