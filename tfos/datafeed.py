@@ -26,8 +26,9 @@ from typing import Any, Optional, Sequence, Union
 
 from ._common.deadline import Deadline
 from ._data.columns import rows_to_columns
+from ._data.feed_connection import END_OF_FEED, Chunk, FeedConnection, PartitionEnd
 from ._data.feed_datasets import FeedDatasets
-from ._data.feed_hub import END_OF_FEED, Chunk, FeedConnection, FeedHub, PartitionEnd
+from ._data.feed_hub import FeedHub
 from ._data.framing import FrameType, decode_chunk
 from ._data.input_mapping import InputMapping, row_names
 from ._data.results import result_frames, result_items

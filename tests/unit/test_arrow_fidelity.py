@@ -19,7 +19,8 @@ from pyspark.sql.types import (  # noqa: E402
     ArrayType, DoubleType, LongType, MapType, StringType, StructField, StructType,
 )
 
-from tfos._data.feed_hub import END_OF_FEED, FeedHub  # noqa: E402
+from tfos._data.feed_connection import END_OF_FEED  # noqa: E402
+from tfos._data.feed_hub import FeedHub  # noqa: E402
 from tfos._data.arrow_codec import BINARY_AS_BYTES_KEY, arrow_rows, feed_schema_json  # noqa: E402
 from tfos._data.arrow_views import SPARK_SCHEMA_KEY, arrow_ndarray  # noqa: E402
 from tfos._data.chunk_columns import arrow_columns  # noqa: E402

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from tfos._data.framing import FrameType
-from tfos._data.feed_hub import END_OF_FEED, FeedHub
+from tfos._data.feed_connection import END_OF_FEED
+from tfos._data.feed_hub import FeedHub
 from tfos.datafeed import DataFeed, rows_to_columns
 from feed_fakes import Feeder as _Feeder
 from tfos.errors import DeadlineExceededError, InferenceResultError, MalformedRowError, TFOSError

@@ -15,7 +15,8 @@ import pyarrow as pa
 import pytest
 
 from tfos._data.framing import FrameType
-from tfos._data.feed_hub import END_OF_FEED, FeedHub
+from tfos._data.feed_connection import END_OF_FEED
+from tfos._data.feed_hub import FeedHub
 from tfos._data.tfdata import FeedBatches
 from tfos.datafeed import DataFeed
 from feed_fakes import Feeder as _Feeder

@@ -364,7 +364,7 @@ def test_keras_default(monkeypatch, node_env, driver, expected):
 
 
 def test_empty_results_answer_an_empty_batch():
-    from tfos._data.feed_hub import END_OF_FEED
+    from tfos._data.feed_connection import END_OF_FEED
     from tfos.errors import InferenceResultError
 
     hub = _FakeHub()

@@ -18,7 +18,7 @@ import queue
 import time
 from typing import Any, Optional
 
-from tfos._data.feed_hub import END_OF_FEED, Chunk, PartitionEnd
+from tfos._data.feed_connection import END_OF_FEED, Chunk, PartitionEnd
 from tfos.errors import TFOSError
 
 __all__ = ["EpochOrder"]

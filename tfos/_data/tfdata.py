@@ -53,7 +53,7 @@ from typing import Any, Iterator, Optional, Sequence
 from tfos._data.chunk_columns import Column, batch_bytes, check_batch_dims, chunk_columns, columns_of
 from tfos._data.epoch_order import EpochOrder
 from tfos._data.epoch_steps import EpochSteps, check_steps
-from tfos._data.feed_hub import END_OF_FEED, Chunk, PartitionEnd
+from tfos._data.feed_connection import END_OF_FEED, Chunk, PartitionEnd
 from tfos.errors import InferenceResultError, TFOSError
 
 __all__ = ["FeedBatches", "feed_dataset", "steps_per_epoch", "DEFAULT_BUFFER_BYTES"]
