@@ -32,6 +32,7 @@ from ._data.feed_hub import FeedHub
 from ._data.framing import FrameType, decode_chunk
 from ._data.input_mapping import InputMapping, row_names
 from ._data.results import result_frames, result_items
+from ._node.figures import FIGURES
 from .errors import FeedAbortedError, InferenceResultError, TFOSError
 
 __all__ = ["DataFeed", "rows_to_columns"]
@@ -246,6 +247,15 @@ class DataFeed(FeedDatasets):
             rows = self._legacy.next_batch(batch_size)
             self.done_feeding = self._legacy.done_feeding
             return rows if self._mapping is None else self._mapping.positional(rows)
+        # main_fun's time in the feed (waiting for chunks, unpacking them): the driver's
+        # feed-wait share and its live wait (docs/status.md).
+        FIGURES.wait_begin("feed_wait")
+        try:
+            return self._next_batch(batch_size)
+        finally:
+            FIGURES.wait_end("feed_wait")
+
+    def _next_batch(self, batch_size: int) -> Union[list, dict]:
         if self._hub.aborted:
             self._raise_aborted()
         out: list = []

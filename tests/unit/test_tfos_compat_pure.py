@@ -353,7 +353,7 @@ def test_tfsparknode_cluster_spec():
 )
 def test_keras_default(monkeypatch, node_env, driver, expected):
     # Keras 3 unless TF_USE_LEGACY_KERAS is chosen: the node's own value wins, then the driver's.
-    from tfos._node.tf_process import _default_legacy_keras
+    from tfos._node.keras3_fix import default_legacy_keras as _default_legacy_keras
 
     if node_env is None:
         monkeypatch.delenv("TF_USE_LEGACY_KERAS", raising=False)

@@ -54,6 +54,7 @@ from tfos._data.chunk_columns import Column, batch_bytes, check_batch_dims, chun
 from tfos._data.epoch_order import EpochOrder
 from tfos._data.epoch_steps import EpochSteps, check_steps
 from tfos._data.feed_connection import END_OF_FEED, Chunk, PartitionEnd
+from tfos._node.figures import FIGURES
 from tfos.errors import InferenceResultError, TFOSError
 
 __all__ = ["FeedBatches", "feed_dataset", "steps_per_epoch", "DEFAULT_BUFFER_BYTES"]
@@ -282,14 +283,11 @@ class FeedBatches:
     def _epoch_of(self, conn: Any, current: Optional[int]) -> int:
         """The dataset's epoch of a chunk: its feed's epoch, counted on across train() calls.
 
-        Each ``train()`` call numbers its epochs from 0 (a resumed feed from its
-        ``first_epoch``); a chunk of another feed than the previous chunk's (the next
-        call) starts the epoch after ``current``, the epoch being read (None: none yet),
-        so that ``train(data, 2)`` then ``train(data, 1)`` make epochs 0, 1 and 2. The
-        epoch after the previous call is its last epoch as the feed header planned it
-        (``last_epoch``), not the last one this node read: a node that got no partition
-        of the previous call's last epochs (Spark ran them all on another executor) still
-        numbers the next call's first epoch after them, as every other node does.
+        A chunk of another feed than the previous chunk's (the next call) starts the epoch
+        after ``current`` (None: none yet), so ``train(data, 2)`` then ``train(data, 1)``
+        make epochs 0, 1 and 2; "after" the previous call's last epoch as its feed header
+        planned it (``last_epoch``), so a node that got no partition of those last epochs
+        numbers the next call's epochs as every other node does.
         """
         if current is None or not conn.feed_id or conn.feed_id == self._epoch_feed:
             if current is None:
@@ -418,6 +416,13 @@ class FeedBatches:
     # ------------------------------------------------------------------ consumer
     def _next(self) -> Any:
         began = time.perf_counter()
+        FIGURES.wait_begin("feed_wait")  # the driver's feed-wait share (docs/status.md)
+        try:
+            return self._next_item(began)
+        finally:
+            FIGURES.wait_end("feed_wait")
+
+    def _next_item(self, began: float) -> Any:
         while True:
             try:
                 item, size = self._out.get(timeout=1.0)

@@ -34,7 +34,7 @@ from tfos._data import local_socket as _local
 from tfos._data.feed_hub import FeedHub
 from tfos._node import keras3_fix
 from tfos._node import task_world as _task_world
-from tfos._node.figures import FIGURES
+from tfos._node.figures import live_snapshot
 from tfos._node.launch import NodeLaunch
 from tfos._node.node_failure import after_abort, node_failure
 from tfos._node.output import (
@@ -45,6 +45,7 @@ from tfos._node.output import (
     write_finished_marks,
 )
 from tfos._node.preimport import FEED_MODULES, await_preimport, preimport_async
+from tfos._node.stacks import thread_stacks
 from tfos._node.start_task import read_launch, setup_process_logging, watch_stdin_eof
 from tfos._node.tensorboard import start_tensorboard
 from tfos.cluster_template import InputMode, NodeInfo, tf_config_json
@@ -106,20 +107,6 @@ def _coordination_leader(role) -> bool:
     return bool(leader) and leader == f"/job:{role.job_name}/replica:0/task:{role.task_index}"
 
 
-# --- Keras flavour default (docs/migration.md "Keras") ---------------------------------------
-def _default_legacy_keras(driver_value: Optional[str]) -> None:
-    """Forwards the driver's ``TF_USE_LEGACY_KERAS`` before ``main_fun`` imports TensorFlow (TF process).
-
-    The node's own environment (e.g. ``spark.executorEnv.TF_USE_LEGACY_KERAS``) wins, then
-    the driver's value. Unset on both, nothing is set: ``tf.keras`` is Keras 3, TensorFlow's
-    default, as is ``import keras``; ``TF_USE_LEGACY_KERAS=1`` makes ``tf.keras`` Keras 2
-    (``tf_keras``), as TFoS programs expect.
-    """
-    if "TF_USE_LEGACY_KERAS" not in os.environ and driver_value is not None:
-        os.environ["TF_USE_LEGACY_KERAS"] = driver_value
-# --- end Keras flavour default --------------------------------------------------------------
-
-
 def run_node(launch: NodeLaunch) -> int:
     """Runs one node in this process; returns the exit code (TF process)."""
     return _NodeRun(launch).run()
@@ -163,8 +150,11 @@ class _NodeRun:
             ctx = self._context(spec, port_sock, me.port)
             main_thread = threading.current_thread()  # main_fun runs in this thread
 
-            def _stack() -> str:
-                return "" if self.main_done.is_set() else main_fun_stack(main_thread, launch.node_name)
+            def _stack(all_threads: bool = False) -> str:
+                main = "" if self.main_done.is_set() else main_fun_stack(main_thread, launch.node_name)
+                if all_threads:  # the driver's stall watch and cluster.stacks()
+                    return thread_stacks(launch.node_name, main_thread, main)
+                return main
 
             threading.Thread(target=_event_loop, args=(client, self.eid, hub, self.stop_event, self._on_stop, _stack,
                                                        event_poll_s(cfg.num_nodes)), name="tfos-events", daemon=True).start()
@@ -173,7 +163,7 @@ class _NodeRun:
             client.request("status", executor_id=self.eid, state="running", timeout_s=10.0)
             if cfg.release_port:
                 ctx.release_port()
-            _default_legacy_keras(cfg.tf_use_legacy_keras)
+            keras3_fix.default_legacy_keras(cfg.tf_use_legacy_keras)
             keras3_fix.install(cfg.keras3_fix)  # applied when main_fun imports Keras 3 (docs/keras.md)
             self._run_main(ctx)
             self._linger()
@@ -410,7 +400,7 @@ def cluster_spec_of(value: object) -> dict[str, list[str]]:
 
 
 def _event_loop(client: ControlClient, eid: int, hub: Optional[FeedHub], stop_event: threading.Event, on_stop,
-                stack_of: Optional[Callable[[], str]] = None, poll_s: float = 1.0) -> None:
+                stack_of: Optional[Callable[..., str]] = None, poll_s: float = 1.0) -> None:
     """Long-polls the driver for directives (TF process thread): each poll ends at once on
     a change, or after ``poll_s`` (longer in larger clusters, see
     :func:`tfos._control.limits.event_poll_s`), and carries the row counters."""
@@ -418,7 +408,7 @@ def _event_loop(client: ControlClient, eid: int, hub: Optional[FeedHub], stop_ev
     while True:
         try:
             d = client.call(
-                _msg.WaitEvent(executor_id=eid, known=known, counters={**FIGURES.snapshot(), "rows": hub.rows_taken if hub else 0}, poll_s=poll_s),
+                _msg.WaitEvent(executor_id=eid, known=known, counters=live_snapshot(hub), poll_s=poll_s),
                 timeout_s=poll_s + 14.0,
             )
         except _REQ_ERRORS:
@@ -432,15 +422,16 @@ def _event_loop(client: ControlClient, eid: int, hub: Optional[FeedHub], stop_ev
             hub.close_feed()
         ask = d.get("stack") or 0
         if ask and ask != known.get("stack") and stack_of is not None:
-            # A feed task timed out on this node and asks where main_fun is (see main_fun_stack).
+            # Where main_fun is (a feed task timed out: main_fun_stack), or every thread
+            # (the driver's stall watch, cluster.stacks(): tfos._node.stacks).
             try:
-                client.request("stack", executor_id=eid, seq=int(ask), text=stack_of(), timeout_s=5.0)
+                client.request("stack", executor_id=eid, seq=int(ask), text=stack_of(True) if d.get("stack_all") else stack_of(), timeout_s=5.0)
             except _REQ_ERRORS as exc:
                 log.warning("could not send main_fun's stack to the driver: %s", exc)
         if (d.get("stop") or d.get("abort")) and not stop_event.is_set():
             stop_event.set()
             on_stop()
-        known = {k: d.get(k) for k in ("stop", "feed_closed", "abort", "failed", "stack", "report")}
+        known = {k: d.get(k) for k in ("stop", "feed_closed", "abort", "failed", "stack", "stack_all", "report")}
 
 
 def _flush_std_streams() -> None:
