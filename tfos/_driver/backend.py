@@ -22,7 +22,7 @@ import uuid
 from typing import Any, Optional, Protocol, Sequence
 
 from tfos._common.deadline import Deadline
-from tfos._data.feed_tasks import FeedPlan
+from tfos._data.feed_plan import FeedPlan
 from tfos._node.launch import ClusterConfig
 from tfos.cluster_template import InputMode, NodeInfo, NodeRole
 from tfos.errors import ClusterFailedError
