@@ -22,7 +22,7 @@ STEPS = "keras_steps"
 
 def count_steps(trainer: Any) -> None:
     """Wraps ``trainer.TensorFlowTrainer.make_train_function`` (idempotent; TF process)."""
-    cls = getattr(trainer, "TensorFlowTrainer", None)
+    cls: Any = getattr(trainer, "TensorFlowTrainer", None)
     original = getattr(cls, "make_train_function", None)
     if original is None or getattr(original, "_tfos_counts_steps", False):
         return  # not Keras 3's trainer as tfos knows it: no steps counted
