@@ -361,6 +361,16 @@ def test_innermost_frame_of_main_fun():
              'Thread t:\n  File "threading.py", line 1, in run\n    z')
     assert st.innermost_of_main(stack).endswith("in quick_execute") and st.in_tensorflow(stack)
     assert not st.in_tensorflow(stack.replace("/tensorflow/", "/mine/")) and not st.in_tensorflow("")
+    # MultiWorkerMirroredStrategy's all-reduce waits in multiprocessing.pool and threading:
+    # the standard library's frames say where the wait is, TensorFlow's frame who waits
+    reduce = ('main_fun\'s stack:\n  File "m.py", line 3, in main_fun\n    model.fit(ds)\n'
+              '  File "/v/lib/python3.11/site-packages/tensorflow/python/distribute/cross_device_ops.py", line 1208, '
+              'in _all_reduce_per_replica_values\n    outputs_by_device = pool.map(thread_fn, list(range(num_devices)))\n'
+              '  File "/py/lib/python3.11/multiprocessing/pool.py", line 367, in map\n    return self._map_async()\n'
+              '  File "/py/lib/python3.11/threading.py", line 327, in wait\n    waiter.acquire()')
+    assert st.in_tensorflow(reduce) and "cross_device_ops.py" in st.innermost_of_main(reduce)
+    callback = reduce.replace('/v/lib/python3.11/site-packages/tensorflow/python/distribute/cross_device_ops.py', '/job/train.py')
+    assert not st.in_tensorflow(callback) and st.innermost_of_main(callback).startswith('File "/job/train.py"')
 
 
 def test_rows_by_epoch_of_the_latest_train_call():
