@@ -201,6 +201,20 @@ def test_monitor_reports_a_stall_once_with_stacks_and_the_waiting_node(caplog):
     assert [a["executor_id"] for a in state.stack_asks] == [1]
     assert not state.failures
     assert mon.last_stall == text
+    # a CPU blip (answering the stack request) is not progress that re-arms the report
+    for i in range(60, 100):
+        clock = 500_000 + i * 1000
+        f1 = {"clock_ms": clock, "rows": 500, "cpu_ms": 5000 + i + (3000 if i == 62 else 0), "queue_chunks": 4, "queue_capacity": 4}
+        f0 = {"clock_ms": clock, "rows": 600, "cpu_ms": 6000 + i, "queue_chunks": 0, "queue_capacity": 4, "feed_wait_since_ms": 512_000}
+        feed(mon, state, 1000.0 + i, {0: f0, 1: f1})
+    assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
+    # rows again, then stuck again: a second report
+    for i in range(100, 140):
+        clock = 500_000 + i * 1000
+        f1 = {"clock_ms": clock, "rows": 510, "cpu_ms": 9000 + i, "queue_chunks": 4, "queue_capacity": 4}
+        f0 = {"clock_ms": clock, "rows": 600, "cpu_ms": 6000 + i, "queue_chunks": 0, "queue_capacity": 4, "feed_wait_since_ms": 512_000}
+        feed(mon, state, 1000.0 + i, {0: f0, 1: f1})
+    assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 2
 
 
 def test_monitor_fail_action_records_a_stalled_failure():
