@@ -29,6 +29,7 @@ from ._common.deadline import Deadline
 from ._data.columns import rows_to_columns
 from ._data.feed_hub import END_OF_FEED, Chunk, FeedConnection, FeedHub, PartitionEnd
 from ._data.framing import FrameType, decode_chunk
+from ._node.row_count import ROWS
 from .errors import FeedAbortedError, InferenceResultError, TFOSError
 
 __all__ = ["DataFeed", "rows_to_columns"]
@@ -314,6 +315,8 @@ class DataFeed:
             # Counted as rows leave the feed (not when the batch is returned), so the driver's
             # final count after train() includes a last batch still waiting for more rows.
             self._hub.rows_taken += take
+            if conn.mode == "train":
+                ROWS.handed(conn.feed_id, conn.epoch, take)  # docs/datafeed.md "Row accounting"
             batch_conn = conn
         self._last_batch_empty = not out
         if out and batch_conn is not None:

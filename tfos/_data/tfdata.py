@@ -58,6 +58,7 @@ from typing import Any, Iterator, Optional, Sequence
 from tfos._data.columns import rows_to_columns
 from tfos._data.feed_hub import END_OF_FEED, Chunk, PartitionEnd
 from tfos._data.framing import ChunkKind, arrow_rows, decode_chunk
+from tfos._node.row_count import ROWS
 from tfos.errors import InferenceResultError, TFOSError
 
 __all__ = ["FeedBatches", "EpochOrder", "feed_dataset", "steps_per_epoch", "DEFAULT_BUFFER_BYTES"]
@@ -540,6 +541,8 @@ class FeedBatches:
         self._epoch_feed = ""  # feed id of the chunks being read (see _epoch_of)
         self._epoch_base = 0
         self._last_epoch = -1  # the dataset epoch of the last feed job's last epoch (-1: not known)
+        #: ``{dataset epoch: (feed id, epoch of that train() call)}``, for the row accounting.
+        self.epoch_keys: dict[int, tuple[str, int]] = {}
 
     # ------------------------------------------------------------ reader thread
     def start(self) -> None:
@@ -604,6 +607,8 @@ class FeedBatches:
             self._epoch_base = max(current, self._last_epoch) + 1 - conn.first_epoch
         if getattr(conn, "last_epoch", -1) >= 0:
             self._last_epoch = self._epoch_base + conn.last_epoch
+        if getattr(conn, "mode", "") == "train":
+            self.epoch_keys.setdefault(self._epoch_base + conn.epoch, (conn.feed_id, conn.epoch))  # row accounting
         return self._epoch_base + conn.epoch
 
     def _source(self) -> Any:
@@ -950,6 +955,8 @@ class FeedBatches:
             if self.drop_remainder and n < self.batch_size:
                 continue
             self.rows[use_epoch] += n
+            if use_epoch in self.epoch_keys:
+                ROWS.handed(*self.epoch_keys[use_epoch], n)  # docs/datafeed.md "Row accounting"
             if self.track_sums:
                 self._add_sums(use_epoch, batch)
             self.batches_out += 1

@@ -50,6 +50,9 @@ import os
 import sys
 from typing import Any, Optional, Sequence
 
+from tfos._node import keras3_arrays, keras3_outputs
+from tfos._node.row_count import ROWS
+
 log = logging.getLogger(__name__)
 
 #: Environment variable; ``0`` turns the fix off (in the TF process, before Keras is imported).
@@ -197,9 +200,11 @@ def _patch(trainer: Any) -> None:
 
     # tensorflow/tensorflow#72388: reduction "mean" across workers used axis=0, which fails
     # on scalar metrics; Keras means the element-wise mean across replicas (axis=None).
+    # keras-team/keras#19308, tensorflow/tensorflow#58938: values with no device (a metric's
+    # own variable, a Python number) failed in strategy.reduce: see keras3_outputs.
     def reduce_per_replica(values: Any, strategy: Any, reduction: str) -> Any:
         if reduction in ("auto", "mean") and multi_worker(strategy):
-            return tree.map_structure(lambda v: strategy.reduce("MEAN", v, axis=None), values)
+            return keras3_outputs.reduce_mean_across_workers(values, strategy)
         return keras_reduce_per_replica(values, strategy, reduction)
 
     # keras-team/keras#19246: with steps_per_execution > 1 Keras runs each step inside a
@@ -207,6 +212,8 @@ def _patch(trainer: Any) -> None:
     # conditional fails ("You must feed a value for placeholder tensor"). Here the loop's
     # condition checks that a batch is there, so the steps run unconditionally.
     def _make_function(self: Any, step_function: Any) -> Any:
+        if ROWS.enabled and getattr(step_function, "__name__", "") == "train_step":
+            step_function = keras3_outputs.counting_step(step_function, ROWS.counter())  # docs/datafeed.md
         keras_function = keras_make_function(self, step_function)
         strategy = self.distribute_strategy
         if self.steps_per_execution == 1 or not multi_worker(strategy):
@@ -250,6 +257,10 @@ def _patch(trainer: Any) -> None:
     trainer.TensorFlowTrainer._make_function = _make_function
     trainer.reduce_per_replica = reduce_per_replica
     _patch_callbacks(multi_worker)
+    keras3_arrays.patch(trainer, multi_worker)
+    from keras.src.trainers.epoch_iterator import EpochIterator
+
+    keras3_outputs.quiet_planned_end(EpochIterator, lambda: ROWS.enabled)
 
 
 def _patch_callbacks(multi_worker: Any) -> None:

@@ -33,7 +33,7 @@ from tfos._control.client import ControlClient
 from tfos._control.limits import event_poll_s
 from tfos._data import local_socket as _local
 from tfos._data.feed_hub import FeedHub
-from tfos._node import keras3_fix
+from tfos._node import keras3_fix, row_count
 from tfos._node import task_world as _task_world
 from tfos._node.address_space import memory_limit_note
 from tfos._node.figures import FIGURES
@@ -344,6 +344,8 @@ def run_node(launch: NodeLaunch) -> int:
             ctx.release_port()
         _default_legacy_keras(cfg.tf_use_legacy_keras)
         keras3_fix.install(cfg.keras3_fix)  # applied when main_fun imports Keras 3 (docs/keras.md)
+        if hub is not None:
+            row_count.start_fed_node()  # no auto-shard of fed data, row accounting (docs/datafeed.md)
         main_fun, tf_args = _task_world.load_payload(launch.fn_payload)  # from the local pipe, not the network
         log.info("tfos node %s: starting main_fun%s", launch.node_name, f" (attempt {launch.attempt})" if launch.attempt else "")
         try:
@@ -352,6 +354,8 @@ def run_node(launch: NodeLaunch) -> int:
             if exc.code not in (None, 0):
                 raise
         main_done.set()
+        if hub is not None:
+            row_count.finish_fed_node(lambda c: client.call(_msg.WaitEvent(executor_id=eid, known={}, counters={**c, "rows": hub.rows_taken}, poll_s=0.1), timeout_s=10.0))
         _task_world.send_accumulator_updates(client, eid)  # before 'finished': the driver applies them at shutdown
         if hub is not None:
             hub.close("finished", f"main_fun on {launch.node_name} returned")
