@@ -223,9 +223,7 @@ def test_numpy_fit_with_default_shuffle_trains_every_row_once_per_epoch(runs):
     # used to draw its own order and take its half of every batch of that order. A
     # subclassed two-input model (dict of arrays) with a custom train_step that counts the
     # rows it trains; validation_split, evaluate and predict on numpy.
-    w0, w1, ref = _same_training(runs, "numpy_default_shuffle")
-    for key in ("split", "predict"):
-        _close(w0[key], ref[key], f"numpy: worker 0 {key} vs one process")
+    w0, w1, ref = _case(runs, "numpy_default_shuffle")
     rows = len(w0["per_epoch"][0])
     for epoch in range(len(ref["per_epoch"])):
         both = np.asarray(w0["per_epoch"][epoch]) + np.asarray(w1["per_epoch"][epoch])
@@ -233,6 +231,9 @@ def test_numpy_fit_with_default_shuffle_trains_every_row_once_per_epoch(runs):
             f"epoch {epoch}: {int((both == 0).sum())} rows never trained, {int((both > 1).sum())} trained more than once")
         assert sum(w0["per_epoch"][epoch]) == sum(w1["per_epoch"][epoch]) == rows // 2
         assert ref["per_epoch"][epoch] == [1] * rows
+    _same_training(runs, "numpy_default_shuffle")
+    for key in ("split", "predict"):
+        _close(w0[key], ref[key], f"numpy: worker 0 {key} vs one process")
 
 
 def test_custom_metric_returning_its_variable_and_custom_steps_with_plain_values(runs):

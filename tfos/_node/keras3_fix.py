@@ -32,6 +32,12 @@ batches that iterator read ahead are never trained on, and ``evaluate`` may see 
 what the build reads (the model's layers are built, or every tensor's shape is known beyond
 the batch dimension); otherwise Keras builds as it does.
 
+Also applied under a multi-worker strategy (each in a module of its own): numpy/array inputs
+that Keras shuffles get one order every worker draws alike (:mod:`tfos._node.keras3_arrays`);
+step outputs with no device (a metric returning its variable, Python numbers) pass the
+reduction, and on a fed node ``train_step`` counts its rows and Keras's end-of-data warning
+is left out at a fed epoch's planned end (:mod:`tfos._node.keras3_outputs`).
+
 How it is applied: :func:`install` (called by the TF process right before ``main_fun``)
 registers an import hook, so nothing is imported until ``main_fun`` itself imports Keras 3
 (``import keras`` or ``tf.keras``); the hook patches the trainer module as it is loaded,
