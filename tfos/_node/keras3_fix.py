@@ -56,7 +56,7 @@ import os
 import sys
 from typing import Any, Optional, Sequence
 
-from tfos._node import keras3_arrays, keras3_outputs
+from tfos._node import keras3_arrays, keras3_outputs, keras_steps
 from tfos._node.row_count import ROWS
 
 log = logging.getLogger(__name__)
@@ -146,6 +146,7 @@ def apply(trainer: Any) -> bool:
             version, _tested_text(), OFF_SWITCH,
         )
     _patch(trainer)
+    keras_steps.count_steps(trainer)  # steps/s per node for the driver's status (docs/status.md)
     trainer._tfos_keras3_fix = True
     log.info("tfos: applied the Keras %s fix for MultiWorkerMirroredStrategy (docs/keras.md)", version)
     return True

@@ -136,13 +136,3 @@ def start_fed_node() -> None:
 
     ROWS.enable()
     fed_shard.install()
-
-
-def finish_fed_node(send: Callable[[dict], Any]) -> None:
-    """After ``main_fun`` returned on a fed node: ends the open epoch and sends the final
-    figures with ``send(counters)`` (one counter report; a failure is logged, not raised)."""
-    ROWS.close()
-    try:
-        send(FIGURES.snapshot())
-    except Exception as exc:  # noqa: BLE001 - the accounting never fails a node that trained well
-        log.warning("could not send the final row accounting to the driver: %s", exc)
