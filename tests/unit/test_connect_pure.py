@@ -166,7 +166,7 @@ def test_control_host_ends_the_cluster_without_a_client():
     t0 = time.monotonic()
     assert host.serve() == 0  # no client operation for 1 s: abort and exit (no node registered)
     assert time.monotonic() - t0 < 30.0
-    assert "no client operation" in host.state.abort_reason
+    assert "no client operation" in host.host.core.abort_reason
 
 
 def test_run_hands_a_connect_session_to_the_connect_path():
@@ -192,9 +192,9 @@ def test_control_host_ends_the_feed_once_every_partition_was_sent():
     try:
         assert host._dispatch({"type": "client_control", "cluster": "c1", "action": "close_feed_when_sent", "feed_id": "f", "total": 2}, "p") == {"ok": True}
         for index in (0, 1):
-            assert host.state.feed_closed is False
+            assert host.host.core.feed_closed is False
             host._dispatch({"type": "partition_sent", "cluster": "c1", "feed_id": "f", "index": index}, "p")
-        assert host.state.feed_closed is True
+        assert host.host.core.feed_closed is True
     finally:
         host.server.close()
 

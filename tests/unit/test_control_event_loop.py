@@ -1,6 +1,6 @@
 """The event-driven control server, the multiplexed client and the typed messages (C20).
 
-No Spark, no TensorFlow: real ControlServers over loopback, a real ClusterState, real
+No Spark, no TensorFlow: real ControlServers over loopback, a real ClusterHost, real
 ControlClients, and raw sockets speaking the protocol through its sessions.
 """
 
@@ -19,9 +19,14 @@ from tfos._control.client import ControlClient, shared_client
 from tfos._control.limits import ControlLimits, event_poll_s, heartbeat_interval_s, start_poll_s
 from tfos._control.protocol import Call, ClientSession, FrameReader, LongPoll
 from tfos._control.server import ControlServer
-from tfos._driver.state import ClusterState
+from tfos._control.host import ClusterHost
 from tfos.cluster_template import NodeInfo, build_template, roles_from_template
 from tfos.errors import ConfigurationError, ControlProtocolError, NodeFailure
+
+def _handle(host, body: dict, peer: str = "127.0.0.1:1") -> dict:
+    """One request answered in this thread (a long-poll waited for here)."""
+    return host.resolve(host.prepare(body, peer).run())
+
 
 KEY = _wire.new_key()
 CID = "tfos-unit-loop"
@@ -63,17 +68,17 @@ class RawClient:
         self.sock.close()
 
 
-def _state(n: int, timeout_s: float = 15.0) -> ClusterState:
-    return ClusterState(CID, roles_from_template(build_template(n, 0)), timeout_s)
+def _state(n: int, timeout_s: float = 15.0) -> ClusterHost:
+    return ClusterHost(CID, roles_from_template(build_template(n, 0)), timeout_s)
 
 
 def _node(eid: int) -> NodeInfo:
     return NodeInfo(eid, "worker", eid, "127.0.0.1", 20000 + eid, 0, 100 + eid)
 
 
-def _register_all(st: ClusterState) -> None:
-    for eid in range(len(st.roles)):
-        assert st.handle(dict(msg.Register(_node(eid)).body(), cluster=CID), "p")["ok"]
+def _register_all(st: ClusterHost) -> None:
+    for eid in range(len(st.core.roles)):
+        assert _handle(st, dict(msg.Register(_node(eid)).body(), cluster=CID), "p")["ok"]
 
 
 # ------------------------------------------------------------------ binding
@@ -129,7 +134,7 @@ def test_long_polls_hold_no_thread_and_are_answered_on_the_change():
             c.send(msg.WaitEvent(eid, known, {"rows": eid}, poll_s=5.0))
         Deadline(20, "every poll to be held").wait_for(lambda: srv.stats()["long_polls"] == n)
         assert threading.active_count() - before <= 1, threading.enumerate()
-        assert st.rows_consumed() == sum(range(n))
+        assert st.core.rows_consumed() == sum(range(n))
         t0 = time.monotonic()
         st.close_feed()
         answers = [c.answer() for c in clients]

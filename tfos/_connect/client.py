@@ -43,6 +43,8 @@ from tfos._connect.tasks import (
     make_start_fn,
     make_train_fn,
 )
+from tfos._control.host import ATTRIBUTION_S, STOP_TIMEOUT_S
+from tfos._control.messages import NodeState
 from tfos._data.feed_tasks import arrow_safe_dataframe
 from tfos._data.framing import binary_as_bytes, feed_schema_json
 from tfos._driver.backend import UNCOUNTED, AttemptReport, ClusterPlan, InferenceCall, TrainCall, feed_plan
@@ -56,10 +58,6 @@ __all__ = ["ConnectLauncher", "ConnectBackend", "is_connect_session", "DEFAULT_C
 
 log = logging.getLogger(__name__)
 
-#: Seconds to wait for the nodes' processes to exit after a stop directive.
-_STOP_TIMEOUT_S = 45.0
-#: Seconds to wait for a node's own failure report after a Spark job failed.
-_ATTRIBUTION_S = 5.0
 #: Seconds between keep-alive jobs while the client is idle.
 _KEEPALIVE_S = 30.0
 #: Smallest ``TFOS_CONNECT_CLIENT_TIMEOUT_S`` accepted (s): the idle client's keep-alive
@@ -329,7 +327,7 @@ class ConnectBackend:
         try:
             return run()
         except Exception as exc:  # noqa: BLE001 - Connect raises several exception types
-            raise self._fail(context, decode_failures(str(exc)), exc, attribution_s=_ATTRIBUTION_S) from exc
+            raise self._fail(context, decode_failures(str(exc)), exc, attribution_s=ATTRIBUTION_S) from exc
         finally:
             self._busy -= 1
             self._last_op = time.monotonic()
@@ -397,8 +395,8 @@ class ConnectBackend:
                 return True
         return False
 
-    def node_states(self) -> dict[int, str]:
-        return {int(k): str(v) for k, v in self._last_status.get("states", {}).items()}
+    def node_states(self) -> dict[int, NodeState]:
+        return {int(k): NodeState(v) for k, v in self._last_status.get("states", {}).items()}
 
     def stop(self) -> None:
         final = self._teardown(failed=False)
@@ -432,7 +430,7 @@ class ConnectBackend:
         self._keepalive_stop.set()
         final: Optional[dict] = None
         try:
-            deadline = Deadline(_STOP_TIMEOUT_S, "every node process to exit")
+            deadline = Deadline(STOP_TIMEOUT_S, "every node process to exit")
             while True:
                 poll = min(10.0, max(0.5, deadline.remaining()))
                 final = self._op("client_teardown", "teardown", timeout_s=attribution_s + poll + 20.0, abort=failed,
@@ -441,7 +439,7 @@ class ConnectBackend:
                 if final.get("done") or deadline.expired():
                     break
             if not final.get("done"):
-                log.warning("tfos cluster %s: not every node reported its exit within %g s", self.cluster_id, _STOP_TIMEOUT_S)
+                log.warning("tfos cluster %s: not every node reported its exit within %g s", self.cluster_id, STOP_TIMEOUT_S)
         except TFOSError as exc:
             log.warning("tfos cluster %s: teardown could not reach the control host: %s", self.cluster_id, exc)
         finally:

@@ -36,8 +36,8 @@ from typing import Optional
 
 from tfos._control import messages as _msg
 from tfos._control.client import ControlClient
+from tfos._control.registry import describe_exit
 from tfos._data import local_socket as _local
-from tfos._driver.state import describe_exit
 from tfos._node.address_space import memory_limit_exit_hint
 from tfos._node.launch import NodeLaunch
 from tfos._node.output import NodeOutput, tf_noise_level
