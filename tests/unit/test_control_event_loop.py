@@ -377,3 +377,26 @@ def test_pipelined_requests_beyond_the_inflight_cap_are_all_answered_in_turn():
         c.close()
         other.close()
         srv.close()
+
+
+def test_a_node_exit_report_is_served_while_the_interpreter_exits():
+    """At interpreter exit concurrent.futures refuses new work (its pool's submit raises
+    RuntimeError), while the driver's teardown still waits for the nodes' exit reports:
+    the server once closed the reporting node's connection silently, the node's exit went
+    unheard, and the healthy node of a failed cluster was declared lost 15 s later. The
+    report is served on a thread of its own instead."""
+    st = _state(2)
+    srv = ControlServer(KEY, st, "127.0.0.1")
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("cannot schedule new futures after interpreter shutdown")
+
+    try:
+        _register_all(st)
+        srv._loop.pool.submit = refuse
+        client = ControlClient("127.0.0.1", srv.port, KEY, CID, connect_timeout_s=10)
+        assert client.call(msg.Status(executor_id=1, state=msg.NodeState.EXITED, code=-15), timeout_s=10, retry=False)["ok"] is True
+        assert st.core.exit_codes == {1: -15}
+        client.close()
+    finally:
+        srv.close()

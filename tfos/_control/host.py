@@ -79,7 +79,7 @@ class ClusterHost:
         self.core = ClusterCore(cluster_id, roles, heartbeat_timeout_s)
         self._on_failure = on_failure
         self.log = logger
-        self._on_lines = on_lines or (lambda node, lines: [log.info("[%s] %s", node, ln) for ln in lines])
+        self._on_lines = on_lines or self._log_lines
         self._on_accumulators = on_accumulators or (lambda u: log.debug("accumulator updates of %s dropped", u.node_name))
         self._cond = threading.Condition()
         self._listeners: list[Callable[[Iterable[Hashable]], None]] = []
@@ -87,6 +87,10 @@ class ClusterHost:
         self._routes: dict[type, tuple[Callable[[Any], Reply], bool]] = {}
         self.server: Any = None
         self._liveness_stop = threading.Event()
+
+    def _log_lines(self, node: str, lines: list) -> None:
+        for ln in lines:
+            self.log.info("[%s] %s", node, ln)
 
     # ------------------------------------------------------------ placement
     def serve(self, key: bytes, bind_host: str) -> Any:
@@ -165,7 +169,7 @@ class ClusterHost:
     def _notify(self, effects: list[Effect]) -> list[Effect]:
         """Wakes the waiters and long-polls of the :class:`Notify` effects (caller holds
         the lock); returns the other effects."""
-        rest = []
+        rest: list[Effect] = []
         for e in effects:
             if isinstance(e, Notify):
                 self._cond.notify_all()
