@@ -29,6 +29,7 @@ from ._common.deadline import Deadline
 from ._data.columns import rows_to_columns
 from ._data.feed_hub import END_OF_FEED, Chunk, FeedConnection, FeedHub, PartitionEnd
 from ._data.framing import FrameType, decode_chunk
+from ._node.figures import FIGURES
 from .errors import FeedAbortedError, InferenceResultError, TFOSError
 
 __all__ = ["DataFeed", "rows_to_columns"]
@@ -273,6 +274,15 @@ class DataFeed:
             rows = self._legacy.next_batch(batch_size)
             self.done_feeding = self._legacy.done_feeding
             return rows if self.input_tensors is None else _to_columns(rows, self.input_tensors)
+        # main_fun's time in the feed (waiting for chunks, unpacking them): the driver's
+        # feed-wait share and its live wait (docs/status.md).
+        FIGURES.wait_begin("feed_wait")
+        try:
+            return self._next_batch(batch_size)
+        finally:
+            FIGURES.wait_end("feed_wait")
+
+    def _next_batch(self, batch_size: int) -> Union[list, dict]:
         if self._hub.aborted:
             self._raise_aborted()
         out: list = []
@@ -599,7 +609,9 @@ class DataFeed:
             rows_per_epoch: Rows of one epoch over all nodes (``data.count()`` on the driver,
                 passed to ``main_fun`` in its args).
             batch_size: Rows per step on one node (the per-worker batch).
-            num_nodes: Nodes fed (e.g. ``strategy.num_replicas_in_sync`` on CPU workers).
+            num_nodes: Nodes fed: ``ctx.num_workers`` (chief/master plus workers;
+                ``strategy.num_replicas_in_sync`` equals it only with one replica per
+                node). See docs/datafeed.md.
 
         Returns:
             The steps per epoch (>= 1).

@@ -165,7 +165,8 @@ class NodeFailure:
         host: The host the node ran on, or '' when it never registered.
         kind: 'exception' (main_fun raised), 'exited' (process ended with a non-zero code
             or a signal), 'lost' (no heartbeat within the timeout), 'feed' (a feed task
-            failed on this node's data), or 'spark' (the Spark job itself failed).
+            failed on this node's data), 'spark' (the Spark job itself failed), or
+            'stalled' (no progress for ``stall_timeout`` with ``stall_action="fail"``).
         error_type: The exception class name, e.g. 'ValueError'.
         message: The exception message or a description of the loss.
         traceback: The remote traceback text ('' when there is none).
@@ -246,13 +247,14 @@ def is_root_cause(failure: NodeFailure) -> bool:
     consequence of another failure (pure).
 
     Root causes: ``main_fun`` raised ('exception'), a node process died ('exited'), a node
-    or its executor was lost ('lost'), or a Spark job failed with no node report ('spark').
+    or its executor was lost ('lost'), a Spark job failed with no node report ('spark'), or
+    the driver found the node stalled with ``stall_action="fail"`` ('stalled').
     Consequences: feed tasks that saw a node fail or stop ('feed': FeedError,
     FeedTimeoutError, broken connections) and tasks killed or cancelled by the teardown.
     """
     if failure.error_type in _CONSEQUENCE_TYPES:
         return False
-    return failure.kind in ("exception", "exited", "lost", "spark")
+    return failure.kind in ("exception", "exited", "lost", "spark", "stalled")
 
 
 def root_causes(failures: Sequence[NodeFailure]) -> list[NodeFailure]:

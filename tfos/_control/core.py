@@ -138,6 +138,7 @@ class ClusterCore(Registry):
         self.role(eid)
         seq = self.stack_asked.get(eid, 0) + 1
         self.stack_asked[eid] = seq
+        self.stack_all[eid] = msg.all_threads
         self.notify(node_topic(eid))
 
         def ready() -> Optional[dict]:

@@ -125,6 +125,7 @@ class Registry:
         self.rss: dict[int, int] = {}
         #: Stack requests per node and the latest answer, (request number, text).
         self.stack_asked: dict[int, int] = {}
+        self.stack_all: dict[int, bool] = {}  # the last request asks for every thread
         self.stacks: dict[int, tuple[int, str]] = {}
         self.intrusions = 0
         self._spec_json: Optional[RawJSON] = None
@@ -424,6 +425,8 @@ class Registry:
         def current() -> dict:
             d = self.directives()
             d["stack"] = self.stack_asked.get(eid, 0)
+            if self.stack_all.get(eid):
+                d["stack_all"] = True
             if self.report_asked:
                 d["report"] = self.report_asked
             return d

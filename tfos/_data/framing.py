@@ -3,11 +3,15 @@
 A data connection goes from one Spark feed task to one node's TF process. After the
 mutual handshake (:func:`tfos._common.wire.server_handshake`), every frame in both directions is::
 
-    type (1 byte) | payload length (uint64, big-endian) | encrypted payload | tag (16 bytes)
+    type (1 byte) | payload length (uint64, big-endian) | header tag (16 bytes)
+        | encrypted payload | tag (16 bytes)
 
 where the payload is encrypted with AES-GCM and the tag authenticates type, length,
 payload and the frame's sequence number under the connection's session key for that
-direction (:class:`tfos._common.wire.DataSession`). A receiver acts on a frame (decodes
+direction (:class:`tfos._common.data_session.DataSession`). The header tag authenticates
+type, length and sequence number alone: a receiver checks it before it allocates anything
+for the announced length, so a forged length (a man in the middle of an unencrypted
+network) closes the connection at the cost of 25 bytes. A receiver acts on a frame (decodes
 JSON, queues a chunk that will be unpickled, yields a result) only after its tag checked.
 
 Client -> server: ``H`` header (JSON), ``D`` data chunk, ``E`` end of partition.
@@ -31,8 +35,9 @@ import socket
 import struct
 from typing import Any, Optional, Union
 
+from tfos._common.data_session import DataSession
 from tfos._common.deadline import Deadline
-from tfos._common.wire import DataSession, loads_strict, recv_into
+from tfos._common.wire import loads_strict, recv_into
 
 __all__ = [
     "FrameType", "ChunkKind", "send_frame", "send_frame_parts", "recv_frame", "send_json", "recv_json", "decode_chunk",
@@ -96,7 +101,8 @@ def send_frame(
     Frames of one direction must be sent one at a time, in order (the caller serialises).
     """
     head = _HEAD.pack(ftype.value[0], memoryview(payload).nbytes)
-    sealed = session.seal(ftype.value[0], head, payload)
+    head += session.seal_head(ftype.value[0], head)
+    sealed = session.seal(ftype.value[0], head[:_HEAD.size], payload)
     if len(sealed) < _GATHER_MIN_BYTES or not hasattr(sock, "sendmsg"):
         sock.sendall(head + sealed)
     else:
@@ -116,7 +122,7 @@ def seal_frame(session: DataSession, ftype: FrameType, payload: Union[bytes, byt
     if n > MAX_DATA_FRAME_BYTES:
         raise ValueError(f"a {ftype.name} frame of {n} bytes exceeds the cap of {MAX_DATA_FRAME_BYTES} bytes")
     head = _HEAD.pack(ftype.value[0], n)
-    return head + bytes(session.seal(ftype.value[0], head, payload))
+    return head + session.seal_head(ftype.value[0], head) + bytes(session.seal(ftype.value[0], head, payload))
 
 
 #: Frames smaller than this are sent with one ``sendall`` of a joined copy (header,
@@ -144,7 +150,8 @@ def send_frame_parts(sock: socket.socket, session: DataSession, ftype: FrameType
     if n > MAX_DATA_FRAME_BYTES:
         raise ValueError(f"a {ftype.name} frame of {n} bytes exceeds the cap of {MAX_DATA_FRAME_BYTES} bytes")
     head = _HEAD.pack(ftype.value[0], n)
-    sealed = session.seal_parts(ftype.value[0], head, views, n)
+    head += session.seal_head(ftype.value[0], head)
+    sealed = session.seal_parts(ftype.value[0], head[:_HEAD.size], views, n)
     if not hasattr(sock, "sendmsg"):
         sock.sendall(head + sealed)
         return
@@ -186,7 +193,8 @@ def recv_frame(
         sock: The connected socket.
         session: The connection's session (from the handshake).
         deadline: When the whole frame must have arrived.
-        max_bytes: Cap on the announced length, checked before anything is allocated.
+        max_bytes: Cap on the announced length, checked (after the header's own tag)
+            before anything is allocated.
 
     Returns:
         ``(frame type, payload)``, authenticated and decrypted (in the receive buffer).
@@ -194,12 +202,15 @@ def recv_frame(
     Raises:
         ConnectionError: The peer closed the connection, sent an unknown frame type or an
             oversize length.
-        DataAuthError: The tag is wrong (see :meth:`DataSession.check`).
+        DataAuthError: The header's tag or the frame's tag is wrong (a forged length is
+            refused before anything is allocated for it; see :meth:`DataSession.open`).
         DeadlineExceededError: The frame did not arrive in time.
     """
-    head = bytearray(_HEAD.size)
-    recv_into(sock, memoryview(head), deadline)
+    wire_head = bytearray(_HEAD.size + _TAG)
+    recv_into(sock, memoryview(wire_head), deadline)
+    head = bytes(wire_head[:_HEAD.size])
     code, n = _HEAD.unpack(head)
+    session.check_head(code, head, wire_head[_HEAD.size:])  # nothing sized by n before this
     try:
         ftype = FrameType(bytes([code]))
     except ValueError:
@@ -208,7 +219,7 @@ def recv_frame(
         raise ConnectionError(f"{ftype.name} data frame of {n} bytes exceeds the cap of {max_bytes} bytes")
     payload = bytearray(n + _TAG)
     recv_into(sock, memoryview(payload), deadline)
-    session.open(code, bytes(head), payload)  # decrypted in place, tag checked, then truncated
+    session.open(code, head, payload)  # decrypted in place, tag checked, then truncated
     return ftype, payload
 
 

@@ -58,6 +58,7 @@ from typing import Any, Iterator, Optional, Sequence
 from tfos._data.columns import rows_to_columns
 from tfos._data.feed_hub import END_OF_FEED, Chunk, PartitionEnd
 from tfos._data.framing import ChunkKind, arrow_rows, decode_chunk
+from tfos._node.figures import FIGURES
 from tfos.errors import InferenceResultError, TFOSError
 
 __all__ = ["FeedBatches", "EpochOrder", "feed_dataset", "steps_per_epoch", "DEFAULT_BUFFER_BYTES"]
@@ -898,6 +899,13 @@ class FeedBatches:
     # ------------------------------------------------------------------ consumer
     def _next(self) -> Any:
         began = time.perf_counter()
+        FIGURES.wait_begin("feed_wait")  # the driver's feed-wait share (docs/status.md)
+        try:
+            return self._next_item(began)
+        finally:
+            FIGURES.wait_end("feed_wait")
+
+    def _next_item(self, began: float) -> Any:
         while True:
             try:
                 item, size = self._out.get(timeout=1.0)

@@ -48,6 +48,8 @@ class ClusterPlan:
         executor_wait_s: Longest wait for Spark executors before a launch, in seconds.
         driver_ps_nodes: Run the ps nodes on the driver host.
         progress: Show a progress line during train()/inference() (classic only).
+        stall_timeout_s: Seconds without progress before a node is reported (0: off).
+        stall_action: 'warn' or 'fail' (see :mod:`tfos._driver.monitor`).
     """
 
     base_id: str
@@ -60,6 +62,8 @@ class ClusterPlan:
     executor_wait_s: float = 60.0
     driver_ps_nodes: bool = False
     progress: bool = True
+    stall_timeout_s: float = 600.0
+    stall_action: str = "warn"
 
     def cluster_id(self, attempt: int) -> str:
         """The cluster id of ``attempt`` (also the prefix of its Spark job groups)."""

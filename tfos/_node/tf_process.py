@@ -36,7 +36,7 @@ from tfos._data.feed_hub import FeedHub
 from tfos._node import keras3_fix
 from tfos._node import task_world as _task_world
 from tfos._node.address_space import memory_limit_note
-from tfos._node.figures import FIGURES
+from tfos._node.figures import live_snapshot
 from tfos._node.launch import NodeLaunch
 from tfos._node.output import (
     OUTPUT_MARK_ENV,
@@ -45,6 +45,7 @@ from tfos._node.output import (
     write_failure_marks,
     write_finished_marks,
 )
+from tfos._node.stacks import thread_stacks
 from tfos._node.start_task import read_launch, setup_process_logging, watch_stdin_eof
 from tfos.cluster_template import InputMode, NodeInfo, tf_config_json
 from tfos.errors import ControlProtocolError, DeadlineExceededError, NodeFailure, ReservationTimeoutError
@@ -332,7 +333,10 @@ def run_node(launch: NodeLaunch) -> int:
 
         main_thread = threading.current_thread()  # main_fun runs in this thread
 
-        def _stack() -> str:
+        def _stack(all_threads: bool = False) -> str:
+            if all_threads:  # the driver's stall watch and cluster.stacks()
+                main = "" if main_done.is_set() else main_fun_stack(main_thread, launch.node_name)
+                return thread_stacks(launch.node_name, main_thread, main)
             return "" if main_done.is_set() else main_fun_stack(main_thread, launch.node_name)
 
         threading.Thread(target=_event_loop, args=(client, eid, hub, stop_event, _on_stop, _stack, event_poll_s(cfg.num_nodes)),
@@ -536,7 +540,7 @@ def cluster_spec_of(value: object) -> dict[str, list[str]]:
 
 
 def _event_loop(client: ControlClient, eid: int, hub: Optional[FeedHub], stop_event: threading.Event, on_stop,
-                stack_of: Optional[Callable[[], str]] = None, poll_s: float = 1.0) -> None:
+                stack_of: Optional[Callable[..., str]] = None, poll_s: float = 1.0) -> None:
     """Long-polls the driver for directives (TF process thread): each poll ends at once on
     a change, or after ``poll_s`` (longer in larger clusters, see
     :func:`tfos._control.limits.event_poll_s`), and carries the row counters."""
@@ -544,7 +548,7 @@ def _event_loop(client: ControlClient, eid: int, hub: Optional[FeedHub], stop_ev
     while True:
         try:
             d = client.call(
-                _msg.WaitEvent(executor_id=eid, known=known, counters={**FIGURES.snapshot(), "rows": hub.rows_taken if hub else 0}, poll_s=poll_s),
+                _msg.WaitEvent(executor_id=eid, known=known, counters=live_snapshot(hub), poll_s=poll_s),
                 timeout_s=poll_s + 14.0,
             )
         except _REQ_ERRORS:
@@ -558,15 +562,16 @@ def _event_loop(client: ControlClient, eid: int, hub: Optional[FeedHub], stop_ev
             hub.close_feed()
         ask = d.get("stack") or 0
         if ask and ask != known.get("stack") and stack_of is not None:
-            # A feed task timed out on this node and asks where main_fun is (see main_fun_stack).
+            # Where main_fun is (a feed task timed out: main_fun_stack), or every thread
+            # (the driver's stall watch, cluster.stacks(): tfos._node.stacks).
             try:
-                client.request("stack", executor_id=eid, seq=int(ask), text=stack_of(), timeout_s=5.0)
+                client.request("stack", executor_id=eid, seq=int(ask), text=stack_of(True) if d.get("stack_all") else stack_of(), timeout_s=5.0)
             except _REQ_ERRORS as exc:
                 log.warning("could not send main_fun's stack to the driver: %s", exc)
         if (d.get("stop") or d.get("abort")) and not stop_event.is_set():
             stop_event.set()
             on_stop()
-        known = {k: d.get(k) for k in ("stop", "feed_closed", "abort", "failed", "stack", "report")}
+        known = {k: d.get(k) for k in ("stop", "feed_closed", "abort", "failed", "stack", "stack_all", "report")}
 
 
 def _flush_std_streams() -> None:
