@@ -17,6 +17,17 @@ from tfos.compat import checkpoint_callback
 from tfos.errors import ControlProtocolError, TFOSError
 from tfos.node_context import TFNodeContext
 
+def _send(client, msg_type: str, timeout_s: float = 30.0, retry: bool = True, connect_timeout_s=None, **fields) -> dict:
+    """A request of any type, as the protocol carries it (tfos itself sends typed messages,
+    ControlClient.call); a type of tfos._control.messages is checked first, as call() does."""
+    from tfos._control.messages import message_class
+
+    cls = message_class(msg_type)
+    if cls is not None:
+        cls.decode(fields)
+    return client._request(msg_type, fields, timeout_s, retry, connect_timeout_s)  # send_raw() without a connect budget
+
+
 def _handle(host, body: dict, peer: str = "127.0.0.1:1") -> dict:
     """One request answered in this thread (a long-poll waited for here)."""
     return host.resolve(host.prepare(body, peer).run())
@@ -190,10 +201,10 @@ def test_checkpoint_over_the_authenticated_channel():
     srv = ControlServer(key, st, "127.0.0.1")
     try:
         c = ControlClient(srv.host, srv.port, key, CID, connect_timeout_s=20)
-        assert c.request("checkpoint", executor_id=1, epochs=4, timeout_s=10.0) == {"ok": True, **_echo(c)}
+        assert _send(c, "checkpoint", executor_id=1, epochs=4, timeout_s=10.0) == {"ok": True, **_echo(c)}
         assert st.core.checkpoints() == {"worker:0": 4}
         with pytest.raises(ControlProtocolError, match="epochs must be an int >= 0"):
-            c.request("checkpoint", executor_id=1, epochs=-3, timeout_s=10.0, retry=False)  # refused by the sender
+            _send(c, "checkpoint", executor_id=1, epochs=-3, timeout_s=10.0, retry=False)  # refused by the sender
         assert srv.rejected == 0
         with pytest.raises((ConnectionError, ControlProtocolError)):  # the same body on the wire: refused by the server
             c._request("checkpoint", {"executor_id": 1, "epochs": -3}, 10.0, False, None)
