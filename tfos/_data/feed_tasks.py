@@ -377,13 +377,13 @@ def _node_gone(plan: FeedPlan, node: NodeInfo, where: str, exc: BaseException) -
         deadline = Deadline(8.0, "the node's final state")
         while not deadline.expired():
             state = c.call(_msg.NodeStateQuery(executor_id=node.executor_id), timeout_s=5.0)
-            if state.get("state") in ("finished", "failed", "stopped") or state.get("exit_code") is not None:
+            if state.get("state") in _msg.TERMINAL_STATES or state.get("exit_code") is not None:
                 break
             time.sleep(0.3)
         c.close()
     except (OSError, ControlProtocolError, DeadlineExceededError):
         pass
-    if state.get("state") in ("finished", "stopped") and not state.get("failure"):
+    if state.get("state") in (_msg.NodeState.FINISHED, _msg.NodeState.STOPPED) and not state.get("failure"):
         if plan.qname in state.get("terminated", ()):
             log.info("%s: main_fun called DataFeed.terminate() and returned; skipping the partition", where)
             return "terminated"

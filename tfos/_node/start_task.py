@@ -398,7 +398,7 @@ def _await_registration(config: ClusterConfig, executor_id: int, proc: subproces
             except (OSError, ControlProtocolError, DeadlineExceededError) as exc:
                 log.warning("start task of executor %d: cannot ask the driver (%s)", executor_id, exc)
                 state = {}
-            if state.get("state") not in (None, "pending") or state.get("cluster_failed"):
+            if state.get("state") not in (None, _msg.NodeState.PENDING) or state.get("cluster_failed"):
                 return None
             try:
                 return proc.wait(deadline.slice(poll_s))
