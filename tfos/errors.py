@@ -16,6 +16,9 @@ Hierarchy::
     │   └── FeedAbortedError      : the cluster aborted while main_fun read its feed
     ├── MalformedRowError         (also ValueError): a fed row does not match the signature
     ├── InferenceResultError      (also ValueError): main_fun returned too few/many results
+    ├── TFServerError             (also RuntimeError): a node's TF server could not start
+    │   ├── PortUnavailableError  : another process holds the node's port
+    │   └── ProtocolUnavailableError: the server protocol is not in this TF build
     ├── NodeFailedError           : one node failed (exception, lost, or killed)
     └── ClusterFailedError        : the aggregate raised to the user on the driver
         └── RecoveryFailedError   : every attempt of a cluster with max_restarts failed
@@ -41,6 +44,9 @@ __all__ = [
     "RecoveryFailedError",
     "FeedAbortedError",
     "NodeFailure",
+    "TFServerError",
+    "PortUnavailableError",
+    "ProtocolUnavailableError",
     "is_root_cause",
     "root_causes",
 ]
@@ -152,6 +158,18 @@ class MalformedRowError(TFOSError, ValueError):
 class InferenceResultError(TFOSError, ValueError):
     """``batch_results`` got a number of results different from the batch it answers,
     or ``main_fun`` ended while rows were still waiting for results."""
+
+
+class TFServerError(TFOSError, RuntimeError):
+    """A TensorFlow server for a tfos node could not be created or started."""
+
+
+class PortUnavailableError(TFServerError):
+    """The node's port is held by another process, so the server cannot bind it."""
+
+
+class ProtocolUnavailableError(TFServerError):
+    """The requested server protocol (e.g. ``grpc+verbs``) is not in this TF build."""
 
 
 @dataclasses.dataclass(frozen=True)

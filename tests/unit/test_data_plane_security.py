@@ -25,7 +25,8 @@ from tfos._control.client import ControlClient
 from tfos._control.server import ControlServer
 from tfos._data.framing import FrameType, recv_frame, recv_json, send_frame, send_json
 from tfos._common.deadline import Deadline
-from tfos._data.feed_hub import Chunk, FeedHub, PartitionEnd
+from tfos._data.feed_connection import Chunk, PartitionEnd
+from tfos._data.feed_hub import FeedHub
 from tfos._driver.spark_checks import warn_key_transport
 from tfos.errors import ControlProtocolError
 

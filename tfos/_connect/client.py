@@ -46,8 +46,8 @@ from tfos._connect.tasks import (
 from tfos._control import messages as _msg
 from tfos._control.host import ATTRIBUTION_S, STOP_TIMEOUT_S
 from tfos._control.messages import NodeState
+from tfos._data.arrow_codec import binary_as_bytes, feed_schema_json
 from tfos._data.feed_tasks import arrow_safe_dataframe
-from tfos._data.framing import binary_as_bytes, feed_schema_json
 from tfos._driver.backend import UNCOUNTED, AttemptReport, ClusterPlan, InferenceCall, TrainCall, feed_plan
 from tfos._driver.spark_checks import plan_layout, warn_key_transport
 from tfos._node.launch import ClusterConfig

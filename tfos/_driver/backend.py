@@ -23,7 +23,7 @@ from typing import Any, Optional, Protocol, Sequence
 
 from tfos._common.deadline import Deadline
 from tfos._control.messages import NodeState
-from tfos._data.feed_tasks import FeedPlan
+from tfos._data.feed_plan import FeedPlan
 from tfos._node.launch import ClusterConfig
 from tfos.cluster_template import InputMode, NodeInfo, NodeRole
 from tfos.errors import ClusterFailedError

@@ -21,8 +21,9 @@ from tfos._common import wire as _wire
 from tfos._common.deadline import Deadline
 from tfos._control.host import ATTRIBUTION_S
 from tfos._control.messages import NodeState
-from tfos._data.feed_tasks import FeedPlan, arrow_safe_dataframe, make_arrow_feed_fn, make_feed_fn, make_infer_fn
-from tfos._data.framing import binary_as_bytes, feed_schema_json
+from tfos._data.arrow_codec import binary_as_bytes, feed_schema_json
+from tfos._data.feed_plan import FeedPlan
+from tfos._data.feed_tasks import arrow_safe_dataframe, make_arrow_feed_fn, make_feed_fn, make_infer_fn
 from tfos._data.sources import FeedSource
 from tfos._driver.backend import AttemptReport, ClusterPlan, InferenceCall, TrainCall, feed_plan
 from tfos._driver.runtime import ClusterRuntime, JobThread, Progress, spark_error_text
