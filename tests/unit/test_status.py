@@ -303,3 +303,30 @@ def test_monitor_thread_starts_and_stops():
     assert any(t.name == "tfos-test-status" for t in threading.enumerate())
     mon.stop()
     assert not any(t.name == "tfos-test-status" for t in threading.enumerate())
+
+
+def test_keras_steps_are_counted_per_train_function_call():
+    import types
+
+    from tfos._node import keras_steps
+    from tfos._node.figures import FIGURES
+
+    class Trainer:
+        steps_per_execution = 4
+        train_function = None
+
+        def make_train_function(self, force=False):
+            if self.train_function is None or force:
+                self.train_function = lambda iterator: "logs"
+            return self.train_function
+
+    module = types.SimpleNamespace(TensorFlowTrainer=Trainer)
+    keras_steps.count_steps(module)
+    keras_steps.count_steps(module)  # idempotent: one wrapper
+    before = FIGURES.get("keras_steps")
+    t = Trainer()
+    t.make_train_function()
+    t.make_train_function()  # the counted function is kept, not wrapped twice
+    assert t.train_function(None) == "logs" and t.train_function(None) == "logs"
+    assert FIGURES.get("keras_steps") - before == 8
+    keras_steps.count_steps(types.SimpleNamespace())  # no trainer class: nothing done

@@ -120,6 +120,7 @@ class StatusMonitor:
             self._thread.join(5.0)
         self.tick()
         if self.scalars is not None:
+            self.scalars.write(self, [r.executor_id for r in self.state.roles], force=True)
             self.scalars.close()
 
     def _run(self) -> None:

@@ -136,7 +136,8 @@ def window_of(samples: Sequence[Mapping[str, int]], window_s: float = WINDOW_S) 
     span_s = span_ms / 1000.0
     inside = samples[base_i + 1:]
     cap = last.get("queue_capacity", 0)
-    steps0, steps1 = _steps(base), _steps(last)
+    steps1 = _steps(last)
+    steps0 = _steps(base) if _steps(base) is not None else (0 if steps1 is not None else None)  # before the first step
     since = last.get("feed_wait_since_ms", 0)
     return NodeWindow(
         span_s=span_s,

@@ -50,6 +50,8 @@ import os
 import sys
 from typing import Any, Optional, Sequence
 
+from tfos._node import keras_steps
+
 log = logging.getLogger(__name__)
 
 #: Environment variable; ``0`` turns the fix off (in the TF process, before Keras is imported).
@@ -137,6 +139,7 @@ def apply(trainer: Any) -> bool:
             version, _tested_text(), OFF_SWITCH,
         )
     _patch(trainer)
+    keras_steps.count_steps(trainer)  # steps/s per node for the driver's status (docs/status.md)
     trainer._tfos_keras3_fix = True
     log.info("tfos: applied the Keras %s fix for MultiWorkerMirroredStrategy (docs/keras.md)", version)
     return True

@@ -35,7 +35,7 @@ from tfos._data import local_socket as _local
 from tfos._data.feed_hub import FeedHub
 from tfos._node import keras3_fix
 from tfos._node import task_world as _task_world
-from tfos._node.figures import live_snapshot
+from tfos._node.figures import live_snapshot, report_now
 from tfos._node.launch import NodeLaunch
 from tfos._node.node_failure import after_abort, node_failure
 from tfos._node.output import (
@@ -272,6 +272,7 @@ class _NodeRun:
             if exc.code not in (None, 0):
                 raise
         self.main_done.set()
+        report_now(self.client, self.eid, self.hub)  # main_fun's last rows and Keras steps, for the driver's summary
         _task_world.send_accumulator_updates(self.client, self.eid)  # before 'finished': the driver applies them at shutdown
         if hub is not None:
             hub.close("finished", f"main_fun on {launch.node_name} returned")
