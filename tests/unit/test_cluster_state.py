@@ -1,4 +1,4 @@
-"""Unit tests of tfos._driver.state.ClusterHost (pure driver-side state machine)."""
+"""Unit tests of the control-plane core (tfos._control.core, registry, ledger) fed through its host, tfos._control.host.ClusterHost."""
 
 from __future__ import annotations
 
