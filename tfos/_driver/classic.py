@@ -316,6 +316,9 @@ class ClassicBackend:
     def node_states(self) -> dict[int, NodeState]:
         return self.host.read(lambda c: dict(c.proc_state))
 
+    def row_accounting(self) -> list:
+        return self.runtime.rows.check() or []
+
     def stop(self) -> None:
         self.runtime.teardown(failed=False)
         if self.host.core.failed:

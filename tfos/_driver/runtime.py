@@ -25,6 +25,7 @@ from tfos._control.host import ATTRIBUTION_S, STOP_TIMEOUT_S, ClusterHost
 from tfos._driver.console import BarConsole
 from tfos._driver.monitor import StatusMonitor
 from tfos._driver.open_clusters import any_open
+from tfos._driver.row_accounting import RowAccounting
 from tfos._driver.task_world import AccumulatorInbox
 from tfos._node import output as _node_output
 from tfos.cluster_template import NodeRole
@@ -223,6 +224,8 @@ class ClusterRuntime:
         self.accumulators = AccumulatorInbox()
         self.host = ClusterHost(cluster_id, roles, heartbeat_timeout_s, on_failure=self._on_first_failure,
                                 on_lines=_node_output.emit, on_accumulators=self._receive_accumulators, logger=log)
+        #: Rows fed vs trained per node and epoch, judged as figures arrive (docs/datafeed.md).
+        self.rows = RowAccounting(self.host.core)
         #: Every Spark job this cluster started, in order.
         self.jobs: list[JobThread] = []
         #: Node processes on the driver host (``driver_ps_nodes=True``).
@@ -293,6 +296,7 @@ class ClusterRuntime:
             while not host.wait_for_event_or_failure(job.done, 0.5 if progress else 5.0) and not core.failed:
                 if progress:
                     progress.update()
+                    self.rows.check()
             if core.failed:
                 raise self.fail(context)
             if job.error is not None:
@@ -313,6 +317,7 @@ class ClusterRuntime:
             ok = True
             if progress:
                 progress.finish(feed_ids())
+                self.rows.check()
             return job.result
         except BaseException as exc:
             if not isinstance(exc, TFOSError) and not self._closed:
