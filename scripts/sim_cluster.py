@@ -2,7 +2,7 @@
 """Cluster simulator: thousands of nodes against the real driver side of tfos.
 
 The driver side is real: a :class:`tfos._driver.runtime.ClusterRuntime` (its
-:class:`~tfos._driver.state.ClusterState`, its :class:`~tfos._control.server.ControlServer`,
+:class:`~tfos._control.host.ClusterHost` and its core, its :class:`~tfos._control.server.ControlServer`,
 its liveness thread, its failure handling and teardown) with only the SparkContext faked.
 The nodes are simulated: a few node processes, each running many nodes on one asyncio loop.
 Every simulated node speaks the real control protocol with the real key handling
@@ -593,7 +593,7 @@ def run_cluster(workers: Workers, n: int, timeout_s: float, steady_s: float, kin
     roles = roles_from_template(build_template(n, 0))
     sc = FakeSparkContext()
     runtime = ClusterRuntime(sc, cluster_id, roles, timeout_s, key, "127.0.0.1")
-    state, server = runtime.state, runtime.server
+    host, state, server = runtime.host, runtime.host.core, runtime.server
     out: dict = {"nodes": n, "hb_interval_s": heartbeat_interval_s(n, timeout_s), "poll_s": event_poll_s(n)}
     shares = [list(range(i, n, len(workers.procs))) for i in range(len(workers.procs))]
     shares = [s for s in shares if s]
@@ -607,7 +607,7 @@ def run_cluster(workers: Workers, n: int, timeout_s: float, steady_s: float, kin
         outcome = ""
         deadline = Deadline(300.0, f"{n} simulated nodes to register")
         while outcome not in ("registered", "failed", "expired"):
-            outcome = state.wait_until_registered(deadline, lambda: False)
+            outcome = host.wait_until_registered(deadline, lambda: False)
         if outcome != "registered":
             raise TFOSError(f"the simulated cluster did not form: {outcome}; missing {state.missing()[:10]}")
         out["registered_s"] = time.monotonic() - t0
@@ -638,14 +638,14 @@ def run_cluster(workers: Workers, n: int, timeout_s: float, steady_s: float, kin
             out["load"] = os.getloadavg()[0]
             # A feed: every node's feed task claims its partitions; counts checked exactly.
             feed_id, total = "sim-feed-1", n * per_node
-            state.close_feed_when_sent(feed_id, total)
+            host.close_feed_when_sent(feed_id, total)
             t1 = time.monotonic()
             for i, _ in enumerate(shares):
                 workers.send(i, cmd="feed", feed_id=feed_id, per_node=per_node, num_nodes=n)
             fed = workers.wait("fed", len(shares), 300.0)
             out["feed_s"] = max(e["t"] for e in fed) - t1
             granted = sum(e["granted"] for e in fed)
-            if granted != total or any(e["refused"] or e["errors"] for e in fed) or state.partitions_done(feed_id) != set(range(total)) \
+            if granted != total or any(e["refused"] or e["errors"] for e in fed) or state.ledger.partitions_done(feed_id) != set(range(total)) \
                     or not state.feed_closed:
                 raise TFOSError(f"feed counts wrong: granted {granted} of {total}, {fed}")
         # A failure while the others heartbeat, poll and feed (a slow trickle of partitions).

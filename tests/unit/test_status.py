@@ -141,7 +141,7 @@ def test_stall_args_are_checked_once():
 
 
 class FakeState:
-    """What the monitor reads of a ClusterState."""
+    """What the monitor uses of a ClusterHost (and reads of its core)."""
 
     cluster_id = "tfos-test"
 
@@ -159,10 +159,18 @@ class FakeState:
         r = self.roles[eid]
         return f"{r.job_name}:{r.task_index} (executor {eid}, host {self.hosts[eid]})"
 
-    def handle(self, body, peer):
+    @property
+    def core(self) -> "FakeState":
+        return self
+
+    def apply(self, msg):
+        body = dict(msg.body(), executor_id=msg.executor_id)
         self.stack_asks.append(body)
         assert body["type"] == "node_stack" and body["all_threads"] is True
         return {"stack": f"Threads of the TF process on node {body['executor_id']}:\n  File \"main.py\", line 7, in main_fun\n    blocker.wait()"}
+
+    def resolve(self, reply):
+        return reply
 
     def make_failure(self, eid, kind, error_type, message):
         return (eid, kind, error_type, message)
@@ -341,7 +349,8 @@ def test_keras_steps_are_counted_per_train_function_call():
 class CollectiveState(FakeState):
     """chief:0 blocked in a collective (TensorFlow's frame innermost), worker:0 in user code."""
 
-    def handle(self, body, peer):
+    def apply(self, msg):
+        body = dict(msg.body(), executor_id=msg.executor_id)
         self.stack_asks.append(body)
         if body["executor_id"] == 0:
             inner = ('  File "/venv/lib/python3.11/site-packages/tensorflow/python/eager/execute.py", line 53, in quick_execute\n'
