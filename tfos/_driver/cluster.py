@@ -1,7 +1,7 @@
 """``run()`` and the :class:`TFCluster` it returns: the one cluster users get (driver).
 
 ``run()`` checks its arguments once, whatever runs the cluster, plans the roles, picks the
-backend (:mod:`tfos._driver.classic` for a SparkContext, :mod:`tfos._connect.client` for a
+backend (:mod:`tfos._driver.classic` for a SparkContext, :mod:`tfos._connect.launcher` for a
 Spark Connect session; the protocol is :mod:`tfos._driver.backend`) and lets the cluster's
 controller (:mod:`tfos._driver.lifecycle`) form it. ``TFCluster``'s methods check their own
 arguments and ask the controller, which owns the lifecycle and the restarts.
@@ -20,11 +20,11 @@ from tfos._common.deadline import Deadline
 from tfos._control.limits import heartbeat_interval_s
 from tfos._data.feed_plan import FEED_TIMEOUT_S, check_feed_timeout
 from tfos._driver import remedies
-from tfos._driver import streaming as _streaming
+from tfos._driver import stream_feeds as _streaming
 from tfos._driver.backend import ClusterPlan, InferenceCall, Launcher, TrainCall
 from tfos._driver.lifecycle import Controller, Lifecycle
 from tfos._driver.monitor import STALL_TIMEOUT_S, check_stall_args, summary_text
-from tfos._driver.task_world import pickle_payload
+from tfos._driver.payload import pickle_payload
 from tfos.cluster_template import InputMode, build_cluster_spec, build_template, roles_from_template
 from tfos.errors import ClusterFailedError, ConfigurationError, check_num_epochs
 
@@ -538,7 +538,7 @@ def run(
         ClusterFailedError: A node failed while the cluster was forming
             (``RecoveryFailedError`` with ``max_restarts`` when no attempt formed).
     """
-    from tfos._connect.client import is_connect_session
+    from tfos._connect.launcher import is_connect_session
 
     if not is_connect_session(sc):  # before anything else (a Connect server's master is its own)
         master = getattr(sc, "master", None)
@@ -568,7 +568,7 @@ def run(
     )
     launcher: Launcher
     if is_connect_session(sc):  # Spark Connect client: docs/connect.md
-        from tfos._connect.client import ConnectLauncher
+        from tfos._connect.launcher import ConnectLauncher
 
         launcher = ConnectLauncher(sc, plan)
     else:

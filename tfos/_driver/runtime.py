@@ -465,7 +465,7 @@ class ClusterRuntime:
             self.server.close()
             self._torn_down.set()
         # main_fun's accumulator updates count once, for an attempt that ended well (a
-        # failed one's nodes run again after a restart): tfos._driver.task_world.
+        # failed one's nodes run again after a restart): tfos._driver.payload.
         if failed or st.failed:
             st.accumulators.drop(self.cluster_id, "the cluster attempt failed" + (f" ({reason})" if reason else ""))
         else:

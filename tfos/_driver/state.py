@@ -31,8 +31,8 @@ from tfos._common.deadline import Deadline
 from tfos._control import messages as _msg
 from tfos._control.messages import NodeState
 from tfos._control.protocol import Call, LongPoll, RawJSON, Reply, Topic, node_topic
+from tfos._driver.payload import AccumulatorInbox
 from tfos._driver.restart import NON_RETRYABLE
-from tfos._driver.task_world import AccumulatorInbox
 from tfos._node import output as _node_output
 from tfos.cluster_template import NodeInfo, NodeRole, build_cluster_spec
 from tfos.errors import ClusterFailedError, ControlProtocolError, DeadlineExceededError, NodeFailure, is_root_cause
@@ -944,7 +944,7 @@ class ClusterState:
         return {"ok": True}
 
     def _on_accumulators(self, msg: _msg.Accumulators) -> dict:
-        # What main_fun added to its payload's accumulators (tfos._driver.task_world).
+        # What main_fun added to its payload's accumulators (tfos._driver.payload).
         eid = msg.executor_id
         self.role(eid)
         self.accumulators.receive(eid, self.node_name(eid), list(msg.updates))
