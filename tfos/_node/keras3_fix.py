@@ -205,10 +205,25 @@ def _patch(trainer: Any) -> None:
             return tree.map_structure(lambda v: strategy.reduce("MEAN", v, axis=None), values)
         return keras_reduce_per_replica(values, strategy, reduction)
 
-    # keras-team/keras#19246: with steps_per_execution > 1 Keras runs each step inside a
-    # tf.cond, and a step's cross-replica merge (the gradient all-reduce) inside a
-    # conditional fails ("You must feed a value for placeholder tensor"). Here the loop's
-    # condition checks that a batch is there, so the steps run unconditionally.
+    _make_function = _unconditional_steps(trainer, keras_make_function, multi_worker)
+
+    _maybe_symbolic_build.__wrapped__ = keras_symbolic_build  # type: ignore[attr-defined]
+    reduce_per_replica.__wrapped__ = keras_reduce_per_replica  # type: ignore[attr-defined]
+    _make_function.__wrapped__ = keras_make_function  # type: ignore[attr-defined]
+    trainer.TensorFlowTrainer._maybe_symbolic_build = _maybe_symbolic_build
+    trainer.TensorFlowTrainer._make_function = _make_function
+    trainer.reduce_per_replica = reduce_per_replica
+    _patch_callbacks(multi_worker)
+
+
+def _unconditional_steps(trainer: Any, keras_make_function: Any, multi_worker: Any) -> Any:
+    """keras-team/keras#19246: with steps_per_execution > 1 Keras runs each step inside a
+    tf.cond, and a step's cross-replica merge (the gradient all-reduce) inside a
+    conditional fails ("You must feed a value for placeholder tensor"). The replacement of
+    ``TensorFlowTrainer._make_function`` returned here lets the loop's condition check that
+    a batch is there, so the steps run unconditionally (multi-worker strategies only)."""
+    import tensorflow as tf
+
     def _make_function(self: Any, step_function: Any) -> Any:
         keras_function = keras_make_function(self, step_function)
         strategy = self.distribute_strategy
@@ -246,13 +261,7 @@ def _patch(trainer: Any) -> None:
 
         return function
 
-    _maybe_symbolic_build.__wrapped__ = keras_symbolic_build  # type: ignore[attr-defined]
-    reduce_per_replica.__wrapped__ = keras_reduce_per_replica  # type: ignore[attr-defined]
-    _make_function.__wrapped__ = keras_make_function  # type: ignore[attr-defined]
-    trainer.TensorFlowTrainer._maybe_symbolic_build = _maybe_symbolic_build
-    trainer.TensorFlowTrainer._make_function = _make_function
-    trainer.reduce_per_replica = reduce_per_replica
-    _patch_callbacks(multi_worker)
+    return _make_function
 
 
 def _patch_callbacks(multi_worker: Any) -> None:
