@@ -1,10 +1,9 @@
 """``run()`` and the :class:`TFCluster` it returns: the one cluster users get (driver).
 
-``run()`` checks its arguments once, whatever runs the cluster, plans the roles, picks the
-backend (:mod:`tfos._driver.classic` for a SparkContext, :mod:`tfos._connect.launcher` for a
-Spark Connect session; the protocol is :mod:`tfos._driver.backend`) and lets the cluster's
-controller (:mod:`tfos._driver.lifecycle`) form it. ``TFCluster``'s methods check their own
-arguments and ask the controller, which owns the lifecycle and the restarts.
+``run()`` checks its arguments once, plans the roles, picks the backend (SparkContext:
+:mod:`tfos._driver.classic`, Spark Connect: :mod:`tfos._connect.launcher`; protocol:
+:mod:`tfos._driver.backend`) and lets the controller (:mod:`tfos._driver.lifecycle`) form it.
+``TFCluster``'s methods check their own arguments and ask the controller (lifecycle, restarts).
 """
 
 from __future__ import annotations
@@ -25,6 +24,7 @@ from tfos._driver.backend import ClusterPlan, InferenceCall, Launcher, TrainCall
 from tfos._driver.lifecycle import Controller, Lifecycle
 from tfos._driver.monitor import STALL_TIMEOUT_S, check_stall_args, summary_text
 from tfos._driver.payload import pickle_payload
+from tfos._node.launch import NodeSettings
 from tfos.cluster_template import InputMode, build_cluster_spec, build_template, roles_from_template
 from tfos.errors import ClusterFailedError, ConfigurationError, check_num_epochs
 
@@ -90,7 +90,7 @@ class TFCluster:
         self.cluster_template = plan.template
         self.defaultFS = controller.backend.config.default_fs
         self.working_dir = launcher.working_dir
-        self.queues: list[str] = list(plan.settings["queues"])
+        self.queues: list[str] = list(plan.settings.queues)
         self.progress = plan.progress
 
     # ------------------------------------------------------------- properties
@@ -358,8 +358,8 @@ class TFCluster:
             if _streaming.is_streaming_df(dataRDD):
                 raise ConfigurationError("inference(streaming DataFrame): use tfos.streaming.inference_stream(cluster, df, sink)")
         self._check_qname(qname)
-        data, parts, schema = self._ctl.launcher.inference_input(dataRDD, schema)
-        return self._ctl.inference(InferenceCall(data, parts, feed_timeout, qname, schema))
+        data, parts, result_schema = self._ctl.launcher.inference_input(dataRDD, schema)
+        return self._ctl.inference(InferenceCall(data, parts, feed_timeout, qname, result_schema))
 
     # --------------------------------------------------------------- shutdown
     @_records_failure
@@ -556,11 +556,10 @@ def run(
     template = build_template(num_executors, num_ps, master_node, eval_node)
     roles = tuple(roles_from_template(template))
     plan = ClusterPlan(
-        base_id=f"tfos-{uuid.uuid4().hex[:12]}", template=template, roles=roles,
-        input_mode=input_mode, payload=payload, reservation_timeout_s=float(reservation_timeout),
+        base_id=f"tfos-{uuid.uuid4().hex[:12]}", template=template, roles=roles, input_mode=input_mode, payload=payload,
         executor_wait_s=float(executor_wait_s), driver_ps_nodes=bool(driver_ps_nodes), progress=progress,
         stall_timeout_s=stall_timeout_s, stall_action=stall_action,
-        settings=dict(
+        settings=NodeSettings(
             heartbeat_interval_s=heartbeat_interval_s(len(roles), heartbeat_timeout), heartbeat_timeout_s=float(heartbeat_timeout),
             reservation_timeout_s=float(reservation_timeout), release_port=release_port, queues=queues,
             queue_chunks=queue_chunks, tensorboard=bool(tensorboard), log_dir=log_dir, forward_logs=forward_logs,
