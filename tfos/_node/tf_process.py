@@ -109,7 +109,7 @@ def _coordination_leader(role) -> bool:
 
 def run_node(launch: NodeLaunch) -> int:
     """Runs one node in this process; returns the exit code (TF process)."""
-    return _NodeRun(launch).run()
+    return _NodeRun(launch).run_node()
 
 
 class _NodeRun:
@@ -130,7 +130,8 @@ class _NodeRun:
         self.tb_proc: Optional[subprocess.Popen] = None
         self.sock_dir: "Optional[_local.SocketDir]" = None
 
-    def run(self) -> int:
+    def run_node(self) -> int:
+        """The steps, in order; the exit code (its frame names tracebacks and stacks as run_node)."""
         launch, cfg, role, client = self.launch, self.cfg, self.role, self.client
         try:
             port_sock = reserve_port(launch.host)
