@@ -26,7 +26,7 @@ With ``steps_per_epoch=S`` instead, one iteration runs over all epochs and cuts 
 epoch into exactly ``S`` batches on every node (see :mod:`tfos._data.epoch_steps`), so
 one ``model.fit(ds, epochs=n, steps_per_epoch=S)`` covers all epochs with one iterator:
 no ``fit`` restart and no new iterator between epochs. All nodes must use the same
-``S``; :func:`steps_per_epoch` derives it from the rows of one epoch.
+``S``; ``DataFeed.steps_per_epoch`` derives it from the rows of one epoch.
 
 Epoch order: both epoch-aware modes read through
 :class:`~tfos._data.epoch_order.EpochOrder`, so every epoch holds exactly the rows of one
@@ -50,14 +50,14 @@ import threading
 import time
 from typing import Any, Iterator, Optional, Sequence
 
-from tfos._data.chunk_columns import Column, batch_bytes, check_batch_dims, chunk_columns, columns_of
+from tfos._data.chunk_columns import Column, batch_bytes, chunk_columns
 from tfos._data.epoch_order import EpochOrder
 from tfos._data.epoch_steps import EpochSteps, check_steps
 from tfos._data.feed_connection import END_OF_FEED, Chunk, PartitionEnd
 from tfos._node.figures import FIGURES
 from tfos.errors import InferenceResultError, TFOSError
 
-__all__ = ["FeedBatches", "feed_dataset", "steps_per_epoch", "DEFAULT_BUFFER_BYTES"]
+__all__ = ["FeedBatches", "DEFAULT_BUFFER_BYTES"]
 
 log = logging.getLogger(__name__)
 
@@ -517,60 +517,3 @@ def _add_sums(sums: dict[int, list[float]], epoch: int, batch: tuple) -> None:
     for i, col in enumerate(batch):
         if col.dtype.kind in "biuf":
             total[i] += float(np.sum(col, dtype=np.float64))
-
-
-def feed_dataset(
-    feed: Any,
-    batch_size: int,
-    output_signature: Any,
-    drop_remainder: bool = False,
-    per_epoch: bool = False,
-    prefetch: int = 2,
-    buffer_batches: Optional[int] = None,
-    steps_per_epoch: Optional[int] = None,
-    shuffle_rows: int = 0,
-    shuffle_seed: Optional[int] = None,
-) -> Any:
-    """``DataFeed`` -> ``tf.data.Dataset`` of whole batches (TF process).
-
-    See :meth:`tfos.datafeed.DataFeed.as_dataset` for the arguments; the dataset keeps its
-    :class:`FeedBatches` as ``dataset.tfos_batches`` (row counts per epoch).
-
-    Raises:
-        TypeError: When ``output_signature`` is not a TensorSpec or tuple of them.
-        ValueError: A spec without the leading batch dimension (a per-row shape such as
-            ``TensorSpec(())``), or whose first dimension is fixed to another size than
-            ``batch_size``.
-    """
-    columns, single = columns_of(output_signature)
-    check_batch_dims(output_signature, batch_size)
-    reader = FeedBatches(feed, batch_size, columns, single=single, per_epoch=per_epoch,
-                         drop_remainder=drop_remainder, buffer_batches=buffer_batches,
-                         steps_per_epoch=steps_per_epoch, shuffle_rows=shuffle_rows, shuffle_seed=shuffle_seed)
-    ds = reader.dataset(output_signature, prefetch)
-    ds.tfos_batches = reader
-    return ds
-
-
-def steps_per_epoch(rows_per_epoch: int, batch_size: int, num_nodes: int) -> int:
-    """Steps of one epoch that every fed node agrees on (pure; anywhere).
-
-    ``ceil(rows_per_epoch / (batch_size x num_nodes))``: the steps of an epoch when the
-    rows are spread evenly over the nodes, each node taking ``batch_size`` rows per step.
-
-    Args:
-        rows_per_epoch: Rows of one epoch over all nodes (e.g. ``data.count()`` on the
-            driver, passed to ``main_fun`` in its args).
-        batch_size: Rows per step on one node (the per-worker batch).
-        num_nodes: Nodes fed (the workers of ``MultiWorkerMirroredStrategy``).
-
-    Returns:
-        The steps (>= 1).
-
-    Raises:
-        ValueError: For ``rows_per_epoch`` < 1, ``batch_size`` < 1 or ``num_nodes`` < 1.
-    """
-    if rows_per_epoch < 1 or batch_size < 1 or num_nodes < 1:
-        raise ValueError(f"rows_per_epoch, batch_size and num_nodes must be >= 1, got "
-                         f"{rows_per_epoch}, {batch_size}, {num_nodes}")
-    return -(-int(rows_per_epoch) // (int(batch_size) * int(num_nodes)))
