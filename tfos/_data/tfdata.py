@@ -8,27 +8,12 @@ of ready batches. TensorFlow then only receives whole batches:
 
 * :meth:`FeedBatches.dataset` is a ``tf.data.Dataset`` over them (``from_generator`` whose
   generator only hands over ready batches, followed by ``prefetch``);
-* iterating the object itself gives the numpy batches (for custom loops; e.g. a
-  ``ParameterServerStrategy`` coordinator could pass them to
-  ``ClusterCoordinator.schedule``, since PSS datasets run on remote workers and cannot
-  call back into this process, but tfos routes partitions to every chief/worker node, so
-  fed PSS training is not supported yet).
+* iterating the object itself gives the numpy batches (for custom loops).
 
-Epochs: ``cluster.train(data, num_epochs)`` tags every partition with its epoch. With
-``per_epoch=True`` each iteration over the dataset yields exactly one epoch (it ends as
-soon as the first chunk of a later epoch arrives, or at the end of the feed); the reader
-keeps reading ahead across epoch boundaries, so the next epoch is buffered before Keras
-asks for it. One ``model.fit(ds, initial_epoch=e, epochs=e + 1)`` per epoch on the same
-dataset trains every epoch exactly once (a single ``fit(epochs=n)`` only when all epochs
-have the same number of steps: tf_keras infers them from the first epoch).
-
-With ``steps_per_epoch=S`` instead, one iteration runs over all epochs and cuts each
-epoch into exactly ``S`` batches on every node (see :mod:`tfos._data.epoch_steps`), so
-one ``model.fit(ds, epochs=n, steps_per_epoch=S)`` covers all epochs with one iterator:
-no ``fit`` restart and no new iterator between epochs. All nodes must use the same
-``S``; ``DataFeed.steps_per_epoch`` derives it from the rows of one epoch.
-
-Epoch order: both epoch-aware modes read through
+Epochs (docs/datafeed.md "tf.data"): with ``per_epoch=True`` each iteration yields exactly
+one epoch (the reader keeps reading ahead across epoch boundaries); with
+``steps_per_epoch=S`` one iteration cuts every epoch into exactly ``S`` batches on every
+node (:mod:`tfos._data.epoch_steps`). Both read through
 :class:`~tfos._data.epoch_order.EpochOrder`, so every epoch holds exactly the rows of one
 pass whatever order Spark runs the feed tasks in.
 
