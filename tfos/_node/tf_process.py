@@ -37,17 +37,12 @@ from tfos._node import task_world as _task_world
 from tfos._node.figures import live_snapshot, report_now
 from tfos._node.launch import NodeLaunch
 from tfos._node.node_failure import after_abort, node_failure
-from tfos._node.output import (
-    OUTPUT_MARK_ENV,
-    TF_LOG_LEVEL_DEFAULT,
-    std_fds_identity,
-    write_failure_marks,
-    write_finished_marks,
-)
+from tfos._node.output import OUTPUT_MARK_ENV, std_fds_identity, write_failure_marks, write_finished_marks
 from tfos._node.preimport import FEED_MODULES, await_preimport, preimport_async
 from tfos._node.stacks import thread_stacks
 from tfos._node.start_task import read_launch, setup_process_logging, watch_stdin_eof
 from tfos._node.tensorboard import start_tensorboard
+from tfos._node.tf_noise import TF_LOG_LEVEL_DEFAULT
 from tfos.cluster_template import InputMode, NodeInfo, tf_config_json
 from tfos.errors import ControlProtocolError, DeadlineExceededError, NodeFailure, ReservationTimeoutError
 from tfos.node_context import TFNodeContext
