@@ -40,6 +40,7 @@ from tfos._data.epoch_order import EpochOrder
 from tfos._data.epoch_steps import EpochSteps, check_steps
 from tfos._data.feed_connection import END_OF_FEED, Chunk, PartitionEnd
 from tfos._node.figures import FIGURES
+from tfos._node.row_count import ROWS
 from tfos.errors import InferenceResultError, TFOSError
 
 __all__ = ["FeedBatches", "DEFAULT_BUFFER_BYTES"]
@@ -133,13 +134,9 @@ class FeedBatches:
         sums: ``{epoch: [sum of column 0, ...]}`` when ``track_sums``.
         wait_s: Seconds the consumer (TensorFlow) waited for a batch in total.
         first_wait_s: Seconds of ``wait_s`` spent waiting for the first batch.
-        buffer_bytes: Bytes of the ready-batch buffer bound (0 when a row shape is unknown,
-            or a column holds strings or bytes, whose size only the data tells: then the
-            buffer holds at most 8 batches and at most :data:`DEFAULT_BUFFER_BYTES` of
-            them, or one larger batch);
-            with ``steps_per_epoch`` it includes the ``hold_batches`` batches held back
-            at the end of each epoch (not a node's surplus over ``steps_per_epoch x
-            batch_size`` rows in an epoch, which is held too).
+        buffer_bytes: Bytes of the ready-batch buffer bound, including with
+            ``steps_per_epoch`` the ``hold_batches`` held back at each epoch's end (0 when a
+            row's size is unknown: then at most 8 batches and :data:`DEFAULT_BUFFER_BYTES`).
         hold_batches: With ``steps_per_epoch``: the last batches of each epoch, which are
             cut only once the epoch's end is known, to spread its remaining rows evenly.
         shuffle_rows: The row-level shuffle window (rows; 0: none).
@@ -221,6 +218,8 @@ class FeedBatches:
         self._epoch_feed = ""  # feed id of the chunks being read (see _epoch_of)
         self._epoch_base = 0
         self._last_epoch = -1  # the dataset epoch of the last feed job's last epoch (-1: not known)
+        #: ``{dataset epoch: (feed id, epoch of that train() call)}``, for the row accounting.
+        self.epoch_keys: dict[int, tuple[str, int]] = {}
 
     # ------------------------------------------------------------ reader thread
     def start(self) -> None:
@@ -282,6 +281,8 @@ class FeedBatches:
             self._epoch_base = max(current, self._last_epoch) + 1 - conn.first_epoch
         if getattr(conn, "last_epoch", -1) >= 0:
             self._last_epoch = self._epoch_base + conn.last_epoch
+        if getattr(conn, "mode", "") == "train":
+            self.epoch_keys.setdefault(self._epoch_base + conn.epoch, (conn.feed_id, conn.epoch))  # row accounting
         return self._epoch_base + conn.epoch
 
     def _source(self) -> Any:
@@ -460,6 +461,8 @@ class FeedBatches:
             if self.drop_remainder and n < self.batch_size:
                 continue
             self.rows[use_epoch] += n
+            if use_epoch in self.epoch_keys:
+                ROWS.handed(*self.epoch_keys[use_epoch], n)  # docs/datafeed.md "Row accounting"
             if self.track_sums:
                 _add_sums(self.sums, use_epoch, batch)
             self.batches_out += 1
