@@ -433,8 +433,7 @@ class FeedBatches:
         """Yields numpy batches: one epoch with ``per_epoch``, else up to the end of the feed.
 
         Yields:
-            A tuple of arrays (one per column, ``(n,) + row shape``), or one array when
-            ``single``; ``n`` is ``batch_size`` except for the last batch.
+            A tuple of arrays (one per column, ``(n,) + row shape``; one array when ``single``).
 
         Raises:
             MalformedRowError: A row does not fit the columns (names partition and row).
@@ -470,8 +469,7 @@ class FeedBatches:
 
     @property
     def ended(self) -> bool:
-        """True once iterating ended for good: the end of the feed was handed out, or an
-        error (e.g. FeedAbortedError) was raised."""
+        """True once iterating ended for good (the end of the feed, or an error raised)."""
         return self._ended
 
     def dataset(self, output_signature: Any, prefetch: int = 2) -> Any:
