@@ -117,7 +117,7 @@ def _legit_control(srv: ControlServer) -> float:
     t0 = time.monotonic()
     c = ControlClient(srv.host, srv.port, KEY, CID, connect_timeout_s=60)
     try:
-        assert c.request("ping", x=1, timeout_s=60)["echo"] == 1
+        assert c._request("ping", {"x": 1}, 60.0, True, None)["echo"] == 1  # a raw request to a plain-function server
     finally:
         c.close()
     return time.monotonic() - t0
