@@ -341,6 +341,7 @@ class ClusterRuntime:
             self._record_task_errors()
         st.abort("the cluster failed")
         err = st.error(context)
+        err.flood = self.server.flood_report()
         self.teardown_async()
         return err
 
