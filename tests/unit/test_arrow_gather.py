@@ -22,8 +22,10 @@ pa = pytest.importorskip("pyarrow")
 
 from tfos._common.deadline import Deadline  # noqa: E402
 from tfos._common.wire import DataAuthError, DataSession  # noqa: E402
-from tfos._data.feed_tasks import arrow_ipc_parts, arrow_slices  # noqa: E402
-from tfos._data.framing import SPARK_SCHEMA_KEY, FrameType, arrow_rows, recv_frame, send_frame_parts  # noqa: E402
+from tfos._data.arrow_chunks import arrow_ipc_parts, arrow_slices  # noqa: E402
+from tfos._data.arrow_codec import arrow_rows  # noqa: E402
+from tfos._data.arrow_views import SPARK_SCHEMA_KEY  # noqa: E402
+from tfos._data.framing import FrameType, recv_frame, send_frame_parts  # noqa: E402
 
 
 def _joined_stream(batch, schema=None):
@@ -169,7 +171,7 @@ def test_arrow_safe_dataframe_renames_only_names_mapinarrow_cannot_resolve(colum
 
 
 def test_rename_columns_puts_the_names_back_without_copying():
-    from tfos._data.feed_tasks import rename_columns
+    from tfos._data.arrow_chunks import rename_columns
 
     b = pa.RecordBatch.from_arrays([pa.array([1, 2]), pa.array(["a", "b"])], ["_c0", "_c1"])
     b = b.replace_schema_metadata({b"k": b"v"})

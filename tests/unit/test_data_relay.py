@@ -26,7 +26,8 @@ import pytest
 from tfos._common import wire as _wire
 from tfos._common.deadline import Deadline
 from tfos._data.feed_hub import FeedHub
-from tfos._data.feed_tasks import FeedPlan, _Link
+from tfos._data.feed_link import Link as _Link
+from tfos._data.feed_plan import FeedPlan
 from tfos._data.framing import FrameType, recv_json, send_frame, send_json
 from tfos.cluster_template import NodeInfo
 from tfos.datafeed import DataFeed
@@ -115,7 +116,7 @@ def test_a_relay_in_front_of_the_right_node_sees_only_ciphertext(live_node, rela
     try:
         session = _wire.client_handshake(sock, KEY, Deadline(20, "handshake"), _wire.node_identity(node1))
         send_json(sock, session, FrameType.HEADER, {"qname": "input", "mode": "train", "partition": 0, "epoch": 0,
-                                                    "kind": "pickled_batch", "feed_timeout": 20.0, "feed_id": "relay-ct",
+                                                    "kind": "pickled_batch", "feed_timeout_s": 20.0, "feed_id": "relay-ct",
                                                     "index": 0})
         assert recv_json(sock, session, Deadline(20))[1] == {"state": "ok"}
         rows = _rows(2000)

@@ -1,4 +1,4 @@
-"""Unit tests of tfos._data.feed_tasks.choose_node and FeedPlan (pure: no Spark)."""
+"""Unit tests of tfos._data.feed_plan.choose_node and FeedPlan (pure: no Spark)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from tfos._data.feed_tasks import FeedPlan, choose_node
+from tfos._data.feed_plan import FEED_TIMEOUT_S, FeedPlan, choose_node
 from tfos.cluster_template import NodeInfo
 from tfos.errors import TFOSError
 
@@ -65,8 +65,9 @@ def test_feed_plan_validation_and_repr():
         FeedPlan("c1", KEY, nodes=())
     with pytest.raises(ValueError, match="bad feed mode 'predict'"):
         FeedPlan("c1", KEY, nodes=CLUSTER, mode="predict")
-    with pytest.raises(ValueError, match="feed_timeout must be > 0 seconds"):
+    with pytest.raises(ValueError, match=r"FeedPlan.feed_timeout_s must be a finite number of seconds > 0, got 0"):
         FeedPlan("c1", KEY, nodes=CLUSTER, feed_timeout_s=0)
+    assert FeedPlan("c1", KEY, nodes=CLUSTER).feed_timeout_s == FEED_TIMEOUT_S == 600.0
 
 
 def test_a_skipped_partition_reads_its_input_to_the_end_within_the_budget(monkeypatch):
@@ -116,7 +117,7 @@ def test_a_refused_retry_of_an_inference_task_names_recomputed_results(monkeypat
     (break helper). For inference it now names that case too."""
     import pyspark
 
-    import tfos._data.feed_tasks as ft
+    import tfos._data.feed_link as ft
     from tfos.errors import FeedError
 
     class _Task:
@@ -125,10 +126,10 @@ def test_a_refused_retry_of_an_inference_task_names_recomputed_results(monkeypat
 
     reports: list = []
     monkeypatch.setattr(pyspark.TaskContext, "get", classmethod(lambda cls: _Task()))
-    monkeypatch.setattr(ft, "_report", lambda plan, node, msg, *a: reports.append(msg))
+    monkeypatch.setattr(ft, "report", lambda plan, node, msg, *a: reports.append(msg))
     plan = FeedPlan("c1", KEY, "127.0.0.1", 5000, CLUSTER, mode=mode)
     with pytest.raises(FeedError) as info:
-        ft._refuse_retry(plan, CLUSTER[0], 2, 0)
+        ft.refuse_retry(plan, CLUSTER[0], 2, 0)
     text = str(info.value)
     assert text.startswith(f"partition 2 (epoch 0) -> {CLUSTER[0].name}: Spark retried the feed task (attempt 4)")
     assert ("a result partition was lost with its executor and Spark recomputes it" in text) == (mode == "inference")

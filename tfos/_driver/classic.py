@@ -19,12 +19,14 @@ from typing import Any, Optional, Sequence
 
 from tfos._common import wire as _wire
 from tfos._common.deadline import Deadline
-from tfos._data.feed_tasks import FeedPlan, arrow_safe_dataframe, make_arrow_feed_fn, make_feed_fn, make_infer_fn
-from tfos._data.framing import binary_as_bytes, feed_schema_json
+from tfos._data.arrow_codec import binary_as_bytes, feed_schema_json
+from tfos._data.feed_plan import FeedPlan
+from tfos._data.feed_tasks import arrow_safe_dataframe, make_arrow_feed_fn, make_feed_fn, make_infer_fn
 from tfos._data.sources import FeedSource
 from tfos._driver.backend import AttemptReport, ClusterPlan, InferenceCall, TrainCall, feed_plan
 from tfos._driver.runtime import ATTRIBUTION_S, ClusterRuntime, JobThread, Progress, spark_error_text
 from tfos._driver.spark_checks import busy_slots_report, check_spark, live_executors
+from tfos._driver.tb_scalars import scalar_writer
 from tfos._node import output as _node_output
 from tfos._node.launch import ClusterConfig
 from tfos._node.start_task import launch_local_node, make_start_task
@@ -108,6 +110,7 @@ class ClassicLauncher:
             nodes_rdd = self.sc.parallelize(range(n), n).barrier().mapPartitionsWithIndex(start_fn)
             start_job = runtime.run_job("start", f"tfos start: {format_template(plan.template)}", nodes_rdd.collect)
             _await_registration(runtime, start_job, plan.input_mode, deadline)
+            runtime.start_monitor(plan.stall_timeout_s, plan.stall_action, scalar_writer(config))
         except BaseException:
             if not runtime.closed:
                 runtime.teardown(failed=True)
@@ -130,7 +133,7 @@ class ClassicLauncher:
             log.warning("restart: %d of %d executors after %g s; launching anyway", have, len(self.spark_ids), self.plan.executor_wait_s)
 
     # ----------------------------------------------------------------- input
-    def train_call(self, data: Any, num_epochs: int, feed_timeout: float, qname: str, end_of_feed: bool, count: bool) -> TrainCall:
+    def train_input(self, data: Any, num_epochs: int, end_of_feed: bool, count: bool) -> tuple[Any, int]:
         """Checks ``data`` (an RDD or DataFrame) and counts its partitions (driver).
 
         Raises:
@@ -138,9 +141,9 @@ class ClassicLauncher:
         """
         df = _as_dataframe(data)
         parts = (df.rdd if df is not None else data).getNumPartitions()
-        return TrainCall(data, parts, num_epochs, feed_timeout, qname, end_of_feed)
+        return data, parts
 
-    def inference_call(self, data: Any, feed_timeout: float, qname: str, schema: Any) -> InferenceCall:
+    def inference_input(self, data: Any, schema: Any) -> tuple[Any, int, Any]:
         """Checks ``data`` (an RDD or DataFrame, whose ``.rdd`` rows are fed) (driver).
 
         Raises:
@@ -153,7 +156,7 @@ class ClassicLauncher:
                                      "with a SparkContext inference() returns an RDD of the results as main_fun gave them")
         df = _as_dataframe(data)
         rdd = df.rdd if df is not None else data
-        return InferenceCall(rdd, rdd.getNumPartitions(), feed_timeout, qname)
+        return rdd, rdd.getNumPartitions(), None
 
     def assemble(self, sources: Sequence[Any], owner: Sequence[int]) -> Any:
         """One RDD whose partition ``i`` is partition ``i`` of ``sources[owner[i]]``."""
@@ -214,7 +217,9 @@ class ClassicBackend:
         """The progress line of the job of ``kind`` just started (None when off)."""
         if not self.progress or os.environ.get("TFOS_PROGRESS", "1") == "0" or _node_output.spark_shows_progress(self.sc):
             return None
-        return Progress(self.sc.statusTracker(), self.state, self.runtime.job_group(kind), total, parts, epochs, desc)
+        monitor = self.runtime.monitor
+        return Progress(self.sc.statusTracker(), self.state, self.runtime.job_group(kind), total, parts, epochs, desc,
+                        monitor.mark if monitor is not None else str)
 
     def _feed_ids(self) -> list[int]:
         return [n.executor_id for n in self.nodes() if n.role.feedable]
@@ -251,9 +256,7 @@ class ClassicBackend:
         return self.runtime.await_job(job, "train()", self._progress("train", total, parts, epochs, "tfos train"), self._feed_ids)
 
     def _plan(self, call: Any, kind: Any, parts: int, first_epoch: int = 0, last_epoch: int = -1, report_done: bool = False) -> FeedPlan:
-        mode = "train" if isinstance(call, TrainCall) else "inference"
-        plan = feed_plan(self.config, self.nodes(), mode, call.qname, call.feed_timeout, kind, parts,
-                         report_sent=mode == "train" and call.end_of_feed, first_epoch=first_epoch, last_epoch=last_epoch,
+        plan = feed_plan(self.config, self.nodes(), call, kind, parts, first_epoch=first_epoch, last_epoch=last_epoch,
                          report_done=report_done)
         self._last_feed_id = plan.feed_id
         return plan
