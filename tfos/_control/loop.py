@@ -193,13 +193,15 @@ class EventLoop:
     def _resume_accepting(self) -> None:
         if self.accept_paused_until:
             self.accept_paused_until = 0.0
-            self.sel.register(self.listener, selectors.EVENT_READ, None)
+            if not self.closing and self.listener.fileno() >= 0:  # not while the loop shuts down
+                self.sel.register(self.listener, selectors.EVENT_READ, None)
 
     def _make_room(self) -> bool:
         """Evicts an unproven connection past its grace period when the unproven ones are
-        at their cap; False (accepting paused) when every one is still in its grace
-        period: newcomers wait in the kernel's accept queue, a key holder's proof with them."""
-        if not self.unproven.full():
+        over their cap (a newcomer was just accepted and read); False (accepting paused)
+        when every one is still in its grace period: further newcomers wait in the kernel's
+        accept queue, a key holder's proof with them."""
+        if len(self.unproven) <= self.unproven.cap:
             return True
         now = time.monotonic()
         victim = self.unproven.victim(now)
@@ -209,15 +211,13 @@ class EventLoop:
             return False
         self.evicted += 1
         self.flood.count("evicted", victim.peer.rsplit(":", 1)[0])
-        self.reject(victim.peer, f"evicted: it sent no proof of the cluster key in {now - self.unproven.age(victim, now):.1f} s "
+        self.reject(victim.peer, f"evicted: it sent no proof of the cluster key in {self.unproven.age(victim, now):.1f} s "
                                  f"while {len(self.unproven)} connections without one were open (the cap)")
         self._close(victim)
         return True
 
     def _accept(self) -> None:
         for _ in range(256):
-            if not self._make_room():
-                return
             try:
                 sock, addr = self.listener.accept()
             except BlockingIOError:
@@ -253,6 +253,8 @@ class EventLoop:
             self.peak_connections = max(self.peak_connections, len(self.conns))
             self.unproven.add(conn, addr[0], now)
             self._readable(conn)  # its proof is often there already
+            if not self._make_room():
+                return
 
     def _proof(self, conn: _Conn, data: bytes) -> bytes:
         """Takes the first bytes of ``conn`` until they make a proof; returns the bytes

@@ -123,27 +123,21 @@ class FeedGate:
     def _pause(self, seconds: float) -> None:
         if not self._paused_until:
             for lst in self._listeners:
-                self._sel.unregister(lst)
+                try:
+                    self._sel.unregister(lst)
+                except (KeyError, ValueError):
+                    pass
         self._paused_until = time.monotonic() + seconds
 
     def _resume(self) -> None:
         if self._paused_until:
             self._paused_until = 0.0
             for lst in self._listeners:
-                self._sel.register(lst, selectors.EVENT_READ, None)
+                if not self._closing and lst.fileno() >= 0:  # not once the hub closed them
+                    self._sel.register(lst, selectors.EVENT_READ, None)
 
     def _accept(self, lst: socket.socket) -> None:
         for _ in range(64):
-            if self.unproven.full():
-                now = time.monotonic()
-                victim = self.unproven.victim(now)
-                if victim is None:  # every one still in its grace period: newcomers wait in the kernel queue
-                    self.flood.deferred += 1
-                    self._pause(max(0.01, self.unproven.wait_s(now)))
-                    return
-                self.flood.count("evicted", str(victim.peer[0]))
-                self._reject(victim, f"evicted: no proof of the cluster key in {self.unproven.age(victim, now):.1f} s "
-                                     f"while {len(self.unproven)} connections without one were open", count=False)
             try:
                 sock, peer = lst.accept()
             except (BlockingIOError, InterruptedError):
@@ -166,6 +160,23 @@ class FeedGate:
                 continue
             self.unproven.add(p, str(peer[0]), time.monotonic())
             self._read(p)  # the proof is often there already
+            if len(self.unproven) > self.unproven.cap and not self._make_room():
+                return
+
+    def _make_room(self) -> bool:
+        """Evicts the unproven connection :meth:`Admission.victim` names; False (accepting
+        paused) when every one is still in its grace period: further newcomers wait in the
+        kernel's accept queue, a feed task's proof with them."""
+        now = time.monotonic()
+        victim = self.unproven.victim(now)
+        if victim is None:
+            self.flood.deferred += 1
+            self._pause(max(0.01, self.unproven.wait_s(now)))
+            return False
+        self.flood.count("evicted", str(victim.peer[0]))
+        self._reject(victim, f"evicted: no proof of the cluster key in {self.unproven.age(victim, now):.1f} s "
+                             f"while {len(self.unproven)} connections without one were open", count=False)
+        return True
 
     def _read(self, p: _Pending) -> None:
         try:
