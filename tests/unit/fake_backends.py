@@ -99,6 +99,9 @@ class FakeBackend:
     def wait_for_failure(self, timeout_s: float) -> bool:
         return False
 
+    def row_accounting(self) -> list:
+        return []
+
     def node_states(self) -> dict[int, str]:
         return {n.executor_id: "finished" for n in self._nodes}
 

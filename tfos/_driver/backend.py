@@ -201,6 +201,10 @@ class Backend(Protocol):
     def clear_checkpoints(self) -> None:
         """Forgets the nodes' checkpoint reports (a ``train()`` call starts)."""
 
+    def row_accounting(self) -> list:
+        """Judges the nodes' row figures (one WARNING per newly closed epoch whose counts
+        disagree) and returns them (:class:`tfos._driver.row_accounting.EpochRows`)."""
+
     def feed(self, call: TrainCall, first_epoch: int, report_done: bool) -> list[tuple[int, str]]:
         """Runs one feed job: epochs ``first_epoch..num_epochs-1`` of ``call``, back to back.
 

@@ -314,6 +314,9 @@ class ClassicBackend:
     def node_states(self) -> dict[int, str]:
         return dict(self.state.proc_state)
 
+    def row_accounting(self) -> list:
+        return self.runtime.rows.check() or []
+
     def stop(self) -> None:
         self.runtime.teardown(failed=False)
         if self.state.failed:

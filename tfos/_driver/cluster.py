@@ -361,6 +361,24 @@ class TFCluster:
         data, parts, schema = self._ctl.launcher.inference_input(dataRDD, schema)
         return self._ctl.inference(InferenceCall(data, parts, feed_timeout, qname, schema))
 
+    def row_accounting(self) -> list:
+        """Rows fed vs rows trained, per node and epoch of every ``train()`` call (driver).
+
+        On each fed node tfos counts the rows of every epoch of ``train(data, num_epochs)``
+        its feed handed to TensorFlow, and the rows Keras's ``train_step`` consumed while
+        that epoch was handed out. The epoch here is the feed's (``num_epochs``, from 0 in
+        each ``train()`` call), not a Keras epoch. An epoch's figures are final once the
+        next one began on that node or its ``main_fun`` returned (after ``shutdown()``: all
+        of them). See docs/datafeed.md, "Row accounting".
+
+        Returns:
+            :class:`tfos._driver.row_accounting.EpochRows` records (``node``,
+            ``train_call``, ``epoch``, ``fed``, ``trained``, ``carried``, ``closed``,
+            ``difference``, ``cause``, ``ok``), ordered by call, epoch and executor id, of
+            the current attempt; empty in InputMode.TENSORFLOW and under Spark Connect.
+        """
+        return self._ctl.backend.row_accounting()
+
     # --------------------------------------------------------------- shutdown
     @_records_failure
     def shutdown(self, ssc: Any = None, grace_secs: float = 0, timeout: float = 259200) -> None:
