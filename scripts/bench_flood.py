@@ -212,7 +212,7 @@ def _try_control(srv: ControlServer, budget_s: float) -> float:
     t0 = time.monotonic()
     c = ControlClient(srv.host, srv.port, KEY, CID, connect_timeout_s=budget_s)
     try:
-        assert c.request("ping", x=1, timeout_s=budget_s)["echo"] == 1
+        assert c._request("ping", {"x": 1}, budget_s, True, None)["echo"] == 1  # a raw request to a plain-function server
     finally:
         c.close()
     return time.monotonic() - t0

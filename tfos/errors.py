@@ -254,6 +254,9 @@ _KIND_ORDER = {"exception": 0, "exited": 1, "lost": 2}
 
 #: Error types that only ever follow another failure: tfos (or Spark) killing or
 #: cancelling work because the cluster already failed, or a connection broken by it.
+#: Exception type names no restart can fix: the same input or code fails the same way.
+NON_RETRYABLE = frozenset({"ConfigurationError", "MalformedRowError", "InferenceResultError", "SyntaxError", "IndentationError"})
+
 _CONSEQUENCE_TYPES = frozenset({"SparkTaskKilled", "TaskKilled", "TaskCancelled", "CancelledError", "JobCancelled", "FeedAbortedError"})
 
 

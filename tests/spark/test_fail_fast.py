@@ -142,3 +142,31 @@ def test_progress_final_row_count_is_exact_and_no_stale_line_after_error(sc, cap
     cluster.shutdown()
     gc.collect()
     assert "tfos train" not in capfd.readouterr().err  # nothing printed after the error
+
+
+def test_a_program_ends_within_seconds_of_a_node_error_with_no_false_loss(tmp_path):
+    """A driver program whose main_fun raises on one node (tests/spark/failing_program.py,
+    its own local-cluster): the error names only that node, the healthy node is stopped
+    (its exit report reaches the driver while the interpreter exits) and never reported
+    lost, and the program ends within seconds of the error, not after heartbeat_timeout
+    (it once logged 'NodeLost: no heartbeat for 15.6 s' for the healthy node and ended
+    16 s after the error). The bound leaves room for a loaded machine: the teardown is
+    one abort directive (about 1 s) plus the SparkContext's stop."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    program = Path(__file__).with_name("failing_program.py")
+    env = dict(os.environ, TFOS_PROGRESS="0")
+    with open(tmp_path / "err", "wb") as err:
+        proc = subprocess.run([sys.executable, str(program)], env=env, stdout=subprocess.PIPE, stderr=err, timeout=600)
+    ended = time.time()
+    out = proc.stdout.decode()
+    stderr = (tmp_path / "err").read_text(errors="replace")
+    assert proc.returncode == 1, f"{out}\n{stderr[-5000:]}"
+    error_at = float(next(ln.split()[1] for ln in out.splitlines() if ln.startswith("error-at ")))
+    assert "ClusterFailedError" in out and "1 node(s) reported 1 distinct error(s)" in out, out
+    assert "tfos node failed: worker:1 (executor 1, host 127.0.0.1): ValueError: a bug in main_fun on one node" in stderr
+    assert "NodeLost" not in stderr and "tfos node failed: worker:0" not in stderr, stderr[-5000:]
+    assert ended - error_at < 10.0, f"the program ended {ended - error_at:.1f} s after the error:\n{stderr[-3000:]}"

@@ -137,7 +137,7 @@ def test_relay_on_released_data_port_reads_no_row(sc, no_leftovers, tmp_path, ca
     it, which refuses their handshake (it names another node); they fail over to node 1
     directly. The relay reads no row, and the driver logs a WARNING naming node 0 and the
     intruding connection."""
-    with caplog.at_level(logging.WARNING, logger="tfos._driver.state"):
+    with caplog.at_level(logging.WARNING, logger="tfos._driver.runtime"):
         run_dir, lines, conns = _intrude(sc, tmp_path, "relay", "relay.log", "--to", "{node1_port}",
                                          "--capture", "{run}/relay")
     to_node = (run_dir / "relay.to-node").read_bytes()
@@ -147,7 +147,7 @@ def test_relay_on_released_data_port_reads_no_row(sc, no_leftovers, tmp_path, ca
     assert b"row-secret" not in to_node and b"row-secret" not in to_task
     # the driver's WARNING names node 0, its address, the connection and where it led
     addr = (run_dir / "node0").read_text()
-    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and r.name == "tfos._driver.state"]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and r.name == "tfos._driver.runtime"]
     relayed = [w for w in warnings if "relayed the handshake to worker:1" in w and f"data address {addr}" in w]
     assert relayed, warnings
     assert "worker:0 (executor 0" in relayed[0], relayed[0]

@@ -33,6 +33,17 @@ from tfos._data.framing import FrameType, recv_frame, recv_json, send_frame, sen
 from tfos._driver.spark_checks import warn_key_transport
 from tfos.errors import ControlProtocolError
 
+def _send(client, msg_type: str, timeout_s: float = 30.0, retry: bool = True, connect_timeout_s=None, **fields) -> dict:
+    """A request of any type, as the protocol carries it (tfos itself sends typed messages,
+    ControlClient.call); a type of tfos._control.messages is checked first, as call() does."""
+    from tfos._control.messages import message_class
+
+    cls = message_class(msg_type)
+    if cls is not None:
+        cls.decode(fields)
+    return client._request(msg_type, fields, timeout_s, retry, connect_timeout_s)  # send_raw() without a connect budget
+
+
 KEY = _wire.new_key()
 OTHER_KEY = _wire.new_key()
 CID = "tfos-unit-sec"
@@ -456,8 +467,8 @@ def test_big_first_request_goes_through_with_hi(server):
     c = ControlClient(server.host, server.port, KEY, CID, connect_timeout_s=20)
     try:
         big = "x" * (_wire.MAX_FIRST_FRAME_BYTES * 3)
-        assert c.request("ping", x=big)["echo"] == big
-        assert c.request("ping", x=1)["echo"] == 1
+        assert _send(c, "ping", x=big)["echo"] == big
+        assert _send(c, "ping", x=1)["echo"] == 1
     finally:
         c.close()
     assert [b["type"] for b in server.calls] == ["ping", "ping"]
@@ -475,7 +486,7 @@ def test_malformed_message_from_key_holder_is_a_protocol_error(server, fields):
     assert _closed(s)
     _wait(lambda: server.rejected >= 1, "the rejection")
     c = ControlClient(server.host, server.port, KEY, CID, connect_timeout_s=20)
-    assert c.request("ping", x=2)["echo"] == 2  # the server lives on
+    assert _send(c, "ping", x=2)["echo"] == 2  # the server lives on
     c.close()
 
 
@@ -515,7 +526,7 @@ def test_response_bound_to_client_nonce(server):
     t.start()
     c = ControlClient("127.0.0.1", lst.getsockname()[1], KEY, CID, connect_timeout_s=5)
     with pytest.raises(ControlProtocolError, match="does not answer this request"):
-        c.request("heartbeat", executor_id=0, retry=False)
+        _send(c, "heartbeat", executor_id=0, retry=False)
     c.close()
     t.join(10)
     lst.close()
@@ -529,7 +540,7 @@ def test_control_flood_bounded_and_legit_client_gets_through(server):
         _wait(lambda: server.rejected >= n - cs_mod.MAX_UNAUTHENTICATED, "evictions")
         assert threading.active_count() - before <= cs_mod.MAX_UNAUTHENTICATED + 2
         c = ControlClient(server.host, server.port, KEY, CID, connect_timeout_s=20)
-        assert c.request("ping", x=9)["echo"] == 9
+        assert _send(c, "ping", x=9)["echo"] == 9
         c.close()
     finally:
         for f in flood:
@@ -559,7 +570,7 @@ def test_control_accept_survives_a_failed_connection_setup(server, monkeypatch):
     _wait(lambda: server.rejected >= 2, "2 rejections")
     assert server.active_connections == 0
     c = ControlClient(server.host, server.port, KEY, CID, connect_timeout_s=20)
-    assert c.request("ping", x=5)["echo"] == 5
+    assert _send(c, "ping", x=5)["echo"] == 5
     c.close()
     assert threading.active_count() <= before + 2  # the client's reader and one handler thread
 

@@ -21,11 +21,11 @@ import random
 import socket
 import threading
 import time
-from typing import Any, Optional
+from typing import Optional
 
 from tfos._common import wire as _wire
 from tfos._common.deadline import Deadline
-from tfos._control.messages import Message, message_class
+from tfos._control.messages import Message
 from tfos._control.protocol import REFUSED, ClientSession, FrameReader, client_proof
 from tfos.errors import ControlProtocolError, DeadlineExceededError
 
@@ -271,18 +271,12 @@ class ControlClient:
     # ----------------------------------------------------------------- requests
     def call(self, msg: Message, timeout_s: float = _FRAME_TIMEOUT_S, retry: bool = True,
              connect_timeout_s: Optional[float] = None) -> dict:
-        """Sends the typed message ``msg`` and returns the server's answer (see :meth:`request`)."""
-        return self._request(msg.TYPE, msg.fields(), timeout_s, retry, connect_timeout_s)
-
-    def request(
-        self, msg_type: str, timeout_s: float = _FRAME_TIMEOUT_S, retry: bool = True,
-        connect_timeout_s: Optional[float] = None, **fields: Any,
-    ) -> dict:
-        """Sends one request and returns the server's response body.
+        """Sends the typed message ``msg`` and returns the server's response body.
 
         Args:
-            msg_type: The message type, e.g. 'register' or 'heartbeat'. A type of
-                :mod:`tfos._control.messages` is validated as that message first.
+            msg: A message of :mod:`tfos._control.messages`; its fields are checked as the
+                server checks them before it is sent (the sender finds its own malformed
+                message first).
             timeout_s: Seconds to wait for the response (long-polls pass their poll time
                 plus a margin).
             retry: Reconnect and resend once if the connection broke or the answer did not
@@ -291,7 +285,6 @@ class ControlClient:
             connect_timeout_s: Seconds allowed to (re)connect for this request (default: the
                 client's ``connect_timeout_s``); callers bound it by the time left since
                 :attr:`last_contact` so that a dead driver is given up on in time.
-            **fields: JSON-serialisable message fields.
 
         Returns:
             The response body (a dict). A response with ``"error"`` is returned as is.
@@ -299,10 +292,18 @@ class ControlClient:
         Raises:
             ConnectionError, ControlProtocolError, DeadlineExceededError: see the class.
         """
-        cls = message_class(msg_type)
-        if cls is not None:
-            cls.decode(fields)  # the sender finds its own malformed message first
-        return self._request(msg_type, fields, timeout_s, retry, connect_timeout_s)
+        fields = msg.fields()
+        type(msg).decode(fields)
+        return self._request(msg.TYPE, fields, timeout_s, retry, connect_timeout_s)
+
+    def send_raw(self, msg_type: str, fields: dict, timeout_s: float = _FRAME_TIMEOUT_S, retry: bool = True) -> dict:
+        """Sends a request of another protocol carried in control frames (the TFoS
+        reservation server's ``REG``/``QUERY``/...); tfos's own senders use :meth:`call`.
+
+        Raises:
+            ConnectionError, ControlProtocolError, DeadlineExceededError: see the class.
+        """
+        return self._request(msg_type, fields, timeout_s, retry, None)
 
     def _request(self, msg_type: str, fields: dict, timeout_s: float, retry: bool, connect_timeout_s: Optional[float]) -> dict:
         attempts = 2 if retry else 1

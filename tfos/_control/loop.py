@@ -369,8 +369,15 @@ class EventLoop:
         if call.offload:
             try:
                 self.pool.submit(self._pooled, conn, seq, call, body)
-            except RuntimeError:  # the pool is shut down: the server is closing
-                self._close(conn)
+            except RuntimeError:
+                if self.closing:  # the pool is shut down: the server is closing
+                    self._close(conn)
+                    return
+                # The interpreter is exiting (concurrent.futures refuses new work once the
+                # main thread ended): the teardown at exit still waits for the nodes' exit
+                # reports, so this one is served in a thread of its own.
+                threading.Thread(target=self._pooled, args=(conn, seq, call, body), name="tfos-control-handler-exit",
+                                 daemon=True).start()
             return
         self._complete(conn, seq, _run_call(call, body))
 

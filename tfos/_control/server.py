@@ -156,7 +156,7 @@ class ControlServer:
         key: The cluster's HMAC key (never logged).
         dispatch: The request side of the cluster state: a
             :class:`tfos._control.protocol.Routes` object (a
-            :class:`~tfos._driver.state.ClusterState`), whose long-polls are deferred
+            :class:`~tfos._control.host.ClusterHost`), whose long-polls are deferred
             answers; or a plain function ``(body, peer) -> response body`` (raising
             ControlProtocolError to drop the peer), which runs on the handler pool.
         host: The address to bind: ``TFOS_SERVER_HOST`` if set, else this argument

@@ -86,7 +86,7 @@ class FeedHub:
         self.rejected = 0
         #: Longest wait for the next chunk in DataFeed (and for queue room for END_OF_FEED).
         self.data_timeout_s = 3600.0
-        #: ``ask_driver(msg_type, **fields) -> dict``: one control request to the driver
+        #: ``ask_driver(message) -> dict``: one control message to the driver
         #: (set by the TF process; None in tests without a driver). The epoch-aware tf.data
         #: readers use it to learn when an epoch's partitions were all handed over.
         self.ask_driver: Optional[Callable[..., dict]] = None

@@ -22,6 +22,7 @@ import uuid
 from typing import Any, Optional, Protocol, Sequence
 
 from tfos._common.deadline import Deadline
+from tfos._control.messages import NodeState
 from tfos._data.feed_plan import FeedPlan
 from tfos._node.launch import ClusterConfig
 from tfos.cluster_template import InputMode, NodeInfo, NodeRole
@@ -236,8 +237,8 @@ class Backend(Protocol):
     def wait_for_failure(self, timeout_s: float) -> bool:
         """Waits up to ``timeout_s`` seconds; True when a node failed meanwhile."""
 
-    def node_states(self) -> dict[int, str]:
-        """Each node's state ('registered', 'running', 'serving', 'finished', ...)."""
+    def node_states(self) -> dict[int, NodeState]:
+        """Each node's state (:class:`~tfos._control.messages.NodeState`)."""
 
     def stop(self) -> None:
         """Stops every node and waits (bounded) for their exit; raises the cluster's error
