@@ -387,12 +387,16 @@ def _await_registration(runtime: ClusterRuntime, start: JobThread, input_mode: I
                 kind, etype = "lost", "ExecutorLost"
                 what = f"a Spark executor was lost while the cluster formed: {what}"
             runtime.teardown(failed=True)
-            raise ClusterFailedError(cluster_id, [state.make_failure(state.missing()[0] if state.missing() else 0, kind, etype, what)], "run()") from start.error
+            err = ClusterFailedError(cluster_id, [state.make_failure(state.missing()[0] if state.missing() else 0, kind, etype, what)], "run()")
+            err.flood = runtime.server.flood_report()
+            raise err from start.error
         if outcome == "expired":
             missing = state.missing()
             busy = busy_slots_report(runtime.sc, cluster_id) or busy
             runtime.teardown(failed=True)
-            raise deadline.error(ReservationTimeoutError, f"executor ids {missing} never registered" + (f"; {busy}" if busy else ""))
+            flood = runtime.server.flood_report()
+            raise deadline.error(ReservationTimeoutError, f"executor ids {missing} never registered" + (f"; {busy}" if busy else "")
+                                 + (f"; meanwhile {flood}" if flood else ""))
         if not warned and time.monotonic() - t0 >= _BUSY_WARN_S:
             busy = busy_slots_report(runtime.sc, cluster_id)
             if busy:
