@@ -29,6 +29,7 @@ import collections
 import json
 import logging
 import os
+import re
 import secrets
 import sys
 import threading
