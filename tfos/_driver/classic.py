@@ -25,11 +25,11 @@ from tfos._data.arrow_codec import binary_as_bytes, feed_schema_json
 from tfos._data.feed_plan import FeedPlan
 from tfos._data.feed_tasks import arrow_safe_dataframe, make_arrow_feed_fn, make_feed_fn, make_infer_fn
 from tfos._data.sources import FeedSource
+from tfos._driver import spark_bar as _spark_bar
 from tfos._driver.backend import AttemptReport, ClusterPlan, InferenceCall, TrainCall, feed_plan
 from tfos._driver.runtime import ClusterRuntime, JobThread, Progress, spark_error_text
 from tfos._driver.spark_checks import busy_slots_report, check_spark, live_executors
 from tfos._driver.tb_scalars import scalar_writer
-from tfos._node import output as _node_output
 from tfos._node.launch import ClusterConfig
 from tfos._node.start_task import launch_local_node, make_start_task
 from tfos.cluster_template import InputMode, NodeInfo, format_template
@@ -217,7 +217,7 @@ class ClassicBackend:
     # -------------------------------------------------------------- feeding
     def _progress(self, kind: str, total: int, parts: int, epochs: int, desc: str) -> Optional[Progress]:
         """The progress line of the job of ``kind`` just started (None when off)."""
-        if not self.progress or os.environ.get("TFOS_PROGRESS", "1") == "0" or _node_output.spark_shows_progress(self.sc):
+        if not self.progress or os.environ.get("TFOS_PROGRESS", "1") == "0" or _spark_bar.showing(self.sc):
             return None
         monitor = self.runtime.monitor
         return Progress(self.sc.statusTracker(), self.host, self.runtime.job_group(kind), total, parts, epochs, desc,

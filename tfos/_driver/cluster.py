@@ -448,7 +448,9 @@ def run(
             or 'none'. Attach a handler to the 'tfos.node' logger to get them as log
             records instead. (Under Spark Connect they go to the control host's log.)
         progress: Show a progress line on the driver during train()/inference()
-            (also off with ``TFOS_PROGRESS=0``; not under Spark Connect).
+            (also off with ``TFOS_PROGRESS=0``; not under Spark Connect). Spark's own
+            console progress bar is off while the cluster is open either way (docs/api.md
+            "Node output").
         queue_chunks: Bound of each node's input queue, in chunks.
         executor_wait_s: Longest wait for Spark executors to register before launching.
         handle_sigterm: Let a SIGTERM to the driver tear the cluster down as Ctrl-C does,

@@ -94,6 +94,10 @@ _spark_bar = False
 #: What a line written over Spark's progress bar starts with on a terminal: carriage
 #: return, then "erase the line" (ANSI EL 2).
 _ERASE_LINE = "\r\x1b[2K"
+#: Terminal escape sequences (ANSI CSI such as Keras's bold and colours ``\x1b[1m``,
+#: ``\x1b[32m``; OSC; two-byte escapes): dropped from node lines unless the driver's stderr
+#: is a terminal.
+_ESCAPES = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[0-~])")
 
 
 def _has_nvidia_driver() -> bool:
@@ -520,7 +524,8 @@ def emit(node: str, lines: list) -> None:
     Writes ``[node] line`` to ``sys.stderr`` (around tfos's progress bar, if one is
     shown; on a terminal, after erasing Spark's progress bar line, see
     :func:`note_spark_bar`), unless the ``tfos.node`` logger itself has handlers: then each line is an
-    INFO record of that logger (the user routed node output into logging).
+    INFO record of that logger (the user routed node output into logging). Terminal escape
+    sequences (Keras's progress bar colours) are kept only when writing to a terminal.
 
     Args:
         node: The short node name, e.g. ``"worker:0"``.
@@ -531,6 +536,9 @@ def emit(node: str, lines: list) -> None:
     lines = [str(ln)[:_MAX_LINE_CHARS] for ln in lines[:_LINES_PER_REQUEST]]
     if extra > 0:
         lines.append(f"[{extra} more output lines of this node not shown]")
+    to_terminal = not node_log.handlers and _isatty(sys.stderr)
+    if not to_terminal:
+        lines = [_ESCAPES.sub("", ln) if "\x1b" in ln else ln for ln in lines]
     if node_log.handlers:
         for ln in lines:
             node_log.info("[%s] %s", node, ln)
@@ -538,7 +546,7 @@ def emit(node: str, lines: list) -> None:
     text = "".join(f"[{node}] {ln}\n" for ln in lines)
     if not text:
         return
-    if _spark_bar and _isatty(sys.stderr):
+    if _spark_bar and to_terminal:
         # Spark's bar is a line without a newline ("\r[Stage 3:=>  (1 + 2) / 4]"); without
         # the erase, the node's first line would be appended to it.
         text = _ERASE_LINE + text
@@ -570,11 +578,8 @@ def note_spark_bar(on: bool) -> None:
 
 
 def spark_shows_progress(sc: Any) -> bool:
-    """Whether Spark draws its own console progress bars (driver).
-
-    tfos then shows no progress bar of its own, so the two never interleave; set
-    ``spark.ui.showConsoleProgress=false`` to get tfos's (epochs, rows, rows/s) instead.
-    """
+    """Whether Spark's configuration turns its console progress bar on (driver): while a
+    tfos cluster is open, tfos turns it off (:mod:`tfos._driver.spark_bar`)."""
     try:
         return str(sc.getConf().get("spark.ui.showConsoleProgress", "false")).lower() == "true"
     except Exception:  # noqa: BLE001 - no conf (stopped context): no Spark bar either
