@@ -137,6 +137,9 @@ def apply(trainer: Any) -> bool:
             version, _tested_text(), OFF_SWITCH,
         )
     _patch(trainer)
+    from tfos._node import keras3_ps  # ParameterServerStrategy: docs/parameter_servers.md
+
+    keras3_ps.apply(trainer)
     trainer._tfos_keras3_fix = True
     log.info("tfos: applied the Keras %s fix for MultiWorkerMirroredStrategy (docs/keras.md)", version)
     return True
