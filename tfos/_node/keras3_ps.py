@@ -194,7 +194,9 @@ def _patch(trainer: Any) -> None:
             outputs = one_step(iterator)
             for _ in tf.range(steps - 1):
                 outputs = one_step(iterator)
-            return outputs
+            # Which worker ran the closure (a closure retried after a worker's loss reports
+            # the worker that finished it): counted on the coordinator, see steps_by_worker().
+            return outputs, tf.distribute.coordinator.experimental_get_current_worker_index()
 
         if model.run_eagerly:
             raise ValueError("run_eagerly=True does not work under ParameterServerStrategy: the steps run on the "
@@ -203,7 +205,7 @@ def _patch(trainer: Any) -> None:
 
         def function(iterator: Any) -> Any:
             state = model._tfos_ps_fit
-            return state.scheduled(state.coordinator.schedule(execution, args=(iterator,)))
+            return state.scheduled(state.coordinator.schedule(execution, args=(iterator,)), steps)
 
         return function
 
@@ -236,29 +238,36 @@ def _patch(trainer: Any) -> None:
             self._pending: list = []
             self._logs: dict = {}
 
-        def scheduled(self, remote: Any) -> dict:
-            self._pending.append(remote)
+        def scheduled(self, remote: Any, steps: int) -> dict:
+            self._pending.append((remote, steps))
             return self._ready_logs()
+
+        def _take(self, remote: Any, steps: int) -> None:
+            try:
+                logs, worker = remote.fetch()
+            except Exception:  # noqa: BLE001 - a failed closure: join() raises its error
+                return
+            self._logs = dict(logs)
+            _count_steps(int(worker), steps)
 
         def _ready_logs(self) -> dict:
             """The results of the latest step that finished, without waiting for any."""
-            done = [i for i, r in enumerate(self._pending) if _finished(r)]
-            if done:
-                try:
-                    self._logs = dict(self._pending[done[-1]].fetch())
-                except Exception:  # noqa: BLE001 - a failed step: join() raises it
-                    pass
-                del self._pending[: done[-1] + 1]
+            still = []
+            for remote, steps in self._pending:
+                if _finished(remote):
+                    self._take(remote, steps)
+                else:
+                    still.append((remote, steps))
+            self._pending = still
             return dict(self._logs)
 
         def join(self) -> None:
             try:
                 self.coordinator.join()
             finally:
-                last = self._pending[-1:] if self._pending else []
-                self._pending = []
-            for remote in last:
-                self._logs = dict(remote.fetch())
+                pending, self._pending = self._pending, []
+            for remote, steps in pending:
+                self._take(remote, steps)
 
         def last_logs(self) -> dict:
             return dict(self._logs)
@@ -444,3 +453,21 @@ def _join(tf: Any, shards: list, grads: list) -> Any:
 
 #: The fit() calls under a ParameterServerStrategy in progress in this process (innermost last).
 _ACTIVE: list = []
+#: Prefix of the node figures (:mod:`tfos._node.figures`) counting the training steps sent to
+#: each worker, e.g. ``ps_steps_worker_1``: the coordinator's TF process sends them to the driver.
+STEPS_FIGURE = "ps_steps_worker_"
+
+
+def _count_steps(worker_index: int, steps: int) -> None:
+    from tfos._node.figures import FIGURES
+
+    FIGURES.add(f"{STEPS_FIGURE}{worker_index}", steps)
+
+
+def steps_by_worker() -> dict:
+    """Training steps each worker ran so far under ``model.fit`` in this process (the
+    coordinator), by worker task index: each closure of ``steps_per_execution`` steps counts
+    for the worker that finished it (a closure retried after a worker's loss counts once)."""
+    from tfos._node.figures import FIGURES
+
+    return {int(k[len(STEPS_FIGURE):]): v for k, v in FIGURES.snapshot().items() if k.startswith(STEPS_FIGURE)}
