@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Decode cost on a node: microseconds per row of ``framing.arrow_rows`` per column kind (no Spark).
+"""Decode cost on a node: microseconds per row of ``arrow_codec.arrow_rows`` per column kind (no Spark).
 
 Builds Arrow IPC chunks shaped like the ones a DataFrame feed task sends for the C24
 DataFrame of ``scripts/bench_feed.py`` (modes 6/7): ``img array<array<float>>`` (28 x 28),
@@ -77,7 +77,8 @@ def _chunk(cols: dict, names: list) -> bytearray:
     import pyarrow as pa
     from pyspark.sql.types import StructField, StructType
 
-    from tfos._data.framing import SPARK_SCHEMA_KEY, feed_schema_json
+    from tfos._data.arrow_codec import feed_schema_json
+    from tfos._data.arrow_views import SPARK_SCHEMA_KEY
 
     batch = pa.RecordBatch.from_arrays([cols[k][0] for k in names], names)
     text = feed_schema_json(StructType([StructField(k, cols[k][1]) for k in names]), True)
@@ -111,7 +112,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=7)
     a = ap.parse_args()
 
-    from tfos._data.framing import arrow_rows
+    from tfos._data.arrow_codec import arrow_rows
 
     cols = _c24_columns(a.rows)
     kinds = [["img"], ["vec"], ["st"], ["ints"], ["label"], ["sparse_vec"], ["img", "vec", "st", "ints", "label"]]

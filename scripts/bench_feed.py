@@ -469,7 +469,7 @@ def main() -> int:
     from pyspark.sql import SparkSession
 
     from tfos import TFCluster
-    from tfos._data.spark_rawio import raw_frames
+    from tfos._data.spark_rawio import raw_records
 
     load_start = os.getloadavg()
     conf = (
@@ -493,7 +493,7 @@ def main() -> int:
         print(f"generating {rows:,} rows in {parts} partitions ...", flush=True)
         rdd = make_rdd(sc, rows, parts).persist(StorageLevel.MEMORY_AND_DISK)
         assert rdd.count() == rows
-        raw = raw_frames(rdd)
+        raw = raw_records(rdd)
         sizes = raw.rdd.map(len).collect()
         rdd_batch = statistics.mean(sizes)
         # Feed tasks pack PySpark's batches into frames that close at the batch reaching
@@ -619,7 +619,7 @@ def main() -> int:
             spark_batch_rows = min(max_rec, max(_split(rows, parts)))
             row_bytes = IMAGE * 4 + 8 + 4
             try:  # tfos slices Spark's Arrow batches into chunks of about ARROW_CHUNK_BYTES
-                from tfos._data.feed_tasks import ARROW_CHUNK_BYTES
+                from tfos._data.arrow_chunks import ARROW_CHUNK_BYTES
                 df_rows_per_chunk = max(1, min(spark_batch_rows, ARROW_CHUNK_BYTES // row_bytes))
             except ImportError:
                 df_rows_per_chunk = spark_batch_rows

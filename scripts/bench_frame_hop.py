@@ -168,7 +168,8 @@ def _feed_path_cpu(payload: bytes, frames: int, packed: bool, labels_per_frame: 
         AssertionError: The consumer did not get every row exactly once.
     """
     from tfos._common import wire
-    from tfos._data.feed_hub import FeedConnection, FeedHub
+    from tfos._data.feed_connection import FeedConnection
+    from tfos._data.feed_hub import FeedHub
     from tfos._data.feed_tasks import _Packing
     from tfos._data.framing import ChunkKind, send_frame_parts
     from tfos.datafeed import DataFeed

@@ -13,7 +13,7 @@ PySpark alone (no tfos; a Spark task's Python function reads the partition):
 * ``rdd pipelined``: ``rdd.map(produce).mapPartitions(read)``: the reader runs in the
   producer's own Python worker (how tfos feeds a Python-pipelined RDD);
 * ``rdd raw frames``: the same RDD read as the raw PySpark batches of its own worker's
-  output (``tfos._data.spark_rawio.raw_frames``; how tfos fed it before);
+  output (``tfos._data.spark_rawio.raw_records``; how tfos fed it before);
 * ``df python udf, mapInArrow``: a DataFrame whose column comes from a slow Python UDF,
   read with ``mapInArrow`` (tfos's DataFrame feed), with Spark's defaults and with
   ``spark.sql.execution.arrow.maxRecordsPerBatch=4``;
@@ -80,7 +80,7 @@ def pyspark_readers(sc, rows: int, every: float) -> None:
     from pyspark.sql import types as T
 
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-    from tfos._data.spark_rawio import raw_frames
+    from tfos._data.spark_rawio import raw_records
 
     partition_s = rows * every
 
@@ -93,7 +93,7 @@ def pyspark_readers(sc, rows: int, every: float) -> None:
 
     _report("rdd pipelined (one row at a time)", sc.parallelize(range(rows), 1).map(produce).mapPartitions(rows_read).collect()[0],
             partition_s)
-    raw = raw_frames(sc.parallelize(range(rows), 1).map(produce))
+    raw = raw_records(sc.parallelize(range(rows), 1).map(produce))
 
     def frames_read(it):
         return [_batches_seen(it, lambda f: [r[1] for r in pickle.loads(f)])]
@@ -139,7 +139,7 @@ def pyspark_readers(sc, rows: int, every: float) -> None:
     run_arrow("df jvm, mapInArrow, maxRecordsPerBatch=4", jvm_df, 2, {mr: "4"})
     run_arrow("df jvm, mapInArrow, 4 + buffer 4096", jvm_df, 2, {mr: "4", buf: "4096"})
     run_arrow("df jvm, mapInArrow, 1 + buffer 8", jvm_df, 2, {mr: "1", buf: "8"})
-    raw = raw_frames(jvm_df.rdd)
+    raw = raw_records(jvm_df.rdd)
 
     def df_frames_read(it):
         return [_batches_seen(it, lambda f: [r[2] for r in pickle.loads(f)])]

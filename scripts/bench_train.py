@@ -31,7 +31,7 @@ two epochs, the seconds TensorFlow waited for fed data (and for the first batch)
 seconds each kind of process used during ``train()``, each node's fed rows per epoch (Spark
 decides which executor, hence which node, feeds a partition), at how many epoch boundaries
 and for how long each node held a later epoch back until the earlier one was complete
-(``tfos._data.tfdata.EpochOrder``), the chief's count of
+(``tfos._data.epoch_order.EpochOrder``), the chief's count of
 ``train_function`` traces, median step time and steps over 20 median steps in each mode,
 and the load average.
 

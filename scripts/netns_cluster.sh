@@ -31,7 +31,7 @@
 # `ip netns pids` of our own namespaces before they are deleted.
 #
 # Needs root (or CAP_NET_ADMIN + CAP_SYS_ADMIN) and iproute2. Settings (environment):
-#   PYTHON              Python whose PySpark to use (default: /work/main/.venv or the repo's .venv, else python3)
+#   PYTHON              Python whose PySpark to use (default: the repo's .venv, else python3)
 #   TFOS_NETNS_PREFIX   name prefix of namespaces, veths and bridge (default tfosnet; <= 8 chars)
 #   TFOS_NETNS_SUBNET   first three octets of the private /24 (default 10.77.0)
 #   TFOS_NETNS_DIR      state file, logs and work dirs (default /tmp/tfos-netns)
@@ -42,7 +42,6 @@ set -Eeuo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 if [[ -z "${PYTHON:-}" ]]; then
   if [[ -x "$ROOT/.venv/bin/python" ]]; then PYTHON="$ROOT/.venv/bin/python"
-  elif [[ -x /work/main/.venv/bin/python ]]; then PYTHON=/work/main/.venv/bin/python
   else PYTHON=python3; fi
 fi
 PREFIX="${TFOS_NETNS_PREFIX:-tfosnet}"

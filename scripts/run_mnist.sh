@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job, end to end (the README's first command):
 #   1. write the real MNIST digits as CSV and TFRecords to data/mnist/ (skipped when complete),
-#   2. train a tf_keras MLP on Spark with tfos, InputMode.SPARK, MultiWorkerMirroredStrategy
+#   2. train a Keras 3 MLP on Spark with tfos, InputMode.SPARK, MultiWorkerMirroredStrategy
 #      on local-cluster[2,1,1024] (two executor JVMs): output/mnist/export (SavedModel),
 #      output/mnist/model.keras, output/mnist/checkpoints/, output/mnist/tensorboard/,
 #   3. run cluster.inference over the 10,000 test images: output/mnist/predictions/

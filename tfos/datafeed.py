@@ -21,14 +21,18 @@ from __future__ import annotations
 
 import collections
 import logging
-import pickle
 import queue
-from typing import Any, Iterator, Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 from ._common.deadline import Deadline
 from ._data.columns import rows_to_columns
-from ._data.feed_hub import END_OF_FEED, Chunk, FeedConnection, FeedHub, PartitionEnd
+from ._data.feed_connection import END_OF_FEED, Chunk, FeedConnection, PartitionEnd
+from ._data.feed_datasets import FeedDatasets
+from ._data.feed_hub import FeedHub
 from ._data.framing import FrameType, decode_chunk
+from ._data.input_mapping import InputMapping, row_names
+from ._data.results import result_frames, result_items
+from ._node.figures import FIGURES
 from .errors import FeedAbortedError, InferenceResultError, TFOSError
 
 __all__ = ["DataFeed", "rows_to_columns"]
@@ -38,37 +42,7 @@ log = logging.getLogger(__name__)
 #: Seconds next_batch() waits for data while an ended partition has unanswered batches.
 _READ_AHEAD_WAIT_S = 5.0
 
-#: Target size of one inference results frame, in bytes. Bigger answers are split into
-#: several frames (same rows, same order): the executor JVM persists every frame as one
-#: byte array, and arrays of half a G1 heap region (512 KB with a 1 GB heap) or more are
-#: "humongous" objects that make persisting the results slower (docs/performance.md).
-RESULT_FRAME_BYTES = 256 * 1024
-
-
-def result_frames(items: list, limit: Optional[int] = None) -> list[bytes]:
-    """Pickles inference results into frames of about ``limit`` bytes (pure; TF process).
-
-    The number of results per frame is estimated from the pickled size of the first
-    result, so every result is pickled once.
-
-    Args:
-        items: The results of one batch, in order.
-        limit: Target frame size in bytes (default :data:`RESULT_FRAME_BYTES`); a single
-            result larger than that gets a frame of its own.
-
-    Returns:
-        Pickled lists whose concatenation is ``items``.
-    """
-    limit = RESULT_FRAME_BYTES if limit is None else limit
-    proto = pickle.HIGHEST_PROTOCOL
-    if len(items) > 1:
-        per = max(1, limit // (len(pickle.dumps(items[0], protocol=proto)) + 1))
-        if per < len(items):
-            return [pickle.dumps(items[i : i + per], protocol=proto) for i in range(0, len(items), per)]
-    return [pickle.dumps(items, protocol=proto)]
-
-
-class DataFeed:
+class DataFeed(FeedDatasets):
     """Reads rows fed by ``cluster.train()`` / ``cluster.inference()`` (TF process).
 
     Args:
@@ -122,19 +96,19 @@ class DataFeed:
         self.train_mode = train_mode
         self.qname_in = qname_in
         self.qname_out = qname_out
-        #: ``[(column, tensor)]`` of ``input_mapping``, sorted by column name.
-        self._mapping: Optional[list] = sorted(input_mapping.items(), key=lambda kv: str(kv[0])) if input_mapping else None
-        self.input_tensors = [t for _, t in self._mapping] if self._mapping else None
-        self._mapping_idx: dict = {}  # column names of a chunk -> the value index of each mapped column
+        self._mapping = InputMapping(input_mapping, getattr(mgr, "node_name", "?")) if input_mapping else None
+        self.input_tensors = self._mapping.tensors if self._mapping else None
         self.done_feeding = False
         #: ``'train'`` or ``'inference'``: the job (``cluster.train()`` or
         #: ``cluster.inference()``) that fed the rows of the last non-empty batch
         #: :meth:`next_batch` returned; None before the first one, and on a TFManager feed.
         self.batch_mode: Optional[str] = None
-        self._legacy: Optional[_QueueFeed] = None
+        self._legacy: Any = None
         if not isinstance(getattr(mgr, "queues", None), dict) and hasattr(mgr, "get_queue"):
             # A TFoS-style TFManager (tfos.TFManager.start / TFSparkNode.run): rows on plain queues.
-            self._legacy = _QueueFeed(mgr, qname_in, qname_out, train_mode)
+            from ._legacy.queue_feed import QueueFeed
+
+            self._legacy = QueueFeed(mgr, qname_in, qname_out, train_mode)
             return
         if qname_in not in mgr.queues:
             raise TFOSError(f"no queue {qname_in!r} on this node; queues are {sorted(mgr.queues)}")
@@ -272,7 +246,16 @@ class DataFeed:
         if self._legacy is not None:
             rows = self._legacy.next_batch(batch_size)
             self.done_feeding = self._legacy.done_feeding
-            return rows if self.input_tensors is None else _to_columns(rows, self.input_tensors)
+            return rows if self._mapping is None else self._mapping.positional(rows)
+        # main_fun's time in the feed (waiting for chunks, unpacking them): the driver's
+        # feed-wait share and its live wait (docs/status.md).
+        FIGURES.wait_begin("feed_wait")
+        try:
+            return self._next_batch(batch_size)
+        finally:
+            FIGURES.wait_end("feed_wait")
+
+    def _next_batch(self, batch_size: int) -> Union[list, dict]:
         if self._hub.aborted:
             self._raise_aborted()
         out: list = []
@@ -307,7 +290,7 @@ class DataFeed:
             take = min(batch_size - len(out), len(self._rows) - self._pos)
             origins.append((len(out), conn.partition, conn.epoch, conn.rows_taken))
             if self._mapping is not None:
-                segments.append((len(out), self._row_names(self._rows, self._pos)))
+                segments.append((len(out), row_names(self._rows, self._pos)))
             out.extend(self._rows[self._pos : self._pos + take])
             self._pos += take
             conn.rows_taken += take
@@ -322,48 +305,9 @@ class DataFeed:
         if out and batch_conn is not None and batch_conn.mode != "train":
             batch_conn.pending += 1
             self._pending.append((batch_conn, len(out), origins[0]))
-        if self.input_tensors is None:
+        if self._mapping is None:
             return out
-        return self._mapped_columns(out, segments)
-
-    @staticmethod
-    def _row_names(rows: Sequence, pos: int) -> tuple:
-        """The column names the rows of a chunk carry: a DataFrame chunk's columns, or the
-        fields of a ``Row`` (``df.rdd``); () for plain tuples."""
-        names = getattr(rows, "column_names", None)
-        if names:
-            return tuple(names)
-        fields = getattr(rows[pos], "__fields__", None) if pos < len(rows) else None
-        return tuple(fields) if fields else ()
-
-    def _mapped_columns(self, rows: list, segments: list) -> dict[str, list]:
-        """``{tensor: [values]}`` of ``input_mapping`` (TF process). Rows that carry column
-        names (DataFrame chunks, ``Row`` objects) give each tensor its column by name; plain
-        tuples give the i-th mapped column (sorted by name) the i-th value, as in TFoS."""
-        assert self._mapping is not None
-        cols: dict[str, list] = {t: [] for _, t in self._mapping}
-        ends = [start for start, _ in segments[1:]] + [len(rows)]
-        for (start, names), end in zip(segments, ends):
-            idx = self._mapping_idx.get(names)
-            if idx is None:
-                idx = self._mapping_idx[names] = self._value_index(names)
-            for row in rows[start:end]:
-                for i, (_, t) in zip(idx, self._mapping):
-                    cols[t].append(row[i])
-        return cols
-
-    def _value_index(self, names: tuple) -> list[int]:
-        assert self._mapping is not None
-        wanted = [str(c) for c, _ in self._mapping]
-        if names and all(c in names for c in wanted):
-            return [names.index(c) for c in wanted]
-        if names:
-            missing = [c for c in wanted if c not in names]
-            log.warning(
-                "node %s: input_mapping columns %s are not among the fed rows' columns %s; pairing the i-th mapped "
-                "column (sorted by name: %s) with the i-th value of each row, as TFoS did", self._hub.node_name,
-                missing, list(names), wanted)
-        return list(range(len(wanted)))
+        return self._mapping.columns(out, segments)
 
     def should_stop(self) -> bool:
         """True once the feed ended (end of feed from the driver, or :meth:`terminate`)."""
@@ -394,7 +338,7 @@ class DataFeed:
         if self._legacy is not None:
             self._legacy.batch_results(results)
             return
-        items = _result_items(results)
+        items = result_items(results)
         if not items and self._last_batch_empty:
             # The answer to an empty batch (next_batch() at the end of the feed returns []);
             # empty batches are never waited for, so there is nothing to send (TFoS: no-op).
@@ -439,266 +383,3 @@ class DataFeed:
         self._hub.terminate(self.qname_in)
         self._rows, self._pos, self._peeked = [], 0, None
         self.done_feeding = True
-
-    # ---------------------------------------------------------------- tf.data
-    def batches(self, batch_size: int, columns: Optional[Sequence[tuple[Any, Optional[tuple]]]] = None) -> Iterator:
-        """Yields batches until the end of the feed (TF process).
-
-        Args:
-            batch_size: Rows per batch (the last batch may be short).
-            columns: When given, ``[(numpy dtype, row shape), ...]`` per column: each batch
-                is converted with :func:`rows_to_columns` into a tuple of numpy arrays of
-                shape ``(n,) + row shape``; otherwise raw row lists are yielded.
-
-        Raises:
-            MalformedRowError: A row does not fit ``columns`` (names partition and row).
-            FeedAbortedError: The cluster aborted (see :meth:`next_batch`).
-        """
-        while not self.should_stop():
-            batch = self.next_batch(batch_size)
-            if not batch:
-                continue
-            if columns is None:
-                yield batch
-            else:
-                assert isinstance(batch, list)  # batches() is used without input_mapping
-                yield rows_to_columns(batch, columns, self.last_origins)
-
-    def as_dataset(
-        self,
-        batch_size: int,
-        output_signature: Any,
-        drop_remainder: bool = False,
-        per_epoch: bool = False,
-        prefetch: int = 2,
-        buffer_batches: Optional[int] = None,
-        steps_per_epoch: Optional[int] = None,
-        shuffle_rows: int = 0,
-        shuffle_seed: Optional[int] = None,
-    ):
-        """A ``tf.data.Dataset`` of whole batches from this feed (TF process, train mode).
-
-        Each row must be a tuple/list with one value per column of ``output_signature`` (or a
-        single value when the signature is a single ``tf.TensorSpec``). A background thread
-        reads the feed ahead, turns every chunk into numpy columns at once (zero-copy views
-        for Arrow chunks of numeric and fixed-length list columns; one stack per column for
-        pickled chunks) and cuts them into batches; TensorFlow receives whole batches
-        (``tfos._data.tfdata.FeedBatches``, kept as ``dataset.tfos_batches``). The dataset ends
-        cleanly at the end of the feed. From its first iteration on, the dataset is the
-        feed's only reader.
-
-        With ``per_epoch=True`` every iteration over the dataset is one epoch of
-        ``cluster.train(data, num_epochs)`` (it ends as soon as the first row of the next
-        epoch arrives), and the reader keeps reading ahead across iterations, so the next
-        epoch is already buffered when Keras starts it. Call ``model.fit(ds,
-        initial_epoch=e, epochs=e + 1)`` once per epoch on the same dataset: tf_keras infers
-        the steps of every epoch from the first one and ends ``fit(epochs=n)`` early ("Your
-        input ran out of data") when a later epoch has fewer steps, which happens whenever
-        Spark assigns a node fewer partitions in that epoch. A single
-        ``fit(ds, epochs=n)`` is right only when every epoch has the same number of steps.
-
-        With ``steps_per_epoch=S`` (the same on every node) one iteration covers all
-        epochs and every epoch is exactly ``S`` batches on every node, so one
-        ``model.fit(ds, epochs=n, steps_per_epoch=S)`` trains all epochs with one iterator
-        (no gap between epochs). Batches hold ``batch_size`` rows except the last
-        ``hold_batches`` of each epoch (``min(S, buffer_batches // 2)``: all ``S`` when the
-        read-ahead buffer holds a whole epoch, as with small data), which are cut once the
-        epoch's end is known and share its remaining rows evenly: smaller (down to empty)
-        on a node that got fewer than ``S x batch_size`` rows in that epoch, larger on a
-        node that got more. Every fed row is handed out exactly once, in its epoch; a feed
-        that ends without any row gives ``S`` empty batches, so every node still takes
-        the same steps. Take ``S`` from
-        :meth:`DataFeed.steps_per_epoch` ``(rows_per_epoch, batch_size, num_nodes)``, with
-        ``batch_size`` the per-worker batch; under ``MultiWorkerMirroredStrategy`` give
-        ``model.fit`` ``strategy.distribute_datasets_from_function(lambda _: ds)`` (each
-        batch is one worker's step, not split again). A node's surplus rows of an epoch
-        are held until the epoch ends (memory: see ``tfos._data.tfdata``).
-        The dataset's epochs run on across ``train()`` calls: after ``train(data, 2)``,
-        the first epoch of ``train(data, 1)`` is the dataset's epoch 2 (its own rows only;
-        each call numbers its epochs from 0 on the driver and in error messages).
-
-        Both epoch-aware forms keep every epoch whole when Spark runs a later epoch's
-        task before an earlier one's (``tfos._data.tfdata.EpochOrder``): the node holds a
-        later epoch's chunks back in memory until the driver says the earlier epoch's
-        partitions all went out and this node read its own; at most ``feed_timeout / 2``
-        seconds and ``max(2 x buffer, 64 MiB)`` bytes, then a WARNING names the epoch.
-
-        ``shuffle_rows=W`` (with ``steps_per_epoch``) shuffles rows, not batches: the
-        reader thread pools the epoch's rows as they arrive, from every chunk and
-        partition, and draws each batch uniformly at random from a pool of at least ``W``
-        rows (more at the epoch's end, when the pool empties into its last batches).
-        Batches never mix epochs, every epoch keeps exactly ``S`` batches and every row is
-        handed out exactly once. Spark feeds the partitions in the same order every epoch,
-        so without it a batch holds consecutive rows of one partition. ``shuffle_seed``
-        makes the order repeatable (for the same arrival order of chunks). Shuffling a
-        dataset of whole batches on the TF side (``ds.shuffle``) would only reorder
-        batches, and ``ds.unbatch().shuffle().batch()`` would change ``S``.
-
-        Under ``MultiWorkerMirroredStrategy`` the workers may receive different amounts of
-        data (uneven partitions: docs/datafeed.md "Uneven data under MultiWorkerMirroredStrategy").
-        Distribute the dataset with
-        ``strategy.experimental_distribute_dataset`` and iterate it to exhaustion (or use
-        tf_keras ``model.fit`` without ``steps_per_epoch``): TensorFlow synchronises the end
-        of input across workers — a worker that runs out is fed empty batches until every
-        worker is done — so no worker waits forever for another and every row is used.
-        The dataset has auto-sharding turned off (each worker already gets only its own
-        partitions). See ``docs/datafeed.md``.
-
-        Args:
-            batch_size: Rows per batch of this node's dataset. Under
-                MultiWorkerMirroredStrategy, a dataset given to ``model.fit`` as is is
-                distributed by Keras, which takes each batch as a global batch and splits
-                it over the replicas (every fed row is still trained once); through
-                ``strategy.distribute_datasets_from_function(lambda _: ds)`` (needed with
-                ``steps_per_epoch``) each batch is one worker's step: the per-worker batch.
-            output_signature: A ``tf.TensorSpec`` or tuple of them, with a leading ``None``
-                (batch) dimension, e.g. ``(TensorSpec((None, 784), tf.float32),
-                TensorSpec((None,), tf.int64))``.
-            drop_remainder: Drop a last batch (of the feed, or of an epoch with
-                ``per_epoch``) shorter than ``batch_size``.
-            per_epoch: One epoch per iteration (see above).
-            prefetch: Batches ``tf.data`` prefetches (0: none).
-            buffer_batches: Batches the reader thread keeps ready (default about 32 MB; when a
-                column holds strings or bytes or has no fixed shape, at most 8 batches and
-                at most about 32 MB of them, counted as they come, but at least one).
-            steps_per_epoch: Batches per epoch on every node (see above); excludes
-                ``per_epoch`` and ``drop_remainder``.
-            shuffle_rows: Row-level shuffle window in rows (0: the fed order); needs
-                ``steps_per_epoch``. Memory: ``W`` rows more in the reader.
-            shuffle_seed: Seed of that shuffle (None: from the OS).
-
-        Returns:
-            A ``tf.data.Dataset`` yielding tensors of the given dtypes and shapes.
-
-        Raises:
-            TypeError: When ``output_signature`` is not a TensorSpec or tuple of them.
-            ValueError: For a spec without the leading batch dimension (a per-row shape such
-                as ``TensorSpec(())``) or with a first dimension fixed to another size than
-                ``batch_size``; in inference mode (``train_mode=False``), for ``batch_size`` < 1,
-                ``shuffle_rows`` < 0, or ``shuffle_rows`` without ``steps_per_epoch``.
-            MalformedRowError: (while iterating) a row that does not fit the signature
-                (or, with ``shuffle_rows``, a column whose row shape changes).
-            FeedAbortedError: (while iterating) the cluster aborted: the feed was cut off,
-                not ended. TensorFlow wraps it in a ``tf.errors.UnknownError`` (see
-                :class:`~tfos.errors.FeedAbortedError`); the driver counts it as a
-                consequence of the abort either way.
-        """
-        from ._data.tfdata import feed_dataset
-
-        return feed_dataset(self, batch_size, output_signature, drop_remainder, per_epoch, prefetch, buffer_batches,
-                            steps_per_epoch, shuffle_rows, shuffle_seed)
-
-    @staticmethod
-    def steps_per_epoch(rows_per_epoch: int, batch_size: int, num_nodes: int) -> int:
-        """The ``steps_per_epoch`` for :meth:`as_dataset` that every node can compute alike (pure).
-
-        ``ceil(rows_per_epoch / (batch_size x num_nodes))``: the steps of an epoch when its
-        rows are spread evenly over the nodes.
-
-        Args:
-            rows_per_epoch: Rows of one epoch over all nodes (``data.count()`` on the driver,
-                passed to ``main_fun`` in its args).
-            batch_size: Rows per step on one node (the per-worker batch).
-            num_nodes: Nodes fed (e.g. ``strategy.num_replicas_in_sync`` on CPU workers).
-
-        Returns:
-            The steps per epoch (>= 1).
-
-        Raises:
-            ValueError: When an argument is < 1.
-        """
-        from ._data.tfdata import steps_per_epoch
-
-        return steps_per_epoch(rows_per_epoch, batch_size, num_nodes)
-
-def _to_columns(rows: Sequence, tensors: Sequence[str]) -> dict[str, list]:
-    """``{tensor: [row[i] for row in rows]}`` for the i-th mapped tensor (TFoS ``input_mapping``)."""
-    cols: dict[str, list] = {t: [] for t in tensors}
-    for row in rows:
-        for i, t in enumerate(tensors):
-            cols[t].append(row[i])
-    return cols
-
-
-def _result_items(results: Any) -> list:
-    """One item per row, as TFoS returned them: numpy rows stay numpy, scalars stay scalars.
-
-    Args:
-        results: A list, tuple, numpy array, ``tf.Tensor`` or any iterable.
-
-    Returns:
-        ``list(results)``; a ``tf.Tensor`` is first converted with ``.numpy()``.
-
-    Raises:
-        InferenceResultError: For None, a string/bytes, or anything not iterable.
-    """
-    if type(results).__module__.startswith("tensorflow") and callable(getattr(results, "numpy", None)):
-        results = results.numpy()
-    if isinstance(results, (str, bytes, bytearray)) or results is None:
-        # list("abc") would answer one row per character: never what main_fun meant.
-        raise InferenceResultError(
-            f"batch_results() needs one result per input row (a list, tuple, numpy array or tf.Tensor), got "
-            f"{type(results).__name__}{'' if results is None else ' (a string would give one result per character)'}"
-        )
-    try:
-        return list(results)
-    except TypeError:
-        raise InferenceResultError(
-            f"batch_results() needs one result per input row (a list, tuple, numpy array or tf.Tensor), got "
-            f"{type(results).__name__}, which is not iterable"
-        ) from None
-
-
-class _QueueFeed:
-    """TFoS's row-queue protocol on a :mod:`tfos.TFManager` manager (TF process or test).
-
-    Rows are single queue items; ``None`` ends the feed and a
-    :class:`tfos.marker.EndPartition` ends a partition (an inference batch never spans one).
-    Results go to ``qname_out``, one item per row.
-    """
-
-    def __init__(self, mgr: Any, qname_in: str, qname_out: str, train_mode: bool):
-        self.mgr = mgr
-        self.train_mode = train_mode
-        self.queue_in = mgr.get_queue(qname_in)
-        self.queue_out = mgr.get_queue(qname_out)
-        if self.queue_in is None:
-            raise TFOSError(f"the manager has no queue {qname_in!r}")
-        self.done_feeding = False
-
-    def next_batch(self, batch_size: int) -> list:
-        from tfos._legacy.marker import EndPartition
-
-        out: list = []
-        while len(out) < batch_size:
-            item = self.queue_in.get(block=True)
-            self.queue_in.task_done()
-            if item is None:
-                self.done_feeding = True
-                break
-            if isinstance(item, EndPartition):
-                if not self.train_mode and out:
-                    break
-                continue
-            out.append(item)
-        return out
-
-    def batch_results(self, results: Any) -> None:
-        if self.queue_out is None:
-            raise TFOSError("batch_results(): the manager has no output queue")
-        for item in _result_items(results):
-            self.queue_out.put(item, block=True)
-
-    def terminate(self) -> None:
-        self.mgr.set("state", "terminating")
-        dropped = 0
-        while True:
-            try:
-                self.queue_in.get(block=True, timeout=5)
-            except queue.Empty:
-                break
-            self.queue_in.task_done()
-            dropped += 1
-        log.info("DataFeed.terminate(): dropped %d queued items", dropped)
-        self.done_feeding = True
-

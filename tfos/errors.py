@@ -16,6 +16,9 @@ Hierarchy::
     │   └── FeedAbortedError      : the cluster aborted while main_fun read its feed
     ├── MalformedRowError         (also ValueError): a fed row does not match the signature
     ├── InferenceResultError      (also ValueError): main_fun returned too few/many results
+    ├── TFServerError             (also RuntimeError): a node's TF server could not start
+    │   ├── PortUnavailableError  : another process holds the node's port
+    │   └── ProtocolUnavailableError: the server protocol is not in this TF build
     ├── NodeFailedError           : one node failed (exception, lost, or killed)
     └── ClusterFailedError        : the aggregate raised to the user on the driver
         └── RecoveryFailedError   : every attempt of a cluster with max_restarts failed
@@ -41,6 +44,9 @@ __all__ = [
     "RecoveryFailedError",
     "FeedAbortedError",
     "NodeFailure",
+    "TFServerError",
+    "PortUnavailableError",
+    "ProtocolUnavailableError",
     "is_root_cause",
     "root_causes",
 ]
@@ -154,6 +160,18 @@ class InferenceResultError(TFOSError, ValueError):
     or ``main_fun`` ended while rows were still waiting for results."""
 
 
+class TFServerError(TFOSError, RuntimeError):
+    """A TensorFlow server for a tfos node could not be created or started."""
+
+
+class PortUnavailableError(TFServerError):
+    """The node's port is held by another process, so the server cannot bind it."""
+
+
+class ProtocolUnavailableError(TFServerError):
+    """The requested server protocol (e.g. ``grpc+verbs``) is not in this TF build."""
+
+
 @dataclasses.dataclass(frozen=True)
 class NodeFailure:
     """What the driver knows about one failed node (pure, picklable, JSON-friendly).
@@ -165,7 +183,8 @@ class NodeFailure:
         host: The host the node ran on, or '' when it never registered.
         kind: 'exception' (main_fun raised), 'exited' (process ended with a non-zero code
             or a signal), 'lost' (no heartbeat within the timeout), 'feed' (a feed task
-            failed on this node's data), or 'spark' (the Spark job itself failed).
+            failed on this node's data), 'spark' (the Spark job itself failed), or
+            'stalled' (no progress for ``stall_timeout`` with ``stall_action="fail"``).
         error_type: The exception class name, e.g. 'ValueError'.
         message: The exception message or a description of the loss.
         traceback: The remote traceback text ('' when there is none).
@@ -243,13 +262,14 @@ def is_root_cause(failure: NodeFailure) -> bool:
     consequence of another failure (pure).
 
     Root causes: ``main_fun`` raised ('exception'), a node process died ('exited'), a node
-    or its executor was lost ('lost'), or a Spark job failed with no node report ('spark').
+    or its executor was lost ('lost'), a Spark job failed with no node report ('spark'), or
+    the driver found the node stalled with ``stall_action="fail"`` ('stalled').
     Consequences: feed tasks that saw a node fail or stop ('feed': FeedError,
     FeedTimeoutError, broken connections) and tasks killed or cancelled by the teardown.
     """
     if failure.error_type in _CONSEQUENCE_TYPES:
         return False
-    return failure.kind in ("exception", "exited", "lost", "spark")
+    return failure.kind in ("exception", "exited", "lost", "spark", "stalled")
 
 
 def root_causes(failures: Sequence[NodeFailure]) -> list[NodeFailure]:

@@ -21,7 +21,7 @@ import shutil
 import tempfile
 from typing import Mapping, Optional
 
-from tfos._driver.remedies import master_kind
+from tfos._driver.remedies import check_master_url
 from tfos.errors import ConfigurationError
 
 __all__ = ["authenticate_spark", "auth_settings", "read_properties"]
@@ -69,17 +69,26 @@ def auth_settings(master: str, defaults: Mapping[str, str]) -> dict[str, str]:
         The properties to add ({} when ``defaults`` already authenticate).
 
     Raises:
-        ConfigurationError: A standalone (or unknown) master and no ``spark.authenticate.secret``
-            in ``defaults``: only the cluster's own secret works there.
+        ConfigurationError: ``master`` is not a URL Spark can parse (see
+            :func:`tfos._driver.remedies.check_master_url`: it names the URL and lists the
+            forms Spark accepts); or a standalone (or a cluster manager plugin's) master and no
+            ``spark.authenticate.secret`` in ``defaults``: only the cluster's own secret works there.
     """
-    kind = master_kind(master)
+    kind = check_master_url(master)
     out: dict[str, str] = {}
     if not _true(defaults.get("spark.authenticate")):
         out["spark.authenticate"] = "true"
     if "spark.authenticate.secret" not in defaults:
         if kind == "local-cluster":
             out["spark.authenticate.secret"] = secrets.token_hex(32)
-        elif kind in ("standalone", "other"):
+        elif kind == "other":
+            raise ConfigurationError(
+                f"master {master}: not one of Spark's own master forms (local[N], local-cluster[E,C,M], spark://, yarn, "
+                "k8s://), so tfos cannot tell whether its cluster manager generates Spark's authentication secret. Put "
+                "spark.authenticate true and, if that cluster manager needs it, spark.authenticate.secret in "
+                "spark-defaults.conf of a SPARK_CONF_DIR only you can read (docs/deploy.md, Spark authentication)"
+            )
+        elif kind == "standalone":
             raise ConfigurationError(
                 f"master {master}: a standalone cluster accepts only applications that give the secret its master and "
                 "workers were started with (spark.authenticate.secret), and tfos cannot know it. Put "
@@ -148,10 +157,13 @@ def authenticate_spark(master: str) -> Optional[str]:
         and ``TFCluster.run`` still warns when they leave authentication off.
 
     Raises:
-        ConfigurationError: A standalone master whose secret the current configuration does not
+        ConfigurationError: ``master`` is not a URL Spark can parse (checked first, also when
+            the driver JVM already runs): the message names the URL and lists the forms Spark
+            accepts. A standalone master whose secret the current configuration does not
             hold (see :func:`auth_settings`).
         OSError: The directory or file could not be written.
     """
+    check_master_url(master)  # before anything else: a typo gets Spark's diagnosis, not another master's advice
     if _jvm_running():
         return None
     current = _current_conf_dir()

@@ -12,41 +12,22 @@ It provides:
   ``tf.distribute.ParameterServerStrategy`` ps/worker node and block until told
   to stop.
 * :func:`shard_files` and :func:`worker_rank` -- deterministic per-worker file
-  sharding.
+  sharding (:mod:`tfos._node.sharding`).
 
-Port hand-over
---------------
-Each tfos node reserves its port at start-up with a socket
-(``ctx.reserved_port_socket``) that has ``SO_REUSEADDR`` and ``SO_REUSEPORT``
-set and is bound but NOT listening. Measured with TensorFlow 2.21: TF's gRPC
-server binds its listening socket with ``SO_REUSEADDR`` but *without*
-``SO_REUSEPORT`` (a second ``SO_REUSEPORT`` listener cannot join it). Linux
-nevertheless lets it bind, because both sockets carry ``SO_REUSEADDR`` and the
-reservation is not in the LISTEN state. So the server is started while the
-reservation is still held and the reservation is released right afterwards:
-there is no window in which another process could grab the port. A
-reservation that is listening or lacks ``SO_REUSEADDR`` would block gRPC, so
-such a socket is released first and replaced by a short-lived compatible
-placeholder of our own (which also serves as a bind test).
-
-When the port is taken by someone else, TF 2.21 does not abort the process: the
-``tf.distribute.Server`` constructor raises ``tf.errors.UnknownError("Could
-not start gRPC server")`` and a later attempt in the same process can succeed.
-This module still test-binds the port in Python first, so a taken port yields
-a clear :class:`PortUnavailableError` instead of that cryptic TF error.
+The port hand-over (the server binds the node's reserved port with no window for another
+process) is in :mod:`tfos._node.port_handover`; sharding in :mod:`tfos._node.sharding`.
 """
 
 from __future__ import annotations
 
-import glob as _glob_module
 import logging
-import socket
 import threading
 import time
-from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .errors import ConfigurationError, TFOSError
+from ._node.port_handover import create_server, reservation_compatible
+from ._node.sharding import shard_files, worker_rank
+from .errors import ConfigurationError, PortUnavailableError, ProtocolUnavailableError, TFServerError
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import tensorflow as tf
@@ -66,25 +47,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: Jobs whose tasks rank before the 'worker' tasks in :func:`worker_rank`, in order.
-LEADER_JOBS: tuple[str, ...] = ("chief", "master")
-
-_GLOB_CHARS = frozenset("*?[")
 _DEFAULT_MAX_ATTEMPTS = 3
 _DEFAULT_BACKOFF_S = 0.5
 _POLL_INTERVAL_S = 0.5
-
-
-class TFServerError(TFOSError, RuntimeError):
-    """A TensorFlow server for a tfos node could not be created or started."""
-
-
-class PortUnavailableError(TFServerError):
-    """The node's port is held by another process, so the server cannot bind it."""
-
-
-class ProtocolUnavailableError(TFServerError):
-    """The requested server protocol (e.g. ``grpc+verbs``) is not in this TF build."""
 
 
 class ServerContext(Protocol):
@@ -153,187 +118,6 @@ def node_cluster(ctx: ServerContext) -> dict[str, list[str]]:
         return {"evaluator": list(spec["evaluator"])}
     return {name: list(addrs) for name, addrs in spec.items() if name != "evaluator" and addrs}
 
-
-def _node_address(ctx: ServerContext) -> str:
-    return ctx.cluster_spec[ctx.job_name][ctx.task_index]
-
-
-def _split_host_port(address: str) -> tuple[str, int]:
-    """Split ``"host:port"`` or ``"[v6]:port"`` into host and integer port.
-
-    Raises:
-        ValueError: If the address has no valid port.
-    """
-    host, sep, port_s = address.rpartition(":")
-    if not sep or not port_s.isdigit():
-        raise ValueError(f"tfos: cluster address {address!r} is not of the form 'host:port'.")
-    port = int(port_s)
-    if not 0 < port < 65536:
-        raise ValueError(f"tfos: cluster address {address!r} has an invalid port {port}.")
-    return host.strip("[]"), port
-
-
-# ---------------------------------------------------------------------------
-# Port hand-over
-# ---------------------------------------------------------------------------
-
-
-def reservation_compatible(sock: socket.socket | None) -> bool:
-    """Tell whether gRPC can bind a port while ``sock`` still holds it.
-
-    gRPC (as built into TF 2.21) binds with ``SO_REUSEADDR`` only, which Linux
-    accepts next to an existing socket only if that socket also has
-    ``SO_REUSEADDR`` and is not listening.
-
-    Args:
-        sock: The node's reservation socket, or ``None``.
-
-    Returns:
-        ``True`` if the server can be started while ``sock`` stays open.
-    """
-    if sock is None:
-        return False
-    try:
-        if sock.fileno() < 0:
-            return False
-        reuse_addr = sock.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR)
-        listening = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
-    except OSError:
-        return False
-    return bool(reuse_addr) and not listening
-
-
-def _release(ctx: ServerContext) -> None:
-    release = getattr(ctx, "release_port", None)
-    if callable(release):
-        release()
-
-
-def _placeholder_socket(port: int) -> socket.socket:
-    """Bind (without listening) a socket that gRPC can bind next to.
-
-    This doubles as a test-bind: it fails exactly when gRPC's own bind of
-    ``0.0.0.0:port`` would fail because a listener (or a socket without
-    ``SO_REUSEADDR``) holds the port.
-
-    Raises:
-        OSError: If the port is in use.
-    """
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("", port))
-    except OSError:
-        sock.close()
-        raise
-    return sock
-
-
-def _create_server(
-    ctx: ServerContext,
-    cluster: tf.train.ClusterSpec,
-    protocol: str,
-    config: Any,
-    max_attempts: int,
-    retry_backoff_s: float,
-) -> tf.distribute.Server:
-    """Create and start the node's server, handing the port over race-free.
-
-    Args:
-        ctx: The tfos node context.
-        cluster: Cluster spec to serve.
-        protocol: ``'grpc'`` or ``'grpc+verbs'``.
-        config: Optional ``tf.compat.v1.ConfigProto`` used as the server's
-            default session config.
-        max_attempts: Bind attempts before giving up (>= 1).
-        retry_backoff_s: Sleep before the 2nd attempt in seconds; doubled for
-            each further attempt.
-
-    Returns:
-        The started server.
-
-    Raises:
-        PortUnavailableError: If the port stays taken for all attempts.
-        ProtocolUnavailableError: If ``protocol`` is not built into TF.
-        TFServerError: For any other server creation failure.
-    """
-    import tensorflow as tf
-
-    if max_attempts < 1:
-        raise ValueError(f"tfos: max_attempts must be >= 1, got {max_attempts}.")
-    address = _node_address(ctx)
-    _, port = _split_host_port(address)
-    last_error: BaseException | None = None
-    for attempt in range(1, max_attempts + 1):
-        if attempt > 1:
-            delay = retry_backoff_s * (2 ** (attempt - 2))
-            logger.warning(
-                "port %d of %s:%d busy (attempt %d/%d failed: %s); retrying in %.2f s",
-                port, ctx.job_name, ctx.task_index, attempt - 1, max_attempts, last_error, delay,
-            )
-            time.sleep(delay)
-        placeholder: socket.socket | None = None
-        reserved = getattr(ctx, "reserved_port_socket", None)
-        try:
-            if attempt == 1 and reservation_compatible(reserved):
-                logger.debug("starting server on port %d while the reservation is held", port)
-            else:
-                # Not shareable with gRPC (or already released): swap in a
-                # compatible placeholder, which also test-binds the port.
-                _release(ctx)
-                try:
-                    placeholder = _placeholder_socket(port)
-                except OSError as exc:
-                    last_error = exc
-                    continue
-            try:
-                kwargs: dict[str, Any] = {"protocol": protocol, "start": True}
-                if config is not None:
-                    kwargs["config"] = config
-                server = tf.distribute.Server(
-                    cluster, job_name=ctx.job_name, task_index=ctx.task_index, **kwargs
-                )
-            except tf.errors.NotFoundError as exc:
-                message = str(exc)
-                if "server factor" in message:
-                    available = message.rpartition("available server factories are:")[2].strip()
-                    raise ProtocolUnavailableError(
-                        f"tfos: protocol {protocol!r} is not available in TensorFlow "
-                        f"{tf.__version__} (registered server factories: {available or '?'}). "
-                        "Stock TF 2.x builds have no RDMA 'grpc+verbs' support: use "
-                        "rdma=False, or a TF build that registers a verbs server."
-                    ) from exc
-                raise TFServerError(f"tfos: could not create the TF server: {message}") from exc
-            except tf.errors.UnknownError as exc:
-                if "Could not start gRPC server" not in str(exc):
-                    raise TFServerError(
-                        f"tfos: could not create the TF server for {ctx.job_name}:"
-                        f"{ctx.task_index} at {address}: {exc.message}"
-                    ) from exc
-                # gRPC could not bind the port (TF raises, it does not abort).
-                last_error = exc
-                continue
-            except tf.errors.OpError as exc:
-                raise TFServerError(
-                    f"tfos: could not create the TF server for {ctx.job_name}:{ctx.task_index} "
-                    f"at {address}: {exc.message}"
-                ) from exc
-        finally:
-            if placeholder is not None:
-                placeholder.close()
-        # The server owns the port now: drop the reservation right away.
-        _release(ctx)
-        logger.info(
-            "started %s server for %s:%d at %s (target %s)",
-            protocol, ctx.job_name, ctx.task_index, address, server.target,
-        )
-        return server
-    _release(ctx)
-    raise PortUnavailableError(
-        f"tfos: could not bind port {port} for {ctx.job_name}:{ctx.task_index} ({address}) "
-        f"after {max_attempts} attempt(s): {last_error}. Another process is listening on it; "
-        "check for a leftover TF process of an earlier run on this host."
-    )
 
 
 # ---------------------------------------------------------------------------
@@ -409,7 +193,7 @@ def start_cluster_server(
         cluster_def,
     )
     cluster = tf.train.ClusterSpec(cluster_def)
-    server = _create_server(ctx, cluster, protocol, config, max_attempts, retry_backoff_s)
+    server = create_server(ctx, cluster, protocol, config, max_attempts, retry_backoff_s)
     _SERVER_STARTED.set()
     return cluster, server
 
@@ -495,7 +279,7 @@ def run_server_and_wait(
     import tensorflow as tf
 
     cluster = tf.train.ClusterSpec(node_cluster(ctx))
-    _create_server(ctx, cluster, "grpc", None, max_attempts, retry_backoff_s)
+    create_server(ctx, cluster, "grpc", None, max_attempts, retry_backoff_s)
     on_serving = getattr(ctx, "on_serving", None)
     if callable(on_serving):
         # Tells the driver this node only serves now: shutdown() must not wait for it.
@@ -519,142 +303,3 @@ def run_server_and_wait(
         if event.wait(wait_s):
             logger.info("%s:%d stop requested", ctx.job_name, ctx.task_index)
             return True
-
-
-# ---------------------------------------------------------------------------
-# Data sharding
-# ---------------------------------------------------------------------------
-
-
-def _count_data_workers(spec: dict[str, list[str]]) -> int:
-    return sum(len(spec.get(job, ())) for job in LEADER_JOBS + ("worker",))
-
-
-def worker_rank(ctx: ServerContext) -> int:
-    """Return the node's rank among the data-consuming nodes.
-
-    Rule: chief/master tasks come first, then the ``'worker'`` tasks. With a
-    chief (or master) in the cluster the chief is rank 0 and worker task ``i``
-    is rank ``i + 1``; without one, worker task ``i`` is rank ``i``. (With
-    both a chief and a master, the chief precedes the master.) ps and
-    evaluator nodes consume no training data and have no rank.
-
-    Runs anywhere; needs no TensorFlow.
-
-    Args:
-        ctx: The tfos node context (``job_name``, ``task_index``, ``cluster_spec``).
-
-    Returns:
-        The rank, in ``[0, number of chief/master/worker tasks)``.
-
-    Raises:
-        ValueError: For ps/evaluator nodes, or if the task is not in the
-            cluster spec.
-    """
-    job = ctx.job_name
-    index = ctx.task_index
-    spec = ctx.cluster_spec
-    if job not in LEADER_JOBS and job != "worker":
-        raise ValueError(
-            f"tfos: a {job!r} node has no worker rank; only chief/master/worker nodes "
-            "shard training data. Pass an explicit index to shard_files() instead."
-        )
-    tasks = spec.get(job)
-    if tasks is not None and not 0 <= index < len(tasks):
-        raise ValueError(
-            f"tfos: task_index {index} out of range for job {job!r} with {len(tasks)} task(s)."
-        )
-    rank = 0
-    for leader in LEADER_JOBS:
-        if leader == job:
-            return rank + index
-        rank += len(spec.get(leader, ()))
-    return rank + index
-
-
-def _has_glob(pattern: str) -> bool:
-    return any(ch in _GLOB_CHARS for ch in pattern)
-
-
-def _glob(pattern: str) -> list[str]:
-    """Glob with ``tf.io.gfile`` (any TF filesystem) or, without TF, ``glob``."""
-    try:
-        import tensorflow as tf
-    except ImportError:
-        return _glob_module.glob(pattern)
-    return list(tf.io.gfile.glob(pattern))
-
-
-def shard_files(
-    ctx_or_index: ServerContext | int,
-    pattern_or_list: str | Sequence[str],
-    num_workers: int | None = None,
-) -> list[str]:
-    """Return this worker's share of the input files.
-
-    The files are listed (a string is a glob pattern; in a list, entries with
-    ``*``, ``?`` or ``[`` are expanded and other entries taken verbatim),
-    de-duplicated, sorted, and then every ``num_workers``-th file starting at
-    the worker's rank is kept: ``files[rank::num_workers]``. All workers must
-    see the same listing for the shards to be disjoint and complete.
-
-    Globbing uses ``tf.io.gfile.glob`` (so ``hdfs://``, ``gs://`` etc. work)
-    when TensorFlow is importable, else :func:`glob.glob`. Runs in the TF
-    process (or anywhere for an explicit index).
-
-    Args:
-        ctx_or_index: The node context, whose rank is :func:`worker_rank`
-            (chief/master first, then workers), or an explicit integer rank.
-        pattern_or_list: A glob pattern, or a list of paths/patterns.
-        num_workers: Number of data-consuming workers. Defaults, for a
-            context, to the number of chief/master/worker tasks in its cluster
-            spec (falling back to ``ctx.num_workers``); required with an
-            integer rank.
-
-    Returns:
-        The sorted list of this worker's files (never empty).
-
-    Raises:
-        ValueError: If nothing matches, there are fewer files than workers
-            (some worker would get none), or the rank/count is invalid.
-    """
-    if isinstance(ctx_or_index, bool):
-        raise ValueError("tfos: shard_files() needs a node context or an int rank, not a bool.")
-    if isinstance(ctx_or_index, int):
-        rank = ctx_or_index
-        if num_workers is None:
-            raise ValueError("tfos: shard_files() with an integer rank needs num_workers.")
-    else:
-        rank = worker_rank(ctx_or_index)
-        if num_workers is None:
-            num_workers = _count_data_workers(ctx_or_index.cluster_spec) or int(
-                getattr(ctx_or_index, "num_workers", 0)
-            )
-    if num_workers < 1:
-        raise ValueError(f"tfos: num_workers must be >= 1, got {num_workers}.")
-    if not 0 <= rank < num_workers:
-        raise ValueError(f"tfos: worker rank {rank} is out of range for {num_workers} worker(s).")
-
-    patterns: Iterable[str]
-    if isinstance(pattern_or_list, str):
-        files = _glob(pattern_or_list)
-        patterns = [pattern_or_list]
-    else:
-        patterns = list(pattern_or_list)
-        files = []
-        for entry in patterns:
-            files.extend(_glob(entry) if _has_glob(entry) else [entry])
-    files = sorted(set(files))
-    if not files:
-        raise ValueError(f"tfos: no input files match {list(patterns)!r}.")
-    if len(files) < num_workers:
-        raise ValueError(
-            f"tfos: only {len(files)} input file(s) for {num_workers} workers, so some workers "
-            "would get no data. Split the input into at least as many files as workers (e.g. "
-            "repartition before writing), or run fewer workers."
-        )
-    shard = files[rank::num_workers]
-    logger.info(
-        "worker rank %d/%d reads %d of %d file(s)", rank, num_workers, len(shard), len(files)
-    )
-    return shard

@@ -15,7 +15,7 @@ Two layers (shared ``local-cluster[2,1,1024]``):
    Spark's own Arrow conversion (``mapInArrow``, as ``train(df)`` does) and the feed's chunk
    encoding (``arrow_slices`` with small targets, the Spark schema metadata for UDTs, IPC
    streams), the chunks come back to the driver and are decoded with the node's decoder
-   (``framing.arrow_rows``) in this process. Two Spark jobs per example, no TF cluster.
+   (``arrow_codec.arrow_rows``) in this process. Two Spark jobs per example, no TF cluster.
  - ``test_train_df_delivers_df_rdd_rows``: two examples of a fixed wide schema (one column of
    every kind) through a real ``TFCluster.run`` + ``train(df)``; the nodes pickle what they read.
 
@@ -49,8 +49,9 @@ from pyspark.sql.types import (  # noqa: E402
     TimestampNTZType, TimestampType,
 )
 
-from tfos._data.feed_tasks import arrow_slices  # noqa: E402
-from tfos._data.framing import SPARK_SCHEMA_KEY, arrow_rows, binary_as_bytes, feed_schema_json  # noqa: E402
+from tfos._data.arrow_chunks import arrow_slices  # noqa: E402
+from tfos._data.arrow_codec import arrow_rows, binary_as_bytes, feed_schema_json  # noqa: E402
+from tfos._data.arrow_views import SPARK_SCHEMA_KEY  # noqa: E402
 
 pytestmark = [pytest.mark.spark]
 

@@ -28,16 +28,16 @@ from pyspark.serializers import (  # noqa: E402
 )
 
 from tfos._data.spark_rawio import (  # noqa: E402
-    MAX_FRAME_BYTES,
-    FrameKind,
-    RawFrames,
-    decode_frame,
+    MAX_RECORD_BYTES,
+    RecordKind,
+    RawRecords,
+    decode_record,
     encode_batch,
-    frame_kind,
+    record_kind,
     iter_rows,
-    raw_frames,
+    raw_records,
     raw_output_rdd,
-    union_raw_frames,
+    union_raw_records,
 )
 
 pytestmark = pytest.mark.spark
@@ -61,15 +61,15 @@ _HAS_ALLOWED_NAMES = _has_allowed_names()
 @pytest.mark.parametrize(
     ("deserializer", "expected"),
     [
-        (AutoBatchedSerializer(CPickleSerializer()), FrameKind.PICKLED_BATCH),
-        (BatchedSerializer(CPickleSerializer(), 7), FrameKind.PICKLED_BATCH),
-        (BatchedSerializer(CPickleSerializer(), -1), FrameKind.PICKLED_BATCH),
-        (BatchedSerializer(PickleSerializer(), 3), FrameKind.PICKLED_BATCH),
-        (CloudPickleSerializer(), FrameKind.PICKLED_ROW),
-        (PickleSerializer(), FrameKind.PICKLED_ROW),
-        (UTF8Deserializer(), FrameKind.UTF8),
-        (UTF8Deserializer(use_unicode=False), FrameKind.BYTES),
-        (NoOpSerializer(), FrameKind.BYTES),
+        (AutoBatchedSerializer(CPickleSerializer()), RecordKind.PICKLED_BATCH),
+        (BatchedSerializer(CPickleSerializer(), 7), RecordKind.PICKLED_BATCH),
+        (BatchedSerializer(CPickleSerializer(), -1), RecordKind.PICKLED_BATCH),
+        (BatchedSerializer(PickleSerializer(), 3), RecordKind.PICKLED_BATCH),
+        (CloudPickleSerializer(), RecordKind.PICKLED_ROW),
+        (PickleSerializer(), RecordKind.PICKLED_ROW),
+        (UTF8Deserializer(), RecordKind.UTF8),
+        (UTF8Deserializer(use_unicode=False), RecordKind.BYTES),
+        (NoOpSerializer(), RecordKind.BYTES),
         (MarshalSerializer(), None),
         (BatchedSerializer(MarshalSerializer(), 10), None),
         (AutoBatchedSerializer(CompressedSerializer(CPickleSerializer())), None),
@@ -83,49 +83,49 @@ _HAS_ALLOWED_NAMES = _has_allowed_names()
     ] if _HAS_ALLOWED_NAMES else []),
     ids=repr,
 )
-def test_frame_kind(deserializer, expected):
-    assert frame_kind(deserializer) == expected
+def test_record_kind(deserializer, expected):
+    assert record_kind(deserializer) == expected
 
 
 def test_decode_frame_all_kinds():
     rows = [(1, "a", b"b"), (2, None, 3.5)]
     batch = pickle.dumps(rows, protocol=pickle.HIGHEST_PROTOCOL)
-    assert decode_frame(FrameKind.PICKLED_BATCH, batch) == rows
-    assert decode_frame("pickled_batch", memoryview(batch)) == rows
-    assert decode_frame(FrameKind.PICKLED_BATCH, bytearray(batch)) == rows
+    assert decode_record(RecordKind.PICKLED_BATCH, batch) == rows
+    assert decode_record("pickled_batch", memoryview(batch)) == rows
+    assert decode_record(RecordKind.PICKLED_BATCH, bytearray(batch)) == rows
     # The JVM pickles batches as tuples (df.rdd): still a list of rows.
-    assert decode_frame(FrameKind.PICKLED_BATCH, pickle.dumps(tuple(rows), 2)) == rows
-    assert decode_frame(FrameKind.PICKLED_ROW, pickle.dumps(rows[0])) == [rows[0]]
-    assert decode_frame(FrameKind.UTF8, "héllo".encode()) == ["héllo"]
-    assert decode_frame(FrameKind.UTF8, memoryview("ü".encode())) == ["ü"]
-    assert decode_frame(FrameKind.UTF8, b"") == [""]
-    assert decode_frame(FrameKind.BYTES, memoryview(b"\x00\xff")) == [b"\x00\xff"]
-    for kind in (FrameKind.PICKLED_ROW, FrameKind.UTF8, FrameKind.BYTES):
-        assert decode_frame(kind, None) == [None]
-    assert list(iter_rows(FrameKind.PICKLED_BATCH, [batch, encode_batch([]), batch])) == rows + rows
+    assert decode_record(RecordKind.PICKLED_BATCH, pickle.dumps(tuple(rows), 2)) == rows
+    assert decode_record(RecordKind.PICKLED_ROW, pickle.dumps(rows[0])) == [rows[0]]
+    assert decode_record(RecordKind.UTF8, "héllo".encode()) == ["héllo"]
+    assert decode_record(RecordKind.UTF8, memoryview("ü".encode())) == ["ü"]
+    assert decode_record(RecordKind.UTF8, b"") == [""]
+    assert decode_record(RecordKind.BYTES, memoryview(b"\x00\xff")) == [b"\x00\xff"]
+    for kind in (RecordKind.PICKLED_ROW, RecordKind.UTF8, RecordKind.BYTES):
+        assert decode_record(kind, None) == [None]
+    assert list(iter_rows(RecordKind.PICKLED_BATCH, [batch, encode_batch([]), batch])) == rows + rows
 
 
 def test_decode_frame_errors():
     with pytest.raises(ValueError):
-        decode_frame("no_such_kind", b"x")
+        decode_record("no_such_kind", b"x")
     with pytest.raises(ValueError):
-        decode_frame(FrameKind.PICKLED_BATCH, None)
+        decode_record(RecordKind.PICKLED_BATCH, None)
     with pytest.raises(TypeError):
-        decode_frame(FrameKind.PICKLED_BATCH, pickle.dumps({"a": 1}))
+        decode_record(RecordKind.PICKLED_BATCH, pickle.dumps({"a": 1}))
     with pytest.raises(UnicodeDecodeError):
-        decode_frame(FrameKind.UTF8, b"\xff")
+        decode_record(RecordKind.UTF8, b"\xff")
 
 
 def test_encode_batch_round_trip():
     rows = [np.arange(5, dtype=np.float32), 7, "x"]
-    decoded = decode_frame(FrameKind.PICKLED_BATCH, encode_batch(iter(rows)))
+    decoded = decode_record(RecordKind.PICKLED_BATCH, encode_batch(iter(rows)))
     assert np.array_equal(decoded[0], rows[0]) and decoded[1:] == rows[1:]
     assert pickle.loads(encode_batch([])) == []
-    assert MAX_FRAME_BYTES < 2**31
+    assert MAX_RECORD_BYTES < 2**31
 
 
 def test_output_task_checks_and_closes_without_spark():
-    from tfos._data.spark_rawio import _OutputFrameTask
+    from tfos._data.spark_rawio import _OutputRecordTask
 
     closed = []
 
@@ -139,15 +139,15 @@ def test_output_task_checks_and_closes_without_spark():
         finally:
             closed.append(index)
 
-    frames = _OutputFrameTask(func, validate=False)(3, iter([1, 2]))
+    frames = _OutputRecordTask(func, validate=False)(3, iter([1, 2]))
     first = next(frames)
     assert isinstance(first, memoryview) and first.format == "B"
-    assert decode_frame(FrameKind.PICKLED_BATCH, first) == [3, 1, 2]
+    assert decode_record(RecordKind.PICKLED_BATCH, first) == [3, 1, 2]
     with pytest.raises(ValueError, match="empty"):
         next(frames)
     assert closed == [3]
     # Closing the task early closes the user's generator too.
-    frames = _OutputFrameTask(func, validate=True)(4, iter([]))
+    frames = _OutputRecordTask(func, validate=True)(4, iter([]))
     next(frames)
     frames.close()
     assert closed == [3, 4]
@@ -171,7 +171,7 @@ def spark(sc):
     return SparkSession(sc)
 
 
-def _decoded_partitions(raw: RawFrames) -> list[list]:
+def _decoded_partitions(raw: RawRecords) -> list[list]:
     """Decodes raw frames on the driver, partition by partition."""
     parts = raw.rdd.glom().collect()
     for part in parts:
@@ -181,8 +181,8 @@ def _decoded_partitions(raw: RawFrames) -> list[list]:
 
 
 def _assert_raw_matches(
-    rdd, expected_kind: FrameKind, in_tasks: bool = False
-) -> tuple[RawFrames, list]:
+    rdd, expected_kind: RecordKind, in_tasks: bool = False
+) -> tuple[RawRecords, list]:
     """Raw frames of ``rdd`` decode to exactly rdd's partitions, in order.
 
     Runs three Spark jobs at most: the reference ``glom``, the raw frames
@@ -192,7 +192,7 @@ def _assert_raw_matches(
     Returns:
         The raw frames and the rows they decode to, flattened.
     """
-    raw = raw_frames(rdd)
+    raw = raw_records(rdd)
     assert raw is not None
     assert raw.kind is expected_kind
     assert raw.rdd.getNumPartitions() == rdd.getNumPartitions()
@@ -209,7 +209,7 @@ def _assert_raw_matches(
 def test_parallelize_tuples(sc):
     rows = [(i, f"s{i}", i / 3.0) for i in range(103)]
     rdd = sc.parallelize(rows, 4)
-    raw, decoded = _assert_raw_matches(rdd, FrameKind.PICKLED_BATCH, in_tasks=True)
+    raw, decoded = _assert_raw_matches(rdd, RecordKind.PICKLED_BATCH, in_tasks=True)
     assert decoded == rows
     # In the tasks: sc.parallelize batches rows (fewer frames than rows), and
     # the rows counted from the frames add up.
@@ -219,7 +219,7 @@ def test_parallelize_tuples(sc):
         n_frames = n_rows = 0
         for frame in frames:
             n_frames += 1
-            n_rows += len(decode_frame(kind, frame))
+            n_rows += len(decode_record(kind, frame))
         yield n_frames, n_rows
 
     counts = raw.rdd.mapPartitions(count).collect()
@@ -232,8 +232,8 @@ def test_parallelize_numpy_mnist_rows(sc):
     rng = np.random.default_rng(0)
     rows = [(rng.random(784, dtype=np.float32), int(i % 10)) for i in range(64)]
     rdd = sc.parallelize(rows, 3)
-    raw = raw_frames(rdd)
-    assert raw is not None and raw.kind is FrameKind.PICKLED_BATCH
+    raw = raw_records(rdd)
+    assert raw is not None and raw.kind is RecordKind.PICKLED_BATCH
     parts = _decoded_partitions(raw)
     assert [len(p) for p in parts] == [len(p) for p in rdd.glom().collect()]
     flat = [r for p in parts for r in p]
@@ -255,11 +255,11 @@ def test_parallelize_numpy_mnist_rows(sc):
 
 def test_mapped_filtered_and_range(sc):
     base = sc.parallelize(range(200), 5)
-    _assert_raw_matches(base.map(lambda x: (x, x * x)), FrameKind.PICKLED_BATCH, in_tasks=True)
+    _assert_raw_matches(base.map(lambda x: (x, x * x)), RecordKind.PICKLED_BATCH, in_tasks=True)
     filtered = base.filter(lambda x: x % 3 == 0).flatMap(lambda x: [x, -x])
-    _assert_raw_matches(filtered, FrameKind.PICKLED_BATCH)
-    _assert_raw_matches(sc.range(0, 50, 2, numSlices=3), FrameKind.PICKLED_BATCH)
-    _assert_raw_matches(sc.parallelize([], 3), FrameKind.PICKLED_BATCH)
+    _assert_raw_matches(filtered, RecordKind.PICKLED_BATCH)
+    _assert_raw_matches(sc.range(0, 50, 2, numSlices=3), RecordKind.PICKLED_BATCH)
+    _assert_raw_matches(sc.parallelize([], 3), RecordKind.PICKLED_BATCH)
 
 
 def test_unions(sc):
@@ -268,18 +268,18 @@ def test_unions(sc):
     c = sc.parallelize([(i, "c") for i in range(100)], 2)  # different batch size
     same = a.union(b)
     assert same._jrdd_deserializer == a._jrdd_deserializer  # kept as is
-    _assert_raw_matches(same, FrameKind.PICKLED_BATCH, in_tasks=True)
+    _assert_raw_matches(same, RecordKind.PICKLED_BATCH, in_tasks=True)
     mixed = a.union(c)
     assert isinstance(mixed._jrdd_deserializer, AutoBatchedSerializer)  # reserialized
-    _assert_raw_matches(mixed, FrameKind.PICKLED_BATCH)
-    _assert_raw_matches(sc.union([a, b, c]), FrameKind.PICKLED_BATCH)
+    _assert_raw_matches(mixed, RecordKind.PICKLED_BATCH)
+    _assert_raw_matches(sc.union([a, b, c]), RecordKind.PICKLED_BATCH)
 
 
 def test_union_raw_frames(sc, tmp_path):
     a = sc.parallelize([(i, "a") for i in range(30)], 3)
     c = sc.parallelize([(i, "c") for i in range(100)], 2)
-    raw = union_raw_frames([raw_frames(a), raw_frames(c)])
-    assert raw.kind is FrameKind.PICKLED_BATCH
+    raw = union_raw_records([raw_records(a), raw_records(c)])
+    assert raw.kind is RecordKind.PICKLED_BATCH
     assert isinstance(raw.rdd._jrdd_deserializer, NoOpSerializer)  # not reserialized
     assert raw.rdd.getNumPartitions() == 5
     assert [r for p in _decoded_partitions(raw) for r in p] == a.collect() + c.collect()
@@ -287,9 +287,9 @@ def test_union_raw_frames(sc, tmp_path):
     text_file = tmp_path / "t.txt"
     text_file.write_text("x\ny\n")
     with pytest.raises(ValueError):
-        union_raw_frames([raw_frames(a), raw_frames(sc.textFile(str(text_file)))])
+        union_raw_records([raw_records(a), raw_records(sc.textFile(str(text_file)))])
     with pytest.raises(ValueError):
-        union_raw_frames([])
+        union_raw_records([])
 
 
 def test_dataframe_rdd(sc, spark):
@@ -297,7 +297,7 @@ def test_dataframe_rdd(sc, spark):
 
     df = spark.createDataFrame([(i, f"n{i}", float(i) / 2) for i in range(40)], ["id", "name", "x"])
     rdd = df.rdd
-    _, decoded = _assert_raw_matches(rdd, FrameKind.PICKLED_BATCH, in_tasks=True)
+    _, decoded = _assert_raw_matches(rdd, RecordKind.PICKLED_BATCH, in_tasks=True)
     assert all(isinstance(row, Row) for row in decoded)
     assert [row.asDict() for row in decoded] == [
         {"id": i, "name": f"n{i}", "x": float(i) / 2} for i in range(40)
@@ -309,34 +309,34 @@ def test_text_file(sc, tmp_path):
     path = tmp_path / "text.txt"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     rdd = sc.textFile(str(path), minPartitions=2)
-    _, decoded = _assert_raw_matches(rdd, FrameKind.UTF8, in_tasks=True)
+    _, decoded = _assert_raw_matches(rdd, RecordKind.UTF8, in_tasks=True)
     assert decoded == lines
-    _, decoded = _assert_raw_matches(sc.textFile(str(path), use_unicode=False), FrameKind.BYTES)
+    _, decoded = _assert_raw_matches(sc.textFile(str(path), use_unicode=False), RecordKind.BYTES)
     assert decoded == [s.encode() for s in lines]
 
 
 def test_cached_coalesced_partitioned(sc):
     cached = sc.parallelize(range(500), 4).map(lambda x: (x % 7, x)).cache()
     assert cached.count() == 500
-    _assert_raw_matches(cached, FrameKind.PICKLED_BATCH, in_tasks=True)
-    _assert_raw_matches(cached.coalesce(2), FrameKind.PICKLED_BATCH)
+    _assert_raw_matches(cached, RecordKind.PICKLED_BATCH, in_tasks=True)
+    _assert_raw_matches(cached.coalesce(2), RecordKind.PICKLED_BATCH)
     # Shuffle output order varies between runs: cache it so every read agrees.
     partitioned = cached.partitionBy(3).persist()
     assert partitioned.count() == 500
-    _assert_raw_matches(partitioned, FrameKind.PICKLED_BATCH)
+    _assert_raw_matches(partitioned, RecordKind.PICKLED_BATCH)
     partitioned.unpersist()
     # A raw RDD is itself an RDD of bytes rows.
-    raw = raw_frames(cached)
-    _assert_raw_matches(raw.rdd, FrameKind.BYTES)
+    raw = raw_records(cached)
+    _assert_raw_matches(raw.rdd, RecordKind.BYTES)
 
 
 def test_unsupported_kinds_return_none(sc, tmp_path):
     a = sc.parallelize(range(10), 2)
     b = sc.parallelize(range(100, 110), 2)
-    assert raw_frames(a.zip(b)) is None
-    assert raw_frames(a.cartesian(b)) is None
+    assert raw_records(a.zip(b)) is None
+    assert raw_records(a.cartesian(b)) is None
     (tmp_path / "f.txt").write_text("abc")
-    assert raw_frames(sc.wholeTextFiles(str(tmp_path))) is None
+    assert raw_records(sc.wholeTextFiles(str(tmp_path))) is None
     # The fallback still works normally.
     assert a.zip(b).collect()[:2] == [(0, 100), (1, 101)]
 
@@ -346,7 +346,7 @@ def test_unsupported_kinds_return_none(sc, tmp_path):
 # --------------------------------------------------------------------------
 
 
-def _square_batches(kind: FrameKind, chunk: int, calls=None):
+def _square_batches(kind: RecordKind, chunk: int, calls=None):
     """Task function: decode raw input frames, yield x*x in batches of ``chunk``.
 
     ``calls``, an optional accumulator, counts the partitions processed.
@@ -370,7 +370,7 @@ def _square_batches(kind: FrameKind, chunk: int, calls=None):
 def test_raw_output_round_trip(sc, tmp_path):
     n = 1000
     source = sc.parallelize(range(n), 10)
-    raw = raw_frames(source)
+    raw = raw_records(source)
     calls = sc.accumulator(0)
     out = raw_output_rdd(raw.rdd, _square_batches(raw.kind, chunk=7, calls=calls))
     expected = [x * x for x in range(n)]

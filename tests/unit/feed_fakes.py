@@ -2,7 +2,7 @@
 
 ``Feeder`` opens a socketpair, runs the real mutual handshake of :mod:`tfos._common.wire` over it,
 registers the server end with a real :class:`~tfos._data.feed_hub.FeedHub` as one partition's
-:class:`~tfos._data.feed_hub.FeedConnection`, and reads the node's authenticated frames from the
+:class:`~tfos._data.feed_connection.FeedConnection`, and reads the node's authenticated frames from the
 peer end.
 """
 
@@ -16,7 +16,8 @@ import threading
 from tfos._common import wire as _wire
 from tfos._data.framing import FrameType, recv_frame
 from tfos._common.deadline import Deadline
-from tfos._data.feed_hub import Chunk, FeedConnection, FeedHub, PartitionEnd
+from tfos._data.feed_connection import Chunk, FeedConnection, PartitionEnd
+from tfos._data.feed_hub import FeedHub
 
 
 class Feeder:

@@ -19,9 +19,11 @@ from pyspark.sql.types import (  # noqa: E402
     ArrayType, DoubleType, LongType, MapType, StringType, StructField, StructType,
 )
 
-from tfos._data.feed_hub import END_OF_FEED, FeedHub  # noqa: E402
-from tfos._data.framing import BINARY_AS_BYTES_KEY, feed_schema_json  # noqa: E402
-from tfos._data.framing import SPARK_SCHEMA_KEY, arrow_ndarray, arrow_rows, feed_schema_json  # noqa: E402
+from tfos._data.feed_connection import END_OF_FEED  # noqa: E402
+from tfos._data.feed_hub import FeedHub  # noqa: E402
+from tfos._data.arrow_codec import BINARY_AS_BYTES_KEY, arrow_rows, feed_schema_json  # noqa: E402
+from tfos._data.arrow_views import SPARK_SCHEMA_KEY, arrow_ndarray  # noqa: E402
+from tfos._data.chunk_columns import arrow_columns  # noqa: E402
 from tfos._data.tfdata import FeedBatches  # noqa: E402
 from tfos.datafeed import DataFeed, rows_to_columns  # noqa: E402
 from tfos.errors import MalformedRowError  # noqa: E402
@@ -178,7 +180,7 @@ def test_binary_as_bytes_reads_sparks_own_default():
 
     from types import SimpleNamespace
 
-    from tfos._data.framing import binary_as_bytes
+    from tfos._data.arrow_codec import binary_as_bytes
 
     assert binary_as_bytes(SimpleNamespace(conf=Conf("true"))) is True
     assert binary_as_bytes(SimpleNamespace(conf=Conf("false"))) is False
@@ -337,26 +339,26 @@ def test_single_tensorspec_slow_path_gives_one_array(hub):
 
 
 def test_arrow_column_path_views_nested_arrays_and_dense_vectors_without_copies(hub):
-    """FeedBatches' Arrow column path: nested lists and dense vectors are views of the chunk."""
+    """The tf.data reader's Arrow column path: nested lists and dense vectors are views of the chunk."""
     imgs = np.arange(3 * 6, dtype=np.float32).reshape(3, 2, 3)
     nested = pa.RecordBatch.from_arrays([pa.array(imgs.tolist(), pa.list_(pa.list_(pa.float32())))], ["img"])
     reader = FeedBatches(DataFeed(hub, timeout_s=10), 2, [(np.float32, (2, 3))])
-    (img,) = reader._arrow_columns(_ipc(nested))
+    (img,) = arrow_columns(_ipc(nested), reader._cols)
     assert img.shape == (3, 2, 3) and img.dtype == np.float32 and img.tolist() == imgs.tolist()
     assert not img.flags.writeable and img.base is not None  # a view, not a copy
 
     dense = _vector_batch([DenseVector([0.5, 1.5, 2.5]), DenseVector([3.0, 4.0, 5.0])])
     reader = FeedBatches(DataFeed(hub, timeout_s=10), 2, [(np.float64, (3,)), (np.int64, ())])
-    vec, label = reader._arrow_columns(_ipc(dense))
+    vec, label = arrow_columns(_ipc(dense), reader._cols)
     assert vec.dtype == np.float64 and vec.tolist() == [[0.5, 1.5, 2.5], [3.0, 4.0, 5.0]] and not vec.flags.writeable
     assert label.tolist() == [0, 1]
-    from tfos._data.framing import arrow_vector_ndarray
+    from tfos._data.arrow_vectors import arrow_vector_ndarray
 
     piece = _vector_batch([DenseVector([i, i + 0.5]) for i in range(5)]).slice(2, 2)  # offset 2, as arrow_slices cuts
     assert arrow_vector_ndarray(piece.column(0), piece.schema, 0).tolist() == [[2.0, 2.5], [3.0, 3.5]]
     # sparse vectors, or vectors without the schema metadata: the row path decides
-    assert reader._arrow_columns(_ipc(_vector_batch([DenseVector([1.0, 2.0, 3.0]), SparseVector(3, [0], [1.0])]))) is None
-    assert reader._arrow_columns(_ipc(dense.replace_schema_metadata(None))) is None
+    assert arrow_columns(_ipc(_vector_batch([DenseVector([1.0, 2.0, 3.0]), SparseVector(3, [0], [1.0])])), reader._cols) is None
+    assert arrow_columns(_ipc(dense.replace_schema_metadata(None)), reader._cols) is None
 
 
 def test_feed_batches_densify_sparse_vectors_through_rows(hub):

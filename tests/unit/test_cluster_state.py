@@ -878,7 +878,7 @@ def test_status_is_a_json_ready_snapshot():
 
 
 def test_epoch_handover_counts_claimed_and_skipped_partitions_and_names_the_nodes_own():
-    """The epoch-aware readers' question (tfos._data.tfdata.EpochOrder): are the job
+    """The epoch-aware readers' question (tfos._data.epoch_order.EpochOrder): are the job
     partitions lo..hi-1 of a feed all handed to a node or skipped, and which went to me?"""
     cs = _state()
     a, b = "worker:0 (executor 1, host h)", "worker:1 (executor 2, host h)"
@@ -913,7 +913,8 @@ def test_the_claim_survives_an_answer_lost_after_the_driver_recorded_it():
     granted, once, instead of failing as a re-run task."""
     from tfos._common import wire
     from tfos._control.server import ControlServer
-    from tfos._data.feed_tasks import FeedPlan, _claim
+    from tfos._data.feed_link import claim as _claim
+    from tfos._data.feed_plan import FeedPlan
 
     cs = _state()
     seen: list = []

@@ -13,9 +13,9 @@ import pytest
 
 pa = pytest.importorskip("pyarrow")
 
-from tfos._data.framing import arrow_rows  # noqa: E402
-from tfos._data.feed_tasks import arrow_slices  # noqa: E402
-from tfos.datafeed import result_frames  # noqa: E402
+from tfos._data.arrow_codec import arrow_rows  # noqa: E402
+from tfos._data.arrow_chunks import arrow_slices  # noqa: E402
+from tfos._data.results import result_frames  # noqa: E402
 
 
 def _mnist_batch(n: int) -> "pa.RecordBatch":
@@ -96,7 +96,7 @@ def test_arrow_rows_does_not_import_pandas():
     payload = _ipc(_mnist_batch(3))
     code = (
         "import sys\n"
-        "from tfos._data.framing import arrow_rows\n"
+        "from tfos._data.arrow_codec import arrow_rows\n"
         "rows = arrow_rows(bytearray(sys.stdin.buffer.read()))\n"
         "assert rows[2][1] == 2 and rows[1][0][0] == 784.0\n"
         "print('pandas' in sys.modules)\n"

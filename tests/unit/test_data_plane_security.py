@@ -25,7 +25,8 @@ from tfos._control.client import ControlClient
 from tfos._control.server import ControlServer
 from tfos._data.framing import FrameType, recv_frame, recv_json, send_frame, send_json
 from tfos._common.deadline import Deadline
-from tfos._data.feed_hub import Chunk, FeedHub, PartitionEnd
+from tfos._data.feed_connection import Chunk, PartitionEnd
+from tfos._data.feed_hub import FeedHub
 from tfos._driver.spark_checks import warn_key_transport
 from tfos.errors import ControlProtocolError
 
@@ -178,9 +179,12 @@ def test_relay_in_the_middle_gets_nothing_accepted(hub, tmp_path):
     assert "session" in result  # both ends authenticated each other; the relay knows no key
     # The relay now speaks for itself: a header, then a pickled batch under forged tags.
     forged_header = b'{"qname":"input","mode":"train","partition":0,"kind":"pickled_batch"}'
-    node.sendall(struct.pack(">BQ", ord("H"), len(forged_header)) + forged_header + os.urandom(16))
+    node.sendall(struct.pack(">BQ", ord("H"), len(forged_header)) + os.urandom(16) + forged_header + os.urandom(16))
     evil = _evil_pickle(str(marker))
-    node.sendall(struct.pack(">BQ", ord("D"), len(evil)) + evil + os.urandom(16))
+    try:  # the forged header's own tag failed after its first 25 bytes: the hub may have closed already
+        node.sendall(struct.pack(">BQ", ord("D"), len(evil)) + os.urandom(16) + evil + os.urandom(16))
+    except OSError:
+        pass
     _wait(lambda: hub.rejected >= 1, "the hub to reject the forged frame")
     _no_item(hub)
     assert not marker.exists()
@@ -244,9 +248,44 @@ def test_tampered_reordered_and_reflected_frames_rejected():
 def test_data_header_size_capped_before_allocation(hub):
     s, session = _client(hub)
     # an authenticated peer announcing a 2 GiB header: refused on the length prefix
-    s.sendall(struct.pack(">BQ", ord("H"), (1 << 31) - 2))
+    head = struct.pack(">BQ", ord("H"), (1 << 31) - 2)
+    s.sendall(head + session.seal_head(ord("H"), head))
     _wait(lambda: hub.rejected >= 1, "the oversize header to be refused")
     s.close()
+
+
+def _rss_peak_mb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+@pytest.mark.parametrize("direction", ["to the node", "to the feed task"])
+def test_rewritten_frame_length_allocates_nothing_and_closes(direction):
+    """A man in the middle rewrites a data frame's clear length to 2^31-1: the receiver (the
+    node's hub or the feed task, both read with recv_frame) refuses the header's own tag
+    after 25 bytes; its peak RSS grows by far less than 64 MB (it was 2 GiB when the buffer
+    was sized from the clear length before any tag was checked)."""
+    a, b = socket.socketpair()
+    out: dict = {}
+    t = threading.Thread(target=lambda: out.setdefault("c", _wire.client_handshake(b, KEY, Deadline(20))))
+    t.start()
+    node = _wire.server_handshake(a, KEY, Deadline(20))
+    t.join(20)
+    task = out["c"]
+    sender, receiver, rx = (b, a, node) if direction == "to the node" else (a, b, task)
+    tx = task if rx is node else node
+    mitm_in, mitm_out = socket.socketpair()
+    send_frame(mitm_in, tx, FrameType.DATA, b"rows" * 1000)
+    frame = bytearray(_wire.recv_exact(mitm_out, 9 + 16 + 4000 + 16, Deadline(20)))
+    frame[1:9] = struct.pack(">Q", (1 << 31) - 1)
+    before = _rss_peak_mb()
+    sender.sendall(bytes(frame) + os.urandom(1 << 16))  # and more bytes behind it, as a live feed would
+    with pytest.raises(_wire.DataAuthError, match="header of data frame 1"):
+        recv_frame(receiver, rx, Deadline(20, "the forged frame"))
+    assert _rss_peak_mb() - before < 64
+    for s in (a, b, mitm_in, mitm_out):
+        s.close()
 
 
 def test_malformed_and_non_finite_header_refused(hub):

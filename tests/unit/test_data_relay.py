@@ -26,7 +26,8 @@ import pytest
 from tfos._common import wire as _wire
 from tfos._common.deadline import Deadline
 from tfos._data.feed_hub import FeedHub
-from tfos._data.feed_tasks import FeedPlan, _Link
+from tfos._data.feed_link import Link as _Link
+from tfos._data.feed_plan import FeedPlan
 from tfos._data.framing import FrameType, recv_json, send_frame, send_json
 from tfos.cluster_template import NodeInfo
 from tfos.datafeed import DataFeed

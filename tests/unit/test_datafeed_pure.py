@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from tfos._data.framing import FrameType
-from tfos._data.feed_hub import END_OF_FEED, FeedHub
+from tfos._data.feed_connection import END_OF_FEED
+from tfos._data.feed_hub import FeedHub
 from tfos.datafeed import DataFeed, rows_to_columns
 from feed_fakes import Feeder as _Feeder
 from tfos.errors import DeadlineExceededError, InferenceResultError, MalformedRowError, TFOSError
@@ -558,7 +559,7 @@ def test_a_main_fun_failing_after_the_abort_reports_a_consequence():
     """tf.data wraps the feed's FeedAbortedError in tf.errors.UnknownError: the TF process
     reports whatever main_fun raised after the abort as a FeedAbortedError (with the original
     type and text in the message), so the driver never takes it for the root cause."""
-    from tfos._node.tf_process import _after_abort
+    from tfos._node.node_failure import after_abort as _after_abort
     from tfos.errors import NodeFailure, is_root_cause
 
     raw = NodeFailure(1, "worker", 0, "127.0.0.1", "exception", "UnknownError", "FeedAbortedError: node worker:0 ...", "tb")

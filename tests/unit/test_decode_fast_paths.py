@@ -21,8 +21,10 @@ from pyspark.sql.types import (  # noqa: E402
     ArrayType, BinaryType, DecimalType, DoubleType, LongType, MapType, StringType, StructField, StructType, TimestampType,
 )
 
-from tfos._data import framing  # noqa: E402
-from tfos._data.framing import SPARK_SCHEMA_KEY, arrow_rows, arrow_vector_ndarray, feed_schema_json  # noqa: E402
+from tfos._data import arrow_codec as codec  # noqa: E402
+from tfos._data.arrow_codec import arrow_rows, feed_schema_json  # noqa: E402
+from tfos._data.arrow_vectors import arrow_vector_ndarray, vector_values  # noqa: E402
+from tfos._data.arrow_views import SPARK_SCHEMA_KEY  # noqa: E402
 
 VEC_ARROW = pa.struct([
     pa.field("type", pa.int8(), nullable=False), pa.field("size", pa.int32()),
@@ -33,7 +35,7 @@ VEC_ARROW = pa.struct([
 
 def _reference(arr, spark_type, as_bytes=False) -> list:
     """The row-by-row path: to_pylist() and the per-value converter."""
-    conv = framing._converter(arr.type, spark_type, as_bytes)
+    conv = codec._converter(arr.type, spark_type, as_bytes)
     values = arr.to_pylist()
     return values if conv is None else [conv(v) for v in values]
 
@@ -90,7 +92,7 @@ def test_vector_columns_equal_the_row_by_row_path_and_the_vectors(seed):
     vectors = _vectors(rng, 60)
     arr = _vector_array(vectors)
     for piece in (arr, arr.slice(7, 31), arr.slice(59)):
-        fast = framing._vector_values(piece, VectorUDT())
+        fast = vector_values(piece, VectorUDT())
         assert fast is not None
         want = _reference(piece, VectorUDT())
         assert len(fast) == len(want) and all(_same(g, w) for g, w in zip(fast, want))
@@ -100,7 +102,7 @@ def test_vector_columns_equal_the_row_by_row_path_and_the_vectors(seed):
 
 def test_vector_arrays_are_writable_copies_not_views_of_the_chunk():
     vectors = [DenseVector([1.0, 2.0]), SparseVector(4, [1, 3], [5.0, 6.0])]
-    got = framing._vector_values(_vector_array(vectors), VectorUDT())
+    got = vector_values(_vector_array(vectors), VectorUDT())
     assert got[0].array.flags.writeable and got[1].values.flags.writeable and got[1].indices.flags.writeable
     got[0].array[0] = 9.0
     got[1].values[0] = 7.0
@@ -123,7 +125,7 @@ def test_vector_arrays_are_writable_copies_not_views_of_the_chunk():
 )
 def test_vector_values_not_written_by_spark_take_the_row_by_row_path(bad):
     arr = pa.array([{"type": 1, "size": None, "indices": None, "values": [0.5]}, bad], VEC_ARROW)
-    assert framing._vector_values(arr, VectorUDT()) is None
+    assert vector_values(arr, VectorUDT()) is None
     batch = pa.RecordBatch.from_arrays([arr], ["v"]).replace_schema_metadata(
         {SPARK_SCHEMA_KEY: feed_schema_json(StructType([StructField("v", VectorUDT())]), False).encode()})
     sink = pa.BufferOutputStream()
@@ -190,7 +192,7 @@ def test_struct_columns_equal_the_row_by_row_path(seed, as_bytes):
     arr, spark = _struct_case(rng, 50)
     for piece in (arr, arr.slice(5, 30), arr.slice(50)):
         for st in (spark, None):  # with the Spark type, and without (no schema metadata)
-            got = framing._struct_values(piece, st, as_bytes)
+            got = codec._struct_values(piece, st, as_bytes)
             want = _reference(piece, st, as_bytes)
             assert len(got) == len(want) and all(_same(g, w) for g, w in zip(got, want))
             assert all(g is None or type(g) is Row for g in got)
@@ -198,25 +200,25 @@ def test_struct_columns_equal_the_row_by_row_path(seed, as_bytes):
 
 def test_struct_rows_behave_as_df_rdd_rows():
     arr = pa.array([{"a": 1.0, "b": 2}, None, {"a": None, "b": 3}], pa.struct([("a", pa.float64()), ("b", pa.int64())]))
-    got = framing._struct_values(arr, None, False)
+    got = codec._struct_values(arr, None, False)
     assert got == [Row(a=1.0, b=2), None, Row(a=None, b=3)]
     assert got[0].b == 2 and got[0]["a"] == 1.0 and got[0].asDict() == {"a": 1.0, "b": 2}
     assert repr(got[2]) == "Row(a=None, b=3)" and "a" in got[0]
-    assert framing._struct_values(pa.array([{}, None], pa.struct([])), None, False) == [Row(), None]
+    assert codec._struct_values(pa.array([{}, None], pa.struct([])), None, False) == [Row(), None]
 
 
 def test_spark_schema_is_parsed_once_per_text():
     schema = StructType([StructField("v", VectorUDT()), StructField("b", BinaryType())])
     text = feed_schema_json(schema, True).encode()
     meta = pa.schema([("v", VEC_ARROW), ("b", pa.binary())], metadata={SPARK_SCHEMA_KEY: text})
-    framing._parse_spark_schema.cache_clear()
-    first = framing._spark_types(meta)
-    second = framing._spark_types(meta)
+    codec._parse_spark_schema.cache_clear()
+    first = codec._spark_types(meta)
+    second = codec._spark_types(meta)
     assert first == second == ([VectorUDT(), BinaryType()], True)
-    info = framing._parse_spark_schema.cache_info()
+    info = codec._parse_spark_schema.cache_info()
     assert (info.hits, info.misses) == (1, 1) and info.maxsize is not None
     with pytest.raises(ValueError, match="the Arrow chunk has 1 columns but its Spark schema has 2"):
-        framing._spark_types(pa.schema([("v", VEC_ARROW)], metadata={SPARK_SCHEMA_KEY: text}))
+        codec._spark_types(pa.schema([("v", VEC_ARROW)], metadata={SPARK_SCHEMA_KEY: text}))
     arr = _vector_array([DenseVector([1.0, 2.0]), DenseVector([3.0, 4.0])])
     view = arrow_vector_ndarray(arr, meta, 0)
     assert view.tolist() == [[1.0, 2.0], [3.0, 4.0]] and arrow_vector_ndarray(arr, meta, 1) is None
@@ -228,11 +230,11 @@ def test_dense_vectors_of_one_size_equal_the_row_by_row_path(width):
     vectors = [DenseVector([float(i * 10 + j) for j in range(width)]) for i in range(9)]
     arr = _vector_array(vectors)
     for piece, start in ((arr, 0), (arr.slice(3, 5), 3), (arr.slice(8), 8)):
-        fast = framing._vector_values(piece, VectorUDT())
+        fast = vector_values(piece, VectorUDT())
         want = _reference(piece, VectorUDT())
         assert all(_same(g, w) for g, w in zip(fast, want)) and len(fast) == len(want) == len(piece)
         assert all(_same(g, w) for g, w in zip(fast, vectors[start:]))
-    got = framing._vector_values(arr, VectorUDT())
+    got = vector_values(arr, VectorUDT())
     if width:
         got[0].array[0] = -1.0  # writable, and no other vector changes
         assert got[0].array[0] == -1.0 and got[1] == vectors[1]

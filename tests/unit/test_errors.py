@@ -43,6 +43,9 @@ SIMPLE = [
     InferenceResultError,
     FeedError,
     FeedAbortedError,
+    errors.TFServerError,
+    errors.PortUnavailableError,
+    errors.ProtocolUnavailableError,
 ]
 
 

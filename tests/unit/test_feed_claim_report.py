@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tfos._data import feed_tasks
-from tfos._data.feed_tasks import FeedPlan
+from tfos._data import feed_link
+from tfos._data.feed_plan import FeedPlan
 from tfos.cluster_template import NodeInfo
 from tfos.errors import FeedError
 
@@ -19,11 +19,11 @@ def test_claim_failure_is_reported_with_its_cause(monkeypatch):
     def no_driver(plan):
         raise TimeoutError("timed out after 10 s waiting for a connection to the tfos driver at 10.0.0.1:4000")
 
-    monkeypatch.setattr(feed_tasks, "_client", no_driver)
-    monkeypatch.setattr(feed_tasks, "_report", lambda plan, node, msg, error_type="FeedError": reported.append((node.name, msg, error_type)))
+    monkeypatch.setattr(feed_link, "driver_client", no_driver)
+    monkeypatch.setattr(feed_link, "report", lambda plan, node, msg, error_type="FeedError": reported.append((node.name, msg, error_type)))
     where = "partition 9 (epoch 0) -> " + node.name
     with pytest.raises(FeedError) as info:
-        feed_tasks._claim(plan, node, 9, where)
+        feed_link.claim(plan, node, 9, where)
     expected = (f"{where}: could not record the partition with the tfos driver: timed out after 10 s waiting for a "
                 "connection to the tfos driver at 10.0.0.1:4000")
     assert str(info.value) == expected

@@ -16,7 +16,9 @@ from tfos._common import wire as _wire
 from tfos._common.deadline import Deadline
 from tfos._data import feed_tasks
 from tfos._data.feed_hub import FeedHub
-from tfos._data.feed_tasks import FeedPlan, _Link, _Packing, _stream
+from tfos._data.feed_link import Link as _Link
+from tfos._data.feed_plan import FeedPlan
+from tfos._data.feed_tasks import _Packing, _stream
 from tfos._data.framing import ChunkKind, FrameType
 from tfos._data.outbox import LINGER_ENV, InputFailed, Outbox, feed_linger_s
 from tfos.cluster_template import NodeInfo

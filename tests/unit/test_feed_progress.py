@@ -15,8 +15,10 @@ import time
 import pytest
 
 from tfos._common import wire as _wire
-from tfos._data.feed_hub import Chunk, FeedHub, PartitionEnd
-from tfos._data.feed_tasks import FeedPlan, _Link
+from tfos._data.feed_connection import Chunk, PartitionEnd
+from tfos._data.feed_hub import FeedHub
+from tfos._data.feed_link import Link as _Link
+from tfos._data.feed_plan import FeedPlan
 from tfos._data.framing import FrameType, parse_json
 from tfos.cluster_template import NodeInfo
 from tfos.errors import FeedTimeoutError

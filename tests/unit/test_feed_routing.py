@@ -1,4 +1,4 @@
-"""Unit tests of tfos._data.feed_tasks.choose_node and FeedPlan (pure: no Spark)."""
+"""Unit tests of tfos._data.feed_plan.choose_node and FeedPlan (pure: no Spark)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from tfos._data.feed_tasks import FeedPlan, choose_node
+from tfos._data.feed_plan import FeedPlan, choose_node
 from tfos.cluster_template import NodeInfo
 from tfos.errors import TFOSError
 
@@ -116,7 +116,7 @@ def test_a_refused_retry_of_an_inference_task_names_recomputed_results(monkeypat
     (break helper). For inference it now names that case too."""
     import pyspark
 
-    import tfos._data.feed_tasks as ft
+    import tfos._data.feed_link as ft
     from tfos.errors import FeedError
 
     class _Task:
@@ -125,10 +125,10 @@ def test_a_refused_retry_of_an_inference_task_names_recomputed_results(monkeypat
 
     reports: list = []
     monkeypatch.setattr(pyspark.TaskContext, "get", classmethod(lambda cls: _Task()))
-    monkeypatch.setattr(ft, "_report", lambda plan, node, msg, *a: reports.append(msg))
+    monkeypatch.setattr(ft, "report", lambda plan, node, msg, *a: reports.append(msg))
     plan = FeedPlan("c1", KEY, "127.0.0.1", 5000, CLUSTER, mode=mode)
     with pytest.raises(FeedError) as info:
-        ft._refuse_retry(plan, CLUSTER[0], 2, 0)
+        ft.refuse_retry(plan, CLUSTER[0], 2, 0)
     text = str(info.value)
     assert text.startswith(f"partition 2 (epoch 0) -> {CLUSTER[0].name}: Spark retried the feed task (attempt 4)")
     assert ("a result partition was lost with its executor and Spark recomputes it" in text) == (mode == "inference")

@@ -14,8 +14,10 @@ import pytest
 from tfos._common import wire as _wire
 from tfos._common.deadline import Deadline
 from tfos._data import local_socket as local
-from tfos._data.feed_hub import Chunk, FeedHub, PartitionEnd
-from tfos._data.feed_tasks import FeedPlan, _Link
+from tfos._data.feed_connection import Chunk, PartitionEnd
+from tfos._data.feed_hub import FeedHub
+from tfos._data.feed_link import Link as _Link
+from tfos._data.feed_plan import FeedPlan
 from tfos._data.framing import FrameType
 from tfos.cluster_template import NodeInfo
 from tfos.errors import ControlProtocolError

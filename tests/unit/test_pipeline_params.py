@@ -16,7 +16,8 @@ from pyspark.sql.types import ArrayType, BinaryType, BooleanType, DoubleType, Lo
 
 from tfos.cluster_template import InputMode  # noqa: E402
 from tfos.errors import ConfigurationError  # noqa: E402
-from tfos.pipeline import Namespace, TFEstimator, TFModel, TFTypeConverters, _output_schema  # noqa: E402
+from tfos._pipeline.runner import output_schema as _output_schema  # noqa: E402
+from tfos.pipeline import Namespace, TFEstimator, TFModel, TFTypeConverters  # noqa: E402
 
 
 def train_fn(args, ctx):  # never run here
@@ -273,7 +274,7 @@ def test_signature_outputs_and_run_model(tmp_path):
     """``_signature_outputs`` reads kinds/ranks from the signature and checks the mappings;
     ``_run_model`` batches the rows and yields one tuple per row, in order."""
     tf = pytest.importorskip("tensorflow")
-    from tfos.pipeline import _run_model, _signature_outputs
+    from tfos._pipeline.runner import run_model as _run_model, signature_outputs as _signature_outputs
 
     class Module(tf.Module):
         @tf.function(input_signature=[tf.TensorSpec([None, 2], tf.float32, name="x"), tf.TensorSpec([None], tf.int64, name="k")])

@@ -16,10 +16,10 @@ pytest.importorskip("pyspark")
 
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLWritable  # noqa: E402
 
-from tfos.pipeline import (  # noqa: E402
-    PERSIST_FORMAT, TFEstimator, TFEstimatorReader, TFModel, TFModelReader, TFStageWriter, _check_metadata, _dump_code, _json_exact,
-    _load_code, _stage_payload,
+from tfos._pipeline.persist import (  # noqa: E402
+    PERSIST_FORMAT, _check_metadata, _dump_code, _json_exact, _load_code, _stage_payload,
 )
+from tfos.pipeline import TFEstimator, TFEstimatorReader, TFModel, TFModelReader, TFStageWriter  # noqa: E402
 
 
 def train_fn(args, ctx):  # never run as a node here

@@ -7,7 +7,7 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from tfos.pipeline import _fit_shape  # noqa: E402
+from tfos._pipeline.runner import _fit_shape  # noqa: E402
 
 
 def S(*dims):

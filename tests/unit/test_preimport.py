@@ -11,10 +11,10 @@ def test_preimport_imports_in_a_background_thread_and_skips_missing_modules():
     code = textwrap.dedent(
         """
         import sys, threading, time
-        from tfos._node import tf_process
-        assert "pyarrow" in tf_process._FEED_MODULES
+        from tfos._node import preimport
+        assert "pyarrow" in preimport.FEED_MODULES
         assert "colorsys" not in sys.modules
-        tf_process._preimport_async(("tfos_no_such_module_x", "colorsys"), "worker:0")
+        preimport.preimport_async(("tfos_no_such_module_x", "colorsys"), "worker:0")
         for t in threading.enumerate():
             if t.name == "tfos-preimport":
                 assert t.daemon

@@ -6,6 +6,7 @@ cluster manager sizes an application, SecurityManager's secret rules)."""
 from __future__ import annotations
 
 import logging
+import re
 
 import pytest
 
@@ -152,3 +153,50 @@ def test_auth_warning_remedy_per_master(warnings_of):
     assert "spark.authenticate.secret.driver.file and .executor.file" in k8s
     # kept for programs that leave it off; nothing when it is on
     assert warnings_of("local-cluster[2,1,1024]", {"spark.authenticate": "true"}) == ""
+
+
+@pytest.mark.parametrize("master, kind", [
+    ("local", "local"), ("local[2]", "local"), ("local[*]", "local"), ("local[4,2]", "local"), ("local[*, 3]", "local"),
+    ("local-cluster[2,1,1024]", "local-cluster"), ("local-cluster[ 2 , 1 , 1024 ]", "local-cluster"),
+    ("spark://10.0.0.1:7077", "standalone"), ("spark://a:7077,b:7077", "standalone"), ("yarn", "yarn"),
+    ("k8s://https://10.0.0.1:6443", "k8s"), ("nomad:http://10.0.0.1:4646", "other"),
+])
+def test_check_master_url_takes_sparks_own_forms(master, kind):
+    assert remedies.check_master_url(master) == kind
+
+
+@pytest.mark.parametrize("master, hint", [
+    ("local-cluser[2,1,1024]", "local-cluster[2,1,1024]"), ("locall[2]", "local[2]"), ("local[2", "local[2]"),
+    ("Local[2]", "local[2]"), ("local[2]x", None), ("Yarn", "yarn"), ("spark:/10.0.0.1:7077", "spark://10.0.0.1:7077"),
+    (" local[2]", "local[2]"), ("", None), ("local-cluster[2,1]", None), ("localhost", None),
+])
+def test_an_unparseable_master_gets_sparks_diagnosis_not_another_masters_advice(master, hint):
+    with pytest.raises(ConfigurationError) as info:
+        remedies.check_master_url(master)
+    text = str(info.value)
+    assert text.startswith(f"Could not parse Master URL: {master!r}"), text
+    for form in ("local[N]", "local[*]", "local-cluster[E,C,M]", "spark://HOST:PORT", "yarn", "k8s://HOST:PORT"):
+        assert form in text, text
+    assert "standalone cluster accepts" not in text and "secret" not in text, text
+    if hint:
+        assert text.endswith(f"Did you mean {hint!r}?"), text
+    else:
+        assert "Did you mean" not in text, text
+
+
+def test_a_spark_connect_url_given_as_master_is_pointed_to_remote():
+    with pytest.raises(ConfigurationError, match=r"Could not parse Master URL: 'sc://h:15002'.*builder\.remote\(\)"):
+        remedies.check_master_url("sc://h:15002")
+
+
+@pytest.mark.parametrize("master", ["local-cluser[2,1,1024]", "locall[2]", "local[2", "Local[2]"])
+def test_tfcluster_run_checks_the_master_before_anything_else(master):
+    """run() refuses the master before looking at its other arguments (here all wrong too)."""
+    from tfos import TFCluster
+
+    class FakeContext:  # a SparkContext's one attribute run() reads first
+        def __init__(self, master):
+            self.master = master
+
+    with pytest.raises(ConfigurationError, match=rf"^Could not parse Master URL: {re.escape(repr(master))}"):
+        TFCluster.run(FakeContext(master), "not callable", None, 0, -1, reservation_timeout=-1)

@@ -113,3 +113,31 @@ def test_a_running_driver_jvm_is_left_alone(monkeypatch, tmp_path):
     assert spark_auth._jvm_running()
     assert tfos.authenticate_spark("local-cluster[2,1,1024]") is None
     assert os.environ["SPARK_CONF_DIR"] == str(tmp_path) and os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("master", ["local-cluser[2,1,1024]", "locall[2]", "local[2", "Local[2]"])
+def test_a_typod_master_is_named_with_the_forms_spark_accepts(master, tmp_path, monkeypatch, no_jvm):
+    """Checked first: no conf dir is written, and the error is Spark's, not the standalone
+    cluster's secret advice it got before."""
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
+    with pytest.raises(ConfigurationError) as info:
+        tfos.authenticate_spark(master)
+    text = str(info.value)
+    assert text.startswith(f"Could not parse Master URL: {master!r}") and "local-cluster[E,C,M]" in text, text
+    assert "standalone" not in text and "secret" not in text, text
+    assert os.environ["SPARK_CONF_DIR"] == str(tmp_path) and not no_jvm
+
+
+def test_a_typod_master_is_refused_even_when_the_driver_jvm_runs(monkeypatch):
+    monkeypatch.setattr(spark_auth, "_jvm_running", lambda: True)
+    with pytest.raises(ConfigurationError, match=r"^Could not parse Master URL: 'locall\[2\]'"):
+        tfos.authenticate_spark("locall[2]")
+    assert tfos.authenticate_spark("local[2]") is None
+
+
+def test_a_cluster_manager_plugins_master_is_not_called_standalone():
+    with pytest.raises(ConfigurationError) as info:
+        spark_auth.auth_settings("nomad:http://10.0.0.1:4646", {})
+    assert "not one of Spark's own master forms" in str(info.value) and "standalone" not in str(info.value)
+    assert spark_auth.auth_settings("nomad:http://10.0.0.1:4646", {"spark.authenticate": "true", "spark.authenticate.secret": "s"}) == {
+        "spark.network.crypto.enabled": "true"}

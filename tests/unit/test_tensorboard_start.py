@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-import tfos._node.tf_process as tfp
+import tfos._node.tensorboard as tfp
 from tfos._node.launch import ClusterConfig, NodeLaunch
 from tfos.cluster_template import InputMode, build_template, roles_from_template
 
@@ -30,7 +30,7 @@ def test_tensorboard_start_failure_reports_its_stderr(tmp_path, monkeypatch):
                         working_dir=str(tmp_path), python_path=(), fn_payload=b"")
     client = _FakeClient()
     t0 = time.monotonic()
-    proc = tfp._start_tensorboard(launch, None, client)  # type: ignore[arg-type]
+    proc = tfp.start_tensorboard(launch, None, client)  # type: ignore[arg-type]
     assert proc is not None
     assert client.got.wait(60), "no report"
     msg_type, fields = client.requests[0]

@@ -15,7 +15,8 @@ import pyarrow as pa
 import pytest
 
 from tfos._data.framing import FrameType
-from tfos._data.feed_hub import END_OF_FEED, FeedHub
+from tfos._data.feed_connection import END_OF_FEED
+from tfos._data.feed_hub import FeedHub
 from tfos._data.tfdata import FeedBatches
 from tfos.datafeed import DataFeed
 from feed_fakes import Feeder as _Feeder
@@ -392,7 +393,7 @@ def test_malformed_row_inside_tf_data_is_reported_as_itself(hub):
 
     from tfos._data.tfdata import unwrap_tf_data_error
     from tfos._node.launch import NodeLaunch
-    from tfos._node.tf_process import _failure
+    from tfos._node.node_failure import node_failure as _failure
 
     a = Feeder(hub, 6, epoch=1)
     a.chunk(_rows(0, 3))
@@ -429,7 +430,7 @@ def test_malformed_row_inside_tf_data_is_reported_as_itself(hub):
 def test_failure_report_survives_an_exception_whose_str_raises():
     """An exception with a broken __str__ keeps its type and traceback (it used to kill the
     TF process before the report was sent: "ProcessDied ... exit code 1")."""
-    from tfos._node.tf_process import _failure
+    from tfos._node.node_failure import node_failure as _failure
 
     class Weird(Exception):
         def __str__(self):
@@ -527,10 +528,10 @@ def test_epoch_order_gives_up_when_the_held_chunks_exceed_their_bound(hub, caplo
     late.end()
     hub.ask_driver = _Driver(hub, 0, [], never=True)
     feed = DataFeed(hub, timeout_s=10)
-    from tfos._data.tfdata import EpochOrder
+    from tfos._data.epoch_order import EpochOrder
 
     order = EpochOrder(feed, max_held_bytes=1)
-    with caplog.at_level(logging.WARNING, logger="tfos._data.tfdata"):
+    with caplog.at_level(logging.WARNING, logger="tfos._data.epoch_order"):
         t0 = time.monotonic()
         first = order.next()
     assert time.monotonic() - t0 < 2
@@ -548,7 +549,7 @@ def test_epoch_order_gives_up_after_half_the_feed_timeout_with_a_warning(hub, ca
     hub.ask_driver = _Driver(hub, 0, [], never=True)
     reader = FeedBatches(DataFeed(hub, timeout_s=10), 2, COLS, steps_per_epoch=1)
     t0 = time.monotonic()
-    with caplog.at_level(logging.WARNING, logger="tfos._data.tfdata"):
+    with caplog.at_level(logging.WARNING, logger="tfos._data.epoch_order"):
         it = iter(reader)
         first = next(it)  # epoch 0: one empty batch, once the wait gave up
         waited = time.monotonic() - t0

@@ -186,7 +186,7 @@ def test_datafeed_on_tfos_hub_has_no_row_queues():
 
 
 def test_result_items_keep_numpy():
-    from tfos.datafeed import _result_items
+    from tfos._data.results import result_items as _result_items
 
     rows = _result_items(np.arange(6).reshape(3, 2))
     assert [type(r) for r in rows] == [np.ndarray] * 3 and rows[2].tolist() == [4, 5]
@@ -353,7 +353,7 @@ def test_tfsparknode_cluster_spec():
 )
 def test_keras_default(monkeypatch, node_env, driver, expected):
     # Keras 3 unless TF_USE_LEGACY_KERAS is chosen: the node's own value wins, then the driver's.
-    from tfos._node.tf_process import _default_legacy_keras
+    from tfos._node.keras3_fix import default_legacy_keras as _default_legacy_keras
 
     if node_env is None:
         monkeypatch.delenv("TF_USE_LEGACY_KERAS", raising=False)
@@ -364,7 +364,7 @@ def test_keras_default(monkeypatch, node_env, driver, expected):
 
 
 def test_empty_results_answer_an_empty_batch():
-    from tfos._data.feed_hub import END_OF_FEED
+    from tfos._data.feed_connection import END_OF_FEED
     from tfos.errors import InferenceResultError
 
     hub = _FakeHub()
@@ -402,7 +402,7 @@ def test_reservation_non_json_register_leaves_the_connection_in_step(caplog):
 def test_result_items_refuse_what_is_not_one_result_per_row(bad, text):
     """batch_results(None) raised a bare TypeError and batch_results("xxxx") answered one
     row per character; both are InferenceResultError now, saying what was passed."""
-    from tfos.datafeed import _result_items
+    from tfos._data.results import result_items as _result_items
     from tfos.errors import InferenceResultError
 
     with pytest.raises(InferenceResultError) as info:

@@ -112,11 +112,13 @@ def test_pipeline_model_globals_name_the_last_loaded_signature(tmp_path, monkeyp
 
     m = Plus1()
     tf.saved_model.save(m, str(tmp_path), signatures={"serving_default": m.serve})
-    monkeypatch.setattr(pipeline, "_model_cache", {})
-    fn = pipeline._load_signature(str(tmp_path), "serve", "serving_default")
+    from tfos._pipeline import runner
+
+    monkeypatch.setattr(runner, "_model_cache", {})
+    fn = runner._load_signature(str(tmp_path), "serve", "serving_default")
     assert pipeline.pred_fn is fn and pipeline.global_model is not None
     assert pipeline.global_model.signatures["serving_default"] is fn
-    rows = list(pipeline._run_model(iter([([1.0, 2.0],), ([3.0, 4.0],)]), {
+    rows = list(runner.run_model(iter([([1.0, 2.0],), ([3.0, 4.0],)]), {
         "export_dir": str(tmp_path), "tag_set": "serve", "signature_def_key": "serving_default", "inputs": ["x"],
         "outputs": ["y"], "batch_size": 2}))
     assert [list(map(float, r[0])) for r in rows] == [[2.0, 3.0], [4.0, 5.0]]

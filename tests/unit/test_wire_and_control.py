@@ -23,7 +23,7 @@ from tfos._common import wire as _wire
 from tfos._control.client import ControlClient
 from tfos._control.server import ControlServer, parse_port_spec
 from tfos._common.deadline import Deadline
-from tfos._data.feed_tasks import FeedPlan
+from tfos._data.feed_plan import FeedPlan
 from tfos._node.launch import ClusterConfig, NodeLaunch
 from tfos.cluster_template import InputMode, NodeInfo, NodeRole
 from tfos.errors import ConfigurationError, ControlProtocolError, DeadlineExceededError

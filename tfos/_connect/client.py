@@ -43,8 +43,8 @@ from tfos._connect.tasks import (
     make_start_fn,
     make_train_fn,
 )
+from tfos._data.arrow_codec import binary_as_bytes, feed_schema_json
 from tfos._data.feed_tasks import arrow_safe_dataframe
-from tfos._data.framing import binary_as_bytes, feed_schema_json
 from tfos._driver.backend import UNCOUNTED, AttemptReport, ClusterPlan, InferenceCall, TrainCall, feed_plan
 from tfos._driver.spark_checks import plan_layout, warn_key_transport
 from tfos._node.launch import ClusterConfig

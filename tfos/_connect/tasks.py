@@ -34,14 +34,9 @@ from typing import Any, Iterator, Optional
 from tfos._common.deadline import Deadline
 from tfos._connect.host import HostLaunch, write_host_launch
 from tfos._control.client import ControlClient
-from tfos._data.feed_tasks import (
-    ARROW_CHUNK_BYTES,
-    FeedPlan,
-    arrow_ipc_parts,
-    arrow_slices,
-    make_arrow_feed_fn,
-    rename_columns,
-)
+from tfos._data.arrow_chunks import ARROW_CHUNK_BYTES, arrow_ipc_parts, arrow_slices, rename_columns
+from tfos._data.feed_plan import FeedPlan
+from tfos._data.feed_tasks import make_arrow_feed_fn
 from tfos._data.feed_tasks import make_infer_fn as _classic_infer_fn
 from tfos._node.launch import ClusterConfig, NodeLaunch
 from tfos.errors import ClusterFailedError, ControlProtocolError, DeadlineExceededError, NodeFailure, TFOSError
@@ -308,7 +303,7 @@ def _report_task_error(plan: FeedPlan, exc: BaseException) -> None:
 
     from pyspark import TaskContext
 
-    from tfos._data.feed_tasks import choose_node
+    from tfos._data.feed_plan import choose_node
     from tfos._node.start_task import executor_identity, node_host
 
     if type(exc).__name__ in _CONSEQUENCES or not plan.nodes:

@@ -273,8 +273,9 @@ class Heartbeat(Message):
 @dataclasses.dataclass(frozen=True)
 class WaitEvent(Message):
     """The TF process's long-poll (up to ``poll_s``, at most 5 s) for directives that differ
-    from ``known``; carries its row counters. Answer: the directives plus ``stack`` (stack
-    requests so far) and ``report`` (counter reports asked for so far)."""
+    from ``known``; carries its figures (:func:`tfos._node.figures.live_snapshot`).
+    Answer: the directives plus ``stack`` (stack requests so far), ``stack_all`` (the
+    last one asks for every thread) and ``report`` (counter reports asked for so far)."""
 
     executor_id: int
     known: dict = dataclasses.field(default_factory=dict)
@@ -312,11 +313,13 @@ class Status(Message):
 @_message("node_stack")
 @dataclasses.dataclass(frozen=True)
 class NodeStack(Message):
-    """A feed task asks for the stack of main_fun's thread on a node, waiting up to
-    ``wait_s`` (at most 10 s). Answer: ``{"stack": text}`` ('' when none came)."""
+    """A feed task asks for the stack of main_fun's thread on a node (the driver, with
+    ``all_threads``, for every thread's), waiting up to ``wait_s`` (at most 10 s).
+    Answer: ``{"stack": text}`` ('' when none came)."""
 
     executor_id: int
     wait_s: float = 3.0
+    all_threads: bool = False
 
 
 @_message("stack")

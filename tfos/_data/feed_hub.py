@@ -11,9 +11,7 @@ thread, decodes them, and answers each partition (consumed / results) on its con
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import os
 import queue
 import socket
@@ -23,13 +21,13 @@ from typing import Any, Callable, Optional
 
 from tfos._common import wire as _wire
 from tfos._common.deadline import Deadline
-from tfos._common.wire import DataSession
 from tfos._data import local_socket as _local
-from tfos._data.framing import ChunkKind, FrameType, recv_frame, recv_json, send_frame, send_json
+from tfos._data.feed_connection import END_OF_FEED, PROGRESS_EVERY_S, Chunk, FeedConnection, PartitionEnd
+from tfos._data.framing import FrameType, recv_frame, recv_json, send_json
 from tfos._data.local_socket import SocketDir
 from tfos.errors import TFOSError
 
-__all__ = ["FeedHub", "FeedConnection", "Chunk", "PartitionEnd", "END_OF_FEED"]
+__all__ = ["FeedHub"]
 
 log = logging.getLogger(__name__)
 
@@ -41,125 +39,6 @@ _HANDSHAKE_TIMEOUT_S = 10.0
 MAX_HANDSHAKES = 32
 #: Most authenticated connections served at once (feed tasks run at most one per Spark core).
 MAX_CONNECTIONS = 256
-#: After a partition's END, while its feed task waits for the ACK, the node sends the task
-#: a PROGRESS frame every ``min(feed_timeout / 4, PROGRESS_EVERY_S)`` seconds in which
-#: main_fun took rows, so ``feed_timeout`` bounds a stall of the node, not the time it
-#: takes to work through the chunks already queued.
-PROGRESS_EVERY_S = 30.0
-
-
-class _EndOfFeed:
-    def __repr__(self) -> str:
-        return "END_OF_FEED"
-
-
-#: Queue marker: the driver closed the feed (``cluster.shutdown()``); no more data.
-END_OF_FEED = _EndOfFeed()
-
-
-class FeedConnection:
-    """Server side of one feed task's connection: one partition of one epoch.
-
-    Attributes:
-        partition: Partition index within the epoch.
-        epoch: 0-based epoch.
-        first_epoch: The first epoch of the feed job this partition belongs to (> 0 when
-            a restarted ``train()`` resumed its feed there; 0 otherwise).
-        mode: 'train' or 'inference'.
-        kind: The :class:`ChunkKind` of the data frames.
-        rows_taken: Rows of this partition handed to ``main_fun`` so far.
-        pending: Inference batches handed out and not yet answered.
-        ended: The end-of-partition marker was consumed.
-    """
-
-    def __init__(self, sock: socket.socket, session: DataSession, header: dict):
-        self.sock = sock
-        self.session = session
-        self.partition = int(header["partition"])
-        self.epoch = int(header.get("epoch", 0))
-        self.first_epoch = int(header.get("first_epoch", 0))
-        if not 0 <= self.first_epoch <= self.epoch:
-            raise ValueError(f"bad feed header: first_epoch {self.first_epoch!r} for epoch {self.epoch!r}")
-        self.mode = str(header["mode"])
-        self.kind = ChunkKind(header["kind"])
-        self.qname = str(header["qname"])
-        self.feed_timeout_s = float(header.get("feed_timeout", 600.0))
-        if self.mode not in ("train", "inference") or not (0 < self.feed_timeout_s < math.inf):
-            raise ValueError(f"bad feed header: mode {self.mode!r}, feed_timeout {self.feed_timeout_s!r}")
-        #: The feed (one train()/inference() job) and the job's partition index of this
-        #: connection (the hub refuses a header without them; "" and -1 only in tests that
-        #: build a connection directly).
-        self.feed_id = str(header.get("feed_id", ""))
-        self.index = int(header.get("index", -1))
-        #: Partitions in one epoch of the feed job (0: not sent); job index = (epoch -
-        #: first_epoch) x parts_per_epoch + partition.
-        self.parts_per_epoch = int(header.get("parts_per_epoch", 0))
-        #: The feed job's last epoch (-1: not sent/not known).
-        self.last_epoch = int(header.get("last_epoch", -1))
-        if self.last_epoch != -1 and self.last_epoch < self.epoch:
-            raise ValueError(f"bad feed header: last_epoch {self.last_epoch!r} for epoch {self.epoch!r}")
-        self.rows_taken = 0
-        self.pending = 0
-        self.ended = False
-        self.closed = False
-        #: The feed task sent END: it now waits for the ACK (or results) only.
-        self.end_received = False
-        self._send_lock = threading.Lock()
-
-    def __repr__(self) -> str:
-        return f"partition {self.partition} (epoch {self.epoch})"
-
-    def send(self, ftype: FrameType, payload: bytes = b"") -> bool:
-        """Sends a frame to the feed task; False when the connection is gone."""
-        with self._send_lock:
-            if self.closed:
-                return False
-            try:
-                self.sock.settimeout(self.feed_timeout_s)
-                send_frame(self.sock, self.session, ftype, payload)
-                return True
-            except OSError:
-                self._close_locked()
-                return False
-
-    def send_json(self, ftype: FrameType, obj: dict) -> bool:
-        """Sends a JSON frame; False when the connection is gone."""
-        return self.send(ftype, json.dumps(obj, allow_nan=False).encode("utf-8"))
-
-    def close(self) -> None:
-        """Closes the connection (idempotent)."""
-        with self._send_lock:
-            self._close_locked()
-
-    def _close_locked(self) -> None:
-        if not self.closed:
-            self.closed = True
-            try:
-                self.sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            self.sock.close()
-
-
-class Chunk:
-    """One data frame on a queue: its connection and undecoded payload."""
-
-    __slots__ = ("conn", "payload")
-
-    def __init__(self, conn: FeedConnection, payload: bytearray):
-        self.conn = conn
-        self.payload = payload
-
-
-class PartitionEnd:
-    """Queue marker: the end of one connection's partition."""
-
-    __slots__ = ("conn",)
-
-    def __init__(self, conn: FeedConnection):
-        self.conn = conn
-
-
 class FeedHub:
     """A node's data server and its bounded queues (TF process, InputMode.SPARK).
 
@@ -225,45 +104,13 @@ class FeedHub:
         self._sock_id: Optional[tuple[int, int]] = None
         self._unix: Optional[socket.socket] = None
         if local_socket and _local.SUPPORTED:
-            self._open_unix_listener(socket_dir)
+            listening = _local.open_listener(socket_dir, node_name)
+            if listening is not None:
+                self._unix, self.path, self._own_dir, self._sock_id = listening
         self._accept_thread = threading.Thread(target=self._accept_loop, args=(self._listener,), name="tfos-feed-accept", daemon=True)
         self._accept_thread.start()
         if self._unix is not None:
             threading.Thread(target=self._accept_loop, args=(self._unix,), name="tfos-feed-accept-unix", daemon=True).start()
-
-    def _open_unix_listener(self, socket_dir: Optional[SocketDir]) -> None:
-        """Listens on ``<socket_dir>/s`` (same-host feed tasks); without ``socket_dir``, in
-        a 0700 directory of its own that :meth:`close` removes.
-
-        A Unix-domain connection moves a frame with about half the kernel CPU of a
-        loopback TCP connection (``scripts/bench_frame_hop.py``). It changes nothing else:
-        the handshake and the frame tags are the same as over TCP, the directory's mode
-        keeps other users from connecting, and feed tasks check that the listener is the
-        node's TF process (:func:`tfos._data.local_socket.peer_is_node`). Without it (no
-        ``SO_PEERCRED``, a temp dir path too long for ``sun_path``, bind refused), the node
-        serves TCP only.
-        """
-        own = socket_dir is None
-        sd = _local.make_socket_dir() if own else socket_dir
-        if sd is None:
-            return
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.bind(sd.socket_path)
-            sock.listen(64)
-        except OSError as exc:
-            sock.close()
-            log.info("node %s: no Unix-domain data socket (%s); same-host feed tasks use TCP", self.node_name, exc)
-            if own:
-                _local.remove_socket_dir(sd)
-            return
-        self._unix, self.path = sock, sd.socket_path
-        self._own_dir = sd if own else None
-        try:
-            st = os.lstat(self.path)
-            self._sock_id = (st.st_dev, st.st_ino)
-        except OSError:
-            self._sock_id = None
 
     # -------------------------------------------------------------- accepting
     def _accept_loop(self, listener: socket.socket) -> None:
@@ -338,22 +185,8 @@ class FeedHub:
                 raise ValueError(f"bad feed header: feed_id {feed_key[0]!r}, index {feed_key[1]!r} (a feed task sends both)")
             q = self.queues.get(qname)
             with self._lock:
-                if q is None:
-                    status = {"state": "error", "message": f"node {self.node_name} has no queue {qname!r}; declare it with TFCluster.run(queues=[...])"}
-                elif self.aborted:
-                    status = {"state": "failed", "message": f"node {self.node_name}: the cluster aborted ({self.aborted})"}
-                elif qname in self.terminated:
-                    status = {"state": "terminated"}
-                elif self.state != "ok" or self._closing:
-                    status = {"state": self.state if self.state != "ok" else "finished"}
-                elif feed_key[0] and feed_key in self.delivered:
-                    status = {"state": "error", "message": (
-                        f"node {self.node_name} already received partition index {feed_key[1]} of this feed; "
-                        "Spark re-ran its feed task (a task retry or a stage resubmission), and tfos never feeds "
-                        "a partition twice because its rows would be trained on again. Fix the cause of the "
-                        "first failure (see the executor log), then run train() again"
-                    )}
-                else:
+                status = _refusal(self, qname, q, feed_key)
+                if status is None:
                     status = {"state": "ok"}
                     conn = FeedConnection(sock, session, header)
                     if feed_key[0]:
@@ -374,7 +207,7 @@ class FeedHub:
                     last = self._feed_closing and self._reading == 0
                 if last:
                     self._enqueue_end_of_feed()
-            self._report_progress(conn)
+            _report_progress(self, conn)
         except Exception as exc:  # noqa: BLE001 - protocol errors, broken peers, bad headers
             if conn is None:
                 with self._lock:
@@ -398,31 +231,6 @@ class FeedHub:
             if conn is not None and conn.closed:
                 with self._lock:
                     self._conns.discard(conn)
-
-    def _report_progress(self, conn: FeedConnection) -> None:
-        """While ``conn``'s partition waits in the queue after its END, tells its feed task
-        every ``min(feed_timeout / 4, PROGRESS_EVERY_S)`` s in which main_fun took rows
-        (PROGRESS frame). Returns when the connection is closed (ACK, results end, error),
-        the hub closes, or main_fun took no row for ``feed_timeout`` (the task has given up
-        by then). Runs on the connection's own thread (TF process)."""
-        if not conn.end_received:
-            return  # the reader stopped early (abort, hub closing): nothing waits in the queue
-        every = min(conn.feed_timeout_s / 4.0, PROGRESS_EVERY_S)
-        rows_seen, last_progress = self.rows_taken, time.monotonic()
-        next_check = last_progress + every
-        while not conn.closed and not self._closing and not self.aborted:
-            now = time.monotonic()
-            if now - last_progress > conn.feed_timeout_s:
-                return
-            if now < next_check:
-                time.sleep(min(0.25, next_check - now))
-                continue
-            next_check = now + every
-            rows = self.rows_taken
-            if rows != rows_seen:
-                rows_seen, last_progress = rows, now
-                if not conn.send_json(FrameType.PROGRESS, {"rows": conn.rows_taken}):
-                    return
 
     def _put(self, q: queue.Queue, conn: FeedConnection, item: object) -> bool:
         while True:
@@ -623,6 +431,53 @@ class FeedHub:
                 sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+
+
+def _refusal(hub: FeedHub, qname: str, q: Optional[queue.Queue], feed_key: tuple[str, int]) -> Optional[dict]:
+    """The status answering a feed connection the node does not take, or None when it takes
+    it (called under the hub's lock)."""
+    if q is None:
+        return {"state": "error", "message": f"node {hub.node_name} has no queue {qname!r}; declare it with TFCluster.run(queues=[...])"}
+    if hub.aborted:
+        return {"state": "failed", "message": f"node {hub.node_name}: the cluster aborted ({hub.aborted})"}
+    if qname in hub.terminated:
+        return {"state": "terminated"}
+    if hub.state != "ok" or hub._closing:
+        return {"state": hub.state if hub.state != "ok" else "finished"}
+    if feed_key[0] and feed_key in hub.delivered:
+        return {"state": "error", "message": (
+            f"node {hub.node_name} already received partition index {feed_key[1]} of this feed; "
+            "Spark re-ran its feed task (a task retry or a stage resubmission), and tfos never feeds "
+            "a partition twice because its rows would be trained on again. Fix the cause of the "
+            "first failure (see the executor log), then run train() again"
+        )}
+    return None
+
+
+def _report_progress(hub: FeedHub, conn: FeedConnection) -> None:
+    """While ``conn``'s partition waits in the queue after its END, tells its feed task
+    every ``min(feed_timeout / 4, PROGRESS_EVERY_S)`` s in which main_fun took rows
+    (PROGRESS frame). Returns when the connection is closed (ACK, results end, error),
+    the hub closes, or main_fun took no row for ``feed_timeout`` (the task has given up
+    by then). Runs on the connection's own thread (TF process)."""
+    if not conn.end_received:
+        return  # the reader stopped early (abort, hub closing): nothing waits in the queue
+    every = min(conn.feed_timeout_s / 4.0, PROGRESS_EVERY_S)
+    rows_seen, last_progress = hub.rows_taken, time.monotonic()
+    next_check = last_progress + every
+    while not conn.closed and not hub._closing and not hub.aborted:
+        now = time.monotonic()
+        if now - last_progress > conn.feed_timeout_s:
+            return
+        if now < next_check:
+            time.sleep(min(0.25, next_check - now))
+            continue
+        next_check = now + every
+        rows = hub.rows_taken
+        if rows != rows_seen:
+            rows_seen, last_progress = rows, now
+            if not conn.send_json(FrameType.PROGRESS, {"rows": conn.rows_taken}):
+                return
 
 
 def _close_quietly(sock: socket.socket) -> None:

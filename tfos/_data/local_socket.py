@@ -271,3 +271,40 @@ def describe_connection(sock: socket.socket) -> str:
             user = "?"
         text += f", listener uid {uid} ({user})"
     return text
+
+
+def open_listener(socket_dir: Optional[SocketDir], node_name: str) -> Optional[tuple]:
+    """A node's Unix-domain data listener on ``<socket_dir>/s`` (same-host feed tasks; TF
+    process); without ``socket_dir``, in a 0700 directory of its own that the caller removes.
+
+    A Unix-domain connection moves a frame with about half the kernel CPU of a loopback TCP
+    connection (``scripts/bench_frame_hop.py``). It changes nothing else: the handshake and
+    the frame tags are the same as over TCP, the directory's mode keeps other users from
+    connecting, and feed tasks check that the listener is the node's TF process
+    (:func:`peer_is_node`).
+
+    Returns:
+        ``(listening socket, its path, the directory made here or None, (st_dev, st_ino) of
+        the socket file or None)``, or None without one (no ``SO_PEERCRED``, a temp dir path
+        too long for ``sun_path``, bind refused): the node then serves TCP only.
+    """
+    own = socket_dir is None
+    sd = make_socket_dir() if own else socket_dir
+    if sd is None:
+        return None
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(sd.socket_path)
+        sock.listen(64)
+    except OSError as exc:
+        sock.close()
+        log.info("node %s: no Unix-domain data socket (%s); same-host feed tasks use TCP", node_name, exc)
+        if own:
+            remove_socket_dir(sd)
+        return None
+    try:
+        st = os.lstat(sd.socket_path)
+        sock_id: Optional[tuple[int, int]] = (st.st_dev, st.st_ino)
+    except OSError:
+        sock_id = None
+    return sock, sd.socket_path, (sd if own else None), sock_id

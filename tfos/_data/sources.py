@@ -2,7 +2,7 @@
 
 Two ways to read an RDD's partition in a feed task:
 
-* **Raw PySpark batches** (:func:`tfos._data.spark_rawio.raw_frames`): for an RDD whose
+* **Raw PySpark batches** (:func:`tfos._data.spark_rawio.raw_records`): for an RDD whose
   rows the JVM holds as PySpark pickled batches (cached RDDs, ``sc.parallelize``,
   ``df.rdd``, unions of these), the task forwards the batches without unpickling them.
 * **In the upstream's own worker**: for a Python-pipelined RDD that is not cached
@@ -78,15 +78,15 @@ class FeedSource:
         """How to feed ``rdd`` for ``epochs`` epochs (driver; see the module docstring).
 
         RDDs stored as PySpark pickled batches are fed as raw batches (the feed task packs
-        them into frames of about 1 MiB without unpickling them); a pipelinable RDD
+        them into data frames of about 1 MiB without unpickling them); a pipelinable RDD
         (:func:`pipelinable`) row by row in its own worker; any other RDD row by row.
         """
-        from tfos._data.spark_rawio import FrameKind, raw_frames
+        from tfos._data.spark_rawio import RecordKind, raw_records
 
         if pipelinable(rdd):
             return cls(rdd, None, epochs, pipelined=True)
-        raw = raw_frames(rdd)
-        if raw is None or raw.kind != FrameKind.PICKLED_BATCH:
+        raw = raw_records(rdd)
+        if raw is None or raw.kind != RecordKind.PICKLED_BATCH:
             return cls(rdd, None, epochs)
         return cls(raw.rdd, ChunkKind.PICKLED_BATCHES, epochs)
 
@@ -97,10 +97,10 @@ class FeedSource:
         if self.epochs == 1:
             return self.rdd.mapPartitionsWithIndex(fn)
         if self.kind is ChunkKind.PICKLED_BATCHES:
-            from tfos._data.spark_rawio import FrameKind, RawFrames, union_raw_frames
+            from tfos._data.spark_rawio import RawRecords, RecordKind, union_raw_records
 
-            raw = RawFrames(self.rdd, FrameKind.PICKLED_BATCH)
-            return union_raw_frames([raw] * self.epochs).rdd.mapPartitionsWithIndex(fn)
+            raw = RawRecords(self.rdd, RecordKind.PICKLED_BATCH)
+            return union_raw_records([raw] * self.epochs).rdd.mapPartitionsWithIndex(fn)
         if not self.pipelined:
             return self.rdd.context.union([self.rdd] * self.epochs).mapPartitionsWithIndex(fn)
         parts = self.rdd.getNumPartitions()

@@ -22,7 +22,7 @@ import uuid
 from typing import Any, Optional, Protocol, Sequence
 
 from tfos._common.deadline import Deadline
-from tfos._data.feed_tasks import FeedPlan
+from tfos._data.feed_plan import FeedPlan
 from tfos._node.launch import ClusterConfig
 from tfos.cluster_template import InputMode, NodeInfo, NodeRole
 from tfos.errors import ClusterFailedError
@@ -47,6 +47,8 @@ class ClusterPlan:
         executor_wait_s: Longest wait for Spark executors before a launch, in seconds.
         driver_ps_nodes: Run the ps nodes on the driver host.
         progress: Show a progress line during train()/inference() (classic only).
+        stall_timeout_s: Seconds without progress before a node is reported (0: off).
+        stall_action: 'warn' or 'fail' (see :mod:`tfos._driver.monitor`).
     """
 
     base_id: str
@@ -59,6 +61,8 @@ class ClusterPlan:
     executor_wait_s: float = 60.0
     driver_ps_nodes: bool = False
     progress: bool = True
+    stall_timeout_s: float = 600.0
+    stall_action: str = "warn"
 
     def cluster_id(self, attempt: int) -> str:
         """The cluster id of ``attempt`` (also the prefix of its Spark job groups)."""

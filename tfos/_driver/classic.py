@@ -19,12 +19,14 @@ from typing import Any, Optional, Sequence
 
 from tfos._common import wire as _wire
 from tfos._common.deadline import Deadline
-from tfos._data.feed_tasks import FeedPlan, arrow_safe_dataframe, make_arrow_feed_fn, make_feed_fn, make_infer_fn
-from tfos._data.framing import binary_as_bytes, feed_schema_json
+from tfos._data.arrow_codec import binary_as_bytes, feed_schema_json
+from tfos._data.feed_plan import FeedPlan
+from tfos._data.feed_tasks import arrow_safe_dataframe, make_arrow_feed_fn, make_feed_fn, make_infer_fn
 from tfos._data.sources import FeedSource
 from tfos._driver.backend import AttemptReport, ClusterPlan, InferenceCall, TrainCall, feed_plan
 from tfos._driver.runtime import ATTRIBUTION_S, ClusterRuntime, JobThread, Progress, spark_error_text
 from tfos._driver.spark_checks import busy_slots_report, check_spark, live_executors
+from tfos._driver.tb_scalars import scalar_writer
 from tfos._node import output as _node_output
 from tfos._node.launch import ClusterConfig
 from tfos._node.start_task import launch_local_node, make_start_task
@@ -108,6 +110,7 @@ class ClassicLauncher:
             nodes_rdd = self.sc.parallelize(range(n), n).barrier().mapPartitionsWithIndex(start_fn)
             start_job = runtime.run_job("start", f"tfos start: {format_template(plan.template)}", nodes_rdd.collect)
             _await_registration(runtime, start_job, plan.input_mode, deadline)
+            runtime.start_monitor(plan.stall_timeout_s, plan.stall_action, scalar_writer(config))
         except BaseException:
             if not runtime.closed:
                 runtime.teardown(failed=True)
@@ -214,7 +217,9 @@ class ClassicBackend:
         """The progress line of the job of ``kind`` just started (None when off)."""
         if not self.progress or os.environ.get("TFOS_PROGRESS", "1") == "0" or _node_output.spark_shows_progress(self.sc):
             return None
-        return Progress(self.sc.statusTracker(), self.state, self.runtime.job_group(kind), total, parts, epochs, desc)
+        monitor = self.runtime.monitor
+        return Progress(self.sc.statusTracker(), self.state, self.runtime.job_group(kind), total, parts, epochs, desc,
+                        monitor.mark if monitor is not None else str)
 
     def _feed_ids(self) -> list[int]:
         return [n.executor_id for n in self.nodes() if n.role.feedable]

@@ -18,9 +18,11 @@ from typing import Any, Callable, Optional, Sequence
 
 from tfos._common.deadline import Deadline
 from tfos._control.limits import heartbeat_interval_s
+from tfos._driver import remedies
 from tfos._driver import streaming as _streaming
 from tfos._driver.backend import ClusterPlan, Launcher
 from tfos._driver.lifecycle import Controller, Lifecycle
+from tfos._driver.monitor import STALL_TIMEOUT_S, check_stall_args, summary_text
 from tfos._driver.task_world import pickle_payload
 from tfos.cluster_template import InputMode, build_cluster_spec, build_template, roles_from_template
 from tfos.errors import ClusterFailedError, ConfigurationError, check_num_epochs
@@ -166,6 +168,71 @@ class TFCluster:
         if self._ctl.state.terminal:  # what the last attempt's TensorBoard reported
             return self._ctl.backend.tensorboard_url(timeout_s)
         return self._ctl.call("tensorboard_url()", lambda backend: backend.tensorboard_url(timeout_s))
+
+    # ----------------------------------------------------------------- status
+    def _monitor(self, what: str) -> Any:
+        runtime = getattr(self._ctl.backend, "runtime", None)
+        if runtime is None or runtime.monitor is None:
+            raise ConfigurationError(f"{what}: the nodes' figures are not kept under Spark Connect (docs/status.md)")
+        return runtime.monitor
+
+    def status(self) -> dict:
+        """The nodes' live figures and the bottleneck verdict, as plain data (driver; safe
+        to call from another thread while ``train()`` runs). Figures are at most one
+        long-poll old (about 1 s); rates and shares cover each node's last 10 s.
+
+        Returns:
+            ``{"cluster_id", "attempt", "state", "elapsed_s", "verdict"`` ('producer',
+            'feed', 'compute', 'skew' or 'none'), ``"verdict_nodes"`` (node names such
+            as 'worker:1'), ``"verdict_text"``, ``"verdicts_held_s"`` ({verdict: seconds}),
+            ``"last_stall"`` (the last stall report, '' before any), ``"nodes"``: one dict
+            per node with node, executor_id, job_name, task_index, host, state, rows,
+            rows_per_s, feed_wait_share (0..1), feed_waiting_s, queue_fill (0..1), steps
+            and steps_per_s (Keras; None without), cpu_s, cpu_share (cores), rss_bytes,
+            heartbeat_age_s, idle_s (seconds without progress), class (the node's own
+            verdict), named}``. Window figures are None until a node sent 3 s of them.
+            Fields and verdicts: docs/status.md.
+
+        Raises:
+            ConfigurationError: Under Spark Connect.
+        """
+        out = self._monitor("status()").status()
+        out.update(attempt=self.attempt, state=self.state.value)
+        return out
+
+    def stacks(self, timeout_s: float = 5.0) -> dict[str, str]:
+        """The Python stacks of every thread of every running node's TF process (driver).
+
+        Args:
+            timeout_s: Longest wait for each node's answer, in seconds (at most 10).
+
+        Returns:
+            ``{node name: text}`` (e.g. ``{"worker:1": "Threads of the TF process on
+            worker:1 ..."}``); '' for a node that did not answer in time (e.g. a C call
+            holding the GIL) or whose process ended.
+
+        Raises:
+            ConfigurationError: Under Spark Connect, or a ``timeout_s`` that is not > 0.
+        """
+        _check_seconds("stacks(): timeout_s", timeout_s)
+        return self._monitor("stacks()").stacks(float(timeout_s))
+
+    def summary(self) -> dict:
+        """Per node over the last attempt: rows, rows/s, feed-wait share, Keras steps, CPU
+        seconds; the verdict that held longest and the restarts (driver). Also logged at
+        INFO by ``shutdown()``.
+
+        Returns:
+            ``{"cluster_id", "restarts", "elapsed_s", "verdict", "verdicts_held_s",
+            "last_stall", "nodes": [{node, executor_id, rows, rows_per_s,
+            feed_wait_share, steps, cpu_s, seconds}]}`` (docs/status.md "After the run").
+
+        Raises:
+            ConfigurationError: Under Spark Connect.
+        """
+        out = self._monitor("summary()").summary()
+        out["restarts"] = self.attempt
+        return out
 
     # ---------------------------------------------------------------- feeding
     def _check_open(self, what: str) -> None:
@@ -341,6 +408,9 @@ class TFCluster:
         # nodes still get ``timeout`` to see the end of the feed and return.
         deadline = Deadline(timeout, "main_fun to return on every chief/master/worker node", "a main_fun that never ends (e.g. waiting for data after terminate())")
         self._ctl.shutdown(deadline, float(grace_secs))
+        runtime = getattr(self._ctl.backend, "runtime", None)
+        if runtime is not None and runtime.monitor is not None:
+            log.info("%s", summary_text(self.summary()))
 
     def __enter__(self) -> "TFCluster":
         return self
@@ -386,6 +456,8 @@ def run(
     executor_wait_s: float = 60.0,
     handle_sigterm: bool = True,
     max_restarts: int = 0,
+    stall_timeout: float = STALL_TIMEOUT_S,
+    stall_action: str = "warn",
 ) -> TFCluster:
     """Starts a TensorFlow cluster on Spark executors and runs ``map_fun`` on every node (driver).
 
@@ -443,12 +515,21 @@ def run(
             ``train()`` resumes the feed at the first epoch not consumed in full (rows
             can be fed twice, none is lost); ``inference()`` re-runs only the partitions
             whose results were not returned (under Spark Connect: all of them).
+        stall_timeout: Seconds a chief/master/worker node may make no progress (no row
+            taken, no Keras step, no CPU, main_fun outside the feed) before the driver
+            logs one WARNING naming it, what it last did, every thread's stack of its TF
+            process and the nodes waiting on it (docs/status.md "Where is it stuck?").
+            0: off. Default 600.
+        stall_action: 'warn' (default): only that WARNING. 'fail': the cluster fails
+            instead, and ``train()``/``shutdown()`` raise a ``ClusterFailedError`` with
+            the same text (a restart follows when ``max_restarts`` allows one).
 
     Returns:
         The running :class:`TFCluster`.
 
     Raises:
-        ConfigurationError: Bad arguments or Spark configuration (dynamic allocation, more
+        ConfigurationError: A master URL Spark cannot parse (checked first; the message names
+            it and lists the forms Spark accepts), bad arguments or Spark configuration (dynamic allocation, more
             than one task slot per executor, too few executors or slots; see
             docs/deploy.md), before anything is launched.
         ReservationTimeoutError: Not every node registered within ``reservation_timeout``.
@@ -457,9 +538,16 @@ def run(
     """
     from tfos._connect.client import is_connect_session
 
+    if not is_connect_session(sc):  # before anything else (a Connect server's master is its own)
+        master = getattr(sc, "master", None)
+        if master is None and hasattr(sc, "sparkContext"):
+            master = sc.sparkContext.master
+        if master is not None:
+            remedies.check_master_url(master)
     _check_seconds("reservation_timeout", reservation_timeout)
     _check_seconds("heartbeat_timeout", heartbeat_timeout)
     _check_seconds("executor_wait_s", executor_wait_s, allow_zero=True)
+    stall_timeout_s, stall_action = check_stall_args(stall_timeout, stall_action)
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
         raise ConfigurationError(f"max_restarts must be an integer >= 0, got {max_restarts!r}")
     input_mode, queues, payload = _check_args(map_fun, tf_args, input_mode, queues)
@@ -469,6 +557,7 @@ def run(
         base_id=f"tfos-{uuid.uuid4().hex[:12]}", template=template, roles=roles,
         input_mode=input_mode, payload=payload, reservation_timeout_s=float(reservation_timeout),
         executor_wait_s=float(executor_wait_s), driver_ps_nodes=bool(driver_ps_nodes), progress=progress,
+        stall_timeout_s=stall_timeout_s, stall_action=stall_action,
         settings=dict(
             heartbeat_interval_s=heartbeat_interval_s(len(roles), heartbeat_timeout), heartbeat_timeout_s=float(heartbeat_timeout),
             reservation_timeout_s=float(reservation_timeout), release_port=release_port, queues=queues,

@@ -23,16 +23,102 @@ Used by :mod:`tfos._driver.spark_checks` (driver) and :mod:`tfos.spark_auth`.
 
 from __future__ import annotations
 
+import difflib
 import re
 from typing import Optional
 
-__all__ = ["LOCAL_MASTER", "LOCAL_CLUSTER_MASTER", "master_kind", "local_cluster_parts", "executors_setting", "one_slot_remedy", "more_executors_remedy",
+from tfos.errors import ConfigurationError
+
+__all__ = ["LOCAL_MASTER", "LOCAL_CLUSTER_MASTER", "MASTER_FORMS", "check_master_url", "master_kind", "local_cluster_parts", "executors_setting", "one_slot_remedy", "more_executors_remedy",
            "gpu_hint", "auth_remedy"]
 
 #: ``local``, ``local[N]``, ``local[*]``, ``local[N,F]`` (group 1: N or ``*``).
 LOCAL_MASTER = re.compile(r"^local(?:\[(\*|\d+)(?:\s*,\s*\d+)?\])?$")
 #: ``local-cluster[E,C,M]`` (groups: workers, cores per worker, MB per worker).
 LOCAL_CLUSTER_MASTER = re.compile(r"^local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*(\d+)\s*\]$")
+
+
+#: The master URLs Spark itself accepts (``SparkContext``'s task scheduler and its YARN and
+#: Kubernetes cluster managers), as its documentation writes them.
+MASTER_FORMS = (
+    "local", "local[N]", "local[*]", "local[N,F]", "local[*,F]", "local-cluster[E,C,M]",
+    "spark://HOST:PORT (several HOST:PORT, comma-separated, for a standby master)", "yarn", "k8s://HOST:PORT",
+)
+
+
+def _builtin_kind(master: str) -> Optional[str]:
+    """The kind of ``master`` when it is one of Spark's own forms, exactly as Spark matches
+    them (case-sensitive, no spaces around the URL), else None (pure)."""
+    if LOCAL_MASTER.fullmatch(master):
+        return "local"
+    if LOCAL_CLUSTER_MASTER.fullmatch(master):
+        return "local-cluster"
+    if master.startswith("spark://"):
+        return "standalone"
+    if master == "yarn":
+        return "yarn"
+    if master.startswith("k8s"):
+        return "k8s"
+    return None
+
+
+def _suggestion(master: str) -> Optional[str]:
+    """A close URL of one of Spark's forms (``local-cluser[2,1,1024]`` -> ``local-cluster[2,1,1024]``), or None (pure)."""
+    text = master.strip().replace(" ", "")
+    low = text.lower()
+    candidates = [low, low + "]"]
+    head, bracket, tail = low.partition("[")
+    close = difflib.get_close_matches(head, ["local", "local-cluster"], n=1, cutoff=0.7)
+    if bracket and close:
+        candidates += [close[0] + "[" + tail, close[0] + "[" + tail + "]"]
+    for scheme in ("spark", "k8s"):
+        if low.startswith(scheme + ":") and not low.startswith(scheme + "://"):
+            candidates.append(scheme + "://" + low[len(scheme) + 1:].lstrip("/"))
+    if not bracket:
+        candidates += difflib.get_close_matches(low, ["yarn", "local"], n=1, cutoff=0.8)
+    return next((c for c in candidates if c != master and _builtin_kind(c)), None)
+
+
+def check_master_url(master: str) -> str:
+    """Checks a Spark master URL as Spark parses it; returns its kind (pure).
+
+    A URL that none of Spark's own forms (:data:`MASTER_FORMS`) matches but that is meant as
+    one of them (it starts with ``local``, ``spark``, ``yarn`` or ``k8s`` in any case, holds
+    a bracket, is empty, or has spaces around it) is refused with Spark's own words, never
+    taken for another kind of master. Any other URL is left to a cluster manager plugin
+    (kind ``'other'``), as Spark does.
+
+    Args:
+        master: The master URL, as given to ``SparkSession.builder.master()`` or
+            ``spark-submit --master``.
+
+    Returns:
+        ``'local'``, ``'local-cluster'``, ``'standalone'``, ``'yarn'``, ``'k8s'`` or ``'other'``.
+
+    Raises:
+        ConfigurationError: ``master`` is not a string, or Spark could not parse it: the
+            message names the URL, lists the forms Spark accepts and, when one is close,
+            suggests it.
+    """
+    if not isinstance(master, str):
+        raise ConfigurationError(f"the Spark master URL must be a string, got {master!r}")
+    kind = _builtin_kind(master)
+    if kind is not None:
+        return kind
+    low = master.lower()
+    meant_builtin = (not master.strip() or master != master.strip() or "[" in master or "]" in master
+                     or low.startswith(("local", "spark", "yarn", "k8s", "sc://")))
+    if not meant_builtin:
+        return "other"
+    hint = _suggestion(master)
+    if low.startswith("sc://"):
+        hint_text = ". A Spark Connect URL goes to SparkSession.builder.remote(), not master() (docs/connect.md)"
+    else:
+        hint_text = f". Did you mean {hint!r}?" if hint else ""
+    raise ConfigurationError(
+        f"Could not parse Master URL: {master!r} (Spark refuses it the same way). Spark accepts "
+        f"{', '.join(MASTER_FORMS)}; master URLs are case-sensitive, without spaces around them{hint_text}"
+    )
 
 
 def master_kind(master: str) -> str:

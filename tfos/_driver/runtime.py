@@ -23,6 +23,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from tfos._control.server import ControlServer
 from tfos._driver.console import BarConsole
+from tfos._driver.monitor import StatusMonitor
 from tfos._driver.open_clusters import any_open
 from tfos._driver.state import ClusterState
 from tfos._node import output as _node_output
@@ -237,9 +238,18 @@ class ClusterRuntime:
         self._liveness_stop = threading.Event()
         self._teardown_thread: Optional[threading.Thread] = None
         self._torn_down = threading.Event()
+        #: The attempt's status monitor (docs/status.md), once :meth:`start_monitor` ran.
+        self.monitor: Optional[StatusMonitor] = None
         install_py4j_redaction()
         _node_output.note_spark_bar(_node_output.spark_shows_progress(sc))
         threading.Thread(target=self._liveness_loop, name=f"{cluster_id}-liveness", daemon=True).start()
+
+    def start_monitor(self, stall_timeout_s: float, stall_action: str, scalars: Any = None) -> StatusMonitor:
+        """Starts the attempt's status monitor (live figures, verdict, stall watch)."""
+        monitor = StatusMonitor(self.state, stall_timeout_s, stall_action, scalars)
+        monitor.feeding = lambda: any(not j.done.is_set() and ("-train-" in j.group or "-inference-" in j.group) for j in self.jobs)
+        self.monitor = monitor.start()
+        return monitor
 
     @property
     def closed(self) -> bool:
@@ -450,6 +460,8 @@ class ClusterRuntime:
                 if proc.stdin is not None:
                     proc.stdin.close()
             self._liveness_stop.set()
+            if self.monitor is not None:
+                self.monitor.stop()  # a last read of the figures, for the summary
             self.server.close()
             self._torn_down.set()
         # main_fun's accumulator updates count once, for an attempt that ended well (a
@@ -471,9 +483,11 @@ class Progress:
     record while it is shown; elsewhere the bar is written as whole lines, one per 10 s.
     """
 
-    def __init__(self, tracker: Any, state: ClusterState, group: str, total: int, parts: int, epochs: int, desc: str):
+    def __init__(self, tracker: Any, state: ClusterState, group: str, total: int, parts: int, epochs: int, desc: str,
+                 verdict: Callable[[], str] = str):
         from tqdm import tqdm
 
+        self._verdict = verdict  # the status monitor's bottleneck, a few characters (docs/status.md)
         self._tracker, self._state, self._group = tracker, state, group
         self._total, self._parts, self._epochs = total, parts, epochs
         self._console = BarConsole(sys.stderr, interval_s=10.0)
@@ -496,7 +510,8 @@ class Progress:
         rows = self._state.rows_consumed() - self._rows0
         rate = rows / max(1e-6, time.monotonic() - self._t0)
         epoch = min(self._epochs, done // max(1, self._parts) + 1)
-        self._bar.set_postfix_str(f"epoch {epoch}/{self._epochs}, {rows:,} rows, {rate:,.0f} rows/s", refresh=False)
+        mark = self._verdict()
+        self._bar.set_postfix_str(f"epoch {epoch}/{self._epochs}, {rows:,} rows, {rate:,.0f} rows/s{', ' + mark if mark else ''}", refresh=False)
         self._bar.update(done - self._bar.n)
 
     def update(self) -> None:

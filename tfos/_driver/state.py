@@ -162,6 +162,7 @@ class ClusterState:
         #: latest answer, (request number, text): a feed task that timed out asks for the
         #: stack of main_fun's thread to put in its FeedTimeoutError.
         self._stack_asked: dict[int, int] = {}
+        self._stack_all: dict[int, bool] = {}  # the last request asks for every thread
         self._stacks: dict[int, tuple[int, str]] = {}
         #: Counter reports asked of every node so far (``report`` in wait_event answers).
         self._report_asked = 0
@@ -814,6 +815,8 @@ class ClusterState:
         def current() -> dict:
             d = self._directives()
             d["stack"] = self._stack_asked.get(eid, 0)
+            if self._stack_all.get(eid):
+                d["stack_all"] = True
             if self._report_asked:
                 d["report"] = self._report_asked
             return d
@@ -878,6 +881,7 @@ class ClusterState:
         with self._cond:
             seq = self._stack_asked.get(eid, 0) + 1
             self._stack_asked[eid] = seq
+            self._stack_all[eid] = msg.all_threads
             self._notify(node_topic(eid))
 
         def ready() -> Optional[dict]:

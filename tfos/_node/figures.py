@@ -10,6 +10,8 @@ the control channel as JSON unchanged. See docs/architecture.md, "Control plane"
 from __future__ import annotations
 
 import threading
+import time
+from typing import Any, Optional
 
 
 class NodeFigures:
@@ -39,6 +41,23 @@ class NodeFigures:
         with self._lock:
             return self._values.get(name, default)
 
+    def wait_begin(self, name: str) -> None:
+        """Marks the start of a wait: ``<name>_since_ms`` = now (monotonic ms), so the
+        driver sees a wait that never ends (a feed that stopped) as it grows."""
+        now = int(time.monotonic() * 1000)
+        with self._lock:
+            self._values[name + "_since_ms"] = now
+
+    def wait_end(self, name: str) -> None:
+        """Ends the wait :meth:`wait_begin` marked: adds its milliseconds to
+        ``<name>_ms`` and sets ``<name>_since_ms`` back to 0."""
+        now = int(time.monotonic() * 1000)
+        with self._lock:
+            since = self._values.get(name + "_since_ms", 0)
+            if since:
+                self._values[name + "_ms"] = self._values.get(name + "_ms", 0) + now - since
+                self._values[name + "_since_ms"] = 0
+
     def snapshot(self) -> dict[str, int]:
         """A copy of every counter, for one control message."""
         with self._lock:
@@ -52,3 +71,24 @@ class NodeFigures:
 
 #: The TF process's figures (one ``main_fun`` per process).
 FIGURES = NodeFigures()
+
+
+def live_snapshot(hub: Optional[Any] = None) -> dict[str, int]:
+    """:data:`FIGURES` plus the gauges sampled now, for one long-poll (TF process).
+
+    Added: ``clock_ms`` (this process's monotonic clock, so the driver computes rates
+    over the node's own time), ``cpu_ms`` (CPU time of every thread of the TF process),
+    and with a data server ``rows`` (rows handed to main_fun), ``queue_chunks`` (chunks
+    waiting in the fullest input queue now) and ``queue_capacity`` (its bound).
+    """
+    out = FIGURES.snapshot()
+    out["clock_ms"] = int(time.monotonic() * 1000)
+    out["cpu_ms"] = int(time.process_time() * 1000)
+    if hub is not None:
+        out["rows"] = int(hub.rows_taken)
+        queues = list(getattr(hub, "queues", {}).values())
+        out["queue_chunks"] = max((q.qsize() for q in queues), default=0)
+        out["queue_capacity"] = max((q.maxsize for q in queues), default=0)
+    else:
+        out["rows"] = 0
+    return out

@@ -373,3 +373,15 @@ class _TrainerImportHook(importlib.abc.MetaPathFinder):
                     spec.loader = _PatchingLoader(spec.loader)
                 return spec
         return None
+
+
+def default_legacy_keras(driver_value: Optional[str]) -> None:
+    """Forwards the driver's ``TF_USE_LEGACY_KERAS`` before ``main_fun`` imports TensorFlow (TF process).
+
+    The node's own environment (e.g. ``spark.executorEnv.TF_USE_LEGACY_KERAS``) wins, then
+    the driver's value. Unset on both, nothing is set: ``tf.keras`` is Keras 3, TensorFlow's
+    default, as is ``import keras``; ``TF_USE_LEGACY_KERAS=1`` makes ``tf.keras`` Keras 2
+    (``tf_keras``), as TFoS programs expect.
+    """
+    if "TF_USE_LEGACY_KERAS" not in os.environ and driver_value is not None:
+        os.environ["TF_USE_LEGACY_KERAS"] = driver_value

@@ -14,7 +14,6 @@ Steps, in order:
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import signal
@@ -35,9 +34,9 @@ from tfos._data import local_socket as _local
 from tfos._data.feed_hub import FeedHub
 from tfos._node import keras3_fix
 from tfos._node import task_world as _task_world
-from tfos._node.address_space import memory_limit_note
-from tfos._node.figures import FIGURES
+from tfos._node.figures import live_snapshot
 from tfos._node.launch import NodeLaunch
+from tfos._node.node_failure import after_abort, node_failure
 from tfos._node.output import (
     OUTPUT_MARK_ENV,
     TF_LOG_LEVEL_DEFAULT,
@@ -45,16 +44,18 @@ from tfos._node.output import (
     write_failure_marks,
     write_finished_marks,
 )
+from tfos._node.preimport import FEED_MODULES, await_preimport, preimport_async
+from tfos._node.stacks import thread_stacks
 from tfos._node.start_task import read_launch, setup_process_logging, watch_stdin_eof
+from tfos._node.tensorboard import start_tensorboard
 from tfos.cluster_template import InputMode, NodeInfo, tf_config_json
 from tfos.errors import ControlProtocolError, DeadlineExceededError, NodeFailure, ReservationTimeoutError
-from tfos.node_context import TFNodeContext, absolute_path
+from tfos.node_context import TFNodeContext
 
 # Run as ``python -m``: __name__ is "__main__" there, outside the 'tfos' logger and its
 # handler (its records went to stderr bare, its INFO lines nowhere); __spec__ has the real name.
 log = logging.getLogger(__spec__.name if __name__ == "__main__" and __spec__ is not None else __name__)
 
-_MAX_TRACEBACK_CHARS = 60000
 _REQ_ERRORS = (OSError, ControlProtocolError, DeadlineExceededError)
 
 
@@ -79,97 +80,6 @@ def reserve_port(host: str = "") -> socket.socket:
     except OSError:  # not an address of this host (NAT, a name resolving elsewhere)
         s.bind(("", 0))
     return s
-
-
-#: The module run as TensorBoard (``python -m <module>``).
-_TENSORBOARD_MODULE = "tensorboard.main"
-#: Seconds TensorBoard gets to listen on its port.
-_TENSORBOARD_START_S = 90.0
-#: Characters of a failed TensorBoard's stderr sent to the driver (its end).
-_TENSORBOARD_STDERR_CHARS = 4000
-
-
-def _start_tensorboard(launch: NodeLaunch, ctx: TFNodeContext, client: ControlClient) -> Optional[subprocess.Popen]:
-    """Starts TensorBoard and, from a thread, reports its URL to the driver once it listens,
-    or its stderr when it exits (or never listens) first (TF process)."""
-    cfg = launch.config
-    # Default: 'tensorboard_<id>' in the executor's own directory (TFoS), where a main_fun that
-    # writes to that relative path puts its summaries (ctx.working_dir is the driver's). A
-    # log_dir given to run() resolves as ctx.absolute_path does (a relative one under the
-    # driver's working directory), so main_fun can write to ctx.absolute_path(log_dir).
-    if cfg.log_dir:
-        logdir = absolute_path(cfg.log_dir, cfg.default_fs, cfg.driver_working_dir or launch.working_dir)
-    else:
-        logdir = absolute_path(f"tensorboard_{launch.role.executor_id}", cfg.default_fs, launch.working_dir)
-    if logdir.startswith("file://"):
-        logdir = logdir[len("file://"):]
-    with socket.socket() as s:
-        s.bind((launch.host, 0))
-        port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", _TENSORBOARD_MODULE, "--logdir", logdir, "--port", str(port), "--host", launch.host]
-    eid = launch.role.executor_id
-
-    def _report_error(text: str) -> None:
-        log.error("TensorBoard did not start: %s", text)
-        try:
-            client.request("tensorboard", executor_id=eid, url="", error=text, timeout_s=10.0)
-        except _REQ_ERRORS as exc:
-            log.warning("could not report the TensorBoard failure: %s", exc)
-
-    # stderr goes to an unnamed temporary file: read back when TensorBoard fails, never
-    # a pipe that a chatty TensorBoard could fill.
-    import tempfile
-
-    err_file = tempfile.TemporaryFile()
-    try:
-        # No preexec_fn (unsafe in a threaded process): TensorBoard stays in the TF process's
-        # process group, which the supervisor kills when the node ends (_supervisor._end_group).
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err_file, close_fds=True)
-    except OSError as exc:
-        err_file.close()
-        _report_error(f"could not run {' '.join(cmd[:3])}: {exc}")
-        return None
-    url = f"http://{launch.host}:{port}/"
-
-    def _stderr_tail() -> str:
-        try:
-            err_file.seek(0, os.SEEK_END)
-            size = err_file.tell()
-            err_file.seek(max(0, size - _TENSORBOARD_STDERR_CHARS))
-            return err_file.read().decode("utf-8", "replace").strip()
-        except (OSError, ValueError):
-            return ""
-
-    def _wait_ready() -> None:
-        deadline = Deadline(_TENSORBOARD_START_S, "TensorBoard to listen")
-        while not deadline.expired() and proc.poll() is None:
-            try:
-                with socket.create_connection((launch.host, port), timeout=1.0):
-                    break
-            except OSError:
-                time.sleep(0.5)
-        code = proc.poll()
-        if code is not None or deadline.expired():
-            what = f"exited with {code}" if code is not None else f"not listening on port {port} after {_TENSORBOARD_START_S:g} s"
-            _report_error(f"{' '.join(cmd)} {what}; its stderr:\n{_stderr_tail() or '(empty)'}")
-            err_file.close()
-            return
-        try:
-            client.request("tensorboard", executor_id=eid, url=url, timeout_s=10.0)
-        except _REQ_ERRORS as exc:
-            log.warning("could not report the TensorBoard URL: %s", exc)
-        err_file.close()  # TensorBoard keeps its own descriptor; the file vanishes with it
-
-    threading.Thread(target=_wait_ready, name="tfos-tensorboard", daemon=True).start()
-    return proc
-
-
-def _exc_text(exc: BaseException) -> str:
-    """``str(exc)``, or what Python's traceback module shows when that raises (pure)."""
-    try:
-        return str(exc)
-    except Exception:  # noqa: BLE001 - a broken __str__ must not lose the failure report
-        return f"<exception str() failed> (its {type(exc).__name__}.__str__ raised)"
 
 
 def _tf_server_started() -> bool:
@@ -197,103 +107,122 @@ def _coordination_leader(role) -> bool:
     return bool(leader) and leader == f"/job:{role.job_name}/replica:0/task:{role.task_index}"
 
 
-def _failure(launch: NodeLaunch, exc: BaseException) -> NodeFailure:
-    r = launch.role
-    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    if len(tb) > _MAX_TRACEBACK_CHARS:
-        tb = tb[: _MAX_TRACEBACK_CHARS // 2] + "\n...\n" + tb[-_MAX_TRACEBACK_CHARS // 2 :]
-    # A tfos error raised by the feed inside tf.data reaches main_fun wrapped in a
-    # TensorFlow error (InvalidArgumentError, with TF's function names and blank lines
-    # around it): the node reports the tfos error; the traceback keeps both.
-    from tfos._data.tfdata import unwrap_tf_data_error
-
-    shown = unwrap_tf_data_error(exc) or exc
-    msg = _exc_text(shown)
-    if len(msg) > 4000:
-        msg = msg[:4000] + "... [truncated]"
-    msg += memory_limit_note(exc)  # names RLIMIT_AS and spark.executor.pyspark.memory when they caused it
-    return NodeFailure(r.executor_id, r.job_name, r.task_index, launch.host, "exception", type(shown).__name__, msg, tb)
-
-
-def _after_abort(failure: NodeFailure, reason: str) -> NodeFailure:
-    """What a ``main_fun`` failing after the driver's abort cut its feed off reports (TF
-    process): a ``FeedAbortedError``, a consequence of the abort and never a root cause that
-    would hide the failure that caused it. ``tf.data`` wraps the feed's FeedAbortedError in
-    a ``tf.errors.UnknownError``, and a ``main_fun`` may catch it and raise its own error;
-    the message keeps what was raised, the traceback is unchanged."""
-    if failure.error_type == "FeedAbortedError":
-        return failure
-    return dataclasses.replace(
-        failure, error_type="FeedAbortedError",
-        message=f"after the cluster aborted ({reason}), main_fun raised {failure.error_type}: {failure.message}",
-    )
-
-
-# --- Keras flavour default (docs/migration.md "Keras") ---------------------------------------
-def _default_legacy_keras(driver_value: Optional[str]) -> None:
-    """Forwards the driver's ``TF_USE_LEGACY_KERAS`` before ``main_fun`` imports TensorFlow (TF process).
-
-    The node's own environment (e.g. ``spark.executorEnv.TF_USE_LEGACY_KERAS``) wins, then
-    the driver's value. Unset on both, nothing is set: ``tf.keras`` is Keras 3, TensorFlow's
-    default, as is ``import keras``; ``TF_USE_LEGACY_KERAS=1`` makes ``tf.keras`` Keras 2
-    (``tf_keras``), as TFoS programs expect.
-    """
-    if "TF_USE_LEGACY_KERAS" not in os.environ and driver_value is not None:
-        os.environ["TF_USE_LEGACY_KERAS"] = driver_value
-# --- end Keras flavour default --------------------------------------------------------------
-
-
 def run_node(launch: NodeLaunch) -> int:
     """Runs one node in this process; returns the exit code (TF process)."""
-    cfg = launch.config
-    role = launch.role
-    eid = role.executor_id
-    # One connection for every thread of this process (main_fun's reports, the directive
-    # poll, the data server's questions, TensorBoard's report): requests are answered in
-    # any order, so the long-poll holds up nothing.
-    client = ControlClient(cfg.driver_host, cfg.driver_port, cfg.key, cfg.cluster_id)
-    hub: Optional[FeedHub] = None
-    stop_event = threading.Event()
-    main_done = threading.Event()
-    code = 0
-    tb_proc: Optional[subprocess.Popen] = None
-    preimport: Optional[threading.Thread] = None
-    sock_dir: "Optional[_local.SocketDir]" = None
-    try:
-        port_sock = reserve_port(launch.host)
-        if cfg.input_mode == InputMode.SPARK and role.feedable:
-            sock_dir = _local.SocketDir.adopt(launch.feed_socket_dir) if launch.feed_socket_dir else None
-            hub = FeedHub(launch.host, cfg.key, cfg.queues, cfg.queue_chunks, launch.node_name,
-                          local_socket=sock_dir is not None, socket_dir=sock_dir)
-            hub.data_timeout_s = cfg.data_timeout_s
-            hub.ask_driver = lambda msg_type, **fields: client.request(msg_type, timeout_s=10.0, **fields)
-            preimport = _preimport_async(_FEED_MODULES, launch.node_name)
-        me = NodeInfo(eid, role.job_name, role.task_index, launch.host, port_sock.getsockname()[1], hub.port if hub else 0, os.getpid(), launch.executor_key,
-                      hub.path if hub else "")
-        if hub is not None:
-            hub.identity = node_identity(me)  # data handshakes prove the task meant to reach this node
+    return _NodeRun(launch).run()
+
+
+class _NodeRun:
+    """One node's run in this process, step by step (TF process; see the module docstring)."""
+
+    def __init__(self, launch: NodeLaunch):
+        self.launch = launch
+        self.cfg = launch.config
+        self.role = launch.role
+        self.eid = launch.role.executor_id
+        # One connection for every thread of this process (main_fun's reports, the directive
+        # poll, the data server's questions, TensorBoard's report): requests are answered in
+        # any order, so the long-poll holds up nothing.
+        self.client = ControlClient(self.cfg.driver_host, self.cfg.driver_port, self.cfg.key, self.cfg.cluster_id)
+        self.hub: Optional[FeedHub] = None
+        self.stop_event = threading.Event()
+        self.main_done = threading.Event()
+        self.tb_proc: Optional[subprocess.Popen] = None
+        self.sock_dir: "Optional[_local.SocketDir]" = None
+
+    def run(self) -> int:
+        launch, cfg, role, client = self.launch, self.cfg, self.role, self.client
+        try:
+            port_sock = reserve_port(launch.host)
+            preimport = self._start_feed()
+            hub = self.hub
+            me = NodeInfo(self.eid, role.job_name, role.task_index, launch.host, port_sock.getsockname()[1],
+                          hub.port if hub else 0, os.getpid(), launch.executor_key, hub.path if hub else "")
+            if hub is not None:
+                hub.identity = node_identity(me)  # data handshakes prove the task meant to reach this node
+            spec = self._join(me)
+            if spec is None:
+                return 0
+            await_preimport(preimport, launch.node_name)  # before TensorBoard's and main_fun's subprocesses
+            os.environ["TF_CONFIG"] = tf_config_json(spec, role.job_name, role.task_index)
+            if launch.cuda_visible_devices is not None:
+                os.environ["CUDA_VISIBLE_DEVICES"] = launch.cuda_visible_devices
+            ctx = self._context(spec, port_sock, me.port)
+            main_thread = threading.current_thread()  # main_fun runs in this thread
+
+            def _stack(all_threads: bool = False) -> str:
+                main = "" if self.main_done.is_set() else main_fun_stack(main_thread, launch.node_name)
+                if all_threads:  # the driver's stall watch and cluster.stacks()
+                    return thread_stacks(launch.node_name, main_thread, main)
+                return main
+
+            threading.Thread(target=_event_loop, args=(client, self.eid, hub, self.stop_event, self._on_stop, _stack,
+                                                       event_poll_s(cfg.num_nodes)), name="tfos-events", daemon=True).start()
+            if cfg.hosts_tensorboard(role):
+                self.tb_proc = start_tensorboard(launch, ctx, client)
+            client.request("status", executor_id=self.eid, state="running", timeout_s=10.0)
+            if cfg.release_port:
+                ctx.release_port()
+            keras3_fix.default_legacy_keras(cfg.tf_use_legacy_keras)
+            keras3_fix.install(cfg.keras3_fix)  # applied when main_fun imports Keras 3 (docs/keras.md)
+            self._run_main(ctx)
+            self._linger()
+        except BaseException as exc:  # noqa: BLE001 - every failure is reported, then the process ends
+            self._fail(exc)
+            return 1
+        finally:
+            tb_proc = self.tb_proc
+            if tb_proc is not None and tb_proc.poll() is None:
+                tb_proc.terminate()
+                try:
+                    tb_proc.wait(5.0)
+                except subprocess.TimeoutExpired:
+                    tb_proc.kill()
+        return 0
+
+    def _start_feed(self) -> Optional[threading.Thread]:
+        """In InputMode.SPARK on a fed node: the data server, and the start-up imports of the
+        first chunk (the thread, or None)."""
+        launch, cfg, client = self.launch, self.cfg, self.client
+        if cfg.input_mode != InputMode.SPARK or not self.role.feedable:
+            return None
+        self.sock_dir = _local.SocketDir.adopt(launch.feed_socket_dir) if launch.feed_socket_dir else None
+        hub = self.hub = FeedHub(launch.host, cfg.key, cfg.queues, cfg.queue_chunks, launch.node_name,
+                                 local_socket=self.sock_dir is not None, socket_dir=self.sock_dir)
+        hub.data_timeout_s = cfg.data_timeout_s
+        hub.ask_driver = lambda msg_type, **fields: client.request(msg_type, timeout_s=10.0, **fields)
+        return preimport_async(FEED_MODULES, launch.node_name)
+
+    def _join(self, me: NodeInfo) -> Optional[dict[str, list[str]]]:
+        """Registers with the driver and waits for the whole cluster: its cluster spec, or
+        None when the node was not admitted or the cluster aborted meanwhile.
+
+        Raises:
+            ReservationTimeoutError: Not every node registered within the reservation timeout.
+        """
+        client, name = self.client, self.launch.node_name
         resp = client.call(_msg.Register(me), timeout_s=30.0)
         if not resp.get("ok"):
-            log.warning("tfos node %s not admitted: %s", launch.node_name, resp.get("abort"))
-            return 0
+            log.warning("tfos node %s not admitted: %s", name, resp.get("abort"))
+            return None
         deadline = Deadline(
-            cfg.reservation_timeout_s, "every node of the cluster to register",
+            self.cfg.reservation_timeout_s, "every node of the cluster to register",
             "too few free task slots, an executor busy with another job, or a node that failed to start",
         )
-        spec = None
-        while spec is None:
-            r = client.call(_msg.AwaitCluster(executor_id=eid, poll_s=5.0), timeout_s=30.0)
+        while True:
+            r = client.call(_msg.AwaitCluster(executor_id=self.eid, poll_s=5.0), timeout_s=30.0)
             if r.get("abort"):
-                log.warning("tfos node %s: cluster aborted while waiting: %s", launch.node_name, r["abort"])
-                return 0
+                log.warning("tfos node %s: cluster aborted while waiting: %s", name, r["abort"])
+                return None
             if r.get("ready"):
-                spec = cluster_spec_of(r.get("cluster_spec"))
-            elif deadline.expired():
+                return cluster_spec_of(r.get("cluster_spec"))
+            if deadline.expired():
                 raise deadline.error(ReservationTimeoutError, f"missing executor ids {r.get('missing')}")
-        _await_preimport(preimport, launch.node_name)  # before TensorBoard's and main_fun's subprocesses
-        os.environ["TF_CONFIG"] = tf_config_json(spec, role.job_name, role.task_index)
-        if launch.cuda_visible_devices is not None:
-            os.environ["CUDA_VISIBLE_DEVICES"] = launch.cuda_visible_devices
+
+    def _context(self, spec: dict[str, list[str]], port_sock: socket.socket, port: int) -> TFNodeContext:
+        """The ``ctx`` main_fun gets."""
+        launch, cfg, role, client, eid = self.launch, self.cfg, self.role, self.client, self.eid
+
         def _report_serving() -> None:
             # run_server_and_wait(): this node only serves now (shutdown() must not wait for it).
             client.request("status", executor_id=eid, state="serving", timeout_s=10.0)
@@ -302,48 +231,38 @@ def run_node(launch: NodeLaunch) -> int:
             # ctx.report_checkpoint(): where a restarted train() resumes its feed (idempotent).
             client.request("checkpoint", executor_id=eid, epochs=epochs, timeout_s=10.0)
 
-        ctx = TFNodeContext(
+        return TFNodeContext(
             executor_id=eid, job_name=role.job_name, task_index=role.task_index, cluster_spec=spec,
-            defaultFS=cfg.default_fs, working_dir=cfg.driver_working_dir or launch.working_dir, mgr=hub, tmp_socket=port_sock,
-            host=launch.host, port=me.port, stop_event=stop_event, on_serving=_report_serving,
+            defaultFS=cfg.default_fs, working_dir=cfg.driver_working_dir or launch.working_dir, mgr=self.hub,
+            tmp_socket=port_sock, host=launch.host, port=port, stop_event=self.stop_event, on_serving=_report_serving,
             attempt=launch.attempt, on_checkpoint=_report_checkpoint,
         )
 
-        def _on_stop() -> None:
-            if hub is not None:
-                hub.close_feed()  # a no-op after hub.abort(): readers get FeedAbortedError
-            if not main_done.is_set() and role.is_background:
-                # ps/evaluator main_funs block forever (server.join()): end the process.
-                report: dict = {"state": "stopped"}
-                try:
-                    _task_world.send_accumulator_updates(client, eid)  # a stop is their normal end
-                except Exception as exc:  # noqa: BLE001 - reported: never a silently missing update
-                    report = {"state": "failed", "failure": _failure(launch, exc).to_dict()}
-                try:
-                    client.request("status", executor_id=eid, timeout_s=5.0, **report)
-                except _REQ_ERRORS:
-                    pass
-                if tb_proc is not None:
-                    tb_proc.terminate()
-                _local.remove_socket_dir(sock_dir)  # as main() does when run_node returns
-                run_atexit_handlers()
-                _flush_std_streams()
-                os._exit(0)
+    def _on_stop(self) -> None:
+        """The driver's stop directive (event-loop thread)."""
+        if self.hub is not None:
+            self.hub.close_feed()  # a no-op after hub.abort(): readers get FeedAbortedError
+        if not self.main_done.is_set() and self.role.is_background:
+            # ps/evaluator main_funs block forever (server.join()): end the process.
+            report: dict = {"state": "stopped"}
+            try:
+                _task_world.send_accumulator_updates(self.client, self.eid)  # a stop is their normal end
+            except Exception as exc:  # noqa: BLE001 - reported: never a silently missing update
+                report = {"state": "failed", "failure": node_failure(self.launch, exc).to_dict()}
+            try:
+                self.client.request("status", executor_id=self.eid, timeout_s=5.0, **report)
+            except _REQ_ERRORS:
+                pass
+            if self.tb_proc is not None:
+                self.tb_proc.terminate()
+            _local.remove_socket_dir(self.sock_dir)  # as main() does when run_node returns
+            run_atexit_handlers()
+            _flush_std_streams()
+            os._exit(0)
 
-        main_thread = threading.current_thread()  # main_fun runs in this thread
-
-        def _stack() -> str:
-            return "" if main_done.is_set() else main_fun_stack(main_thread, launch.node_name)
-
-        threading.Thread(target=_event_loop, args=(client, eid, hub, stop_event, _on_stop, _stack, event_poll_s(cfg.num_nodes)),
-                         name="tfos-events", daemon=True).start()
-        if cfg.hosts_tensorboard(role):
-            tb_proc = _start_tensorboard(launch, ctx, client)
-        client.request("status", executor_id=eid, state="running", timeout_s=10.0)
-        if cfg.release_port:
-            ctx.release_port()
-        _default_legacy_keras(cfg.tf_use_legacy_keras)
-        keras3_fix.install(cfg.keras3_fix)  # applied when main_fun imports Keras 3 (docs/keras.md)
+    def _run_main(self, ctx: TFNodeContext) -> None:
+        """Runs main_fun and reports that it returned."""
+        launch, hub = self.launch, self.hub
         main_fun, tf_args = _task_world.load_payload(launch.fn_payload)  # from the local pipe, not the network
         log.info("tfos node %s: starting main_fun%s", launch.node_name, f" (attempt {launch.attempt})" if launch.attempt else "")
         try:
@@ -351,8 +270,8 @@ def run_node(launch: NodeLaunch) -> int:
         except SystemExit as exc:
             if exc.code not in (None, 0):
                 raise
-        main_done.set()
-        _task_world.send_accumulator_updates(client, eid)  # before 'finished': the driver applies them at shutdown
+        self.main_done.set()
+        _task_world.send_accumulator_updates(self.client, self.eid)  # before 'finished': the driver applies them at shutdown
         if hub is not None:
             hub.close("finished", f"main_fun on {launch.node_name} returned")
         # The queues main_fun terminated: feed tasks that find the data server gone then
@@ -362,33 +281,39 @@ def run_node(launch: NodeLaunch) -> int:
         # A forwarded node's supervisor reports it after the lines main_fun printed, so
         # the driver's "main_fun finished" line follows them.
         if not write_finished_marks(_OUTPUT_MARK, terminated, _OUTPUT_FDS):
-            client.request("status", executor_id=eid, state="finished", terminated=terminated, timeout_s=10.0)
+            self.client.request("status", executor_id=self.eid, state="finished", terminated=terminated, timeout_s=10.0)
+
+    def _linger(self) -> None:
+        """After main_fun returned: keeps the process up while it must serve the cluster."""
+        name = self.launch.node_name
         serving = _tf_server_started()
-        if _coordination_leader(role) and not stop_event.is_set():
+        if _coordination_leader(self.role) and not self.stop_event.is_set():
             # The other workers heartbeat to this process until they exit: it stays up until
             # the driver stops the cluster, after every main_fun returned (or a node failed).
             log.info("tfos node %s: main_fun returned; it leads TensorFlow's coordination service, "
-                     "so its process waits for the cluster to stop", launch.node_name)
-            stop_event.wait()
-        elif serving or (tb_proc is not None and tb_proc.poll() is None):
+                     "so its process waits for the cluster to stop", name)
+            self.stop_event.wait()
+        elif serving or (self.tb_proc is not None and self.tb_proc.poll() is None):
             # Keep TensorBoard, and a TF server main_fun started with start_cluster_server,
             # up until the driver stops the cluster (the supervisor ends this process if the
             # driver goes away): a TF1 peer may still be creating its session on this
             # node's server (it waits without end for every task of the cluster spec).
             if serving:
-                log.info("tfos node %s: main_fun returned; its TF server serves until the cluster stops", launch.node_name)
-            stop_event.wait()
-    except BaseException as exc:  # noqa: BLE001 - every failure is reported, then the process ends
+                log.info("tfos node %s: main_fun returned; its TF server serves until the cluster stops", name)
+            self.stop_event.wait()
+
+    def _fail(self, exc: BaseException) -> None:
+        """Reports the failure of this node (main_fun's or tfos's own)."""
+        launch, hub = self.launch, self.hub
         if isinstance(exc, BrokenPipeError) and (_SUPERVISOR_GONE.is_set() or _output_reader_gone()):
             # main_fun's print hit the pipes of a supervisor that just died: the supervisor
             # watch reports SupervisorDied (the root cause, not this) and ends this process;
             # only if it has not within the wait is this failure reported as main_fun's own.
             time.sleep(_SUPERVISOR_GONE_WAIT_S)
-        main_done.set()
-        code = 1
-        failure = _failure(launch, exc)
+        self.main_done.set()
+        failure = node_failure(launch, exc)
         if hub is not None and hub.aborted:
-            failure = _after_abort(failure, hub.aborted)
+            failure = after_abort(failure, hub.aborted)
         if hub is not None:
             hub.close("failed", f"main_fun on {launch.node_name} failed: {failure.error_type}: {failure.message}")
         log.error("tfos node %s failed:\n%s", launch.node_name, failure.traceback)
@@ -396,70 +321,9 @@ def run_node(launch: NodeLaunch) -> int:
         # printed before it, so the driver shows them before it raises.
         if not write_failure_marks(_OUTPUT_MARK, failure.to_dict(), _OUTPUT_FDS):
             try:
-                client.request("status", executor_id=eid, state="failed", failure=failure.to_dict(), timeout_s=10.0)
+                self.client.request("status", executor_id=self.eid, state="failed", failure=failure.to_dict(), timeout_s=10.0)
             except _REQ_ERRORS as rexc:
                 log.error("could not report the failure to the driver: %s", rexc)
-    finally:
-        if tb_proc is not None and tb_proc.poll() is None:
-            tb_proc.terminate()
-            try:
-                tb_proc.wait(5.0)
-            except subprocess.TimeoutExpired:
-                tb_proc.kill()
-    return code
-
-
-#: Modules decoding the first fed chunk imports (numpy for pickled batches, pyarrow for Arrow
-#: chunks of DataFrame feeds); a fed node imports them in the background during start-up,
-#: so the first chunk does not wait.
-_FEED_MODULES = ("numpy", "pyarrow")
-
-#: Longest wait, in seconds, for the start-up imports to finish before ``main_fun`` starts.
-PREIMPORT_WAIT_S = 60.0
-
-
-def _preimport_async(modules: tuple[str, ...], node_name: str) -> threading.Thread:
-    """Imports ``modules`` in a daemon thread while the node registers (TF process).
-
-    Overlaps the imports with registration and the wait for the full cluster, so the first
-    ``next_batch``/``as_dataset`` does not pay for them (pyarrow: about 0.3 s of CPU cold and
-    +27 MB RSS, see docs/performance.md). A module that is not installed is skipped (the
-    feed of such an input fails later with its own error); a failing import is logged.
-    Returns the thread; ``_await_preimport`` joins it before ``main_fun`` starts.
-    """
-    import importlib
-    import importlib.util
-
-    def _run() -> None:
-        for name in modules:
-            try:
-                if importlib.util.find_spec(name) is not None:
-                    importlib.import_module(name)
-            except Exception as exc:  # noqa: BLE001 - only a head start; decoding imports again
-                log.debug("tfos node %s: pre-import of %s failed: %s", node_name, name, exc)
-
-    thread = threading.Thread(target=_run, name="tfos-preimport", daemon=True)
-    thread.start()
-    return thread
-
-
-def _await_preimport(thread: Optional[threading.Thread], node_name: str, timeout_s: float = PREIMPORT_WAIT_S) -> None:
-    """Waits at most ``timeout_s`` for the start-up imports to finish (TF process).
-
-    Importing numpy or pyarrow calls the C library's ``setenv``, which may move the process's
-    ``environ`` array. A ``main_fun`` (or the TensorBoard start) that starts a subprocess
-    (``subprocess.Popen`` without ``env=``: vfork, then ``execv`` with ``environ``) in the same
-    moment could hand the kernel the freed array and fail with ``OSError: [Errno 14] Bad
-    address``; seen once in a stress run. So the imports end once the cluster is complete,
-    before any subprocess or user code starts. If they take longer than ``timeout_s``, this
-    logs a warning and the node goes on.
-    """
-    if thread is None:
-        return
-    thread.join(timeout_s)
-    if thread.is_alive():
-        log.warning("tfos node %s: start-up imports of %s still running after %.0f s; starting main_fun anyway",
-                    node_name, ", ".join(_FEED_MODULES), timeout_s)
 
 
 #: Longest wait, in seconds, for the atexit handlers of the TF process before it exits.
@@ -536,7 +400,7 @@ def cluster_spec_of(value: object) -> dict[str, list[str]]:
 
 
 def _event_loop(client: ControlClient, eid: int, hub: Optional[FeedHub], stop_event: threading.Event, on_stop,
-                stack_of: Optional[Callable[[], str]] = None, poll_s: float = 1.0) -> None:
+                stack_of: Optional[Callable[..., str]] = None, poll_s: float = 1.0) -> None:
     """Long-polls the driver for directives (TF process thread): each poll ends at once on
     a change, or after ``poll_s`` (longer in larger clusters, see
     :func:`tfos._control.limits.event_poll_s`), and carries the row counters."""
@@ -544,7 +408,7 @@ def _event_loop(client: ControlClient, eid: int, hub: Optional[FeedHub], stop_ev
     while True:
         try:
             d = client.call(
-                _msg.WaitEvent(executor_id=eid, known=known, counters={**FIGURES.snapshot(), "rows": hub.rows_taken if hub else 0}, poll_s=poll_s),
+                _msg.WaitEvent(executor_id=eid, known=known, counters=live_snapshot(hub), poll_s=poll_s),
                 timeout_s=poll_s + 14.0,
             )
         except _REQ_ERRORS:
@@ -558,15 +422,16 @@ def _event_loop(client: ControlClient, eid: int, hub: Optional[FeedHub], stop_ev
             hub.close_feed()
         ask = d.get("stack") or 0
         if ask and ask != known.get("stack") and stack_of is not None:
-            # A feed task timed out on this node and asks where main_fun is (see main_fun_stack).
+            # Where main_fun is (a feed task timed out: main_fun_stack), or every thread
+            # (the driver's stall watch, cluster.stacks(): tfos._node.stacks).
             try:
-                client.request("stack", executor_id=eid, seq=int(ask), text=stack_of(), timeout_s=5.0)
+                client.request("stack", executor_id=eid, seq=int(ask), text=stack_of(True) if d.get("stack_all") else stack_of(), timeout_s=5.0)
             except _REQ_ERRORS as exc:
                 log.warning("could not send main_fun's stack to the driver: %s", exc)
         if (d.get("stop") or d.get("abort")) and not stop_event.is_set():
             stop_event.set()
             on_stop()
-        known = {k: d.get(k) for k in ("stop", "feed_closed", "abort", "failed", "stack", "report")}
+        known = {k: d.get(k) for k in ("stop", "feed_closed", "abort", "failed", "stack", "stack_all", "report")}
 
 
 def _flush_std_streams() -> None:

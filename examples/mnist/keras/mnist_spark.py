@@ -126,7 +126,7 @@ def main_fun(args: argparse.Namespace, ctx: Any) -> None:
 
     chief = common.is_chief(ctx)
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    num_workers = strategy.num_replicas_in_sync
+    num_workers = ctx.num_workers  # fed nodes (chief + workers); not num_replicas_in_sync, which counts devices
     # MWMS splits every batch of the dataset over all replicas: batch globally so that
     # each worker processes --batch_size rows per step.
     feed = ctx.get_data_feed(train_mode=True)
