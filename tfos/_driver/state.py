@@ -31,6 +31,7 @@ from tfos._common.deadline import Deadline
 from tfos._control import messages as _msg
 from tfos._control.messages import NodeState
 from tfos._control.protocol import Call, LongPoll, RawJSON, Reply, Topic, node_topic
+from tfos._driver import ps_loss
 from tfos._driver.restart import NON_RETRYABLE
 from tfos._driver.task_world import AccumulatorInbox
 from tfos._node import output as _node_output
@@ -132,6 +133,8 @@ class ClusterState:
         #: restart may recover it (the driver logs its decision either way).
         self.restarts_left = 0
         self.counters: dict[int, dict[str, int]] = {}
+        #: Serving workers of a ParameterServerStrategy cluster that were lost (tfos._driver.ps_loss).
+        self.lost_workers: list[NodeFailure] = []
         #: main_fun's accumulator updates, applied when the attempt shuts down cleanly.
         self.accumulators = AccumulatorInbox()
         self.tensorboard_url: Optional[str] = None
@@ -333,6 +336,9 @@ class ClusterState:
                     # a death of its own (see _on_status, 'unprompted').
                     self.proc_state[eid] = NodeState.FAILED
                     self._notify(node_topic(eid))
+                return
+            if ps_loss.tolerate(self, failure):
+                self._notify(node_topic(eid))
                 return
             self.failures.append(failure)
             if self.first_failure_at is None:
@@ -677,6 +683,7 @@ class ClusterState:
                 "states": {str(k): v.value for k, v in self.proc_state.items()},
                 "exit_codes": {str(k): v for k, v in self.exit_codes.items()},
                 "failures": [f.to_dict() for f in self.failures],
+                "lost_workers": [f.to_dict() for f in self.lost_workers],
                 "tensorboard_url": self.tensorboard_url,
                 "feed_closed": self.feed_closed,
                 "stop_requested": self.stop_requested,

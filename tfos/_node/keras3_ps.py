@@ -56,8 +56,9 @@ def apply(trainer: Any) -> bool:
         return True
     missing = [name for name in PATCHED_NAMES if not hasattr(trainer, name)]
     if missing:
-        log.warning("tfos: Keras's trainer has no %s; model.fit under ParameterServerStrategy is not fixed "
-                    "(docs/parameter_servers.md)", ", ".join(missing))
+        # INFO: most programs do not use a ParameterServerStrategy; one that does gets Keras's own error.
+        log.info("tfos: Keras's trainer has no %s; model.fit under ParameterServerStrategy is not fixed "
+                 "(docs/parameter_servers.md)", ", ".join(missing))
         return False
     _patch(trainer)
     trainer._tfos_keras3_ps = True
