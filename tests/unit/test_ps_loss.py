@@ -52,3 +52,11 @@ def test_a_loss_while_the_cluster_stops_is_not_tolerated_as_a_worker_loss():
     state.abort("another node failed")
     state.record_failure(state.make_failure(3, "exited", "ProcessDied", "killed"))
     assert not state.lost_workers
+
+
+def test_the_last_serving_worker_lost_fails_the_cluster():
+    state = _state(PS_CLUSTER)
+    state.record_failure(state.make_failure(3, "exited", "ProcessDied", "killed"))
+    assert not state.failed
+    state.record_failure(state.make_failure(2, "exited", "ProcessDied", "killed"))
+    assert state.failed and [f.task_index for f in state.failures] == [0]

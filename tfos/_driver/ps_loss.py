@@ -8,7 +8,7 @@ the cluster for it: the node's state becomes ``failed`` and its failure is kept 
 :attr:`ClusterState.lost_workers <tfos._driver.state.ClusterState>` (shown by
 ``TFCluster.node_states()`` and a WARNING), while the chief, the ps tasks and the other
 workers go on. Every other failure (a ps, the chief, a worker that does not serve, any node
-of another kind of cluster) fails the cluster as before. See docs/parameter_servers.md.
+of another kind of cluster, the last serving worker) fails the cluster as before. See docs/parameter_servers.md.
 """
 
 from __future__ import annotations
@@ -38,6 +38,9 @@ def tolerate(state: Any, failure: Any) -> bool:
         return True  # a consequence of the loss already recorded (its exit, its missing heartbeat)
     if state.proc_state.get(eid) != NodeState.SERVING or state.abort_reason or state.stop_requested:
         return False
+    others = [r.executor_id for r in state.roles if r.job_name == "worker" and r.executor_id != eid]
+    if not any(state.proc_state.get(o) == NodeState.SERVING for o in others):
+        return False  # no worker left to run the steps: the coordinator would wait for ever
     state.proc_state[eid] = NodeState.FAILED
     state.lost_workers.append(failure)
     log.warning("tfos node %s lost: %s: %s; the chief's ParameterServerStrategy coordinator runs its steps on the "
