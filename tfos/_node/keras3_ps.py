@@ -103,7 +103,7 @@ def _patch(trainer: Any) -> None:
             model._distribute_strategy = strategy
             model._tfos_ps_fit = previous_fit
 
-    class EpochIterator(KerasEpochIterator):
+    class EpochIterator(KerasEpochIterator):  # type: ignore[valid-type, misc]
         """Keras's epoch iterator over a per-worker dataset while a model fits under a
         ParameterServerStrategy; Keras's own otherwise."""
 
@@ -297,7 +297,7 @@ def _patch(trainer: Any) -> None:
     for name, new in (("fit", fit), ("evaluate", evaluate), ("predict", predict),
                       ("_make_function", _make_function), ("_maybe_symbolic_build", _maybe_symbolic_build),
                       ("_get_metrics_result_or_logs", _get_metrics_result_or_logs)):
-        new.__wrapped__ = getattr(Trainer, name)  # type: ignore[attr-defined]
+        new.__wrapped__ = getattr(Trainer, name)  # type: ignore[attr-defined, union-attr]
         setattr(Trainer, name, new)
     trainer.TFEpochIterator = EpochIterator
     trainer.tf = _TensorFlowWithShardedTape(tf)
