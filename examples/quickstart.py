@@ -10,7 +10,7 @@ def train_fun(args, ctx):                      # runs on every node, in its own 
         model = keras.Sequential([keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1, activation="sigmoid")])
         model.compile(optimizer=keras.optimizers.Adam(0.05), loss="binary_crossentropy", metrics=["accuracy"])
     ds = ctx.get_data_feed().as_dataset(64, (tf.TensorSpec((None,), tf.float32),) * 3)
-    model.fit(ds.map(lambda x1, x2, y: (tf.stack([x1, x2], 1), y)), epochs=1, verbose=0)
+    model.fit(ds.map(lambda x1, x2, y: (tf.stack([x1, x2], 1), y)), epochs=1, shuffle=False, verbose=0)  # a Dataset: fit does not shuffle it
     print(f"{ctx.job_name}:{ctx.task_index} trained")
     model.save(os.path.join(args["model_dir"], f"{ctx.job_name}-{ctx.task_index}.keras"))
 

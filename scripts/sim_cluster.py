@@ -262,11 +262,18 @@ class SimNode:
         known: dict = {}
         poll_s = self.cfg["poll_s"]
         while self.alive:
-            d = await self.tf.call(_msg.WaitEvent(self.eid, known, {"rows": self.rows}, poll_s), poll_s + 14.0)
+            d = await self.tf.call(_msg.WaitEvent(self.eid, known, self.figures(), poll_s), poll_s + 14.0)
             if d.get("abort") or d.get("stop"):
                 await self.end(-15)
                 return
             known = {k: d.get(k) for k in ("stop", "feed_closed", "abort", "failed", "stack", "report")}
+
+    def figures(self) -> dict:
+        """What a real TF process sends with each poll (tfos._node.figures.live_snapshot, a
+        Keras counter included): the same keys, plausible values."""
+        now = int(time.monotonic() * 1000)
+        return {"rows": self.rows, "clock_ms": now, "cpu_ms": int(time.process_time() * 1000), "feed_wait_ms": now // 3,
+                "feed_wait_since_ms": 0, "queue_chunks": 2, "queue_capacity": 4, "keras_steps": self.rows // 32}
 
     async def end(self, code: int) -> None:
         """The node's processes end (stopped or aborted by the driver): the supervisor
@@ -598,6 +605,7 @@ def run_cluster(workers: Workers, n: int, timeout_s: float, steady_s: float, kin
         if outcome != "registered":
             raise TFOSError(f"the simulated cluster did not form: {outcome}; missing {state.missing()[:10]}")
         out["registered_s"] = time.monotonic() - t0
+        runtime.start_monitor(600.0, "warn")  # as the classic launcher does once every node registered
         out["form_cpu_s"] = _cpu_s() - cpu0  # the driver's CPU seconds to register every node
         out["form_frames"] = server.stats()["frames_in"]  # the requests it answered meanwhile (start tasks' polls too)
         out["nodes_cpu_s"] = workers.cpu_s() - nodes_cpu0  # the simulated nodes' (same machine)

@@ -90,10 +90,11 @@ def main() -> int:
     opts = ap.parse_args()
     from pyspark import SparkConf, SparkContext
 
-    from tfos import TFCluster
+    from tfos import TFCluster, authenticate_spark
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("tfos._driver.cluster").setLevel(logging.INFO)  # the summary line
+    authenticate_spark(opts.master)  # no security WARNING in the outputs
     conf = SparkConf().setMaster(opts.master).setAppName("tfos-status-demo").set("spark.ui.enabled", "false")
     conf.set("spark.executor.memory", "1024m").set("spark.driver.host", "127.0.0.1").set("spark.ui.showConsoleProgress", "false")
     sc = SparkContext(conf=conf)

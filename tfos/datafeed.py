@@ -33,6 +33,7 @@ from ._data.framing import FrameType, decode_chunk
 from ._data.input_mapping import InputMapping, row_names
 from ._data.results import result_frames, result_items
 from ._node.figures import FIGURES
+from ._node.row_count import ROWS
 from .errors import FeedAbortedError, InferenceResultError, TFOSError
 
 __all__ = ["DataFeed", "rows_to_columns"]
@@ -297,6 +298,8 @@ class DataFeed(FeedDatasets):
             # Counted as rows leave the feed (not when the batch is returned), so the driver's
             # final count after train() includes a last batch still waiting for more rows.
             self._hub.rows_taken += take
+            if conn.mode == "train":
+                ROWS.handed(conn.feed_id, conn.epoch, take)  # docs/datafeed.md "Row accounting"
             batch_conn = conn
         self._last_batch_empty = not out
         if out and batch_conn is not None:

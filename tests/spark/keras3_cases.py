@@ -280,6 +280,119 @@ def save_and_load(name: str):
 
 
 #: Cases whose result depends on each replica's share of the batch: compared with two replicas in one process.
+def _local_variable(value):
+    """A plain variable of this process (never a distributed one, even in a strategy's scope)."""
+    from tensorflow.python.ops import resource_variable_ops
+
+    with tf.init_scope():
+        return resource_variable_ops.ResourceVariable(value, trainable=False)
+
+
+class RowRecorder(keras.Model):
+    """Two inputs ``a`` and ``b`` (a dict, as from numpy); ``row`` (each row's index) is not a
+    feature: train_step adds 1 to ``seen[row]`` for every row of its local batch."""
+
+    def __init__(self, rows: int):
+        super().__init__()
+        self.da, self.db = keras.layers.Dense(4, activation="relu"), keras.layers.Dense(4, activation="relu")
+        self.out = keras.layers.Dense(1, activation="sigmoid")
+        self.seen = _local_variable(tf.zeros((rows,), tf.int32))
+
+    def call(self, inputs):
+        return self.out(keras.ops.concatenate([self.da(inputs["a"]), self.db(inputs["b"])], axis=1))
+
+    def train_step(self, data):
+        x, y = data
+        self.seen.scatter_add(tf.IndexedSlices(tf.ones_like(x["row"][:, 0], tf.int32), x["row"][:, 0]))
+        return super().train_step(data)
+
+
+def numpy_inputs(rows: np.ndarray) -> dict:
+    return {"a": X[rows, :2], "b": X[rows, 2:], "row": rows.reshape(-1, 1).astype("int64")}
+
+
+def common_orders(epochs: int) -> list:
+    """The global orders the workers' fit(numpy) trains in, drawn as tfos draws them (the
+    first shuffled array dataset of the process, TFOS_ARRAY_SHUFFLE_SEED set by the test)."""
+    from keras.src.trainers.data_adapters.array_data_adapter import ArrayDataAdapter
+    from tfos._node.keras3_arrays import common_order_dataset, dataset_seed
+
+    adapter = ArrayDataAdapter(numpy_inputs(np.arange(len(X))), Y, batch_size=GLOBAL_BATCH, shuffle=True)
+    ds = common_order_dataset(adapter, dataset_seed(0))
+    orders = []
+    for _ in range(epochs):
+        orders.append(np.concatenate([batch[0]["row"].numpy()[:, 0] for batch in ds]))
+        iter(ds)  # Keras's epoch iterator makes one at the end of an epoch and another at the next start
+    return orders
+
+
+def numpy_default_shuffle(strategy) -> dict:
+    """fit(numpy) with Keras's default shuffle=True and no seed of the program's own, a
+    subclassed two-input model with a custom train_step; validation_split, evaluate and
+    predict on numpy. The reference trains one process on the workers' common orders."""
+    keras.utils.set_random_seed(1)
+    with strategy.scope():
+        model = RowRecorder(len(X))
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="binary_crossentropy", metrics=["accuracy"])
+    per_epoch = []
+    record_rows = keras.callbacks.LambdaCallback(
+        on_epoch_end=lambda epoch, logs: (per_epoch.append(model.seen.numpy().tolist()), model.seen.assign(tf.zeros_like(model.seen))))
+    if ROLE == "worker":
+        history = model.fit(numpy_inputs(np.arange(len(X))), Y, batch_size=GLOBAL_BATCH, epochs=EPOCHS, verbose=0,
+                            callbacks=[record_rows])
+    else:  # one process, unshuffled, on the workers' orders
+        history = keras.callbacks.History()
+        history.set_model(model)
+        history.history, history.epoch = {}, []
+        for epoch, order in enumerate(common_orders(EPOCHS)):
+            h = model.fit(numpy_inputs(order), Y[order], batch_size=GLOBAL_BATCH, epochs=epoch + 1, initial_epoch=epoch,
+                          shuffle=False, verbose=0, callbacks=[record_rows])
+            for k, v in h.history.items():
+                history.history.setdefault(k, []).extend(v)
+            history.epoch.extend(h.epoch)
+    split = model.fit(numpy_inputs(np.arange(len(X))), Y, batch_size=GLOBAL_BATCH, epochs=1, verbose=0, shuffle=False,
+                      validation_split=0.25)
+    x_predict = {"a": X_PREDICT[:, :2], "b": X_PREDICT[:, 2:], "row": np.zeros((len(X_PREDICT), 1), "int64")}
+    return record(model, history, per_epoch=per_epoch, split=split.history,
+                  evaluate=model.evaluate(numpy_inputs(np.arange(len(X))), Y, batch_size=GLOBAL_BATCH, verbose=0, return_dict=True),
+                  predict=model.predict(x_predict, batch_size=GLOBAL_BATCH, verbose=0)[:, 0].tolist())
+
+
+class VariableResult(keras.metrics.Metric):
+    """As in Keras's ``Metric`` docstring: ``result()`` returns the metric's own variable."""
+
+    def __init__(self, name="positives", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.positives = self.add_variable(shape=(), initializer="zeros", name="positives")
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        self.positives.assign_add(keras.ops.sum(keras.ops.cast(y_pred > 0.5, "float32")))
+
+    def result(self):
+        return self.positives
+
+
+class CustomSteps(keras.Sequential):
+    """train_step/test_step returning dicts with a Python number, a variable and an int tensor."""
+
+    def train_step(self, data):
+        logs = super().train_step(data)
+        return {**logs, "scale": 0.5, "iterations": self.optimizer.iterations, "seven": tf.constant(7)}
+
+    def test_step(self, data):
+        return {**super().test_step(data), "scale": 2.0, "seven": tf.constant(7)}
+
+
+def custom_metric_and_steps(strategy) -> dict:
+    """A metric whose result() is its variable; custom steps returning non-replica values."""
+    keras.utils.set_random_seed(1)
+    with strategy.scope():
+        model = CustomSteps([keras.Input((4,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1, activation="sigmoid")])
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="binary_crossentropy", metrics=["accuracy", VariableResult()])
+    history = model.fit(dataset(X, Y), epochs=EPOCHS, verbose=0)
+    return record(model, history, evaluate=model.evaluate(dataset(X, Y), verbose=0, return_dict=True))
+
+
 TWO_REPLICA_CASES = ("dropout_batchnorm", "mixed_bfloat16", "mixed_float16")
 #: Cases the one-worker process runs.
 SINGLE_CASES = ("one_shot_source", "one_shot_unbuilt")
@@ -296,12 +409,16 @@ CASES = {
     "mixed_float16": mixed_precision("mixed_float16"),
     "callbacks_and_restart": None,  # named per process below
     "save_and_load": None,
+    "numpy_default_shuffle": numpy_default_shuffle,
+    "custom_metric_and_steps": custom_metric_and_steps,
 }
 
 
 def main() -> None:
     trainer = sys.modules.get("keras.src.backend.tensorflow.trainer")
     results: dict = {"keras": keras.__version__, "fix_applied": bool(getattr(trainer, "_tfos_keras3_fix", False))}
+    with open(OUT, "w") as f:
+        json.dump(results, f)  # also when KERAS3_CASES selects no case of this process
     for strategy_name, strategy in strategies().items():
         tag = "workers" if ROLE == "worker" else strategy_name
         cases = dict(CASES, callbacks_and_restart=callbacks_and_restart(f"callbacks-{tag}"), save_and_load=save_and_load(f"model-{tag}"))

@@ -169,7 +169,9 @@ def test_rerun_of_delivered_partition_is_refused(sc, no_leftovers, tmp_path):
     from tfos._driver.backend import feed_plan
 
     backend = cluster._ctl.backend
-    plan = feed_plan(backend.config, backend.nodes(), "train", "input", 120.0, None, 2)
+    from tfos._driver.backend import TrainCall
+
+    plan = feed_plan(backend.config, backend.nodes(), TrainCall(rdd, 2, 1, 120.0, "input"), None, 2)
     try:
         assert sorted(rdd.mapPartitionsWithIndex(make_feed_fn(plan)).collect()) == [(0, "ok"), (1, "ok")]
         with pytest.raises(Exception) as ei:  # Py4J/Spark wraps the task's FeedError

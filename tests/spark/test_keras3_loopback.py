@@ -45,6 +45,7 @@ def runs(tmp_path_factory) -> dict:
     held = _held_ports(2)
     cluster = {"worker": [f"127.0.0.1:{s.getsockname()[1]}" for s in held]}
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=os.pathsep.join(filter(None, [os.path.dirname(os.path.dirname(HERE)), os.environ.get("PYTHONPATH")])))
+    env["TFOS_ARRAY_SHUFFLE_SEED"] = "4242"  # keras3_cases.common_orders draws the workers' orders from it
     env.pop("TF_CONFIG", None)
     env.pop("TF_USE_LEGACY_KERAS", None)
     procs = {}
@@ -215,3 +216,30 @@ def test_the_fix_is_applied_on_the_workers_without_a_warning(runs):
         assert runs[name]["fix_applied"], f"{name}: the fix is not applied (TFOS_KERAS3_FIX={os.environ.get('TFOS_KERAS3_FIX')})"
         assert "tfos: Keras" not in runs["logs"][name], runs["logs"][name][-3000:]
     assert not runs["reference"]["fix_applied"]  # the reference is plain Keras
+
+
+def test_numpy_fit_with_default_shuffle_trains_every_row_once_per_epoch(runs):
+    # model.fit(x, y) on numpy with Keras's default shuffle=True and no seed: each worker
+    # used to draw its own order and take its half of every batch of that order. A
+    # subclassed two-input model (dict of arrays) with a custom train_step that counts the
+    # rows it trains; validation_split, evaluate and predict on numpy.
+    w0, w1, ref = _case(runs, "numpy_default_shuffle")
+    rows = len(w0["per_epoch"][0])
+    for epoch in range(len(ref["per_epoch"])):
+        both = np.asarray(w0["per_epoch"][epoch]) + np.asarray(w1["per_epoch"][epoch])
+        assert both.tolist() == [1] * rows, (
+            f"epoch {epoch}: {int((both == 0).sum())} rows never trained, {int((both > 1).sum())} trained more than once")
+        assert sum(w0["per_epoch"][epoch]) == sum(w1["per_epoch"][epoch]) == rows // 2
+        assert ref["per_epoch"][epoch] == [1] * rows
+    _same_training(runs, "numpy_default_shuffle")
+    for key in ("split", "predict"):
+        _close(w0[key], ref[key], f"numpy: worker 0 {key} vs one process")
+
+
+def test_custom_metric_returning_its_variable_and_custom_steps_with_plain_values(runs):
+    # A metric whose result() returns its own variable (Keras's Metric docstring example);
+    # train_step/test_step returning a Python number, a variable and an int tensor.
+    w0, w1, ref = _same_training(runs, "custom_metric_and_steps")
+    assert {"positives", "scale", "iterations", "seven"} <= set(w0["history"])
+    assert w0["history"]["scale"] == [0.5] * 2 and w0["history"]["seven"] == [7] * 2
+    assert w0["evaluate"]["scale"] == 2.0 and w0["evaluate"]["seven"] == 7

@@ -258,7 +258,9 @@ def test_fed_fit_on_two_nodes_equals_one_process(sc, tmp_path, no_leftovers, mon
                                  env=env, cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         args = {"out": str(out), "rows_per_epoch": FED_ROWS, "batch_size": FED_BATCH, "epochs": FED_EPOCHS}
-        cluster = TFCluster.run(sc, fed_main, args, 2, 0, False, TFCluster.InputMode.SPARK, reservation_timeout=120)
+        # tensorboard=True: the driver also writes the nodes' figures as scalars under <log_dir>/tfos
+        cluster = TFCluster.run(sc, fed_main, args, 2, 0, True, TFCluster.InputMode.SPARK, log_dir=str(tmp_path / "tb"),
+                                reservation_timeout=120)
         cluster.train(rdd, num_epochs=FED_EPOCHS, end_of_feed=True, feed_timeout=300)
         cluster.shutdown(timeout=300)
         ref_out, _ = reference.communicate(timeout=300)
@@ -290,6 +292,21 @@ def test_fed_fit_on_two_nodes_equals_one_process(sc, tmp_path, no_leftovers, mon
     assert _relative([nodes[0]["history"]["loss"]], [one["history"]["row_loss"]]) <= 1e-5, (nodes[0]["history"], one["history"])
     assert _relative([nodes[0]["history"]["accuracy"]], [one["history"]["accuracy"]]) <= 1e-5, (nodes[0]["history"], one["history"])
     assert one["history"]["row_loss"][-1] < one["history"]["row_loss"][0]
+    # the driver's figures: Keras's steps per node (docs/status.md), as TensorBoard reads them
+    summary = cluster.summary()
+    assert [(n["node"], n["rows"], n["steps"]) for n in summary["nodes"]] == [
+        (f"worker:{i}", sum(r["rows"].values()), FED_EPOCHS * steps) for i, r in enumerate(nodes)], summary
+    assert sum(n["rows"] for n in summary["nodes"]) == FED_ROWS * FED_EPOCHS
+    read = ("import json, sys; from tensorboard.backend.event_processing.event_accumulator import EventAccumulator as A\n"
+            "out = {}\nfor run in ('worker_0', 'worker_1'):\n a = A(sys.argv[1] + '/' + run); a.Reload()\n"
+            " out[run] = {t: [(e.step, e.value) for e in a.Scalars(t)] for t in a.Tags()['scalars']}\nprint(json.dumps(out))")
+    got = subprocess.run([sys.executable, "-c", read, str(tmp_path / "tb" / "tfos")], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert got.returncode == 0, got.stderr[-3000:]
+    scalars = json.loads(got.stdout.strip().splitlines()[-1])
+    for run in ("worker_0", "worker_1"):
+        assert {"tfos/rows_per_s", "tfos/feed_wait_pct", "tfos/steps_per_s", "tfos/cpu_pct", "tfos/rss_mib"} <= set(scalars[run]), scalars
+        assert all(0 <= v <= 100 for _, v in scalars[run]["tfos/feed_wait_pct"]) and scalars[run]["tfos/rss_mib"][-1][1] > 10
 
 
 # ------------------------------------------------------------- the coordination service's leader

@@ -58,7 +58,7 @@ def hub():
 
 def _header(**over) -> dict:
     h = {"qname": "input", "mode": "train", "partition": 0, "epoch": 0, "kind": "pickled_batch",
-         "feed_timeout": 30.0, "feed_id": "feed-1", "index": 0}
+         "feed_timeout_s": 30.0, "feed_id": "feed-1", "index": 0}
     h.update(over)
     return h
 
@@ -291,7 +291,7 @@ def test_rewritten_frame_length_allocates_nothing_and_closes(direction):
 def test_malformed_and_non_finite_header_refused(hub):
     # the last two: a well-formed header without the feed id / partition index that every
     # feed task sends after claiming the partition at the driver
-    for header in (_header(feed_timeout=float("nan")), _header(mode="steal"), {"qname": "input"},
+    for header in (_header(feed_timeout_s=float("nan")), _header(mode="steal"), {"qname": "input"},
                    {k: v for k, v in _header().items() if k != "feed_id"}, _header(index=-1)):
         s, session = _client(hub)
         payload = __import__("json").dumps(header).encode()  # NaN written as the JSON token NaN

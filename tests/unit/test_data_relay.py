@@ -116,7 +116,7 @@ def test_a_relay_in_front_of_the_right_node_sees_only_ciphertext(live_node, rela
     try:
         session = _wire.client_handshake(sock, KEY, Deadline(20, "handshake"), _wire.node_identity(node1))
         send_json(sock, session, FrameType.HEADER, {"qname": "input", "mode": "train", "partition": 0, "epoch": 0,
-                                                    "kind": "pickled_batch", "feed_timeout": 20.0, "feed_id": "relay-ct",
+                                                    "kind": "pickled_batch", "feed_timeout_s": 20.0, "feed_id": "relay-ct",
                                                     "index": 0})
         assert recv_json(sock, session, Deadline(20))[1] == {"state": "ok"}
         rows = _rows(2000)

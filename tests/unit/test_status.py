@@ -295,3 +295,76 @@ def test_monitor_thread_starts_and_stops():
     assert any(t.name == "tfos-test-status" for t in threading.enumerate())
     mon.stop()
     assert not any(t.name == "tfos-test-status" for t in threading.enumerate())
+
+
+def test_keras_steps_are_counted_per_train_function_call():
+    import types
+
+    from tfos._node import keras_steps
+    from tfos._node.figures import FIGURES
+
+    class Trainer:
+        steps_per_execution = 4
+        train_function = None
+
+        def make_train_function(self, force=False):
+            if self.train_function is None or force:
+                self.train_function = lambda iterator: "logs"
+            return self.train_function
+
+    module = types.SimpleNamespace(TensorFlowTrainer=Trainer)
+    keras_steps.count_steps(module)
+    keras_steps.count_steps(module)  # idempotent: one wrapper
+    before = FIGURES.get("keras_steps")
+    t = Trainer()
+    t.make_train_function()
+    t.make_train_function()  # the counted function is kept, not wrapped twice
+    assert t.train_function(None) == "logs" and t.train_function(None) == "logs"
+    assert FIGURES.get("keras_steps") - before == 8
+    keras_steps.count_steps(types.SimpleNamespace())  # no trainer class: nothing done
+
+
+class CollectiveState(FakeState):
+    """chief:0 blocked in a collective (TensorFlow's frame innermost), worker:0 in user code."""
+
+    def handle(self, body, peer):
+        self.stack_asks.append(body)
+        if body["executor_id"] == 0:
+            inner = ('  File "/venv/lib/python3.11/site-packages/tensorflow/python/eager/execute.py", line 53, in quick_execute\n'
+                     "    tensors = pywrap_tfe.TFE_Py_Execute(ctx._handle, device_name, op_name,")
+        else:
+            inner = ('  File "/venv/lib/python3.11/threading.py", line 327, in wait\n    waiter.acquire()')
+        return {"stack": f"Threads of the TF process on node {body['executor_id']}:\n"
+                         f"main_fun's stack on node:\n  File \"main.py\", line 7, in main_fun\n    model.fit(ds)\n{inner}\n"
+                         "Thread other (daemon):\n  File \"/venv/lib/python3.11/site-packages/tensorflow/x.py\", line 1, in f\n    g()"}
+
+
+def test_a_node_blocked_in_a_collective_waits_for_the_one_stuck_in_its_own_code(caplog):
+    state = CollectiveState()
+    mon = StatusMonitor(state, stall_timeout_s=10, stall_action="warn")
+    caplog.set_level(logging.WARNING, logger="tfos._driver.monitor")
+    for i in range(40):  # both stop at once (the same tick): the Keras collective case
+        f = {"clock_ms": 1000 * i, "rows": min(i, 5) * 10, "cpu_ms": min(i, 5) * 600, "keras_steps": min(i, 5)}
+        feed(mon, state, 100.0 + i, {0: dict(f), 1: dict(f)})
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, warnings
+    text = warnings[0]
+    assert text.startswith("tfos: worker:0 (executor 1, host h1) made no progress") and "5 Keras steps" in text
+    assert "chief:0 (executor 0, host h0): main_fun blocked inside TensorFlow" in text and "in quick_execute" in text
+    assert "made no progress" not in text.split("Waiting on it")[1], text  # chief:0 is not reported as stuck
+    assert sorted(a["executor_id"] for a in state.stack_asks) == [0, 1]
+
+
+def test_innermost_frame_of_main_fun():
+    stack = ('main_fun\'s stack:\n  File "m.py", line 3, in main_fun\n    x()\n'
+             '  File "/site-packages/tensorflow/python/eager/execute.py", line 53, in quick_execute\n    y\n'
+             'Thread t:\n  File "threading.py", line 1, in run\n    z')
+    assert st.innermost_of_main(stack).endswith("in quick_execute") and st.in_tensorflow(stack)
+    assert not st.in_tensorflow(stack.replace("/tensorflow/", "/mine/")) and not st.in_tensorflow("")
+
+
+def test_rows_by_epoch_of_the_latest_train_call():
+    sample = {"rows_fed/f1/0": 100, "rows_trained/f1/0": 100, "rows_closed/f1/0": 1,
+              "rows_fed/f2/0": 60, "rows_trained/f2/0": 58, "rows_closed/f2/0": 1, "rows_fed/f2/1": 20, "rows": 180}
+    assert st.epochs_of(sample) == {0: {"fed": 60, "trained": 58, "closed": 1}, 1: {"fed": 20, "trained": None, "closed": 0}}
+    assert st.epochs_of({"rows": 3}) == {}

@@ -161,7 +161,7 @@ class ConnectLauncher:
         """Nothing to wait for: a Connect client cannot see the executors (the start stage
         waits for its task slots, bounded by ``reservation_timeout``)."""
 
-    def train_call(self, data: Any, num_epochs: int, feed_timeout: float, qname: str, end_of_feed: bool, count: bool) -> TrainCall:
+    def train_input(self, data: Any, num_epochs: int, end_of_feed: bool, count: bool) -> tuple[Any, int]:
         """Checks ``data`` (a batch DataFrame); counts its partitions when the epoch of a
         task (several epochs), the total (``end_of_feed``) or a restart (``count``) needs it.
 
@@ -172,9 +172,9 @@ class ConnectLauncher:
         df = _as_connect_dataframe(data)
         # Spark Connect has no getNumPartitions(): a job counts the partitions.
         parts = _num_partitions(df) if (count or end_of_feed or num_epochs > 1) else UNCOUNTED
-        return TrainCall(df, parts, num_epochs, feed_timeout, qname, end_of_feed)
+        return df, parts
 
-    def inference_call(self, data: Any, feed_timeout: float, qname: str, schema: Any) -> InferenceCall:
+    def inference_input(self, data: Any, schema: Any) -> tuple[Any, int, Any]:
         """Checks ``data`` (a batch DataFrame) and resolves ``schema`` (default
         ``"result double"``). The results come back whole or not at all, so the whole
         input is one unit of the inference ledger.
@@ -185,10 +185,10 @@ class ConnectLauncher:
         df = _as_connect_dataframe(data)
         schema = "result double" if schema is None else schema
         struct = schema if not isinstance(schema, str) else self.spark.createDataFrame([], schema).schema
-        return InferenceCall(df, 1, feed_timeout, qname, struct)
+        return df, 1, struct
 
     def assemble(self, sources: Sequence[Any], owner: Sequence[int]) -> Any:
-        """The results of the one unit (see :meth:`inference_call`)."""
+        """The results of the one unit (see :meth:`inference_input`)."""
         return sources[owner[0]]
 
 
@@ -342,8 +342,8 @@ class ConnectBackend:
         """One train() feed job: one ``mapInArrow`` job whose tasks feed the nodes on their
         own hosts, epochs ``first_epoch..num_epochs-1`` back to back (client)."""
         df, epochs = call.data, call.num_epochs - first_epoch
-        plan = feed_plan(self.config, self._nodes, "train", call.qname, call.feed_timeout, _arrow_kind(), call.parts,
-                         report_sent=call.end_of_feed, first_epoch=first_epoch, last_epoch=call.num_epochs - 1, report_done=report_done)
+        plan = feed_plan(self.config, self._nodes, call, _arrow_kind(), call.parts, first_epoch=first_epoch,
+                         last_epoch=call.num_epochs - 1, report_done=report_done)
         self._last_feed_id = plan.feed_id
         if call.end_of_feed:
             self._op("client_control", "train()", action="close_feed_when_sent", feed_id=plan.feed_id, total=call.parts * epochs)
@@ -367,7 +367,7 @@ class ConnectBackend:
         """One inference job: a ``mapInArrow`` job returning the nodes' results as record
         batches of ``call.schema``, made eager with ``localCheckpoint()`` so failures surface
         here and inference never runs twice (client)."""
-        plan = feed_plan(self.config, self._nodes, "inference", call.qname, call.feed_timeout, _arrow_kind(), UNCOUNTED)
+        plan = feed_plan(self.config, self._nodes, call, _arrow_kind(), UNCOUNTED)
         safe, names = arrow_safe_dataframe(call.data)
         fn = make_infer_fn(plan, call.schema.json(), names)
         return self._job("inference()", lambda: safe.mapInArrow(fn, call.schema).localCheckpoint(eager=True))
@@ -396,6 +396,9 @@ class ConnectBackend:
             if self._status("failed", min(10.0, max(0.0, end.remaining())), "shutdown()").get("failures"):
                 return True
         return False
+
+    def row_accounting(self) -> list:
+        return []  # the nodes' row figures stay with the Spark Connect server
 
     def node_states(self) -> dict[int, str]:
         return {int(k): str(v) for k, v in self._last_status.get("states", {}).items()}

@@ -82,7 +82,7 @@ class Link:
         try:
             send_json(self.sock, self.session, FrameType.HEADER, {
                 "qname": plan.qname, "mode": plan.mode, "partition": partition, "epoch": epoch,
-                "kind": (plan.kind or ChunkKind.PICKLED_BATCH).value, "feed_timeout": plan.feed_timeout_s,
+                "kind": (plan.kind or ChunkKind.PICKLED_BATCH).value, "feed_timeout_s": plan.feed_timeout_s,
                 "feed_id": plan.feed_id, "index": index, "first_epoch": plan.first_epoch,
                 "parts_per_epoch": plan.parts_per_epoch, "last_epoch": plan.last_epoch,
             })

@@ -55,6 +55,7 @@ from tfos._data.epoch_order import EpochOrder
 from tfos._data.epoch_steps import EpochSteps, check_steps
 from tfos._data.feed_connection import END_OF_FEED, Chunk, PartitionEnd
 from tfos._node.figures import FIGURES
+from tfos._node.row_count import ROWS
 from tfos.errors import InferenceResultError, TFOSError
 
 __all__ = ["FeedBatches", "feed_dataset", "steps_per_epoch", "DEFAULT_BUFFER_BYTES"]
@@ -236,6 +237,8 @@ class FeedBatches:
         self._epoch_feed = ""  # feed id of the chunks being read (see _epoch_of)
         self._epoch_base = 0
         self._last_epoch = -1  # the dataset epoch of the last feed job's last epoch (-1: not known)
+        #: ``{dataset epoch: (feed id, epoch of that train() call)}``, for the row accounting.
+        self.epoch_keys: dict[int, tuple[str, int]] = {}
 
     # ------------------------------------------------------------ reader thread
     def start(self) -> None:
@@ -297,6 +300,8 @@ class FeedBatches:
             self._epoch_base = max(current, self._last_epoch) + 1 - conn.first_epoch
         if getattr(conn, "last_epoch", -1) >= 0:
             self._last_epoch = self._epoch_base + conn.last_epoch
+        if getattr(conn, "mode", "") == "train":
+            self.epoch_keys.setdefault(self._epoch_base + conn.epoch, (conn.feed_id, conn.epoch))  # row accounting
         return self._epoch_base + conn.epoch
 
     def _source(self) -> Any:
@@ -475,6 +480,8 @@ class FeedBatches:
             if self.drop_remainder and n < self.batch_size:
                 continue
             self.rows[use_epoch] += n
+            if use_epoch in self.epoch_keys:
+                ROWS.handed(*self.epoch_keys[use_epoch], n)  # docs/datafeed.md "Row accounting"
             if self.track_sums:
                 _add_sums(self.sums, use_epoch, batch)
             self.batches_out += 1

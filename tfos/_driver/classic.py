@@ -133,7 +133,7 @@ class ClassicLauncher:
             log.warning("restart: %d of %d executors after %g s; launching anyway", have, len(self.spark_ids), self.plan.executor_wait_s)
 
     # ----------------------------------------------------------------- input
-    def train_call(self, data: Any, num_epochs: int, feed_timeout: float, qname: str, end_of_feed: bool, count: bool) -> TrainCall:
+    def train_input(self, data: Any, num_epochs: int, end_of_feed: bool, count: bool) -> tuple[Any, int]:
         """Checks ``data`` (an RDD or DataFrame) and counts its partitions (driver).
 
         Raises:
@@ -141,9 +141,9 @@ class ClassicLauncher:
         """
         df = _as_dataframe(data)
         parts = (df.rdd if df is not None else data).getNumPartitions()
-        return TrainCall(data, parts, num_epochs, feed_timeout, qname, end_of_feed)
+        return data, parts
 
-    def inference_call(self, data: Any, feed_timeout: float, qname: str, schema: Any) -> InferenceCall:
+    def inference_input(self, data: Any, schema: Any) -> tuple[Any, int, Any]:
         """Checks ``data`` (an RDD or DataFrame, whose ``.rdd`` rows are fed) (driver).
 
         Raises:
@@ -156,7 +156,7 @@ class ClassicLauncher:
                                      "with a SparkContext inference() returns an RDD of the results as main_fun gave them")
         df = _as_dataframe(data)
         rdd = df.rdd if df is not None else data
-        return InferenceCall(rdd, rdd.getNumPartitions(), feed_timeout, qname)
+        return rdd, rdd.getNumPartitions(), None
 
     def assemble(self, sources: Sequence[Any], owner: Sequence[int]) -> Any:
         """One RDD whose partition ``i`` is partition ``i`` of ``sources[owner[i]]``."""
@@ -256,9 +256,7 @@ class ClassicBackend:
         return self.runtime.await_job(job, "train()", self._progress("train", total, parts, epochs, "tfos train"), self._feed_ids)
 
     def _plan(self, call: Any, kind: Any, parts: int, first_epoch: int = 0, last_epoch: int = -1, report_done: bool = False) -> FeedPlan:
-        mode = "train" if isinstance(call, TrainCall) else "inference"
-        plan = feed_plan(self.config, self.nodes(), mode, call.qname, call.feed_timeout, kind, parts,
-                         report_sent=mode == "train" and call.end_of_feed, first_epoch=first_epoch, last_epoch=last_epoch,
+        plan = feed_plan(self.config, self.nodes(), call, kind, parts, first_epoch=first_epoch, last_epoch=last_epoch,
                          report_done=report_done)
         self._last_feed_id = plan.feed_id
         return plan
@@ -315,6 +313,9 @@ class ClassicBackend:
 
     def node_states(self) -> dict[int, str]:
         return dict(self.state.proc_state)
+
+    def row_accounting(self) -> list:
+        return self.runtime.rows.check() or []
 
     def stop(self) -> None:
         self.runtime.teardown(failed=False)

@@ -18,9 +18,10 @@ from typing import Any, Callable, Optional, Sequence
 
 from tfos._common.deadline import Deadline
 from tfos._control.limits import heartbeat_interval_s
+from tfos._data.feed_plan import FEED_TIMEOUT_S, check_feed_timeout
 from tfos._driver import remedies
 from tfos._driver import streaming as _streaming
-from tfos._driver.backend import ClusterPlan, Launcher
+from tfos._driver.backend import ClusterPlan, InferenceCall, Launcher, TrainCall
 from tfos._driver.lifecycle import Controller, Lifecycle
 from tfos._driver.monitor import STALL_TIMEOUT_S, check_stall_args, summary_text
 from tfos._driver.task_world import pickle_payload
@@ -254,7 +255,7 @@ class TFCluster:
         return self._ctl.backend
 
     @_records_failure
-    def train(self, dataRDD: Any, num_epochs: int = 1, feed_timeout: float = 600, qname: str = "input", end_of_feed: bool = False,
+    def train(self, dataRDD: Any, num_epochs: int = 1, feed_timeout: float = FEED_TIMEOUT_S, qname: str = "input", end_of_feed: bool = False,
               **stream_options: Any) -> Any:
         """Feeds an RDD or DataFrame to the nodes' ``DataFeed`` for ``num_epochs`` epochs (driver).
 
@@ -293,7 +294,7 @@ class TFCluster:
         """
         if self.input_mode != InputMode.SPARK:
             raise ConfigurationError("train() feeds data only in InputMode.SPARK; this cluster runs InputMode.TENSORFLOW, where TensorFlow reads its own data")
-        _check_seconds("train(): feed_timeout", feed_timeout)
+        feed_timeout = check_feed_timeout(feed_timeout, "train(): feed_timeout")
         if self._ctl.launcher.streams and (_streaming.is_dstream(dataRDD) or _streaming.is_streaming_df(dataRDD)):
             if end_of_feed:
                 raise ConfigurationError("train(stream, end_of_feed=True): a stream's feed ends at shutdown()")
@@ -306,8 +307,8 @@ class TFCluster:
             raise ConfigurationError(f"train(): {sorted(stream_options)} apply to streaming DataFrames only")
         check_num_epochs(num_epochs)
         self._check_qname(qname)
-        call = self._ctl.launcher.train_call(dataRDD, num_epochs, feed_timeout, qname, end_of_feed, count=self._ctl.policy.max_restarts > 0)
-        self._ctl.train(call)
+        data, parts = self._ctl.launcher.train_input(dataRDD, num_epochs, end_of_feed, count=self._ctl.policy.max_restarts > 0)
+        self._ctl.train(TrainCall(data, parts, num_epochs, feed_timeout, qname, end_of_feed))
         return None
 
     def _check_qname(self, qname: str) -> None:
@@ -315,7 +316,7 @@ class TFCluster:
             raise ConfigurationError(f"qname {qname!r} is not one of the cluster's queues {self.queues}; pass queues=[...] to TFCluster.run()")
 
     @_records_failure
-    def inference(self, dataRDD: Any, feed_timeout: float = 600, qname: str = "input", schema: Any = None) -> Any:
+    def inference(self, dataRDD: Any, feed_timeout: float = FEED_TIMEOUT_S, qname: str = "input", schema: Any = None) -> Any:
         """Runs inference over an RDD (or DataFrame) and returns the results (driver).
 
         A ``DStream`` returns a DStream of the results of every micro-batch; for streaming
@@ -350,14 +351,33 @@ class TFCluster:
         """
         if self.input_mode != InputMode.SPARK:
             raise ConfigurationError("inference() needs InputMode.SPARK")
-        _check_seconds("inference(): feed_timeout", feed_timeout)
+        feed_timeout = check_feed_timeout(feed_timeout, "inference(): feed_timeout")
         if self._ctl.launcher.streams:
             if _streaming.is_dstream(dataRDD):
                 return _streaming.inference_dstream(self, dataRDD, feed_timeout, qname)
             if _streaming.is_streaming_df(dataRDD):
                 raise ConfigurationError("inference(streaming DataFrame): use tfos.streaming.inference_stream(cluster, df, sink)")
         self._check_qname(qname)
-        return self._ctl.inference(self._ctl.launcher.inference_call(dataRDD, feed_timeout, qname, schema))
+        data, parts, schema = self._ctl.launcher.inference_input(dataRDD, schema)
+        return self._ctl.inference(InferenceCall(data, parts, feed_timeout, qname, schema))
+
+    def row_accounting(self) -> list:
+        """Rows fed vs rows trained, per node and epoch of every ``train()`` call (driver).
+
+        On each fed node tfos counts the rows of every epoch of ``train(data, num_epochs)``
+        its feed handed to TensorFlow, and the rows Keras's ``train_step`` consumed while
+        that epoch was handed out. The epoch here is the feed's (``num_epochs``, from 0 in
+        each ``train()`` call), not a Keras epoch. An epoch's figures are final once the
+        next one began on that node or its ``main_fun`` returned (after ``shutdown()``: all
+        of them). See docs/datafeed.md, "Row accounting".
+
+        Returns:
+            :class:`tfos._driver.row_accounting.EpochRows` records (``node``,
+            ``train_call``, ``epoch``, ``fed``, ``trained``, ``carried``, ``closed``,
+            ``difference``, ``cause``, ``ok``), ordered by call, epoch and executor id, of
+            the current attempt; empty in InputMode.TENSORFLOW and under Spark Connect.
+        """
+        return self._ctl.backend.row_accounting()
 
     def node_states(self) -> dict[str, str]:
         """Each node's state by name (``"ps:0"``, ``"chief:0"``, ``"worker:1"``): 'registered',

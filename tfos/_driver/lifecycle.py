@@ -454,6 +454,7 @@ class Controller:
             try:
                 backend.await_workers(deadline, end_feed=self.plan.input_mode == InputMode.SPARK)
                 trained = True
+                backend.row_accounting()  # every worker's final figures are in (docs/datafeed.md)
                 _warn_if_nobody_trained(self.cluster_id, self.plan.roles, backend.node_states())
                 if grace_s and any(r.is_background for r in self.plan.roles) and backend.wait_for_failure(grace_s):
                     raise backend.fail("shutdown()")

@@ -45,6 +45,8 @@ VERDICT_EVERY_S = 2.0
 _SAMPLES_KEPT = 48
 #: Longest wait, in seconds, for one node's thread stacks.
 STACK_WAIT_S = 5.0
+#: Stalled nodes whose stacks one stall report asks for and shows.
+MAX_STACKS = 4
 
 
 def check_stall_args(stall_timeout: Any, stall_action: Any) -> tuple[float, str]:
@@ -118,6 +120,7 @@ class StatusMonitor:
             self._thread.join(5.0)
         self.tick()
         if self.scalars is not None:
+            self.scalars.write(self, [r.executor_id for r in self.state.roles], force=True)
             self.scalars.close()
 
     def _run(self) -> None:
@@ -225,14 +228,28 @@ class StatusMonitor:
                        and now - self._progress_at[e] >= self.stall_timeout_s]
             if not stalled:
                 return
-            self._reported.update(stalled)
-        text = self.stall_text(stalled, running, now)
+            # the nodes without progress that waited at least a few seconds: one report for
+            # them all, not one more per node as each reaches stall_timeout
+            quiet = [e for e in running if e in self._progress_at and now - self._progress_at[e] >= min(5.0, self.stall_timeout_s)]
+            self._reported.update(stalled + quiet)
+        stacks = self._stacks_of(stalled[:MAX_STACKS])
+        # Nodes blocked inside TensorFlow (a collective) wait for the one stuck in its own code.
+        stuck = [e for e in stalled if not _status.in_tensorflow(stacks.get(e, ""))] or stalled
+        text = self.stall_text(stuck, running, now, stacks)
         self.last_stall = text
         if self.stall_action == "fail":
-            eid = stalled[0]
-            self.state.record_failure(self.state.make_failure(eid, "stalled", "NodeStalled", text))
+            self.state.record_failure(self.state.make_failure(stuck[0], "stalled", "NodeStalled", text))
         else:
             log.warning("%s", text)
+
+    def _stacks_of(self, eids: list[int]) -> dict[int, str]:
+        """Every thread's stack of nodes ``eids``, asked at once."""
+        if not eids:
+            return {}
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=len(eids), thread_name_prefix="tfos-stacks") as pool:
+            return dict(zip(eids, pool.map(self.stack_of, eids)))
 
     def _what(self, eid: int, now: float) -> str:
         """What node ``eid`` last did, for the stall report."""
@@ -251,9 +268,11 @@ class StatusMonitor:
             parts.append(f"{steps:,} Keras steps")
         return ", ".join(parts)
 
-    def stall_text(self, stalled: list[int], running: list[int], now: float) -> str:
+    def stall_text(self, stalled: list[int], running: list[int], now: float, stacks: Optional[dict] = None) -> str:
         """The stall report: the stuck nodes, what they last did and for how long, every
-        thread's stack of their TF processes, and the nodes waiting on them."""
+        thread's stack of their TF processes (``stacks``: those already asked), and the
+        nodes waiting on them."""
+        stacks = dict(stacks or {})
         name = self.state.node_name
         lines = []
         for eid in stalled:
@@ -269,6 +288,9 @@ class StatusMonitor:
             w = self.window(eid)
             if w is not None and w.waiting_s >= 1.0:
                 waiting.append(f"{name(eid)}: main_fun waiting for rows for {w.waiting_s:.0f} s")
+            elif _status.in_tensorflow(stacks.get(eid, "")):
+                waiting.append(f"{name(eid)}: main_fun blocked inside TensorFlow for {now - self._progress_at[eid]:.0f} s "
+                               f"(a collective waiting for its peers?) at {_status.innermost_of_main(stacks[eid])}")
             elif now - self._progress_at.get(eid, now) >= min(5.0, self.stall_timeout_s) or (
                     w is not None and w.rows_per_s == 0 and (w.steps_per_s or 0) == 0):
                 waiting.append(f"{name(eid)}: no row or step for {now - self._rows_at.get(eid, self.started):.0f} s")
@@ -276,9 +298,11 @@ class StatusMonitor:
             lines.append("Waiting on it: " + "; ".join(waiting))
         else:
             lines.append("No other node waits on it (every other node makes progress or has ended)")
-        for eid in stalled:
-            stack = self.stack_of(eid)
+        for eid in stalled[:MAX_STACKS]:
+            stack = stacks[eid] if eid in stacks else self.stack_of(eid)
             lines.append(stack or f"(no stack came from {name(eid)} within {STACK_WAIT_S:g} s)")
+        if len(stalled) > MAX_STACKS:
+            lines.append(f"({len(stalled) - MAX_STACKS} more stalled node(s): cluster.stacks() has every node's stacks)")
         return "\n".join(lines)
 
     def stack_of(self, eid: int, wait_s: float = STACK_WAIT_S) -> str:
@@ -319,6 +343,7 @@ class StatusMonitor:
                 "task_index": r.task_index, "host": st.hosts.get(eid, ""),
                 "state": state.value if state is not None else "",
                 "rows": int(last.get("rows", 0)),
+                "rows_by_epoch": _status.epochs_of(last),
                 "rows_per_s": round(w.rows_per_s, 1) if w else None,
                 "feed_wait_share": round(w.feed_wait_share, 3) if w else None,
                 "feed_waiting_s": round(w.waiting_s, 1) if w else None,

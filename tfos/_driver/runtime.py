@@ -25,6 +25,7 @@ from tfos._control.server import ControlServer
 from tfos._driver.console import BarConsole
 from tfos._driver.monitor import StatusMonitor
 from tfos._driver.open_clusters import any_open
+from tfos._driver.row_accounting import RowAccounting
 from tfos._driver.state import ClusterState
 from tfos._node import output as _node_output
 from tfos.cluster_template import NodeRole
@@ -229,6 +230,8 @@ class ClusterRuntime:
         self.cluster_id = cluster_id
         self.state = ClusterState(cluster_id, roles, heartbeat_timeout_s, on_failure=self._on_first_failure)
         self.server = ControlServer(key, self.state, host=driver_host, num_nodes=len(self.state.roles))
+        #: Rows fed vs trained per node and epoch, judged as figures arrive (docs/datafeed.md).
+        self.rows = RowAccounting(self.state)
         #: Every Spark job this cluster started, in order.
         self.jobs: list[JobThread] = []
         #: Node processes on the driver host (``driver_ps_nodes=True``).
@@ -300,6 +303,7 @@ class ClusterRuntime:
             while not st.wait_for_event_or_failure(job.done, 0.5 if progress else 5.0) and not st.failed:
                 if progress:
                     progress.update()
+                    self.rows.check()
             if st.failed:
                 raise self.fail(context)
             if job.error is not None:
@@ -320,6 +324,7 @@ class ClusterRuntime:
             ok = True
             if progress:
                 progress.finish(feed_ids())
+                self.rows.check()
             return job.result
         except BaseException as exc:
             if not isinstance(exc, TFOSError) and not self._closed:

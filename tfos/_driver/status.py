@@ -29,7 +29,7 @@ import statistics
 from typing import Mapping, Optional, Sequence
 
 __all__ = [
-    "Verdict", "NodeWindow", "window_of", "waited_ms", "node_class", "judge", "progress_mark", "idle",
+    "Verdict", "NodeWindow", "window_of", "waited_ms", "in_tensorflow", "innermost_of_main", "epochs_of", "node_class", "judge", "progress_mark", "idle",
     "WINDOW_S", "STARVED_SHARE", "BUSY_SHARE", "EMPTY_SHARE", "SKEW_RATIO", "IDLE_CPU_SHARE",
 ]
 
@@ -136,7 +136,8 @@ def window_of(samples: Sequence[Mapping[str, int]], window_s: float = WINDOW_S) 
     span_s = span_ms / 1000.0
     inside = samples[base_i + 1:]
     cap = last.get("queue_capacity", 0)
-    steps0, steps1 = _steps(base), _steps(last)
+    steps1 = _steps(last)
+    steps0 = _steps(base) if _steps(base) is not None else (0 if steps1 is not None else None)  # before the first step
     since = last.get("feed_wait_since_ms", 0)
     return NodeWindow(
         span_s=span_s,
@@ -215,6 +216,47 @@ def judge(windows: Mapping[str, NodeWindow]) -> tuple[Verdict, list[str], str]:
             f"{_names(busy)}: main_fun runs {1 - share:.0%} of the time or more while rows wait in the queue: "
             "the TF step is the slow part")
     return Verdict.NONE, [], "rows arrive about as fast as main_fun takes them"
+
+
+def epochs_of(sample: Mapping[str, int]) -> dict[int, dict[str, Optional[int]]]:
+    """Rows per feed epoch of the node's latest ``train()`` call, from the row accounting's
+    counters (``rows_fed/<feed>/<epoch>``, ``rows_trained/<feed>/<epoch>``,
+    ``rows_closed/<feed>/<epoch>``: :mod:`tfos._node.row_count`, docs/datafeed.md "Row
+    accounting"): ``{epoch: {"fed", "trained", "closed"}}`` (``trained`` None without Keras
+    3 ``fit``); {} when the node has none (pure)."""
+    feeds: dict[str, dict[int, dict[str, Optional[int]]]] = {}
+    for name, value in sample.items():
+        kind, sep, rest = name.partition("/")
+        if not sep or kind not in ("rows_fed", "rows_trained", "rows_closed"):
+            continue
+        feed, sep, epoch = rest.rpartition("/")
+        if not sep or not epoch.isdigit():
+            continue
+        row = feeds.setdefault(feed, {}).setdefault(int(epoch), {"fed": 0, "trained": None, "closed": 0})
+        row[kind.split("_", 1)[1]] = int(value)
+    if not feeds:
+        return {}
+    return dict(sorted(feeds[list(feeds)[-1]].items()))  # the feed counted last: the latest train() call
+
+
+#: Path parts of the libraries whose frames, innermost in main_fun's stack, mean main_fun
+#: waits inside TensorFlow (a collective, a step) rather than in its own code.
+TF_PATHS = ("/tensorflow/", "/keras/", "/tf_keras/", "/tensorflow_core/")
+
+
+def innermost_of_main(stack: str) -> str:
+    """The innermost ``File "...", line N, in f`` line of main_fun's part of a
+    :func:`tfos._node.stacks.thread_stacks` text ('' when there is none) (pure)."""
+    main = stack.split("\nThread ", 1)[0].split("\ntfos threads:", 1)[0]
+    files = [ln.strip() for ln in main.splitlines() if ln.strip().startswith('File "')]
+    return files[-1] if files else ""
+
+
+def in_tensorflow(stack: str) -> bool:
+    """True when main_fun waits in TensorFlow's or Keras's own code (its innermost frame
+    there): e.g. a collective waiting for a peer that never comes (pure)."""
+    line = innermost_of_main(stack)
+    return any(part in line for part in TF_PATHS)
 
 
 def progress_mark(samples: Sequence[Mapping[str, int]]) -> tuple:

@@ -31,6 +31,7 @@ import time
 from typing import Any, Callable, Optional, Union
 
 from tfos._common.deadline import Deadline
+from tfos._data.feed_plan import FEED_TIMEOUT_S
 from tfos.errors import ClusterFailedError, ConfigurationError, TFOSError, check_num_epochs
 
 __all__ = [
@@ -347,7 +348,7 @@ def _stop_query_async(holder: list) -> None:
     threading.Thread(target=stop, name="tfos-stop-query", daemon=True).start()
 
 
-def train_stream(cluster: Any, sdf: Any, num_epochs: int = 1, feed_timeout: float = 600, qname: str = "input",
+def train_stream(cluster: Any, sdf: Any, num_epochs: int = 1, feed_timeout: float = FEED_TIMEOUT_S, qname: str = "input",
                  checkpointLocation: Optional[str] = None, trigger: Optional[dict] = None,
                  queryName: Optional[str] = None) -> Any:
     """Starts a Structured Streaming query that feeds every micro-batch with ``train()`` (driver).
@@ -412,7 +413,7 @@ def _results_df(spark: Any, results: Any, schema: Any) -> Any:
     return spark.createDataFrame(results.map(as_row), schema)
 
 
-def inference_stream(cluster: Any, sdf: Any, sink: Union[Callable[[Any, Any, int], None], dict], feed_timeout: float = 600,
+def inference_stream(cluster: Any, sdf: Any, sink: Union[Callable[[Any, Any, int], None], dict], feed_timeout: float = FEED_TIMEOUT_S,
                      qname: str = "input", checkpointLocation: Optional[str] = None, trigger: Optional[dict] = None,
                      queryName: Optional[str] = None) -> Any:
     """Starts a query running ``cluster.inference`` on every micro-batch and writing the

@@ -85,8 +85,9 @@ class ScalarWriter:
             self._files[run] = w
         return w
 
-    def write(self, monitor: Any, eids: list[int]) -> None:
-        """Writes the scalars of nodes ``eids`` (those with new figures) that are due."""
+    def write(self, monitor: Any, eids: list[int], force: bool = False) -> None:
+        """Writes the scalars of nodes ``eids`` (those with new figures) that are due
+        (``force``: all of them, the last point when the attempt ends)."""
         if self._failed:
             return
         now = time.monotonic()
@@ -95,7 +96,7 @@ class ScalarWriter:
         try:
             for eid in eids:
                 row = rows.get(eid)
-                if row is None or row["rows_per_s"] is None or now - self._last.get(eid, -EVERY_S) < EVERY_S:
+                if row is None or row["rows_per_s"] is None or (not force and now - self._last.get(eid, -1e9) < EVERY_S):
                     continue
                 self._last[eid] = now
                 values = {

@@ -92,3 +92,16 @@ def live_snapshot(hub: Optional[Any] = None) -> dict[str, int]:
     else:
         out["rows"] = 0
     return out
+
+
+def report_now(client: Any, executor_id: int, hub: Optional[Any] = None) -> None:
+    """Sends the figures at once, in a long-poll that does not wait (TF process): the
+    driver's summary then holds main_fun's last rows and steps even when the process ends
+    before its next poll. A failed send is left to the next poll (or lost with the process).
+    """
+    from tfos._control import messages as _msg
+
+    try:
+        client.call(_msg.WaitEvent(executor_id=executor_id, counters=live_snapshot(hub), poll_s=0.0), timeout_s=5.0)
+    except Exception:  # noqa: BLE001 - figures are best effort; the node's own report follows
+        pass

@@ -32,6 +32,12 @@ batches that iterator read ahead are never trained on, and ``evaluate`` may see 
 what the build reads (the model's layers are built, or every tensor's shape is known beyond
 the batch dimension); otherwise Keras builds as it does.
 
+Also applied under a multi-worker strategy (each in a module of its own): numpy/array inputs
+that Keras shuffles get one order every worker draws alike (:mod:`tfos._node.keras3_arrays`);
+step outputs with no device (a metric returning its variable, Python numbers) pass the
+reduction, and on a fed node ``train_step`` counts its rows and Keras's end-of-data warning
+is left out at a fed epoch's planned end (:mod:`tfos._node.keras3_outputs`).
+
 How it is applied: :func:`install` (called by the TF process right before ``main_fun``)
 registers an import hook, so nothing is imported until ``main_fun`` itself imports Keras 3
 (``import keras`` or ``tf.keras``); the hook patches the trainer module as it is loaded,
@@ -49,6 +55,9 @@ import logging
 import os
 import sys
 from typing import Any, Optional, Sequence
+
+from tfos._node import keras3_arrays, keras3_outputs, keras_steps
+from tfos._node.row_count import ROWS
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +146,7 @@ def apply(trainer: Any) -> bool:
             version, _tested_text(), OFF_SWITCH,
         )
     _patch(trainer)
+    keras_steps.count_steps(trainer)  # steps/s per node for the driver's status (docs/status.md)
     from tfos._node import keras3_ps  # ParameterServerStrategy: docs/parameter_servers.md
 
     keras3_ps.apply(trainer)
@@ -200,9 +210,11 @@ def _patch(trainer: Any) -> None:
 
     # tensorflow/tensorflow#72388: reduction "mean" across workers used axis=0, which fails
     # on scalar metrics; Keras means the element-wise mean across replicas (axis=None).
+    # keras-team/keras#19308, tensorflow/tensorflow#58938: values with no device (a metric's
+    # own variable, a Python number) failed in strategy.reduce: see keras3_outputs.
     def reduce_per_replica(values: Any, strategy: Any, reduction: str) -> Any:
         if reduction in ("auto", "mean") and multi_worker(strategy):
-            return tree.map_structure(lambda v: strategy.reduce("MEAN", v, axis=None), values)
+            return keras3_outputs.reduce_mean_across_workers(values, strategy)
         return keras_reduce_per_replica(values, strategy, reduction)
 
     # keras-team/keras#19246: with steps_per_execution > 1 Keras runs each step inside a
@@ -210,6 +222,8 @@ def _patch(trainer: Any) -> None:
     # conditional fails ("You must feed a value for placeholder tensor"). Here the loop's
     # condition checks that a batch is there, so the steps run unconditionally.
     def _make_function(self: Any, step_function: Any) -> Any:
+        if ROWS.enabled and getattr(step_function, "__name__", "") == "train_step":
+            step_function = keras3_outputs.counting_step(step_function, ROWS.counter())  # docs/datafeed.md
         keras_function = keras_make_function(self, step_function)
         strategy = self.distribute_strategy
         if self.steps_per_execution == 1 or not multi_worker(strategy):
@@ -253,6 +267,10 @@ def _patch(trainer: Any) -> None:
     trainer.TensorFlowTrainer._make_function = _make_function
     trainer.reduce_per_replica = reduce_per_replica
     _patch_callbacks(multi_worker)
+    keras3_arrays.patch(trainer, multi_worker)
+    from keras.src.trainers.epoch_iterator import EpochIterator
+
+    keras3_outputs.quiet_planned_end(EpochIterator, lambda: ROWS.enabled)
 
 
 def _patch_callbacks(multi_worker: Any) -> None:

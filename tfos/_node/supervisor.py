@@ -285,159 +285,194 @@ def supervise(launch: NodeLaunch) -> int:
     Returns:
         The TF process's exit status (negative: killed by that signal).
     """
-    cfg = launch.config
-    eid = launch.role.executor_id
-    client = ControlClient(cfg.driver_host, cfg.driver_port, cfg.key, cfg.cluster_id, connect_timeout_s=cfg.heartbeat_timeout_s)
-    jvm = _Watch(launch.watch_pid)
-    parent_gone = threading.Event()
-    if launch.watch_stdin:
-        watch_stdin_eof(parent_gone.set, "tfos-parent-watch")
+    return _Supervision(launch).run()
 
-    # A fed node's data server listens on a Unix socket in a directory made here, so that
-    # it is removed whatever ends the TF process; directories of nodes killed together
-    # with their supervisor (a process-group or cgroup kill) are swept first.
-    sock_dir = None
-    if cfg.input_mode == InputMode.SPARK and launch.role.feedable and _local.SUPPORTED:
-        _local.sweep_stale_socket_dirs()
-        sock_dir = _local.make_socket_dir()
-        if sock_dir is not None:
-            launch = dataclasses.replace(launch, feed_socket_dir=sock_dir.path)
 
-    # Its own process group, so that whatever main_fun starts (subprocesses, forks,
-    # TensorBoard) is ended with the node: see _end_group. Its output is read here (it
-    # outlives the TF process), filtered, teed to the executor log and forwarded.
-    output = node_output(launch, client)  # its lines go over the heartbeat's connection
-    try:
-        if output is None:
-            tf = start_node_process("tfos._node.tf_process", launch, new_session=True)
-        else:
-            tf = start_node_process("tfos._node.tf_process", launch, new_session=True, stdout=output.child_stdout,
-                                    stderr=output.child_stderr, log_fd=output.log_fd, output_mark=output.mark)
-            output.start()
-    except BaseException:
-        if output is not None:
-            output.close()
-        _local.remove_socket_dir(sock_dir)
-        raise
-    log.info("tfos node %s: TF process pid %d started", launch.node_name, tf.pid)
+class _Supervision:
+    """One node's supervision (supervisor process): the TF process, its heartbeats and the
+    checks of every tick; ``code`` is set once the TF process ended or was ended."""
 
-    started = time.monotonic()
-    # The checks below run every tick; a heartbeat goes out every heartbeat_interval_s
-    # (and a tick after a failed one).
-    tick_s = min(1.0, cfg.heartbeat_interval_s)
-    next_beat = 0.0
-    refused_since: Optional[float] = None
-    stop_since: Optional[float] = None
-    aborted = False
-    driver_gone = False
-    terminated = False
-    rss = 0
-    stopped_since: Optional[float] = None
-    code: Optional[int] = None
-    while code is None:
+    def __init__(self, launch: NodeLaunch):
+        cfg = self.cfg = launch.config
+        self.launch = launch
+        self.eid = launch.role.executor_id
+        self.client = ControlClient(cfg.driver_host, cfg.driver_port, cfg.key, cfg.cluster_id,
+                                    connect_timeout_s=cfg.heartbeat_timeout_s)
+        self.jvm = _Watch(launch.watch_pid)
+        self.parent_gone = threading.Event()
+        self.sock_dir: Optional[_local.SocketDir] = None
+        self.output: Optional[NodeOutput] = None
+        self.tf: subprocess.Popen
+        self.started = 0.0
+        # The checks run every tick; a heartbeat goes out every heartbeat_interval_s (and a
+        # tick after a failed one).
+        self.tick_s = min(1.0, cfg.heartbeat_interval_s)
+        self.next_beat = 0.0
+        self.refused_since: Optional[float] = None
+        self.stop_since: Optional[float] = None
+        self.stopped_since: Optional[float] = None
+        self.aborted = False
+        self.driver_gone = False
+        self.terminated = False
+        self.rss = 0
+
+    def run(self) -> int:
+        if self.launch.watch_stdin:
+            watch_stdin_eof(self.parent_gone.set, "tfos-parent-watch")
+        self._start()
+        code: Optional[int] = None
+        while code is None:
+            try:
+                code = self.tf.wait(self.tick_s)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            code = self._tick()
+        return self._finish(code)
+
+    def _start(self) -> None:
+        """Starts the TF process (and makes a fed node's socket directory first)."""
+        launch, cfg = self.launch, self.cfg
+        # A fed node's data server listens on a Unix socket in a directory made here, so that
+        # it is removed whatever ends the TF process; directories of nodes killed together
+        # with their supervisor (a process-group or cgroup kill) are swept first.
+        if cfg.input_mode == InputMode.SPARK and launch.role.feedable and _local.SUPPORTED:
+            _local.sweep_stale_socket_dirs()
+            self.sock_dir = _local.make_socket_dir()
+            if self.sock_dir is not None:
+                launch = self.launch = dataclasses.replace(launch, feed_socket_dir=self.sock_dir.path)
+        # Its own process group, so that whatever main_fun starts (subprocesses, forks,
+        # TensorBoard) is ended with the node: see _end_group. Its output is read here (it
+        # outlives the TF process), filtered, teed to the executor log and forwarded.
+        output = self.output = node_output(launch, self.client)  # its lines go over the heartbeat's connection
         try:
-            code = tf.wait(tick_s)
-            break
-        except subprocess.TimeoutExpired:
-            pass
-        if not jvm.alive():
-            _report(client, launch, "lost", "ExecutorLost", f"the Spark executor JVM ({jvm.describe()}) on {launch.host} exited, taking the node down")
-            code = _stop_tf(tf, ABORT_KILL_S)
-            break
-        if parent_gone.is_set():
-            if stop_since is None:
+            if output is None:
+                self.tf = start_node_process("tfos._node.tf_process", launch, new_session=True)
+            else:
+                self.tf = start_node_process("tfos._node.tf_process", launch, new_session=True, stdout=output.child_stdout,
+                                             stderr=output.child_stderr, log_fd=output.log_fd, output_mark=output.mark)
+                output.start()
+        except BaseException:
+            if output is not None:
+                output.close()
+            _local.remove_socket_dir(self.sock_dir)
+            raise
+        log.info("tfos node %s: TF process pid %d started", launch.node_name, self.tf.pid)
+        self.started = time.monotonic()
+
+    def _tick(self) -> Optional[int]:
+        """One tick's checks and heartbeat; the exit status once the TF process was ended."""
+        launch, cfg, tf, client = self.launch, self.cfg, self.tf, self.client
+        if not self.jvm.alive():
+            _report(client, launch, "lost", "ExecutorLost", f"the Spark executor JVM ({self.jvm.describe()}) on {launch.host} exited, taking the node down")
+            return _stop_tf(tf, ABORT_KILL_S)
+        if self.parent_gone.is_set():
+            if self.stop_since is None:
                 _report(client, launch, "lost", "SparkTaskKilled", "the Spark task hosting the node ended (task killed or Python worker died)")
-            code = _stop_tf(tf, ABORT_KILL_S)
-            break
-        rss = _tree_rss(tf.pid) or rss
+            return _stop_tf(tf, ABORT_KILL_S)
+        self.rss = _tree_rss(tf.pid) or self.rss
         if _is_stopped(tf.pid):
             # A stopped TF process stalls the cluster (its peers wait in their collectives,
             # its feed tasks until feed_timeout) while this supervisor heartbeats for it.
-            stopped_since = time.monotonic() if stopped_since is None else stopped_since
-            if time.monotonic() - stopped_since >= cfg.heartbeat_timeout_s:
+            self.stopped_since = time.monotonic() if self.stopped_since is None else self.stopped_since
+            if time.monotonic() - self.stopped_since >= cfg.heartbeat_timeout_s:
                 _report(client, launch, "exited", "ProcessStopped",
                         f"the TF process (pid {tf.pid}) was stopped by a signal (SIGSTOP) for about "
-                        f"{time.monotonic() - stopped_since:.0f} s, longer than heartbeat_timeout "
+                        f"{time.monotonic() - self.stopped_since:.0f} s, longer than heartbeat_timeout "
                         f"({cfg.heartbeat_timeout_s:g} s); a stopped node stalls its cluster, so it was ended")
-                code = _stop_tf(tf, ABORT_KILL_S)  # SIGKILL ends a stopped process too
-                terminated = True
-                break
+                self.terminated = True
+                return _stop_tf(tf, ABORT_KILL_S)  # SIGKILL ends a stopped process too
         else:
-            stopped_since = None
+            self.stopped_since = None
         _reap_orphans(tf.pid)
-        if time.monotonic() >= next_beat:
-            next_beat = time.monotonic() + cfg.heartbeat_interval_s
-            budget = _contact_budget_s(client, cfg.heartbeat_timeout_s, started)
-            try:
-                if budget <= 0:
-                    raise ConnectionError("no answer from the driver")
-                # Connect and answer both bounded by the silence budget left: a dead driver
-                # is given up on heartbeat_timeout_s after its last answer, not later. One
-                # connection attempt takes at most _CONNECT_SLICE_S; the next heartbeat retries.
-                d = client.call(
-                    _msg.Heartbeat(executor_id=eid, pid=os.getpid(), host=launch.host, rss=rss),
-                    timeout_s=max(0.1, min(_REQUEST_TIMEOUT_S, budget)), retry=False,
-                    connect_timeout_s=max(0.1, min(budget, _CONNECT_SLICE_S)),
-                )
-                if (d.get("stop") or d.get("abort")) and stop_since is None:
-                    stop_since = time.monotonic()
-                if d.get("abort") and not aborted and not terminated:
-                    aborted = True
-                    log.warning("tfos node %s: the cluster aborted (%s); terminating the TF process", launch.node_name, d.get("abort"))
-                    code = _stop_tf(tf, ABORT_KILL_S)
-                    terminated = True
-                    break
-            except (OSError, ControlProtocolError, DeadlineExceededError) as exc:
-                next_beat = time.monotonic() + tick_s  # try again at the next tick
-                silence = time.monotonic() - max(client.last_contact, started)
-                if isinstance(client.last_connect_error, ConnectionRefusedError):
-                    refused_since = time.monotonic() if refused_since is None else refused_since
-                else:
-                    refused_since = None
-                if refused_since is not None and time.monotonic() - refused_since >= min(REFUSED_GIVE_UP_S, cfg.heartbeat_timeout_s):
-                    log.error("tfos node %s: the driver's control port refuses connections for %.1f s (the cluster was torn "
-                              "down or the driver exited); stopping the node", launch.node_name, time.monotonic() - refused_since)
-                    driver_gone = True
-                    if output is not None:
-                        output.abandon()  # at once: its sender stops trying while the TF process stops
-                    code = _stop_tf(tf, ABORT_KILL_S)
-                    break
-                if silence >= cfg.heartbeat_timeout_s:
-                    log.error("tfos node %s: no answer from the driver for %.1f s (%s); stopping the node", launch.node_name, silence, exc)
-                    driver_gone = True
-                    if output is not None:
-                        output.abandon()  # at once: its sender stops trying while the TF process stops
-                    code = _stop_tf(tf, ABORT_KILL_S)
-                    break
-        if stop_since is not None and not terminated and time.monotonic() - stop_since >= STOP_GRACE_S:
+        if time.monotonic() >= self.next_beat:
+            code = self._beat()
+            if code is not None:
+                return code
+        if self.stop_since is not None and not self.terminated and time.monotonic() - self.stop_since >= STOP_GRACE_S:
             log.warning("tfos node %s: TF process still running %.0f s after stop; terminating it", launch.node_name, STOP_GRACE_S)
-            code = _stop_tf(tf)
-            terminated = True
-    _end_group(tf.pid)
-    escaped = _end_descendants()
-    if escaped:
-        # those of the group just killed that this subreaper inherited, and those started
-        # in a session of their own
-        log.info("tfos node %s: ended and reaped %d process(es) left below the node: pids %s",
-                 launch.node_name, len(escaped), escaped)
-    _local.remove_socket_dir(sock_dir)
-    if output is not None:
-        output.close()  # its last lines reach the driver before its exit status
-    log.info("tfos node %s: TF process %s", launch.node_name, describe_exit(code))
-    if not driver_gone:
-        # An address-space limit (spark.executor.pyspark.memory) in force, for the driver's ProcessDied text.
-        hint = memory_limit_exit_hint(code)
+            self.terminated = True
+            return _stop_tf(tf)
+        return None
+
+    def _beat(self) -> Optional[int]:
+        """One heartbeat; the exit status once the TF process was ended (cluster aborted,
+        driver gone)."""
+        launch, cfg, client = self.launch, self.cfg, self.client
+        self.next_beat = time.monotonic() + cfg.heartbeat_interval_s
+        budget = _contact_budget_s(client, cfg.heartbeat_timeout_s, self.started)
         try:
-            client.request(
-                # unprompted: the TF process ended without this supervisor ending it, so a
-                # non-zero code is a death of its own even if the cluster is stopping.
-                "status", executor_id=eid, state="exited", code=int(code), rss=rss, unprompted=not terminated,
-                timeout_s=_REQUEST_TIMEOUT_S, retry=False, connect_timeout_s=2.0, **({"hint": hint} if hint else {}),
+            if budget <= 0:
+                raise ConnectionError("no answer from the driver")
+            # Connect and answer both bounded by the silence budget left: a dead driver
+            # is given up on heartbeat_timeout_s after its last answer, not later. One
+            # connection attempt takes at most _CONNECT_SLICE_S; the next heartbeat retries.
+            d = client.call(
+                _msg.Heartbeat(executor_id=self.eid, pid=os.getpid(), host=launch.host, rss=self.rss),
+                timeout_s=max(0.1, min(_REQUEST_TIMEOUT_S, budget)), retry=False,
+                connect_timeout_s=max(0.1, min(budget, _CONNECT_SLICE_S)),
             )
         except (OSError, ControlProtocolError, DeadlineExceededError) as exc:
-            log.warning("could not report the exit of %s: %s", launch.node_name, exc)
-    client.close()
-    return code
+            return self._unanswered(exc)
+        if (d.get("stop") or d.get("abort")) and self.stop_since is None:
+            self.stop_since = time.monotonic()
+        if d.get("abort") and not self.aborted and not self.terminated:
+            self.aborted = True
+            log.warning("tfos node %s: the cluster aborted (%s); terminating the TF process", launch.node_name, d.get("abort"))
+            self.terminated = True
+            return _stop_tf(self.tf, ABORT_KILL_S)
+        return None
+
+    def _unanswered(self, exc: BaseException) -> Optional[int]:
+        """A heartbeat got no answer: the exit status once the driver counts as gone."""
+        launch, client = self.launch, self.client
+        self.next_beat = time.monotonic() + self.tick_s  # try again at the next tick
+        silence = time.monotonic() - max(client.last_contact, self.started)
+        if isinstance(client.last_connect_error, ConnectionRefusedError):
+            self.refused_since = time.monotonic() if self.refused_since is None else self.refused_since
+        else:
+            self.refused_since = None
+        timeout_s = self.cfg.heartbeat_timeout_s
+        if self.refused_since is not None and time.monotonic() - self.refused_since >= min(REFUSED_GIVE_UP_S, timeout_s):
+            log.error("tfos node %s: the driver's control port refuses connections for %.1f s (the cluster was torn "
+                      "down or the driver exited); stopping the node", launch.node_name, time.monotonic() - self.refused_since)
+        elif silence >= timeout_s:
+            log.error("tfos node %s: no answer from the driver for %.1f s (%s); stopping the node", launch.node_name, silence, exc)
+        else:
+            return None
+        self.driver_gone = True
+        if self.output is not None:
+            self.output.abandon()  # at once: its sender stops trying while the TF process stops
+        return _stop_tf(self.tf, ABORT_KILL_S)
+
+    def _finish(self, code: int) -> int:
+        """Ends what is left of the node and reports its exit; returns ``code``."""
+        launch, client = self.launch, self.client
+        _end_group(self.tf.pid)
+        escaped = _end_descendants()
+        if escaped:
+            # those of the group just killed that this subreaper inherited, and those started
+            # in a session of their own
+            log.info("tfos node %s: ended and reaped %d process(es) left below the node: pids %s",
+                     launch.node_name, len(escaped), escaped)
+        _local.remove_socket_dir(self.sock_dir)
+        if self.output is not None:
+            self.output.close()  # its last lines reach the driver before its exit status
+        log.info("tfos node %s: TF process %s", launch.node_name, describe_exit(code))
+        if not self.driver_gone:
+            # An address-space limit (spark.executor.pyspark.memory) in force, for the driver's ProcessDied text.
+            hint = memory_limit_exit_hint(code)
+            try:
+                client.request(
+                    # unprompted: the TF process ended without this supervisor ending it, so a
+                    # non-zero code is a death of its own even if the cluster is stopping.
+                    "status", executor_id=self.eid, state="exited", code=int(code), rss=self.rss, unprompted=not self.terminated,
+                    timeout_s=_REQUEST_TIMEOUT_S, retry=False, connect_timeout_s=2.0, **({"hint": hint} if hint else {}),
+                )
+            except (OSError, ControlProtocolError, DeadlineExceededError) as exc:
+                log.warning("could not report the exit of %s: %s", launch.node_name, exc)
+        client.close()
+        return code
 
 
 def main() -> int:

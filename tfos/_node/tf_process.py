@@ -32,9 +32,9 @@ from tfos._control.client import ControlClient
 from tfos._control.limits import event_poll_s
 from tfos._data import local_socket as _local
 from tfos._data.feed_hub import FeedHub
-from tfos._node import keras3_fix
+from tfos._node import keras3_fix, row_count
 from tfos._node import task_world as _task_world
-from tfos._node.figures import live_snapshot
+from tfos._node.figures import live_snapshot, report_now
 from tfos._node.launch import NodeLaunch
 from tfos._node.node_failure import after_abort, node_failure
 from tfos._node.output import (
@@ -165,6 +165,8 @@ class _NodeRun:
                 ctx.release_port()
             keras3_fix.default_legacy_keras(cfg.tf_use_legacy_keras)
             keras3_fix.install(cfg.keras3_fix)  # applied when main_fun imports Keras 3 (docs/keras.md)
+            if hub is not None:
+                row_count.start_fed_node()  # no auto-shard of fed data, row accounting (docs/datafeed.md)
             self._run_main(ctx)
             self._linger()
         except BaseException as exc:  # noqa: BLE001 - every failure is reported, then the process ends
@@ -271,6 +273,9 @@ class _NodeRun:
             if exc.code not in (None, 0):
                 raise
         self.main_done.set()
+        if hub is not None:
+            row_count.ROWS.close()  # the last epoch's rows trained, in the report below (docs/datafeed.md)
+        report_now(self.client, self.eid, self.hub)  # main_fun's last rows and Keras steps, for the driver's summary
         _task_world.send_accumulator_updates(self.client, self.eid)  # before 'finished': the driver applies them at shutdown
         if hub is not None:
             hub.close("finished", f"main_fun on {launch.node_name} returned")

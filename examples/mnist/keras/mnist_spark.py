@@ -160,7 +160,7 @@ def main_fun(args: argparse.Namespace, ctx: Any) -> None:
     # batches per epoch (see feed_dataset), so the epochs of Keras and of the feed agree
     # on every node. The epoch logger prints each epoch's line (steps, seconds, the gap
     # since the previous epoch).
-    result = model.fit(dist_ds, epochs=args.epochs, steps_per_epoch=steps, verbose=0, callbacks=callbacks)
+    result = model.fit(dist_ds, epochs=args.epochs, steps_per_epoch=steps, shuffle=False, verbose=0, callbacks=callbacks)
     history = {key: [float(v) for v in values] for key, values in result.history.items()}
     first_epoch = args.epochs - len(history.get("loss", []))  # > 0 after a restart (restored)
     train_seconds = time.monotonic() - began

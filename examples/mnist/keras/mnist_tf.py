@@ -110,7 +110,7 @@ def main_fun(args: argparse.Namespace, ctx: Any) -> None:
         model = common.build_model(keras, args.learning_rate)
     callbacks = common.keras_callbacks(keras, ctx, args)
     began = time.monotonic()
-    history = model.fit(train_ds, epochs=args.epochs, verbose=2 if chief else 0, callbacks=callbacks)
+    history = model.fit(train_ds, epochs=args.epochs, shuffle=False, verbose=2 if chief else 0, callbacks=callbacks)  # shuffled in tf.data
     train_seconds = time.monotonic() - began
 
     test = None

@@ -1,0 +1,177 @@
+"""Row accounting on a node (tfos._node.row_count), the fed-data auto-shard rule
+(tfos._node.fed_shard) and the array-shuffle seed (tfos._node.keras3_arrays): no Spark, no TF."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+
+from tfos._node import fed_shard, keras3_arrays, keras3_outputs
+from tfos._node.figures import NodeFigures
+from tfos._node.row_count import RowCount
+
+
+def _count(trained: list) -> tuple:
+    figures = NodeFigures()
+    rows = RowCount(figures)
+    rows.enable()
+    rows._read = lambda: trained[0]
+    return rows, figures
+
+
+def test_rows_trained_are_attributed_to_the_epoch_being_handed_out():
+    trained = [0]
+    rows, figures = _count(trained)
+    rows.handed("f", 0, 16)
+    rows.handed("f", 0, 16)
+    assert "rows_trained/f/0" not in figures.snapshot()  # the epoch is open
+    trained[0] = 24  # 8 rows still in the pipeline when epoch 1 begins
+    rows.handed("f", 1, 16)
+    trained[0] = 48
+    rows.close()
+    snap = figures.snapshot()
+    assert snap["rows_fed/f/0"] == 32 and snap["rows_fed/f/1"] == 16
+    assert snap["rows_trained/f/0"] == 24 and snap["rows_gap/f/0"] == 8
+    assert snap["rows_trained/f/1"] == 24 and snap["rows_gap/f/1"] == 0 and snap["rows_final/f/1"] == 1
+    assert snap["rows_closed/f/0"] == snap["rows_closed/f/1"] == 1 and "rows_final/f/0" not in snap
+    assert snap["rows_batch/f/0"] == 16 and snap["rows_trained"] == 48
+
+
+def test_a_node_without_a_feed_counts_nothing():
+    figures = NodeFigures()
+    rows = RowCount(figures)
+    rows.handed("f", 0, 16)
+    rows.close()
+    assert figures.snapshot() == {}
+
+
+@pytest.mark.parametrize("ops, expected", [
+    ({"GeneratorDataset", "BatchDatasetV2"}, True),           # from_generator over the feed
+    ({"MapDataset", "EagerPyFunc", "RangeDataset"}, True),    # py_function
+    ({"TFRecordDatasetV2", "PyFunc"}, False),                 # reads files: AUTO shards them
+    ({"TensorSliceDataset", "BatchDatasetV2"}, False),        # in-memory: TensorFlow's default
+])
+def test_which_datasets_a_fed_node_leaves_unsharded(ops, expected):
+    assert fed_shard.reads_python_not_files(frozenset(ops)) is expected
+
+
+def test_the_auto_shard_opt_out(monkeypatch):
+    monkeypatch.delenv(fed_shard.OPT_OUT, raising=False)
+    assert not fed_shard.opted_out()
+    monkeypatch.setenv(fed_shard.OPT_OUT, "auto")
+    assert fed_shard.opted_out()
+
+
+def test_every_worker_draws_the_same_array_seed(monkeypatch):
+    monkeypatch.delenv("TFOS_ARRAY_SHUFFLE_SEED", raising=False)
+    spec = {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}
+    seeds = {keras3_arrays.cluster_seed(json.dumps({"cluster": spec, "task": {"type": "worker", "index": i}})) for i in (0, 1)}
+    assert len(seeds) == 1
+    other = keras3_arrays.cluster_seed(json.dumps({"cluster": {"worker": ["127.0.0.1:3", "127.0.0.1:4"]}}))
+    assert other not in seeds
+    monkeypatch.setenv("TFOS_ARRAY_SHUFFLE_SEED", "7")
+    assert keras3_arrays.cluster_seed() == 7
+    assert keras3_arrays.dataset_seed(1) != keras3_arrays.dataset_seed(0)
+
+
+class _Iterator:
+    def __init__(self, steps_per_epoch, steps_seen):
+        self.steps_per_epoch, self._steps_seen, self.steps_per_execution = steps_per_epoch, steps_seen, 1
+
+    def _interrupted_warning(self):
+        warnings.warn("Your input ran out of data; interrupting training.", stacklevel=2)
+
+
+@pytest.mark.parametrize("fed, steps_per_epoch, steps_seen, warned", [
+    (True, None, 5, False),   # a fed epoch ended where its rows did: planned
+    (True, None, 1, True),    # an epoch that found no data at all
+    (True, 10, 5, True),      # steps_per_epoch asked for more than the data held
+    (False, None, 5, True),   # not a fed node: Keras's behaviour
+])
+def test_the_end_of_data_warning(fed, steps_per_epoch, steps_seen, warned):
+    cls = type("EpochIterator", (_Iterator,), {})
+    keras3_outputs.quiet_planned_end(cls, lambda: fed)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cls(steps_per_epoch, steps_seen)._interrupted_warning()
+    assert bool(caught) is warned
+
+
+# ----------------------------------------------------------------- the driver's verdict
+from tfos._driver.row_accounting import READ_AHEAD_BATCHES, RowAccounting, judge_node  # noqa: E402
+
+
+def _node(*epochs, keras=True):
+    """Figures of one node: ``(fed, trained, gap, final)`` per epoch of feed ``a``, batch 16."""
+    counters = {"rows_trained": 1} if keras else {}
+    for e, (fed, trained, gap, final) in enumerate(epochs):
+        counters.update({f"rows_fed/a/{e}": fed, f"rows_trained/a/{e}": trained, f"rows_gap/a/{e}": gap,
+                         f"rows_batch/a/{e}": 16, f"rows_closed/a/{e}": 1})
+        if final:
+            counters[f"rows_final/a/{e}"] = 1
+    return judge_node(1, "worker:0", counters, {}, 2)
+
+
+def test_read_ahead_is_not_a_loss():
+    # 32 rows in flight at each boundary, trained in the next epoch: nothing lost.
+    rows = _node((320, 288, 32, False), (320, 320, 32, False), (320, 352, 0, True))
+    assert [(r.difference, r.ok) for r in rows] == [(0, True)] * 3
+
+
+def test_a_last_partial_batch_dropped_is_within_one_batch():
+    rows = _node((330, 320, 10, True))
+    assert rows[0].ok and rows[0].difference == -10
+
+
+def test_data_auto_shard_is_named_in_the_epoch_that_lost_rows():
+    rows = _node((320, 320, 0, False), (320, 160, 160, False), (320, 320, 160, True))
+    assert [r.difference for r in rows] == [0, -160, 0]
+    assert rows[0].ok and rows[2].ok and "AutoShardPolicy.DATA" in rows[1].cause and "2 workers kept 1/2" in rows[1].cause
+
+
+def test_other_causes():
+    (row,) = _node((640, 100, 540, True))
+    assert row.difference == -540 and "take()" in row.cause
+    _, row = _node((320, 320, 0, False), (320, 640, -320, True))
+    assert row.difference == 320 and "repeat()" in row.cause
+    (row,) = _node((640, 0, 640, True))
+    assert "nothing trained" in row.cause
+
+
+def test_read_ahead_counts_up_to_a_limit():
+    # A first epoch that lost rows and never caught up: only READ_AHEAD_BATCHES batches count as in flight.
+    first, last = _node((640, 320, 320, False), (0, 0, 320, True))
+    assert first.difference == -(320 - READ_AHEAD_BATCHES * 16) and not first.ok
+    assert last.difference == -READ_AHEAD_BATCHES * 16 and not last.ok
+
+
+def test_a_node_that_never_ran_keras_fit_is_not_judged():
+    (row,) = _node((64, 0, 0, True), keras=False)
+    assert row.trained is None and row.ok and row.closed
+
+
+class _State:
+    def __init__(self, counters):
+        self.counters = counters
+        self.roles = [type("R", (), {"job_name": "chief"})(), type("R", (), {"job_name": "worker"})()]
+
+    def node_name(self, eid):
+        return f"{'chief' if eid == 0 else 'worker'}:0 (executor {eid}, host h)"
+
+
+def test_one_warning_per_node_and_epoch(caplog):
+    good = {"rows_fed/a/0": 320, "rows_trained/a/0": 320, "rows_gap/a/0": 0, "rows_batch/a/0": 16, "rows_closed/a/0": 1,
+            "rows_trained": 320}
+    bad = {"rows_fed/a/0": 320, "rows_trained/a/0": 160, "rows_gap/a/0": 160, "rows_batch/a/0": 16, "rows_closed/a/0": 1,
+           "rows_final/a/0": 1, "rows_fed/a/1": 320, "rows_batch/a/1": 16, "rows_trained": 160}
+    acct = RowAccounting(_State({0: good, 1: bad}))
+    with caplog.at_level("WARNING", logger="tfos._driver.row_accounting"):
+        acct.check()
+        acct.check()
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1, lines
+    assert "worker:0 (executor 1, host h), train() call 0, epoch 0: 320 rows fed to TensorFlow, 160 trained" in lines[0]
+    table = acct.table()
+    assert [(r.executor_id, r.epoch, r.closed, r.ok) for r in table] == [(0, 0, True, True), (1, 0, True, False), (1, 1, False, True)]
