@@ -1,10 +1,9 @@
 """``run()`` and the :class:`TFCluster` it returns: the one cluster users get (driver).
 
-``run()`` checks its arguments once, whatever runs the cluster, plans the roles, picks the
-backend (:mod:`tfos._driver.classic` for a SparkContext, :mod:`tfos._connect.client` for a
-Spark Connect session; the protocol is :mod:`tfos._driver.backend`) and lets the cluster's
-controller (:mod:`tfos._driver.lifecycle`) form it. ``TFCluster``'s methods check their own
-arguments and ask the controller, which owns the lifecycle and the restarts.
+``run()`` checks its arguments once, plans the roles, picks the backend (SparkContext:
+:mod:`tfos._driver.classic`, Spark Connect: :mod:`tfos._connect.launcher`; protocol:
+:mod:`tfos._driver.backend`) and lets the controller (:mod:`tfos._driver.lifecycle`) form it.
+``TFCluster``'s methods check their own arguments and ask the controller (lifecycle, restarts).
 """
 
 from __future__ import annotations
@@ -20,11 +19,13 @@ from tfos._common.deadline import Deadline
 from tfos._control.limits import heartbeat_interval_s
 from tfos._data.feed_plan import FEED_TIMEOUT_S, check_feed_timeout
 from tfos._driver import remedies
-from tfos._driver import streaming as _streaming
+from tfos._driver import stream_feeds as _streaming
 from tfos._driver.backend import ClusterPlan, InferenceCall, Launcher, TrainCall
+from tfos._driver.cluster_status import StatusMethods
 from tfos._driver.lifecycle import Controller, Lifecycle
 from tfos._driver.monitor import STALL_TIMEOUT_S, check_stall_args, summary_text
-from tfos._driver.task_world import pickle_payload
+from tfos._driver.payload import pickle_payload
+from tfos._node.launch import NodeSettings
 from tfos.cluster_template import InputMode, build_cluster_spec, build_template, roles_from_template
 from tfos.errors import ClusterFailedError, ConfigurationError, check_num_epochs
 
@@ -54,7 +55,7 @@ def _records_failure(method: Callable) -> Callable:
     return wrapper
 
 
-class TFCluster:
+class TFCluster(StatusMethods):
     """A running tfos cluster (driver side). Created by :func:`run`, not directly.
 
     Use it as a context manager to shut it down on exit::
@@ -90,7 +91,7 @@ class TFCluster:
         self.cluster_template = plan.template
         self.defaultFS = controller.backend.config.default_fs
         self.working_dir = launcher.working_dir
-        self.queues: list[str] = list(plan.settings["queues"])
+        self.queues: list[str] = list(plan.settings.queues)
         self.progress = plan.progress
 
     # ------------------------------------------------------------- properties
@@ -169,71 +170,6 @@ class TFCluster:
         if self._ctl.state.terminal:  # what the last attempt's TensorBoard reported
             return self._ctl.backend.tensorboard_url(timeout_s)
         return self._ctl.call("tensorboard_url()", lambda backend: backend.tensorboard_url(timeout_s))
-
-    # ----------------------------------------------------------------- status
-    def _monitor(self, what: str) -> Any:
-        runtime = getattr(self._ctl.backend, "runtime", None)
-        if runtime is None or runtime.monitor is None:
-            raise ConfigurationError(f"{what}: the nodes' figures are not kept under Spark Connect (docs/status.md)")
-        return runtime.monitor
-
-    def status(self) -> dict:
-        """The nodes' live figures and the bottleneck verdict, as plain data (driver; safe
-        to call from another thread while ``train()`` runs). Figures are at most one
-        long-poll old (about 1 s); rates and shares cover each node's last 10 s.
-
-        Returns:
-            ``{"cluster_id", "attempt", "state", "elapsed_s", "verdict"`` ('producer',
-            'feed', 'compute', 'skew' or 'none'), ``"verdict_nodes"`` (node names such
-            as 'worker:1'), ``"verdict_text"``, ``"verdicts_held_s"`` ({verdict: seconds}),
-            ``"last_stall"`` (the last stall report, '' before any), ``"nodes"``: one dict
-            per node with node, executor_id, job_name, task_index, host, state, rows,
-            rows_per_s, feed_wait_share (0..1), feed_waiting_s, queue_fill (0..1), steps
-            and steps_per_s (Keras; None without), cpu_s, cpu_share (cores), rss_bytes,
-            heartbeat_age_s, idle_s (seconds without progress), class (the node's own
-            verdict), named}``. Window figures are None until a node sent 3 s of them.
-            Fields and verdicts: docs/status.md.
-
-        Raises:
-            ConfigurationError: Under Spark Connect.
-        """
-        out = self._monitor("status()").status()
-        out.update(attempt=self.attempt, state=self.state.value)
-        return out
-
-    def stacks(self, timeout_s: float = 5.0) -> dict[str, str]:
-        """The Python stacks of every thread of every running node's TF process (driver).
-
-        Args:
-            timeout_s: Longest wait for each node's answer, in seconds (at most 10).
-
-        Returns:
-            ``{node name: text}`` (e.g. ``{"worker:1": "Threads of the TF process on
-            worker:1 ..."}``); '' for a node that did not answer in time (e.g. a C call
-            holding the GIL) or whose process ended.
-
-        Raises:
-            ConfigurationError: Under Spark Connect, or a ``timeout_s`` that is not > 0.
-        """
-        _check_seconds("stacks(): timeout_s", timeout_s)
-        return self._monitor("stacks()").stacks(float(timeout_s))
-
-    def summary(self) -> dict:
-        """Per node over the last attempt: rows, rows/s, feed-wait share, Keras steps, CPU
-        seconds; the verdict that held longest and the restarts (driver). Also logged at
-        INFO by ``shutdown()``.
-
-        Returns:
-            ``{"cluster_id", "restarts", "elapsed_s", "verdict", "verdicts_held_s",
-            "last_stall", "nodes": [{node, executor_id, rows, rows_per_s,
-            feed_wait_share, steps, cpu_s, seconds}]}`` (docs/status.md "After the run").
-
-        Raises:
-            ConfigurationError: Under Spark Connect.
-        """
-        out = self._monitor("summary()").summary()
-        out["restarts"] = self.attempt
-        return out
 
     # ---------------------------------------------------------------- feeding
     def _check_open(self, what: str) -> None:
@@ -358,8 +294,8 @@ class TFCluster:
             if _streaming.is_streaming_df(dataRDD):
                 raise ConfigurationError("inference(streaming DataFrame): use tfos.streaming.inference_stream(cluster, df, sink)")
         self._check_qname(qname)
-        data, parts, schema = self._ctl.launcher.inference_input(dataRDD, schema)
-        return self._ctl.inference(InferenceCall(data, parts, feed_timeout, qname, schema))
+        data, parts, result_schema = self._ctl.launcher.inference_input(dataRDD, schema)
+        return self._ctl.inference(InferenceCall(data, parts, feed_timeout, qname, result_schema))
 
     def row_accounting(self) -> list:
         """Rows fed vs rows trained, per node and epoch of every ``train()`` call (driver).
@@ -436,8 +372,7 @@ class TFCluster:
         # nodes still get ``timeout`` to see the end of the feed and return.
         deadline = Deadline(timeout, "main_fun to return on every chief/master/worker node", "a main_fun that never ends (e.g. waiting for data after terminate())")
         self._ctl.shutdown(deadline, float(grace_secs))
-        runtime = getattr(self._ctl.backend, "runtime", None)
-        if runtime is not None and runtime.monitor is not None:
+        if self._monitor_or_none() is not None:
             log.info("%s", summary_text(self.summary()))
 
     def __enter__(self) -> "TFCluster":
@@ -521,7 +456,9 @@ def run(
             or 'none'. Attach a handler to the 'tfos.node' logger to get them as log
             records instead. (Under Spark Connect they go to the control host's log.)
         progress: Show a progress line on the driver during train()/inference()
-            (also off with ``TFOS_PROGRESS=0``; not under Spark Connect).
+            (also off with ``TFOS_PROGRESS=0``; not under Spark Connect). Spark's own
+            console progress bar is off while the cluster is open either way (docs/api.md
+            "Node output").
         queue_chunks: Bound of each node's input queue, in chunks.
         executor_wait_s: Longest wait for Spark executors to register before launching.
         handle_sigterm: Let a SIGTERM to the driver tear the cluster down as Ctrl-C does,
@@ -564,7 +501,7 @@ def run(
         ClusterFailedError: A node failed while the cluster was forming
             (``RecoveryFailedError`` with ``max_restarts`` when no attempt formed).
     """
-    from tfos._connect.client import is_connect_session
+    from tfos._connect.launcher import is_connect_session
 
     if not is_connect_session(sc):  # before anything else (a Connect server's master is its own)
         master = getattr(sc, "master", None)
@@ -582,11 +519,10 @@ def run(
     template = build_template(num_executors, num_ps, master_node, eval_node)
     roles = tuple(roles_from_template(template))
     plan = ClusterPlan(
-        base_id=f"tfos-{uuid.uuid4().hex[:12]}", template=template, roles=roles,
-        input_mode=input_mode, payload=payload, reservation_timeout_s=float(reservation_timeout),
+        base_id=f"tfos-{uuid.uuid4().hex[:12]}", template=template, roles=roles, input_mode=input_mode, payload=payload,
         executor_wait_s=float(executor_wait_s), driver_ps_nodes=bool(driver_ps_nodes), progress=progress,
         stall_timeout_s=stall_timeout_s, stall_action=stall_action,
-        settings=dict(
+        settings=NodeSettings(
             heartbeat_interval_s=heartbeat_interval_s(len(roles), heartbeat_timeout), heartbeat_timeout_s=float(heartbeat_timeout),
             reservation_timeout_s=float(reservation_timeout), release_port=release_port, queues=queues,
             queue_chunks=queue_chunks, tensorboard=bool(tensorboard), log_dir=log_dir, forward_logs=forward_logs,
@@ -594,7 +530,7 @@ def run(
     )
     launcher: Launcher
     if is_connect_session(sc):  # Spark Connect client: docs/connect.md
-        from tfos._connect.client import ConnectLauncher
+        from tfos._connect.launcher import ConnectLauncher
 
         launcher = ConnectLauncher(sc, plan)
     else:

@@ -19,7 +19,7 @@ exists there unless it is handed over. This module does that:
   modules when they are first imported (a node that never imports PySpark pays nothing).
 * :func:`accumulator_updates` (the TF process, after ``main_fun``) reads what
   ``main_fun`` added to the accumulators of its payload, for the driver (see
-  :mod:`tfos._driver.task_world`).
+  :mod:`tfos._driver.payload`).
 
 The address-space limit itself is :mod:`tfos._node.address_space`'s.
 
@@ -36,6 +36,7 @@ import os
 import sys
 from typing import Any, Iterable, Optional, Sequence
 
+from tfos._control import messages as _msg
 from tfos.errors import TFOSError
 
 __all__ = [
@@ -50,7 +51,7 @@ log = logging.getLogger(__name__)
 
 class Payload(bytes):
     """The cloudpickled ``(main_fun, tf_args)`` a node receives, with the Spark broadcast
-    variables it refers to (driver; built by :func:`tfos._driver.task_world.pickle_payload`).
+    variables it refers to (driver; built by :func:`tfos._driver.payload.pickle_payload`).
 
     The bytes are what the TF process unpickles. :attr:`broadcasts` holds the driver's
     ``Broadcast`` objects: the start task's closure captures them, so PySpark ships them
@@ -500,4 +501,4 @@ def send_accumulator_updates(client: Any, executor_id: int) -> None:
     """
     updates = accumulator_updates()
     if updates:
-        client.request("accumulators", executor_id=executor_id, updates=updates, timeout_s=10.0)
+        client.call(_msg.Accumulators(executor_id=executor_id, updates=updates), timeout_s=10.0)

@@ -1,11 +1,11 @@
-"""A lost worker of a ParameterServerStrategy cluster: a state, not the cluster's failure (driver).
+"""A lost worker of a ParameterServerStrategy cluster: a state, not the cluster's failure (control core).
 
 Under ``ParameterServerStrategy`` the chief coordinates (``ClusterCoordinator``) and the
 workers only serve (``ctx.run_server_and_wait()``, node state ``serving``). When a worker is
 lost, TensorFlow's coordinator runs the closures it had on the other workers and training
 goes on (``GRPC_FAIL_FAST=use_caller`` makes it notice at once). tfos therefore does not fail
 the cluster for it: the node's state becomes ``failed`` and its failure is kept in
-:attr:`ClusterState.lost_workers <tfos._driver.state.ClusterState>` (shown by
+:attr:`Registry.lost_workers <tfos._control.registry.Registry>` (shown by
 ``TFCluster.node_states()`` and a WARNING), while the chief, the ps tasks and the other
 workers go on. Every other failure (a ps, the chief, a worker that does not serve, any node
 of another kind of cluster, the last serving worker) fails the cluster as before. See docs/parameter_servers.md.
@@ -18,8 +18,6 @@ from typing import Any
 
 from tfos._control.messages import NodeState
 
-log = logging.getLogger(__name__)
-
 
 def coordinated(roles: Any) -> bool:
     """Whether a cluster of ``roles`` has a chief to coordinate and ps tasks (pure)."""
@@ -28,13 +26,14 @@ def coordinated(roles: Any) -> bool:
 
 
 def tolerate(state: Any, failure: Any) -> bool:
-    """Records ``failure`` as a lost serving worker when it is one (driver; the caller holds
-    ``state``'s lock). Returns True when recorded so (the cluster does not fail)."""
+    """Records ``failure`` as a lost serving worker when it is one (``state``: the control
+    core's registry, applying a message). Returns True when recorded so (the cluster does not
+    fail); the log line goes out as the registry's note."""
     eid = failure.executor_id
     if not 0 <= eid < len(state.roles) or state.roles[eid].job_name != "worker" or not coordinated(state.roles):
         return False
     if any(f.executor_id == eid for f in state.lost_workers):
-        log.info("tfos node %s, after its loss: %s: %s", failure.node_name, failure.error_type, failure.message)
+        state.note(logging.INFO, f"tfos node {failure.node_name}, after its loss: {failure.error_type}: {failure.message}")
         return True  # a consequence of the loss already recorded (its exit, its missing heartbeat)
     if state.proc_state.get(eid) != NodeState.SERVING or state.abort_reason or state.stop_requested:
         return False
@@ -43,7 +42,7 @@ def tolerate(state: Any, failure: Any) -> bool:
         return False  # no worker left to run the steps: the coordinator would wait for ever
     state.proc_state[eid] = NodeState.FAILED
     state.lost_workers.append(failure)
-    log.warning("tfos node %s lost: %s: %s; the chief's ParameterServerStrategy coordinator runs its steps on the "
-                "other workers, and the cluster goes on (docs/parameter_servers.md)",
-                failure.node_name, failure.error_type, failure.message)
+    state.note(logging.WARNING, f"tfos node {failure.node_name} lost: {failure.error_type}: {failure.message}; the chief's "
+               "ParameterServerStrategy coordinator runs its steps on the other workers, and the cluster goes on "
+               "(docs/parameter_servers.md)")
     return True

@@ -516,7 +516,7 @@ def _terminated(obj: Any, wait_s: float) -> bool:
 
 
 def _workers_done(cluster: Any) -> bool:
-    st = cluster._classic("shutdown()").state
+    st = cluster._classic("shutdown()").host.core
     return all(st.is_done(e) for e in st.feedable_ids())
 
 
@@ -552,7 +552,7 @@ def stop_streams(cluster: Any, ssc: Any, deadline: Deadline) -> None:
                     why = "the stream ended"
                 elif server.requested:
                     why = "a stop was requested"
-                elif cluster._classic("shutdown()").state.failed or streams.error is not None:
+                elif cluster._classic("shutdown()").host.core.failed or streams.error is not None:
                     why = "the cluster failed"
                 elif _workers_done(cluster):
                     why = "every worker's main_fun returned"
@@ -567,7 +567,7 @@ def stop_streams(cluster: Any, ssc: Any, deadline: Deadline) -> None:
             contexts = list(streams.contexts)
         # after a failure nothing more is fed: no graceful stop (which waits up to Spark's
         # spark.streaming.gracefulStopTimeout for micro-batches that would be refused anyway)
-        graceful = streams.error is None and not cluster._classic("shutdown()").state.failed
+        graceful = streams.error is None and not cluster._classic("shutdown()").host.core.failed
         for ctx in contexts:
             if _context_active(ctx):
                 ctx.stop(stopSparkContext=False, stopGraceFully=graceful)
