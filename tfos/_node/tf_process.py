@@ -33,7 +33,7 @@ from tfos._control.limits import event_poll_s
 from tfos._control.messages import NodeState
 from tfos._data import local_socket as _local
 from tfos._data.feed_hub import FeedHub
-from tfos._node import keras3_fix, row_count
+from tfos._node import keras3_fix, ps_serving, row_count
 from tfos._node import task_world as _task_world
 from tfos._node.figures import live_snapshot, report_now
 from tfos._node.launch import NodeLaunch
@@ -162,6 +162,7 @@ class _NodeRun:
                 ctx.release_port()
             keras3_fix.default_legacy_keras(cfg.tf_use_legacy_keras)
             keras3_fix.install(cfg.keras3_fix)  # applied when main_fun imports Keras 3 (docs/keras.md)
+            ps_serving.install(ctx)  # a PSS worker's server.join() serves until the stop (docs/parameter_servers.md)
             if hub is not None:
                 row_count.start_fed_node()  # no auto-shard of fed data, row accounting (docs/datafeed.md)
             self._run_main(ctx)
