@@ -30,7 +30,7 @@ __all__ = [
     "Register", "AwaitCluster", "Heartbeat", "WaitEvent", "Status", "NodeStack", "Stack",
     "FeedError", "NodeStateQuery", "Log", "Accumulators", "TensorBoard", "PartitionSent", "PartitionDone",
     "PartitionSkipped", "Checkpoint", "ClaimPartition", "EpochHandover", "ClientWait",
-    "ClientControl", "ClientTeardown", "ClientReturned", "ClientRelease",
+    "ClientControl", "ClientTeardown", "ClientReturned", "ClientRelease", "StopRequest",
 ]
 
 
@@ -231,6 +231,16 @@ def decode(body: Mapping) -> Message:
 def _check(ok: bool, text: str) -> None:
     if not ok:
         raise ValueError(text)
+
+
+# ============================================================ outside -> driver
+@_message("STOP")
+@dataclasses.dataclass(frozen=True)
+class StopRequest(Message):
+    """Asks a streaming cluster waiting in ``shutdown(ssc)`` to stop its streams and shut
+    down (``python -m tfos.streaming stop HOST PORT``; TFoS's
+    ``reservation.Client((host, port)).request_stop()`` sends the same type, so TFoS
+    programs stop a tfos cluster unchanged). Answer: ``{"data": "OK"}``."""
 
 
 # ======================================================== node processes -> driver
