@@ -269,7 +269,7 @@ class SimNode:
             known = {k: d.get(k) for k in ("stop", "feed_closed", "abort", "failed", "stack", "report")}
 
     def figures(self) -> dict:
-        """What a real TF process sends with each poll (tfos._node.figures.live_snapshot, a
+        """What a real TF process sends with each poll (tfos._data.figures.live_snapshot, a
         Keras counter included): the same keys, plausible values."""
         now = int(time.monotonic() * 1000)
         return {"rows": self.rows, "clock_ms": now, "cpu_ms": int(time.process_time() * 1000), "feed_wait_ms": now // 3,

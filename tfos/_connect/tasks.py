@@ -160,7 +160,8 @@ def make_start_fn(spec: StartSpec):
         import pyarrow as pa
         from pyspark import BarrierTaskContext
 
-        from tfos._node.start_task import executor_identity, node_host, spawn_supervisor
+        from tfos._common.executor import executor_identity, node_host
+        from tfos._node.start_task import spawn_supervisor
         from tfos._node.task_world import capture as capture_task_world
         from tfos.gpu_info import cuda_visible_devices
 
@@ -306,8 +307,8 @@ def _report_task_error(plan: FeedPlan, exc: BaseException) -> None:
 
     from pyspark import TaskContext
 
+    from tfos._common.executor import executor_identity, node_host
     from tfos._data.feed_plan import choose_node
-    from tfos._node.start_task import executor_identity, node_host
 
     if type(exc).__name__ in _CONSEQUENCES or not plan.nodes:
         return

@@ -283,7 +283,7 @@ class Heartbeat(Message):
 @dataclasses.dataclass(frozen=True)
 class WaitEvent(Message):
     """The TF process's long-poll (up to ``poll_s``, at most 5 s) for directives that differ
-    from ``known``; carries its figures (:func:`tfos._node.figures.live_snapshot`).
+    from ``known``; carries its figures (:func:`tfos._data.figures.live_snapshot`).
     Answer: the directives plus ``stack`` (stack requests so far), ``stack_all`` (the
     last one asks for every thread) and ``report`` (counter reports asked for so far)."""
 

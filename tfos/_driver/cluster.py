@@ -1,7 +1,7 @@
 """``run()`` and the :class:`TFCluster` it returns: the one cluster users get (driver).
 
 ``run()`` checks its arguments once, whatever runs the cluster, plans the roles, picks the
-backend (:mod:`tfos._driver.classic` for a SparkContext, :mod:`tfos._connect.client` for a
+backend (:mod:`tfos._driver.classic` for a SparkContext, :mod:`tfos._driver.connect_backend` for a
 Spark Connect session; the protocol is :mod:`tfos._driver.backend`) and lets the cluster's
 controller (:mod:`tfos._driver.lifecycle`) form it. ``TFCluster``'s methods check their own
 arguments and ask the controller, which owns the lifecycle and the restarts.
@@ -556,7 +556,7 @@ def run(
         ClusterFailedError: A node failed while the cluster was forming
             (``RecoveryFailedError`` with ``max_restarts`` when no attempt formed).
     """
-    from tfos._connect.client import is_connect_session
+    from tfos._driver.connect_backend import is_connect_session
 
     if not is_connect_session(sc):  # before anything else (a Connect server's master is its own)
         master = getattr(sc, "master", None)
@@ -586,7 +586,7 @@ def run(
     )
     launcher: Launcher
     if is_connect_session(sc):  # Spark Connect client: docs/connect.md
-        from tfos._connect.client import ConnectLauncher
+        from tfos._driver.connect_backend import ConnectLauncher
 
         launcher = ConnectLauncher(sc, plan)
     else:
