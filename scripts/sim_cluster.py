@@ -271,6 +271,8 @@ class SimNode:
     def figures(self) -> dict:
         """What a real TF process sends with each poll (tfos._data.figures.live_snapshot, a
         Keras counter included): the same keys, plausible values."""
+        if not self.cfg.get("status", True):
+            return {"rows": self.rows}  # the payload before the driver kept status figures
         now = int(time.monotonic() * 1000)
         return {"rows": self.rows, "clock_ms": now, "cpu_ms": int(time.process_time() * 1000), "feed_wait_ms": now // 3,
                 "feed_wait_since_ms": 0, "queue_chunks": 2, "queue_capacity": 4, "keras_steps": self.rows // 32}
@@ -573,6 +575,10 @@ def _cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
+#: The driver keeps status figures (its status monitor runs; nodes send a real node's figures).
+STATUS = True
+
+
 def run_cluster(workers: Workers, n: int, timeout_s: float, steady_s: float, kind: str, measure: bool, per_node: int = 2,
                 tf_startup_s: float = 0.0) -> dict:
     """Forms one cluster of ``n`` simulated nodes against a real driver runtime; measures
@@ -597,7 +603,7 @@ def run_cluster(workers: Workers, n: int, timeout_s: float, steady_s: float, kin
         t0, cpu0, nodes_cpu0 = time.monotonic(), _cpu_s(), workers.cpu_s()
         for i, share in enumerate(shares):
             workers.send(i, cmd="start", cluster_id=cluster_id, port=server.port, key=key.hex(), nodes=share, num_nodes=n,
-                         hb_interval_s=out["hb_interval_s"], poll_s=out["poll_s"], tf_startup_s=tf_startup_s)
+                         hb_interval_s=out["hb_interval_s"], poll_s=out["poll_s"], tf_startup_s=tf_startup_s, status=STATUS)
         outcome = ""
         deadline = Deadline(300.0, f"{n} simulated nodes to register")
         while outcome not in ("registered", "failed", "expired"):
@@ -605,7 +611,8 @@ def run_cluster(workers: Workers, n: int, timeout_s: float, steady_s: float, kin
         if outcome != "registered":
             raise TFOSError(f"the simulated cluster did not form: {outcome}; missing {state.missing()[:10]}")
         out["registered_s"] = time.monotonic() - t0
-        runtime.start_monitor(600.0, "warn")  # as the classic launcher does once every node registered
+        if STATUS:
+            runtime.start_monitor(600.0, "warn")  # as the classic launcher does once every node registered
         out["form_cpu_s"] = _cpu_s() - cpu0  # the driver's CPU seconds to register every node
         out["form_frames"] = server.stats()["frames_in"]  # the requests it answered meanwhile (start tasks' polls too)
         out["nodes_cpu_s"] = workers.cpu_s() - nodes_cpu0  # the simulated nodes' (same machine)
@@ -731,6 +738,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="a TF process registers this long (x 0.5-1.5) after its node started; its start task polls meanwhile")
     ap.add_argument("--kinds", default=",".join(FAILURE_KINDS))
     ap.add_argument("--json", default="", help="also write every run's figures to this file")
+    ap.add_argument("--no-status", action="store_true",
+                    help="no status monitor on the driver, and only the row counter in the nodes' polls (the A/B's before)")
     ap.add_argument("--node-worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.node_worker:
@@ -739,6 +748,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     logging.basicConfig(level=logging.ERROR, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("tfos._control").setLevel(logging.WARNING)  # rejected connections are shown
     kinds = tuple(k for k in args.kinds.split(",") if k)
+    global STATUS
+    STATUS = not args.no_status
     runs: list[dict] = []
     for n in args.nodes:
         for r in range(args.repeat):

@@ -22,6 +22,7 @@ from tfos._data.feed_plan import FEED_TIMEOUT_S, check_feed_timeout
 from tfos._driver import remedies
 from tfos._driver import streaming as _streaming
 from tfos._driver.backend import ClusterPlan, InferenceCall, Launcher, TrainCall
+from tfos._driver.cluster_status import StatusMethods
 from tfos._driver.lifecycle import Controller, Lifecycle
 from tfos._driver.monitor import STALL_TIMEOUT_S, check_stall_args, summary_text
 from tfos._driver.task_world import pickle_payload
@@ -54,7 +55,7 @@ def _records_failure(method: Callable) -> Callable:
     return wrapper
 
 
-class TFCluster:
+class TFCluster(StatusMethods):
     """A running tfos cluster (driver side). Created by :func:`run`, not directly.
 
     Use it as a context manager to shut it down on exit::
@@ -169,71 +170,6 @@ class TFCluster:
         if self._ctl.state.terminal:  # what the last attempt's TensorBoard reported
             return self._ctl.backend.tensorboard_url(timeout_s)
         return self._ctl.call("tensorboard_url()", lambda backend: backend.tensorboard_url(timeout_s))
-
-    # ----------------------------------------------------------------- status
-    def _monitor(self, what: str) -> Any:
-        runtime = getattr(self._ctl.backend, "runtime", None)
-        if runtime is None or runtime.monitor is None:
-            raise ConfigurationError(f"{what}: the nodes' figures are not kept under Spark Connect (docs/status.md)")
-        return runtime.monitor
-
-    def status(self) -> dict:
-        """The nodes' live figures and the bottleneck verdict, as plain data (driver; safe
-        to call from another thread while ``train()`` runs). Figures are at most one
-        long-poll old (about 1 s); rates and shares cover each node's last 10 s.
-
-        Returns:
-            ``{"cluster_id", "attempt", "state", "elapsed_s", "verdict"`` ('producer',
-            'feed', 'compute', 'skew' or 'none'), ``"verdict_nodes"`` (node names such
-            as 'worker:1'), ``"verdict_text"``, ``"verdicts_held_s"`` ({verdict: seconds}),
-            ``"last_stall"`` (the last stall report, '' before any), ``"nodes"``: one dict
-            per node with node, executor_id, job_name, task_index, host, state, rows,
-            rows_per_s, feed_wait_share (0..1), feed_waiting_s, queue_fill (0..1), steps
-            and steps_per_s (Keras; None without), cpu_s, cpu_share (cores), rss_bytes,
-            heartbeat_age_s, idle_s (seconds without progress), class (the node's own
-            verdict), named}``. Window figures are None until a node sent 3 s of them.
-            Fields and verdicts: docs/status.md.
-
-        Raises:
-            ConfigurationError: Under Spark Connect.
-        """
-        out = self._monitor("status()").status()
-        out.update(attempt=self.attempt, state=self.state.value)
-        return out
-
-    def stacks(self, timeout_s: float = 5.0) -> dict[str, str]:
-        """The Python stacks of every thread of every running node's TF process (driver).
-
-        Args:
-            timeout_s: Longest wait for each node's answer, in seconds (at most 10).
-
-        Returns:
-            ``{node name: text}`` (e.g. ``{"worker:1": "Threads of the TF process on
-            worker:1 ..."}``); '' for a node that did not answer in time (e.g. a C call
-            holding the GIL) or whose process ended.
-
-        Raises:
-            ConfigurationError: Under Spark Connect, or a ``timeout_s`` that is not > 0.
-        """
-        _check_seconds("stacks(): timeout_s", timeout_s)
-        return self._monitor("stacks()").stacks(float(timeout_s))
-
-    def summary(self) -> dict:
-        """Per node over the last attempt: rows, rows/s, feed-wait share, Keras steps, CPU
-        seconds; the verdict that held longest and the restarts (driver). Also logged at
-        INFO by ``shutdown()``.
-
-        Returns:
-            ``{"cluster_id", "restarts", "elapsed_s", "verdict", "verdicts_held_s",
-            "last_stall", "nodes": [{node, executor_id, rows, rows_per_s,
-            feed_wait_share, steps, cpu_s, seconds}]}`` (docs/status.md "After the run").
-
-        Raises:
-            ConfigurationError: Under Spark Connect.
-        """
-        out = self._monitor("summary()").summary()
-        out["restarts"] = self.attempt
-        return out
 
     # ---------------------------------------------------------------- feeding
     def _check_open(self, what: str) -> None:
@@ -428,8 +364,7 @@ class TFCluster:
         # nodes still get ``timeout`` to see the end of the feed and return.
         deadline = Deadline(timeout, "main_fun to return on every chief/master/worker node", "a main_fun that never ends (e.g. waiting for data after terminate())")
         self._ctl.shutdown(deadline, float(grace_secs))
-        runtime = getattr(self._ctl.backend, "runtime", None)
-        if runtime is not None and runtime.monitor is not None:
+        if self._monitor_or_none() is not None:
             log.info("%s", summary_text(self.summary()))
 
     def __enter__(self) -> "TFCluster":

@@ -156,8 +156,9 @@ class StatusMonitor:
                     self._progress_at[eid] = now
                     self._reported.discard(eid)
                 elif not _status.idle(samples):
+                    # CPU alone delays a stall report, but does not re-arm one already made:
+                    # answering the driver's stack request costs the stuck node CPU too
                     self._progress_at[eid] = now
-                    self._reported.discard(eid)
                 self._progress_at.setdefault(eid, now)
             if now - self._verdict_at >= self._verdict_every_s:
                 if self._verdict_at:
