@@ -149,7 +149,7 @@ def test_a_streaming_cluster_stops_through_its_control_server(key_dir, capsys):
     from tfos import streaming
     from tfos._common import wire
     from tfos._control.host import ClusterHost
-    from tfos._driver.streaming import _StopEndpoint
+    from tfos._driver.stream_stop import StopEndpoint
     from tfos.cluster_template import build_template, roles_from_template
 
     key, cid = wire.new_key(), "tfos-unit-stream-stop"
@@ -158,11 +158,11 @@ def test_a_streaming_cluster_stops_through_its_control_server(key_dir, capsys):
     try:
         backend = types.SimpleNamespace(server=server, config=types.SimpleNamespace(key=key, cluster_id=cid),
                                         runtime=types.SimpleNamespace(host=host))
-        endpoint = _StopEndpoint(backend)
+        endpoint = StopEndpoint(backend)
         assert endpoint.address == ("127.0.0.1", server.port) and not endpoint.requested
         assert streaming.main(["stop", "127.0.0.1", str(server.port)]) == 0
         assert endpoint.requested and "stop requested" in capsys.readouterr().err
-        endpoint2 = _StopEndpoint(backend)  # TFoS's client, given a plain (host, port)
+        endpoint2 = StopEndpoint(backend)  # TFoS's client, given a plain (host, port)
         c = reservation.Client(("127.0.0.1", server.port))
         assert c.request_stop() == "OK" and endpoint2.requested
         c.close()

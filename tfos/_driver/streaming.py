@@ -24,16 +24,14 @@ The state kept per cluster (:class:`StreamSet`) lives in ``cluster._streams``.
 
 from __future__ import annotations
 
-import atexit
 import logging
 import threading
 import time
 from typing import Any, Callable, Optional, Union
 
 from tfos._common.deadline import Deadline
-from tfos._control import key_files
-from tfos._control import messages as _msg
 from tfos._data.feed_plan import FEED_TIMEOUT_S
+from tfos._driver.stream_stop import StopEndpoint
 from tfos.errors import ClusterFailedError, ConfigurationError, TFOSError, check_num_epochs
 
 __all__ = [
@@ -66,43 +64,6 @@ def is_streaming_df(data: Any) -> bool:
     from pyspark.sql import DataFrame
 
     return isinstance(data, DataFrame) and bool(data.isStreaming)
-
-
-class _StopEndpoint:
-    """The authenticated stop endpoint of a streaming cluster: its own control server (driver).
-
-    A :class:`~tfos._control.messages.StopRequest` to the cluster's control server ends
-    ``shutdown(ssc)``'s wait (``python -m tfos.streaming stop HOST PORT``, or TFoS's
-    ``reservation.Client((host, port)).request_stop()``). The cluster key and id go to a
-    key file readable only by this user (:func:`tfos._control.key_files.write_key_file`),
-    never to the log; no second listener is opened.
-    """
-
-    def __init__(self, backend: Any) -> None:
-        server, config = backend.server, backend.config
-        self._requested = threading.Event()
-        backend.runtime.host.route(_msg.StopRequest, self._on_stop)
-        self.address = key_files.ServerAddress((str(server.host), int(server.port)), config.key, config.cluster_id)
-        self.key_file = key_files.write_key_file(self.address)
-        atexit.register(key_files.remove_key_file, self.address)  # also when shutdown() never runs
-        log.info("streaming: ask this cluster to stop with python -m tfos.streaming stop %s %d (or "
-                 "tfos.reservation.Client((%r, %d)).request_stop()); key file %s",
-                 self.address[0], self.address[1], self.address[0], self.address[1], self.key_file)
-
-    def _on_stop(self, msg: _msg.StopRequest) -> dict:
-        log.info("streaming: a stop was requested")
-        self._requested.set()
-        return {"data": "OK"}
-
-    @property
-    def requested(self) -> bool:
-        return self._requested.is_set()
-
-    def request(self) -> None:
-        self._requested.set()
-
-    def close(self) -> None:
-        key_files.remove_key_file(self.address)
 
 
 class _Feeder:
@@ -164,7 +125,7 @@ class StreamSet:
         self.contexts: list[Any] = []  # StreamingContexts of the DStreams fed
         self.queries: list[tuple[Any, _Feeder]] = []
         self.feeders: list[_Feeder] = []
-        self._stop_server: Optional[_StopEndpoint] = None
+        self._stop_server: Optional[StopEndpoint] = None
 
     def record_error(self, exc: BaseException) -> None:
         with self.lock:
@@ -172,10 +133,10 @@ class StreamSet:
                 self.error = exc
                 log.error("streaming: a micro-batch failed; the cluster's streams stop: %s", exc)
 
-    def stop_server(self) -> _StopEndpoint:
+    def stop_server(self) -> StopEndpoint:
         with self.lock:
             if self._stop_server is None:
-                self._stop_server = _StopEndpoint(self.cluster._classic("streaming"))
+                self._stop_server = StopEndpoint(self.cluster._classic("streaming"))
             return self._stop_server
 
     def close_stop_server(self) -> None:
