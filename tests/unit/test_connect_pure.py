@@ -318,12 +318,12 @@ def test_streaming_entry_points_refuse_a_connect_cluster(entry):
     refuse it as train()/inference() refuse a streaming DataFrame."""
     from types import SimpleNamespace
 
-    from tfos._driver import streaming  # tfos.streaming exports inference_stream
+    from tfos._driver import stream_feeds  # tfos.streaming exports inference_stream
     from tfos._driver.cluster import TFCluster
 
     cluster = object.__new__(TFCluster)  # no session needed: refused before any use
     cluster._ctl = SimpleNamespace(launcher=SimpleNamespace(streams=False))  # a Connect cluster's launcher feeds no streams
-    call = getattr(streaming, entry)
+    call = getattr(stream_feeds, entry)
     args = {"inference_stream": (cluster, None, lambda df, results, batch_id: None), "train_stream": (cluster, None)}.get(entry, (cluster,))
     with pytest.raises(ConfigurationError, match=r"\): streams cannot be fed under Spark Connect"):
         call(*args)

@@ -131,14 +131,14 @@ class ConnectLauncher:
         del restarts_left  # the control host logs node failures; the client decides on restarts
         plan = self.plan
         cluster_id = plan.cluster_id(attempt)
-        config = ClusterConfig(
-            cluster_id=cluster_id, key=_wire.new_key(), driver_host="0.0.0.0", driver_port=1,  # set by the start tasks
+        config = ClusterConfig.of(
+            plan.settings, cluster_id=cluster_id, key=_wire.new_key(), driver_host="0.0.0.0", driver_port=1,  # set by the start tasks
             input_mode=plan.input_mode, roles=plan.roles, default_fs=self.default_fs, local_master=self.local_master,
-            **plan.settings,
         )
         # bytes: a Connect client has no broadcasts or accumulators to carry
         spec = StartSpec(config=config, fn_payload=bytes(plan.payload), client_timeout_s=self.client_timeout_s, attempt=attempt)
-        timeout_s = min(plan.reservation_timeout_s, outer.remaining()) if outer is not None else plan.reservation_timeout_s
+        wait_s = plan.settings.reservation_timeout_s
+        timeout_s = min(wait_s, outer.remaining()) if outer is not None else wait_s
         try:
             rows = _start_stage(self.spark, spec, len(plan.roles), timeout_s)
         except ReservationTimeoutError:

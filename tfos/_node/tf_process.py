@@ -39,17 +39,12 @@ from tfos._node import fed_shard, keras3_fix
 from tfos._node import task_world as _task_world
 from tfos._node.launch import NodeLaunch
 from tfos._node.node_failure import after_abort, node_failure
-from tfos._node.output import (
-    OUTPUT_MARK_ENV,
-    TF_LOG_LEVEL_DEFAULT,
-    std_fds_identity,
-    write_failure_marks,
-    write_finished_marks,
-)
+from tfos._node.output import OUTPUT_MARK_ENV, std_fds_identity, write_failure_marks, write_finished_marks
 from tfos._node.preimport import FEED_MODULES, await_preimport, preimport_async
 from tfos._node.stacks import thread_stacks
 from tfos._node.start_task import read_launch, setup_process_logging, watch_stdin_eof
 from tfos._node.tensorboard import start_tensorboard
+from tfos._node.tf_noise import TF_LOG_LEVEL_DEFAULT
 from tfos.cluster_template import InputMode, NodeInfo, tf_config_json
 from tfos.errors import ControlProtocolError, DeadlineExceededError, NodeFailure, ReservationTimeoutError
 from tfos.node_context import TFNodeContext
@@ -111,7 +106,7 @@ def _coordination_leader(role) -> bool:
 
 def run_node(launch: NodeLaunch) -> int:
     """Runs one node in this process; returns the exit code (TF process)."""
-    return _NodeRun(launch).run()
+    return _NodeRun(launch).run_node()
 
 
 class _NodeRun:
@@ -132,7 +127,8 @@ class _NodeRun:
         self.tb_proc: Optional[subprocess.Popen] = None
         self.sock_dir: "Optional[_local.SocketDir]" = None
 
-    def run(self) -> int:
+    def run_node(self) -> int:
+        """The steps, in order; the exit code (its frame names tracebacks and stacks as run_node)."""
         launch, cfg, role, client = self.launch, self.cfg, self.role, self.client
         try:
             port_sock = reserve_port(launch.host)
