@@ -8,7 +8,7 @@ import time
 import pytest
 
 from tfos._common import wire as _wire
-from tfos._connect.host import ControlHost, HostLaunch
+from tfos._connect.control_host import ControlHost, HostLaunch
 from tfos._connect.tasks import decode_failures, encode_failures, results_to_batch
 from tfos._control.client import ControlClient
 from tfos.cluster_template import NodeInfo, build_template, roles_from_template
@@ -109,7 +109,7 @@ def test_host_launch_validates():
 def test_host_launch_record_roundtrip_and_type_check():
     import io
 
-    from tfos._connect.host import read_host_launch, write_host_launch
+    from tfos._connect.control_host import read_host_launch, write_host_launch
 
     roles = tuple(roles_from_template(build_template(2, 0, None, False)))
     launch = HostLaunch("c1", b"k" * 32, roles, "127.0.0.1", 15.0, 600.0, 0)

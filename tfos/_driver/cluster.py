@@ -315,6 +315,14 @@ class TFCluster(StatusMethods):
         """
         return self._ctl.backend.row_accounting()
 
+    def node_states(self) -> dict[str, str]:
+        """Each node's state by name (``"ps:0"``, ``"chief:0"``, ``"worker:1"``): 'registered',
+        'running', 'serving', 'finished', 'failed', 'stopped' (driver). A worker of a
+        ParameterServerStrategy cluster that was lost shows 'failed' while the cluster goes on
+        (docs/parameter_servers.md)."""
+        roles = {r.executor_id: f"{r.job_name}:{r.task_index}" for r in self._ctl.backend.config.roles}
+        return {roles.get(eid, str(eid)): getattr(state, "value", str(state)) for eid, state in self._ctl.backend.node_states().items()}
+
     # --------------------------------------------------------------- shutdown
     @_records_failure
     def shutdown(self, ssc: Any = None, grace_secs: float = 0, timeout: float = 259200) -> None:

@@ -5,7 +5,7 @@ Under Spark Connect the program is a remote client: it has no SparkContext, no R
 executors may not be able to reach it. So nothing here listens or is dialled:
 
 * the start stage is a barrier ``mapInArrow`` (:func:`tfos._connect.tasks.make_start_fn`);
-  its task 0 starts the control host (:mod:`tfos._connect.host`), the classic control
+  its task 0 starts the control host (:mod:`tfos._connect.control_host`), the classic control
   server and cluster state moved onto an executor host, and the stage returns once every
   node registered;
 * every later client operation is a Spark job: status and stop are one-task jobs whose
@@ -417,7 +417,7 @@ class ConnectBackend:
         """Stops every node, waits (bounded) for their exit, releases the control host.
 
         One control job in the common case (see ``client_teardown`` in
-        :mod:`tfos._connect.host`); its answer also says what the nodes got done
+        :mod:`tfos._connect.control_host`); its answer also says what the nodes got done
         (:meth:`report`).
 
         Args:

@@ -35,7 +35,7 @@ from tfos._data import local_socket as _local
 from tfos._data import row_count
 from tfos._data.feed_hub import FeedHub
 from tfos._data.figures import live_snapshot, report_now
-from tfos._node import fed_shard, keras3_fix
+from tfos._node import fed_shard, keras3_fix, ps_serving
 from tfos._node import task_world as _task_world
 from tfos._node.launch import NodeLaunch
 from tfos._node.node_failure import after_abort, node_failure
@@ -163,6 +163,7 @@ class _NodeRun:
                 ctx.release_port()
             keras3_fix.default_legacy_keras(cfg.tf_use_legacy_keras)
             keras3_fix.install(cfg.keras3_fix)  # applied when main_fun imports Keras 3 (docs/keras.md)
+            ps_serving.install(ctx)  # a PSS worker's server.join() serves until the stop (docs/parameter_servers.md)
             if hub is not None:
                 row_count.ROWS.enable()  # row accounting (docs/datafeed.md)
                 fed_shard.install()  # no auto-shard of fed data
