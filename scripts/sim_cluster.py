@@ -2,7 +2,7 @@
 """Cluster simulator: thousands of nodes against the real driver side of tfos.
 
 The driver side is real: a :class:`tfos._driver.runtime.ClusterRuntime` (its
-:class:`~tfos._driver.state.ClusterState`, its :class:`~tfos._control.server.ControlServer`,
+:class:`~tfos._control.host.ClusterHost` and its core, its :class:`~tfos._control.server.ControlServer`,
 its liveness thread, its failure handling and teardown) with only the SparkContext faked.
 The nodes are simulated: a few node processes, each running many nodes on one asyncio loop.
 Every simulated node speaks the real control protocol with the real key handling
@@ -75,7 +75,7 @@ from tfos._common import wire as _wire
 from tfos._common.deadline import Deadline
 from tfos._control import messages as _msg
 from tfos._control.limits import event_poll_s, heartbeat_interval_s, start_poll_s
-from tfos._control.protocol import ClientSession, FrameReader
+from tfos._control.protocol import ClientSession, FrameReader, client_proof
 from tfos._driver.runtime import ClusterRuntime
 from tfos.cluster_template import NodeInfo, build_template, roles_from_template
 from tfos.errors import ClusterFailedError, NodeFailure, TFOSError
@@ -104,6 +104,7 @@ class SimConnection:
             writer = None
             try:
                 reader, writer = await asyncio.wait_for(asyncio.open_connection(*self.addr), max(0.1, deadline - time.monotonic()))
+                writer.write(client_proof(self.key))  # first, as the real client
                 frames = FrameReader(self.key, _wire.MAX_FIRST_FRAME_BYTES)
                 hello = None
                 while hello is None:
@@ -271,6 +272,8 @@ class SimNode:
     def figures(self) -> dict:
         """What a real TF process sends with each poll (tfos._node.figures.live_snapshot, a
         Keras counter included): the same keys, plausible values."""
+        if not self.cfg.get("status", True):
+            return {"rows": self.rows}  # the payload before the driver kept status figures
         now = int(time.monotonic() * 1000)
         return {"rows": self.rows, "clock_ms": now, "cpu_ms": int(time.process_time() * 1000), "feed_wait_ms": now // 3,
                 "feed_wait_since_ms": 0, "queue_chunks": 2, "queue_capacity": 4, "keras_steps": self.rows // 32}
@@ -573,6 +576,10 @@ def _cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
+#: The driver keeps status figures (its status monitor runs; nodes send a real node's figures).
+STATUS = True
+
+
 def run_cluster(workers: Workers, n: int, timeout_s: float, steady_s: float, kind: str, measure: bool, per_node: int = 2,
                 tf_startup_s: float = 0.0) -> dict:
     """Forms one cluster of ``n`` simulated nodes against a real driver runtime; measures
@@ -587,7 +594,7 @@ def run_cluster(workers: Workers, n: int, timeout_s: float, steady_s: float, kin
     roles = roles_from_template(build_template(n, 0))
     sc = FakeSparkContext()
     runtime = ClusterRuntime(sc, cluster_id, roles, timeout_s, key, "127.0.0.1")
-    state, server = runtime.state, runtime.server
+    host, state, server = runtime.host, runtime.host.core, runtime.server
     out: dict = {"nodes": n, "hb_interval_s": heartbeat_interval_s(n, timeout_s), "poll_s": event_poll_s(n)}
     shares = [list(range(i, n, len(workers.procs))) for i in range(len(workers.procs))]
     shares = [s for s in shares if s]
@@ -597,15 +604,16 @@ def run_cluster(workers: Workers, n: int, timeout_s: float, steady_s: float, kin
         t0, cpu0, nodes_cpu0 = time.monotonic(), _cpu_s(), workers.cpu_s()
         for i, share in enumerate(shares):
             workers.send(i, cmd="start", cluster_id=cluster_id, port=server.port, key=key.hex(), nodes=share, num_nodes=n,
-                         hb_interval_s=out["hb_interval_s"], poll_s=out["poll_s"], tf_startup_s=tf_startup_s)
+                         hb_interval_s=out["hb_interval_s"], poll_s=out["poll_s"], tf_startup_s=tf_startup_s, status=STATUS)
         outcome = ""
         deadline = Deadline(300.0, f"{n} simulated nodes to register")
         while outcome not in ("registered", "failed", "expired"):
-            outcome = state.wait_until_registered(deadline, lambda: False)
+            outcome = host.wait_until_registered(deadline, lambda: False)
         if outcome != "registered":
             raise TFOSError(f"the simulated cluster did not form: {outcome}; missing {state.missing()[:10]}")
         out["registered_s"] = time.monotonic() - t0
-        runtime.start_monitor(600.0, "warn")  # as the classic launcher does once every node registered
+        if STATUS:
+            runtime.start_monitor(600.0, "warn")  # as the classic launcher does once every node registered
         out["form_cpu_s"] = _cpu_s() - cpu0  # the driver's CPU seconds to register every node
         out["form_frames"] = server.stats()["frames_in"]  # the requests it answered meanwhile (start tasks' polls too)
         out["nodes_cpu_s"] = workers.cpu_s() - nodes_cpu0  # the simulated nodes' (same machine)
@@ -631,14 +639,14 @@ def run_cluster(workers: Workers, n: int, timeout_s: float, steady_s: float, kin
             out["load"] = os.getloadavg()[0]
             # A feed: every node's feed task claims its partitions; counts checked exactly.
             feed_id, total = "sim-feed-1", n * per_node
-            state.close_feed_when_sent(feed_id, total)
+            host.close_feed_when_sent(feed_id, total)
             t1 = time.monotonic()
             for i, _ in enumerate(shares):
                 workers.send(i, cmd="feed", feed_id=feed_id, per_node=per_node, num_nodes=n)
             fed = workers.wait("fed", len(shares), 300.0)
             out["feed_s"] = max(e["t"] for e in fed) - t1
             granted = sum(e["granted"] for e in fed)
-            if granted != total or any(e["refused"] or e["errors"] for e in fed) or state.partitions_done(feed_id) != set(range(total)) \
+            if granted != total or any(e["refused"] or e["errors"] for e in fed) or state.ledger.partitions_done(feed_id) != set(range(total)) \
                     or not state.feed_closed:
                 raise TFOSError(f"feed counts wrong: granted {granted} of {total}, {fed}")
         # A failure while the others heartbeat, poll and feed (a slow trickle of partitions).
@@ -731,6 +739,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="a TF process registers this long (x 0.5-1.5) after its node started; its start task polls meanwhile")
     ap.add_argument("--kinds", default=",".join(FAILURE_KINDS))
     ap.add_argument("--json", default="", help="also write every run's figures to this file")
+    ap.add_argument("--no-status", action="store_true",
+                    help="no status monitor on the driver, and only the row counter in the nodes' polls (the A/B's before)")
     ap.add_argument("--node-worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.node_worker:
@@ -739,6 +749,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     logging.basicConfig(level=logging.ERROR, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("tfos._control").setLevel(logging.WARNING)  # rejected connections are shown
     kinds = tuple(k for k in args.kinds.split(",") if k)
+    global STATUS
+    STATUS = not args.no_status
     runs: list[dict] = []
     for n in args.nodes:
         for r in range(args.repeat):

@@ -9,6 +9,12 @@ three times by one ``main_fun``; each row says what to do with its batch of 10:
 (c) stuck: two epochs; worker:0 blocks on a ``threading.Event`` at its first batch of the
     second epoch, until the script releases it 45 s later.
 
+A second cluster (skipped with ``--no-keras``) runs Keras 3 ``fit`` under
+``MultiWorkerMirroredStrategy`` on two workers fed by ``as_dataset``: (d) worker:1 blocks
+in a callback at the end of its first epoch, and worker:0 waits for it in the next
+all-reduce; the stall WARNING names worker:1 as stuck and worker:0 as waiting inside
+TensorFlow.
+
 It prints ``cluster.status()`` (verdict, verdict text, per-node figures) once the verdict
 of (a) and (b) shows while rows flow, the stall WARNING of (c) as the driver logs it,
 ``cluster.stacks()`` of worker:0, and ``cluster.summary()`` with its log line after
@@ -58,6 +64,60 @@ def demo_main(args, ctx):
             blocker.wait()  # stuck: waits for an event that does not come
 
 
+def keras_main(args, ctx):
+    import os
+    import threading
+    import time
+
+    import keras
+    import tensorflow as tf
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)])
+        model.compile("adam", "mse")
+    feed = ctx.get_data_feed()
+    steps = feed.steps_per_epoch(args["rows"], 16, 2)
+    ds = feed.as_dataset(16, (tf.TensorSpec((None, 4), tf.float32), tf.TensorSpec((None,), tf.float32)), steps_per_epoch=steps)
+    blocker = threading.Event()
+
+    def watch():
+        while not os.path.exists(args["release"]):
+            time.sleep(0.2)
+        blocker.set()
+
+    threading.Thread(target=watch, name="release-watch", daemon=True).start()
+
+    class Block(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            if ctx.task_index == 1 and epoch == 0:
+                blocker.wait()  # stuck in a callback; worker:0 waits in the next all-reduce
+
+    dist = strategy.distribute_datasets_from_function(lambda _: ds)
+    model.fit(dist, epochs=3, steps_per_epoch=steps, verbose=0, shuffle=False, callbacks=[Block()])
+
+
+def _keras_case(sc, TFCluster, tmp: str, hold_s: float) -> None:
+    print("\n=== (d) Keras 3 fit under MultiWorkerMirroredStrategy, worker:1 blocked in a callback: the driver's log")
+    args = {"release": os.path.join(tmp, "release-keras"), "rows": 2000}
+    rows = [([float(i % 7), 1.0, 2.0, 3.0], float(i % 3)) for i in range(args["rows"])]
+    cluster = TFCluster.run(sc, keras_main, args, 2, 0, input_mode=TFCluster.InputMode.SPARK, stall_timeout=20, progress=False)
+    try:
+        t = threading.Thread(target=cluster.train, args=(sc.parallelize(rows, 4), 3),
+                             kwargs={"feed_timeout": 300, "end_of_feed": True}, daemon=True)
+        t.start()
+        deadline = time.monotonic() + 300
+        while not cluster.status()["last_stall"] and time.monotonic() < deadline:
+            time.sleep(0.5)
+        time.sleep(max(0.0, hold_s - 30))
+        open(args["release"], "w").close()
+        t.join()
+        cluster.shutdown(timeout=300)
+    finally:
+        open(args["release"], "w").close()
+    print(json.dumps([{k: n[k] for k in ("node", "rows", "steps", "feed_wait_share")} for n in cluster.summary()["nodes"]]))
+
+
 def _slow(i):
     import time as _time
 
@@ -87,6 +147,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--master", default="local-cluster[2,1,1024]")
     ap.add_argument("--hold-s", type=float, default=45.0, help="seconds worker:0 stays blocked in (c)")
+    ap.add_argument("--no-keras", action="store_true", help="skip (d), the Keras 3 cluster")
     opts = ap.parse_args()
     from pyspark import SparkConf, SparkContext
 
@@ -130,6 +191,8 @@ def main() -> int:
         open(args["release"], "w").close()
     print("\n=== cluster.summary()")
     print(json.dumps(cluster.summary(), indent=1))
+    if not opts.no_keras:
+        _keras_case(sc, TFCluster, tmp, opts.hold_s)
     sc.stop()
     return 0
 

@@ -254,6 +254,9 @@ _KIND_ORDER = {"exception": 0, "exited": 1, "lost": 2}
 
 #: Error types that only ever follow another failure: tfos (or Spark) killing or
 #: cancelling work because the cluster already failed, or a connection broken by it.
+#: Exception type names no restart can fix: the same input or code fails the same way.
+NON_RETRYABLE = frozenset({"ConfigurationError", "MalformedRowError", "InferenceResultError", "SyntaxError", "IndentationError"})
+
 _CONSEQUENCE_TYPES = frozenset({"SparkTaskKilled", "TaskKilled", "TaskCancelled", "CancelledError", "JobCancelled", "FeedAbortedError"})
 
 
@@ -329,7 +332,11 @@ class ClusterFailedError(TFOSError):
     Attributes:
         failures: The root causes (:class:`NodeFailure`), one per failed node.
         consequences: The other failures recorded (not causes), for inspection.
+        flood: "" or what the driver's control port turned away meanwhile (connections
+            without the cluster key: a flood that may have kept nodes out), with the remedy.
     """
+
+    flood: str = ""
 
     def __init__(self, cluster_id: str, failures: Iterable[NodeFailure], context: str = ""):
         recorded = list(failures)
@@ -354,6 +361,8 @@ class ClusterFailedError(TFOSError):
             lines.append(f"- [{first.kind}] {names}: {first.error_type}: {first.message}")
             if first.traceback:
                 lines.extend("    " + ln for ln in first.traceback.rstrip().splitlines())
+        if self.flood:
+            lines.append(f"- meanwhile {self.flood}")
         return "\n".join(lines)
 
 

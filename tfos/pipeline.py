@@ -36,6 +36,7 @@ from pyspark.ml import Estimator, Model
 from pyspark.ml.util import MLReadable, MLWritable
 
 from . import TFCluster
+from ._data.feed_plan import FEED_TIMEOUT_S
 from ._pipeline import runner as _runner
 from ._pipeline.params import (
     HasBatchSize,
@@ -112,7 +113,7 @@ class TFEstimator(
         self._setDefault(
             input_mapping={}, cluster_size=1, num_ps=0, driver_ps_nodes=False, input_mode=int(InputMode.SPARK),
             master_node="chief", protocol="grpc", tensorboard=False, model_dir=None, export_dir=None,
-            tfrecord_dir=None, batch_size=100, epochs=1, readers=1, steps=1000, grace_secs=30, feed_timeout=600.0,
+            tfrecord_dir=None, batch_size=100, epochs=1, readers=1, steps=1000, grace_secs=30, feed_timeout=FEED_TIMEOUT_S,
         )
 
     def _fit(self, dataset: Any) -> "TFModel":

@@ -27,6 +27,11 @@ from tfos.errors import ClusterFailedError, TFOSError  # noqa: E402
 
 from conftest import assert_no_tfos_processes, tfos_processes  # noqa: E402
 
+def _handle(host, body: dict, peer: str = "127.0.0.1:1") -> dict:
+    """One request answered in this thread (a long-poll waited for here)."""
+    return host.resolve(host.prepare(body, peer).run())
+
+
 pytestmark = pytest.mark.spark
 
 SPARK = TFCluster.InputMode.SPARK
@@ -385,13 +390,13 @@ def test_executor_jvm_killed_while_training(spark_manager, tmp_path):
 # --------------------------------------------------------------------------- pure regression (no Spark needed)
 def test_registered_node_is_watched_before_its_first_heartbeat():
     """A supervisor that dies before its first heartbeat must still be declared lost."""
-    from tfos._driver.state import ClusterState
+    from tfos._control.host import ClusterHost
     from tfos.cluster_template import NodeInfo, NodeRole
 
-    st = ClusterState("c1", [NodeRole(0, "worker", 0)], heartbeat_timeout_s=5.0)
+    st = ClusterHost("c1", [NodeRole(0, "worker", 0)], heartbeat_timeout_s=5.0)
     node = NodeInfo(0, "worker", 0, "127.0.0.1", 1234, 0, 42, "h/1")
-    assert st.handle({"cluster": "c1", "type": "register", "node": node.to_dict()}, "peer")["ok"]
+    assert _handle(st, {"cluster": "c1", "type": "register", "node": node.to_dict()}, "peer")["ok"]
     st.check_liveness(now=time.monotonic() + 6.0)
-    assert st.failed
-    [f] = st.failures
+    assert st.core.failed
+    [f] = st.core.failures
     assert f.kind == "lost" and f.executor_id == 0 and "no heartbeat" in f.message

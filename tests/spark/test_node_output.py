@@ -49,8 +49,8 @@ DRIVER = textwrap.dedent('''
     # Only the driver's "main_fun finished" lines (INFO) join the output, to check their order.
     handler = logging.StreamHandler(sys.stderr)
     handler.addFilter(lambda r: "main_fun finished" in r.getMessage())
-    logging.getLogger("tfos._driver.state").addHandler(handler)
-    logging.getLogger("tfos._driver.state").setLevel(logging.INFO)
+    logging.getLogger("tfos._driver.runtime").addHandler(handler)
+    logging.getLogger("tfos._driver.runtime").setLevel(logging.INFO)
     spark = (SparkSession.builder.master("local-cluster[2,1,1024]").appName("node-output")
              .config("spark.driver.host", "127.0.0.1").config("spark.executor.memory", "768m").getOrCreate())
     sc = spark.sparkContext

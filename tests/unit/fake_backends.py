@@ -166,13 +166,13 @@ class FakeLauncher:
     def await_executors(self, outer: Optional[Deadline]) -> None:
         self.calls.append((-1, "await_executors", None))
 
-    def train_call(self, data: Any, num_epochs: int, feed_timeout: float, qname: str, end_of_feed: bool, count: bool) -> TrainCall:
+    def train_input(self, data: Any, num_epochs: int, end_of_feed: bool, count: bool) -> tuple[Any, int]:
         if not isinstance(data, list):
             raise ConfigurationError(f"the fake backend feeds lists of partitions, got {type(data).__name__}")
-        return TrainCall(data, len(data), num_epochs, feed_timeout, qname, end_of_feed)
+        return data, len(data)
 
-    def inference_call(self, data: Any, feed_timeout: float, qname: str, schema: Any) -> InferenceCall:
-        return InferenceCall(data, len(data), feed_timeout, qname, schema)
+    def inference_input(self, data: Any, schema: Any) -> tuple[Any, int, Any]:
+        return data, len(data), schema
 
     def assemble(self, sources: Sequence[Any], owner: Sequence[int]) -> Any:
         return [sources[o] for o in owner]

@@ -35,7 +35,7 @@ class Feeder:
         server = _wire.server_handshake(a, key, Deadline(10))
         t.join(10)
         self.session = out["s"]
-        header = {"partition": partition, "epoch": epoch, "mode": mode, "kind": kind, "qname": "input", "feed_timeout": feed_timeout,
+        header = {"partition": partition, "epoch": epoch, "mode": mode, "kind": kind, "qname": "input", "feed_timeout_s": feed_timeout,
                   "first_epoch": first_epoch, "feed_id": feed_id, "index": index, "parts_per_epoch": parts_per_epoch,
                   "last_epoch": last_epoch}
         self.conn = FeedConnection(a, server, header)

@@ -9,7 +9,7 @@ import pytest
 
 import tfos._node.start_task as node_task
 from tfos._common import wire as _wire
-from tfos._driver.state import ClusterState
+from tfos._control.host import ClusterHost
 from tfos._control.server import ControlServer
 from tfos._node.launch import ClusterConfig, NodeLaunch
 from tfos._node.tf_process import run_node
@@ -78,8 +78,8 @@ def test_tf_process_hands_the_attempt_to_main_fun(tmp_path):
 
     key = _wire.new_key()
     roles = roles_from_template(build_template(1, 0))
-    state = ClusterState("tfos-attempt", roles, 15.0)
-    server = ControlServer(key, state.handle, host="127.0.0.1")
+    state = ClusterHost("tfos-attempt", roles, 15.0)
+    server = ControlServer(key, state, host="127.0.0.1")
     try:
         cfg = _config(port=server.port, key=key)
         out = tmp_path / "attempt.txt"

@@ -11,11 +11,27 @@ from tfos._common import wire as _wire
 from tfos._control.client import ControlClient
 from tfos._control.server import ControlServer
 from tfos._driver.restart import FeedResume
-from tfos._driver.state import ClusterState
+from tfos._control.host import ClusterHost
 from tfos.cluster_template import build_template, roles_from_template
 from tfos.compat import checkpoint_callback
 from tfos.errors import ControlProtocolError, TFOSError
 from tfos.node_context import TFNodeContext
+
+def _send(client, msg_type: str, timeout_s: float = 30.0, retry: bool = True, connect_timeout_s=None, **fields) -> dict:
+    """A request of any type, as the protocol carries it (tfos itself sends typed messages,
+    ControlClient.call); a type of tfos._control.messages is checked first, as call() does."""
+    from tfos._control.messages import message_class
+
+    cls = message_class(msg_type)
+    if cls is not None:
+        cls.decode(fields)
+    return client._request(msg_type, fields, timeout_s, retry, connect_timeout_s)  # send_raw() without a connect budget
+
+
+def _handle(host, body: dict, peer: str = "127.0.0.1:1") -> dict:
+    """One request answered in this thread (a long-poll waited for here)."""
+    return host.resolve(host.prepare(body, peer).run())
+
 
 CID = "tfos-ckpt-1"
 
@@ -136,26 +152,26 @@ def test_reports_survive_attempts_and_every_row_after_the_checkpoint_is_trained(
 
 
 # ------------------------------------------------------- the 'checkpoint' message
-def _state() -> ClusterState:
+def _state() -> ClusterHost:
     # chief:0 (executor 0), worker:0 (executor 1)
-    return ClusterState(CID, roles_from_template(build_template(2, num_ps=0, master_node="chief")), 15.0)
+    return ClusterHost(CID, roles_from_template(build_template(2, num_ps=0, master_node="chief")), 15.0)
 
 
-def _req(st: ClusterState, **fields) -> dict:
-    return st.handle(dict(fields, type="checkpoint", cluster=CID), "127.0.0.1:1")
+def _req(st: ClusterHost, **fields) -> dict:
+    return _handle(st, dict(fields, type="checkpoint", cluster=CID), "127.0.0.1:1")
 
 
 def test_checkpoint_message_records_latest_per_node():
     st = _state()
-    assert st.checkpoints() == {}
+    assert st.core.checkpoints() == {}
     assert _req(st, executor_id=0, epochs=1) == {"ok": True}
     assert _req(st, executor_id=1, epochs=2) == {"ok": True}
     assert _req(st, executor_id=0, epochs=3) == {"ok": True}
-    assert st.checkpoints() == {"chief:0": 3, "worker:0": 2}
+    assert st.core.checkpoints() == {"chief:0": 3, "worker:0": 2}
     assert _req(st, executor_id=0, epochs=0) == {"ok": True}  # 0 is valid (nothing checkpointed)
-    assert st.checkpoints()["chief:0"] == 0
+    assert st.core.checkpoints()["chief:0"] == 0
     st.clear_checkpoints()
-    assert st.checkpoints() == {}
+    assert st.core.checkpoints() == {}
 
 
 @pytest.mark.parametrize("fields", [
@@ -174,7 +190,7 @@ def test_checkpoint_message_rejects_bad_fields(fields):
     st = _state()
     with pytest.raises(ControlProtocolError):
         _req(st, **fields)
-    assert st.checkpoints() == {}
+    assert st.core.checkpoints() == {}
 
 
 def test_checkpoint_over_the_authenticated_channel():
@@ -182,17 +198,17 @@ def test_checkpoint_over_the_authenticated_channel():
     connection (a protocol error) without recording anything."""
     st = _state()
     key = _wire.new_key()
-    srv = ControlServer(key, st.handle, "127.0.0.1")
+    srv = ControlServer(key, st, "127.0.0.1")
     try:
         c = ControlClient(srv.host, srv.port, key, CID, connect_timeout_s=20)
-        assert c.request("checkpoint", executor_id=1, epochs=4, timeout_s=10.0) == {"ok": True, **_echo(c)}
-        assert st.checkpoints() == {"worker:0": 4}
+        assert _send(c, "checkpoint", executor_id=1, epochs=4, timeout_s=10.0) == {"ok": True, **_echo(c)}
+        assert st.core.checkpoints() == {"worker:0": 4}
         with pytest.raises(ControlProtocolError, match="epochs must be an int >= 0"):
-            c.request("checkpoint", executor_id=1, epochs=-3, timeout_s=10.0, retry=False)  # refused by the sender
+            _send(c, "checkpoint", executor_id=1, epochs=-3, timeout_s=10.0, retry=False)  # refused by the sender
         assert srv.rejected == 0
         with pytest.raises((ConnectionError, ControlProtocolError)):  # the same body on the wire: refused by the server
             c._request("checkpoint", {"executor_id": 1, "epochs": -3}, 10.0, False, None)
-        assert st.checkpoints() == {"worker:0": 4}
+        assert st.core.checkpoints() == {"worker:0": 4}
         assert srv.rejected >= 1
         c.close()
     finally:

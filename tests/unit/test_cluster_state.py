@@ -1,4 +1,4 @@
-"""Unit tests of tfos._driver.state.ClusterState (pure driver-side state machine)."""
+"""Unit tests of the control-plane core (tfos._control.core, registry, ledger) fed through its host, tfos._control.host.ClusterHost."""
 
 from __future__ import annotations
 
@@ -10,11 +10,17 @@ import time
 
 import pytest
 
-import tfos._driver.state as cs_mod
-from tfos._driver.state import ClusterState, describe_exit, kill_hint
+import tfos._control.host as cs_mod
+from tfos._control.host import ClusterHost
+from tfos._control.registry import describe_exit, kill_hint
 from tfos._common.deadline import Deadline
 from tfos.cluster_template import NodeInfo, build_template, roles_from_template
 from tfos.errors import ClusterFailedError, ControlProtocolError, DeadlineExceededError, NodeFailure
+
+def _handle(host, body: dict, peer: str = "127.0.0.1:1") -> dict:
+    """One request answered in this thread (a long-poll waited for here)."""
+    return host.resolve(host.prepare(body, peer).run())
+
 
 CID = "tfos-test-1"
 
@@ -27,9 +33,12 @@ class FakeClock:
         return self.t
 
 
-def _state(on_failure=None, n=3, num_ps=1, timeout=15.0) -> ClusterState:
+def _state(on_failure=None, n=3, num_ps=1, timeout=15.0) -> ClusterHost:
+    from tfos._node import output
+
     # ps:0 (executor 0), worker:0 (executor 1), worker:1 (executor 2)
-    return ClusterState(CID, roles_from_template(build_template(n, num_ps=num_ps)), timeout, on_failure)
+    return ClusterHost(CID, roles_from_template(build_template(n, num_ps=num_ps)), timeout, on_failure,
+                       on_lines=lambda node, lines: output.emit(node, lines))
 
 
 def _node(eid: int, pid: int = 100, host: str = "10.0.0.1", ekey: str = "") -> NodeInfo:
@@ -38,35 +47,35 @@ def _node(eid: int, pid: int = 100, host: str = "10.0.0.1", ekey: str = "") -> N
                     executor_key=ekey or f"{host}/{500 + eid}")
 
 
-def _req(cs: ClusterState, mtype: str, /, **fields) -> dict:
-    return cs.handle(dict(fields, type=mtype, cluster=CID), "127.0.0.1:1")
+def _req(cs: ClusterHost, mtype: str, /, **fields) -> dict:
+    return _handle(cs, dict(fields, type=mtype, cluster=CID), "127.0.0.1:1")
 
 
-def _register(state: ClusterState, node: NodeInfo) -> dict:
+def _register(state: ClusterHost, node: NodeInfo) -> dict:
     return _req(state, "register", node=node.to_dict())
 
 
-def _register_all(state: ClusterState) -> None:
-    for eid in range(len(state.roles)):
+def _register_all(state: ClusterHost) -> None:
+    for eid in range(len(state.core.roles)):
         assert _register(state, _node(eid))["ok"] is True
 
 
 # ----------------------------------------------------------------- registration
 def test_registration_and_await_cluster():
     st = _state()
-    assert st.missing() == [0, 1, 2]
+    assert st.core.missing() == [0, 1, 2]
     assert _register(st, _node(0)) == {"ok": True, "shared_executor": []}
-    assert st.proc_state[0] == "registered"
+    assert st.core.proc_state[0] == "registered"
     r = _req(st, "await_cluster", poll_s=0.05)
     assert r == {"ready": False, "missing": [1, 2]}
     _register(st, _node(2))
     _register(st, _node(1))
-    assert st.all_registered()
+    assert st.core.all_registered()
     r = _req(st, "await_cluster", poll_s=0.05)
     assert r["ready"] is True
     # every node gets the cluster spec (encoded once for all of them), not every node record
-    assert r["cluster_spec"] == st.cluster_spec() == {"ps": ["10.0.0.1:2000"], "worker": ["10.0.0.1:2001", "10.0.0.1:2002"]}
-    assert st.node_name(2) == "worker:1 (executor 2, host 10.0.0.1)"
+    assert r["cluster_spec"] == st.core.cluster_spec() == {"ps": ["10.0.0.1:2000"], "worker": ["10.0.0.1:2001", "10.0.0.1:2002"]}
+    assert st.core.node_name(2) == "worker:1 (executor 2, host 10.0.0.1)"
 
 
 def test_await_cluster_wakes_on_registration():
@@ -98,7 +107,7 @@ def test_duplicate_executor_id_from_other_pid_refused():
     dup = _register(st, _node(1, pid=900, host="10.0.0.9"))
     assert dup["ok"] is False
     assert "executor id 1 is already taken by pid 101 on 10.0.0.1" in dup["abort"]
-    assert st.nodes[1].pid == 101
+    assert st.core.nodes[1].pid == 101
 
 
 def test_register_with_wrong_role_refused():
@@ -136,20 +145,20 @@ def test_heartbeats_and_lost_node(monkeypatch):
     _req(st, "heartbeat", executor_id=0)
     _req(st, "heartbeat", executor_id=2)
     st.check_liveness(now=1012.0)
-    assert st.failures == []
+    assert st.core.failures == []
     st.check_liveness(now=1020.0)
-    assert len(st.failures) == 1
-    f = st.failures[0]
+    assert len(st.core.failures) == 1
+    f = st.core.failures[0]
     assert (f.executor_id, f.job_name, f.task_index, f.kind, f.error_type) == (1, "worker", 0, "lost", "NodeLost")
     assert f.message.startswith("no heartbeat for 20.0 s (timeout 15 s)")
     assert f.host == "10.0.0.1"
-    assert st.proc_state[1] == "failed"
+    assert st.core.proc_state[1] == "failed"
     # a lost node is reported once, however often liveness is checked
     st.check_liveness(now=2000.0)
-    assert [x.executor_id for x in st.failures] == [1, 0, 2]
-    assert [x.kind for x in st.failures] == ["lost"] * 3
+    assert [x.executor_id for x in st.core.failures] == [1, 0, 2]
+    assert [x.kind for x in st.core.failures] == ["lost"] * 3
     st.check_liveness(now=3000.0)
-    assert len(st.failures) == 3
+    assert len(st.core.failures) == 3
 
 
 def _three_nodes_heard_at_1000(monkeypatch):
@@ -170,8 +179,8 @@ def test_lost_node_after_a_driver_stall_names_the_stall(monkeypatch):
     # 35 s): the message says the driver did not run, not only that the node died.
     clock, st = _three_nodes_heard_at_1000(monkeypatch)
     st.check_liveness(now=1035.5)
-    assert [f.executor_id for f in st.failures] == [0, 1, 2]
-    msg = st.failures[0].message
+    assert [f.executor_id for f in st.core.failures] == [0, 1, 2]
+    msg = st.core.failures[0].message
     assert msg.startswith("no heartbeat for 35.5 s (timeout 15 s): this driver did not run for about 35.0 s")
     assert "a node ends itself when the driver does not answer it for 15 s" in msg
     # a check on time (every second) keeps the plain message
@@ -182,9 +191,9 @@ def test_lost_node_after_a_driver_stall_names_the_stall(monkeypatch):
         _req(st2, "heartbeat", executor_id=eid)
     for t in range(2001, 2017):
         st2.check_liveness(now=float(t))
-    assert len(st2.failures) == 3
-    assert "this driver did not run" not in st2.failures[0].message
-    assert "died without a report (executor JVM killed" in st2.failures[0].message
+    assert len(st2.core.failures) == 3
+    assert "this driver did not run" not in st2.core.failures[0].message
+    assert "died without a report (executor JVM killed" in st2.core.failures[0].message
 
 
 def test_lost_node_after_a_shorter_driver_stall_still_names_the_stall(monkeypatch):
@@ -197,8 +206,8 @@ def test_lost_node_after_a_shorter_driver_stall_still_names_the_stall(monkeypatc
         _req(st, "heartbeat", executor_id=eid)
     for t in range(21, 37):
         st.check_liveness(now=1000.5 + t)
-    assert [f.executor_id for f in st.failures] == [0, 1, 2]
-    msg = st.failures[0].message
+    assert [f.executor_id for f in st.core.failures] == [0, 1, 2]
+    msg = st.core.failures[0].message
     assert msg.startswith("no heartbeat for 15.9 s (timeout 15 s): this driver did not run for about 21.0 s "
                           "until 15.0 s before this check"), msg
 
@@ -214,15 +223,36 @@ def test_liveness_ignores_finished_nodes_after_stop(monkeypatch):
     _req(st, "status", executor_id=2, state="exited", code=0)
     st.request_stop()
     st.check_liveness(now=100.0)
-    # executor 1 finished and the cluster is stopping; executor 2's processes exited: neither is lost
-    assert [f.executor_id for f in st.failures] == [0]
+    # The cluster is stopping: no silent node is lost (executor 2's processes exited; the
+    # others are taken as stopped with the cluster, and no longer awaited).
+    assert st.core.failures == []
+    assert st.core.proc_state[0] == "stopped" and st.core.proc_state[1] == "finished"
+    assert st.core.alive_nodes() == [] and st.core.all_exited()
+
+
+def test_no_heartbeat_verdict_for_a_node_the_cluster_is_tearing_down(monkeypatch):
+    """After a first failure the cluster aborts: a healthy node that then goes silent (its
+    Spark task was killed with the teardown) is stopped, never 'NodeLost'."""
+    clock = FakeClock(0.0)
+    monkeypatch.setattr(cs_mod, "time", clock)
+    st = _state()
+    _register_all(st)
+    _req(st, "status", executor_id=1, state="running")
+    _req(st, "status", executor_id=2, state="running")
+    st.record_failure(st.core.make_failure(1, "exception", "ValueError", "boom"))
+    st.abort("the cluster failed")
+    _req(st, "status", executor_id=1, state="exited", code=1)
+    st.check_liveness(now=100.0)
+    assert [(f.executor_id, f.error_type) for f in st.core.failures] == [(1, "ValueError")]
+    assert st.core.proc_state[2] == "stopped" and st.core.proc_state[0] == "stopped"
+    assert st.wait_until_exited([0, 1, 2], 0.0) == []
 
 
 def test_heartbeat_records_host():
     st = _state()
     _req(st, "heartbeat", executor_id=2, host="10.1.1.1")
-    assert st.node_name(2) == "worker:1 (executor 2, host 10.1.1.1)"
-    assert 2 in st.last_heartbeat
+    assert st.core.node_name(2) == "worker:1 (executor 2, host 10.1.1.1)"
+    assert 2 in st.core.last_heartbeat
 
 
 # ---------------------------------------------------------------- exits/failures
@@ -241,9 +271,9 @@ def test_sigkill_names_the_memory_limit_and_the_last_rss():
 def test_sigkilled_node_reports_its_last_heartbeat_rss():
     st = _state()
     _register_all(st)
-    st.handle({"type": "heartbeat", "cluster": "tfos-test-1", "executor_id": 2, "rss": 700 * 1024**2}, "p")
-    st.handle({"type": "status", "cluster": "tfos-test-1", "executor_id": 2, "state": "exited", "code": -9}, "p")
-    text = str(st.error("train()"))
+    _handle(st, {"type": "heartbeat", "cluster": "tfos-test-1", "executor_id": 2, "rss": 700 * 1024**2}, "p")
+    _handle(st, {"type": "status", "cluster": "tfos-test-1", "executor_id": 2, "state": "exited", "code": -9}, "p")
+    text = str(st.core.error("train()"))
     assert "worker:1 (executor 2, host 10.0.0.1): ProcessDied: the TF process died (killed by SIGKILL) before main_fun returned; " in text
     assert "memory limit" in text and "700.0 MiB" in text
 
@@ -253,14 +283,14 @@ def test_exited_minus_9_is_a_failure():
     _register_all(st)
     _req(st, "status", executor_id=2, state="running")
     assert _req(st, "status", executor_id=2, state="exited", code=-9) == {"ok": True}
-    assert len(st.failures) == 1
-    f = st.failures[0]
+    assert len(st.core.failures) == 1
+    f = st.core.failures[0]
     assert (f.executor_id, f.kind, f.error_type) == (2, "exited", "ProcessDied")
     assert "killed by SIGKILL" in f.message
     assert "before main_fun returned" in f.message
-    assert st.exit_codes[2] == -9
-    assert st.is_done(2)
-    text = str(st.error("train()"))
+    assert st.core.exit_codes[2] == -9
+    assert st.core.is_done(2)
+    text = str(st.core.error("train()"))
     assert "worker:1 (executor 2, host 10.0.0.1): ProcessDied: the TF process died (killed by SIGKILL)" in text
 
 
@@ -270,7 +300,7 @@ def test_nonzero_exit_after_normal_end_is_not_a_failure(prior):
     _register_all(st)
     _req(st, "status", executor_id=1, state=prior)
     _req(st, "status", executor_id=1, state="exited", code=1)
-    assert st.failures == []
+    assert st.core.failures == []
 
 
 def test_exit_while_stopping_is_not_a_failure():
@@ -278,8 +308,8 @@ def test_exit_while_stopping_is_not_a_failure():
     _register_all(st)
     st.request_stop()
     _req(st, "status", executor_id=0, state="exited", code=-15, unprompted=False)
-    assert st.failures == []
-    assert st.exit_codes[0] == -15
+    assert st.core.failures == []
+    assert st.core.exit_codes[0] == -15
 
 
 def test_a_death_of_its_own_while_stopping_is_a_failure():
@@ -291,12 +321,12 @@ def test_a_death_of_its_own_while_stopping_is_a_failure():
     _register_all(st)
     _req(st, "status", executor_id=0, state="running")
     _req(st, "status", executor_id=1, state="running")
-    peer = st.make_failure(1, "exception", "UnavailableError", "recvmsg: Connection reset by peer")
+    peer = st.core.make_failure(1, "exception", "UnavailableError", "recvmsg: Connection reset by peer")
     _req(st, "status", executor_id=1, state="failed", failure=peer.to_dict())
     st.abort("the cluster failed")
     _req(st, "status", executor_id=0, state="exited", code=-9, unprompted=True, rss=5 << 30)
-    assert [(f.executor_id, f.kind, f.error_type) for f in st.failures] == [(1, "exception", "UnavailableError"), (0, "exited", "ProcessDied")]
-    assert "killed by SIGKILL" in str(st.error("shutdown()"))
+    assert [(f.executor_id, f.kind, f.error_type) for f in st.core.failures] == [(1, "exception", "UnavailableError"), (0, "exited", "ProcessDied")]
+    assert "killed by SIGKILL" in str(st.core.error("shutdown()"))
 
 
 def test_exception_then_exit_is_one_failure_and_callback_fires_once():
@@ -304,19 +334,19 @@ def test_exception_then_exit_is_one_failure_and_callback_fires_once():
     st = _state(on_failure=seen.append)
     _register_all(st)
     _req(st, "status", executor_id=1, state="running")
-    exc = st.make_failure(1, "exception", "ValueError", "bad lr", "Traceback...\nValueError: bad lr")
+    exc = st.core.make_failure(1, "exception", "ValueError", "bad lr", "Traceback...\nValueError: bad lr")
     _req(st, "status", executor_id=1, state="failed", failure=exc.to_dict())
     _req(st, "status", executor_id=1, state="exited", code=1)
-    st.record_failure(st.make_failure(1, "lost", "NodeLost", "no heartbeat"))
-    _req(st, "feed_error", failure=st.make_failure(1, "feed", "FeedError", "partition 0 broke").to_dict())
-    assert st.failures == [exc]
+    st.record_failure(st.core.make_failure(1, "lost", "NodeLost", "no heartbeat"))
+    _req(st, "feed_error", failure=st.core.make_failure(1, "feed", "FeedError", "partition 0 broke").to_dict())
+    assert st.core.failures == [exc]
     # a second node's failure is kept, but the callback only fired for the first one
     _req(st, "status", executor_id=2, state="exited", code=-9)
-    assert [f.executor_id for f in st.failures] == [1, 2]
+    assert [f.executor_id for f in st.core.failures] == [1, 2]
     assert seen == [exc]
     # status 'running' after failure does not resurrect the node
     _req(st, "status", executor_id=1, state="running")
-    assert st.proc_state[1] == "failed"
+    assert st.core.proc_state[1] == "failed"
     r = _req(st, "node_state", executor_id=1)
     assert r == {"state": "failed", "exit_code": 1, "failure": "ValueError: bad lr", "cluster_failed": True}
 
@@ -328,9 +358,9 @@ def test_exception_then_exit_is_one_failure_and_callback_fires_once():
 ])
 def test_failure_log_level_follows_the_restart_budget(caplog, restarts_left, error_type, level):
     st = _state()
-    st.restarts_left = restarts_left
+    st.core.restarts_left = restarts_left
     caplog.set_level(logging.INFO, logger="tfos")
-    st.record_failure(st.make_failure(1, "exception", error_type, "bad lr"))
+    st.record_failure(st.core.make_failure(1, "exception", error_type, "bad lr"))
     lines = [(r.levelno, r.getMessage()) for r in caplog.records if "tfos node failed" in r.getMessage()]
     assert len(lines) == 1 and lines[0][0] == level, lines
     assert lines[0][1].startswith(f"tfos node failed: worker:0 (executor 1, host unknown host): {error_type}: bad lr"), lines
@@ -339,7 +369,7 @@ def test_failure_log_level_follows_the_restart_budget(caplog, restarts_left, err
 
 def test_register_after_failure_refused():
     st = _state()
-    st.record_failure(st.make_failure(1, "exception", "RuntimeError", "boom"))
+    st.record_failure(st.core.make_failure(1, "exception", "RuntimeError", "boom"))
     r = _register(st, _node(0))
     assert r == {"ok": False, "abort": "the cluster has already failed"}
     assert _req(st, "await_cluster", poll_s=0.05) == {"ready": False, "abort": "another node failed"}
@@ -349,8 +379,8 @@ def test_error_aggregates():
     st = _state()
     _register_all(st)
     for eid in (1, 2):
-        st.record_failure(st.make_failure(eid, "exception", "ValueError", "bad lr", "tb line"))
-    err = st.error("train()")
+        st.record_failure(st.core.make_failure(eid, "exception", "ValueError", "bad lr", "tb line"))
+    err = st.core.error("train()")
     assert isinstance(err, ClusterFailedError)
     assert len(err.failures) == 2
     lines = str(err).splitlines()
@@ -378,7 +408,7 @@ def test_directives():
     st3 = _state()
     st3.request_stop(feed_closed=False)
     assert _req(st3, "heartbeat", executor_id=0)["feed_closed"] is False
-    st3.record_failure(st3.make_failure(0, "exception", "E", "m"))
+    st3.record_failure(st3.core.make_failure(0, "exception", "E", "m"))
     assert _req(st3, "heartbeat", executor_id=0)["failed"] is True
 
 
@@ -390,9 +420,9 @@ def test_wait_event_returns_on_change_and_records_counters():
     r = _req(st, "wait_event", executor_id=1, known=known, poll_s=0.1, counters={"rows": 40})
     assert r == known
     assert time.monotonic() - t0 >= 0.09
-    assert st.rows_consumed() == 40
+    assert st.core.rows_consumed() == 40
     _req(st, "wait_event", executor_id=2, known={}, poll_s=0.1, counters={"rows": 2})
-    assert st.rows_consumed() == 42
+    assert st.core.rows_consumed() == 42
 
     out = {}
 
@@ -441,7 +471,7 @@ def test_node_stack_request_reaches_only_that_node_and_returns_its_answer():
 def test_node_stack_request_gives_up_after_its_wait():
     """No answer (the node's event loop cannot run): an empty stack after wait_s; a node
     that has ended is not waited for at all; a stack text is cut to its bound."""
-    from tfos._driver import state as state_mod
+    from tfos._control import registry as state_mod
 
     st = _state()
     _register_all(st)
@@ -452,8 +482,8 @@ def test_node_stack_request_gives_up_after_its_wait():
     t0 = time.monotonic()
     assert _req(st, "node_stack", executor_id=2, wait_s=5.0) == {"stack": ""}
     assert time.monotonic() - t0 < 1.0
-    _req(st, "stack", executor_id=1, seq=5, text="x" * (state_mod._MAX_STACK_CHARS + 10))
-    assert len(st._stacks[1][1]) == state_mod._MAX_STACK_CHARS
+    _req(st, "stack", executor_id=1, seq=5, text="x" * (state_mod.MAX_STACK_CHARS + 10))
+    assert len(st.core.stacks[1][1]) == state_mod.MAX_STACK_CHARS
     with pytest.raises(ControlProtocolError, match="unknown executor id 7"):
         _req(st, "node_stack", executor_id=7, wait_s=0.1)
 
@@ -463,7 +493,7 @@ def test_wait_helper():
     assert st.wait(lambda: True, Deadline(1)) is True
     with pytest.raises(DeadlineExceededError, match="timed out after 0.2 s waiting for nodes"):
         st.wait(lambda: False, Deadline(0.2, "nodes"), poll_s=0.05)
-    threading.Timer(0.2, lambda: st.record_failure(st.make_failure(0, "exception", "E", "m"))).start()
+    threading.Timer(0.2, lambda: st.record_failure(st.core.make_failure(0, "exception", "E", "m"))).start()
     assert st.wait(lambda: False, Deadline(20), poll_s=5) is False
 
 
@@ -471,16 +501,16 @@ def test_wait_helper():
 def test_handle_rejects_foreign_cluster():
     st = _state()
     with pytest.raises(ControlProtocolError, match="frame is for another cluster"):
-        st.handle({"type": "heartbeat", "cluster": "other", "executor_id": 0}, "p")
+        _handle(st, {"type": "heartbeat", "cluster": "other", "executor_id": 0}, "p")
     with pytest.raises(ControlProtocolError, match="frame is for another cluster"):
-        st.handle({"type": "heartbeat", "executor_id": 0}, "p")
+        _handle(st, {"type": "heartbeat", "executor_id": 0}, "p")
 
 
 @pytest.mark.parametrize("mtype", ["nope", "directives", "", None, "_directives"])
 def test_handle_rejects_unknown_types(mtype):
     st = _state()
     with pytest.raises(ControlProtocolError, match="unknown message type"):
-        st.handle({"type": mtype, "cluster": CID}, "p")
+        _handle(st, {"type": mtype, "cluster": CID}, "p")
 
 
 def test_handle_rejects_bad_fields():
@@ -499,7 +529,7 @@ def test_handle_rejects_bad_fields():
         _req(st, "register", node={"executor_id": 0})
     with pytest.raises(ControlProtocolError, match="malformed node failure report"):
         _req(st, "feed_error", failure={"executor_id": 0})
-    assert st.failures == []
+    assert st.core.failures == []
 
 
 def test_log_lines_reach_stderr_with_one_short_prefix(capsys):
@@ -532,6 +562,23 @@ def test_log_lines_erase_sparks_progress_bar_on_a_terminal(monkeypatch, spark_ba
     _register_all(st)
     _req(st, "log", executor_id=1, lines=["epoch 1", "epoch 2"])
     assert err.getvalue() == starts + "\n[worker:0] epoch 2\n"
+
+
+@pytest.mark.parametrize("tty", [False, True])
+def test_escape_codes_reach_only_a_terminal(monkeypatch, tty):
+    """Keras's progress bar colours its lines: a file or a pipe gets them plain."""
+    from tfos._node import output
+    err = _Tty() if tty else io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    monkeypatch.setattr(output, "_spark_bar", False)
+    st = _state()
+    _register_all(st)
+    keras = "\x1b[1m70/70\x1b[0m \x1b[32m━━━━━━━━━━━━━━━━━━━━\x1b[0m\x1b[37m\x1b[0m \x1b[1m1s\x1b[0m 9ms/step - loss: 0.2"
+    _req(st, "log", executor_id=1, lines=[keras, "\x1b]0;title\x07plain \x1b7x\x1b[?25l"])
+    if tty:
+        assert err.getvalue() == f"[worker:0] {keras}\n[worker:0] \x1b]0;title\x07plain \x1b7x\x1b[?25l\n"
+    else:
+        assert err.getvalue() == "[worker:0] 70/70 ━━━━━━━━━━━━━━━━━━━━ 1s 9ms/step - loss: 0.2\n[worker:0] plain x\n"
 
 
 def test_spark_bar_is_noted_from_the_spark_conf():
@@ -574,20 +621,20 @@ def test_log_lines_to_the_tfos_node_logger_when_it_has_a_handler(caplog, capsys)
 def test_tensorboard_url():
     st = _state()
     assert _req(st, "tensorboard", url="http://h:6006") == {"ok": True}
-    assert st.tensorboard_url == "http://h:6006"
+    assert st.core.tensorboard_url == "http://h:6006"
 
 
 def test_failure_roundtrip_through_status():
     st = _state()
     f = NodeFailure(2, "worker", 1, "h", "exception", "KeyError", "'x'", "tb")
     _req(st, "status", executor_id=2, state="failed", failure=f.to_dict())
-    assert st.failures == [f]
-    assert st.failed
+    assert st.core.failures == [f]
+    assert st.core.failed
 
 
 # ------------------------------------------------- attribution and driver waits (issue 10)
 def _fail(st, eid, kind, etype, msg):
-    f = st.make_failure(eid, kind, etype, msg)
+    f = st.core.make_failure(eid, kind, etype, msg)
     _req(st, "status", executor_id=eid, state="failed", failure=f.to_dict()) if kind == "exception" else \
         _req(st, "feed_error", failure=f.to_dict())
 
@@ -596,10 +643,10 @@ def test_memory_error_and_its_feed_error_on_one_node_give_one_cause():
     st = _state()
     _register_all(st)
     _fail(st, 2, "feed", "FeedError", "lost the data connection while feeding partition 3")
-    assert not st.failed_nodes_reported()  # worker:1 has not reported its own cause yet
+    assert not st.core.failed_nodes_reported()  # worker:1 has not reported its own cause yet
     _fail(st, 2, "exception", "MemoryError", "cannot allocate")
-    assert st.failed_nodes_reported()
-    err = st.error("train()")
+    assert st.core.failed_nodes_reported()
+    err = st.core.error("train()")
     assert [(f.executor_id, f.error_type) for f in err.failures] == [(2, "MemoryError")]
     text = str(err)
     assert "1 node(s) reported 1 distinct error(s)" in text and "MemoryError: cannot allocate" in text
@@ -613,10 +660,10 @@ def test_value_error_and_the_other_nodes_feed_error_give_one_cause():
     _fail(st, 1, "feed", "FeedTimeoutError", "worker:0 accepted no data for 1 s")
     _fail(st, 2, "exception", "ValueError", "bad value")
     # worker:0 itself never reported a cause, but its process exit ends the wait
-    assert not st.failed_nodes_reported()
+    assert not st.core.failed_nodes_reported()
     _req(st, "status", executor_id=1, state="exited", code=-15)
-    assert st.failed_nodes_reported()
-    err = st.error("train()")
+    assert st.core.failed_nodes_reported()
+    err = st.core.error("train()")
     text = str(err)
     assert [(f.executor_id, f.error_type) for f in err.failures] == [(2, "ValueError")]
     assert "FeedTimeoutError" not in text and "ValueError: bad value" in text and "worker:1 (executor 2" in text
@@ -626,7 +673,7 @@ def test_only_consequences_are_reported_when_there_is_no_root_cause():
     st = _state()
     _register_all(st)
     _fail(st, 1, "feed", "FeedTimeoutError", "worker:0 accepted no data for 1 s")
-    err = st.error("train()")
+    err = st.core.error("train()")
     assert [f.error_type for f in err.failures] == ["FeedTimeoutError"]
 
 
@@ -639,13 +686,13 @@ def test_wait_until_registered_answers_each_outcome():
     t0 = time.monotonic()
     assert st.wait_until_registered(dl, lambda: False, tick_s=5.0) == "registered"
     assert time.monotonic() - t0 < 4.0  # woken by the registration, not by the tick
-    assert ClusterState(CID, st.roles, 15.0).wait_until_registered(Deadline(0.0, "x"), lambda: False) == "expired"
+    assert ClusterHost(CID, st.core.roles, 15.0).wait_until_registered(Deadline(0.0, "x"), lambda: False) == "expired"
 
 
 def test_wait_until_exited_wakes_on_exit_reports():
     st = _state()
     _register_all(st)
-    assert st.alive_nodes() == [0, 1, 2]
+    assert st.core.alive_nodes() == [0, 1, 2]
     threading.Timer(0.1, lambda: [_req(st, "status", executor_id=e, state="exited", code=0) for e in (0, 1, 2)]).start()
     t0 = time.monotonic()
     assert st.wait_until_exited([0, 1, 2], 10.0) == []
@@ -660,15 +707,15 @@ def test_wait_for_counters_needs_a_fresh_report():
     assert not st.wait_for_counters([1], 0.05)
     threading.Timer(0.05, lambda: _req(st, "wait_event", executor_id=1, known={}, counters={"rows": 9}, poll_s=0)).start()
     assert st.wait_for_counters([1], 5.0)
-    assert st.rows_consumed() == 9
+    assert st.core.rows_consumed() == 9
 
 
 def test_tensorboard_failure_is_recorded_with_its_stderr(caplog):
     st = _state()
-    with caplog.at_level(logging.WARNING, logger="tfos._driver.state"):
+    with caplog.at_level(logging.WARNING, logger="tfos._control.host"):
         _req(st, "tensorboard", executor_id=1, url="", error="ModuleNotFoundError: No module named 'tensorboard'")
-    assert st.tensorboard_url is None
-    assert "No module named 'tensorboard'" in st.tensorboard_error
+    assert st.core.tensorboard_url is None
+    assert "No module named 'tensorboard'" in st.core.tensorboard_error
     assert any("failed to start" in r.getMessage() and "No module named" in r.getMessage() for r in caplog.records)
 
 
@@ -684,12 +731,12 @@ def test_a_killed_task_waits_for_the_silent_host_to_be_named(monkeypatch):
     clock.t = 1001.0  # executor 1's host dies here; executor 0's task is killed by Spark
     _fail(st, 0, "lost", "SparkTaskKilled", "the Spark task hosting the node ended")
     since = clock.t
-    assert not st.has_root_cause()
-    assert st.heard_from_live_nodes_since(since) is False  # executor 1 is silent
+    assert not st.core.has_root_cause()
+    assert st.core.heard_from_live_nodes_since(since) is False  # executor 1 is silent
     clock.t = 1008.0
     st.check_liveness()
-    assert st.has_root_cause()
-    err = st.error("shutdown()")
+    assert st.core.has_root_cause()
+    err = st.core.error("shutdown()")
     assert [(f.executor_id, f.error_type) for f in err.failures] == [(1, "NodeLost")]
     assert "worker:1 (executor 1, host 10.77.0.12)" in str(err)
 
@@ -698,21 +745,21 @@ def test_live_nodes_heard_from_ends_the_wait_for_a_root_cause():
     st = _state()
     _register_all(st)
     since = time.monotonic()
-    assert not st.heard_from_live_nodes_since(since)
+    assert not st.core.heard_from_live_nodes_since(since)
     _fail(st, 1, "feed", "FeedTimeoutError", "worker:0 accepted no data for 1 s")
     _req(st, "status", executor_id=0, state="exited", code=0)
-    assert not st.heard_from_live_nodes_since(since)  # executor 2 not heard from yet
+    assert not st.core.heard_from_live_nodes_since(since)  # executor 2 not heard from yet
     _req(st, "heartbeat", executor_id=2)
-    assert st.heard_from_live_nodes_since(since)
+    assert st.core.heard_from_live_nodes_since(since)
 
 
 def test_only_root_causes_are_logged_as_errors(caplog):
     # A consequence (a feed task's FeedError) reported before its node's cause is kept for
     # the error but logged at INFO: the driver's log shows the cause once, as an ERROR.
     st = _state(n=2, num_ps=0)
-    with caplog.at_level(logging.INFO, logger="tfos._driver.state"):
-        st.record_failure(st.make_failure(0, "feed", "FeedError", "partition 3: the node failed"))
-        st.record_failure(st.make_failure(0, "exception", "RuntimeError", "boom"))
+    with caplog.at_level(logging.INFO, logger="tfos._control.host"):
+        st.record_failure(st.core.make_failure(0, "feed", "FeedError", "partition 3: the node failed"))
+        st.record_failure(st.core.make_failure(0, "exception", "RuntimeError", "boom"))
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
     assert len(errors) == 1 and "RuntimeError: boom" in errors[0]
@@ -722,16 +769,16 @@ def test_only_root_causes_are_logged_as_errors(caplog):
 # ------------------------------------------------------ driver questions (issue 13)
 def test_registered_feedable_and_exited_ids():
     st = _state()  # ps:0 (executor 0), worker:0 (1), worker:1 (2)
-    assert st.registered_ids() == [] and st.all_exited()  # nobody registered: nothing to wait for
-    assert st.feedable_ids() == [1, 2]
+    assert sorted(st.core.nodes) == [] and st.core.all_exited()  # nobody registered: nothing to wait for
+    assert st.core.feedable_ids() == [1, 2]
     _register(st, _node(2))
     _register(st, _node(0))
-    assert st.registered_ids() == [0, 2]
-    assert not st.all_exited()
+    assert sorted(st.core.nodes) == [0, 2]
+    assert not st.core.all_exited()
     _req(st, "status", executor_id=0, state="exited", code=0)
-    assert not st.all_exited()
-    st.record_failure(st.make_failure(2, "lost", "NodeLost", "no heartbeat for 16 s"))
-    assert st.all_exited()  # a lost node counts as gone
+    assert not st.core.all_exited()
+    st.record_failure(st.core.make_failure(2, "lost", "NodeLost", "no heartbeat for 16 s"))
+    assert st.core.all_exited()  # a lost node counts as gone
 
 
 def test_wait_for_failure_is_woken_by_the_report_and_times_out_without_one():
@@ -761,7 +808,7 @@ def test_wait_for_event_or_failure_answers_whether_the_event_is_set():
     other = threading.Event()
     threading.Timer(0.1, lambda: _fail(st, 1, "exception", "RuntimeError", "boom")).start()
     assert st.wait_for_event_or_failure(other, 30.0) is False  # ended by the failure
-    assert st.failed
+    assert st.core.failed
 
 
 def test_wait_for_root_causes_returns_once_the_failed_node_reported():
@@ -772,7 +819,7 @@ def test_wait_for_root_causes_returns_once_the_failed_node_reported():
     t0 = time.monotonic()
     assert st.wait_for_root_causes(30.0, 30.0) is True
     assert time.monotonic() - t0 < 20.0
-    assert [f.error_type for f in st.error("train()").failures] == ["MemoryError"]
+    assert [f.error_type for f in st.core.error("train()").failures] == ["MemoryError"]
 
 
 def test_wait_for_root_causes_gives_up_after_its_bounds():
@@ -783,7 +830,7 @@ def test_wait_for_root_causes_gives_up_after_its_bounds():
     # worker:0 never reports and the other nodes send no heartbeat: both bounds expire
     assert st.wait_for_root_causes(0.1, 0.1) is False
     assert time.monotonic() - t0 >= 0.2
-    assert [f.error_type for f in st.error("train()").failures] == ["FeedTimeoutError"]
+    assert [f.error_type for f in st.core.error("train()").failures] == ["FeedTimeoutError"]
 
 
 @pytest.mark.parametrize("settle_s, listed", [(0.0, [1]), (2.0, [1, 2])])
@@ -795,12 +842,12 @@ def test_nodes_failing_at_about_the_same_moment_are_all_in_the_error(settle_s, l
     _fail(st, 1, "exception", "ValueError", "identical failure on every node")
     threading.Timer(0.05, lambda: _fail(st, 2, "exception", "ValueError", "identical failure on every node")).start()
     assert st.wait_for_root_causes(5.0, 5.0, settle_s) is True
-    err = st.error("shutdown()")
+    err = st.core.error("shutdown()")
     assert [f.executor_id for f in err.failures] == listed
     if len(listed) == 2:
         assert "2 node(s)" in str(err) and "1 distinct error(s)" in str(err), str(err)
     time.sleep(0.1)  # the timer fired in every case
-    assert [f.executor_id for f in st.failures] == [1, 2]
+    assert [f.executor_id for f in st.core.failures] == [1, 2]
 
 
 def test_the_settle_window_ends_once_every_node_ended():
@@ -822,7 +869,7 @@ def test_wait_until_workers_done_ignores_the_ps_and_raises_at_the_deadline():
     _req(st, "status", executor_id=1, state="finished")
     threading.Timer(0.1, lambda: _req(st, "status", executor_id=2, state="finished")).start()
     assert st.wait_until_workers_done(Deadline(30.0, "workers to finish")) is True
-    assert st.proc_state[0] == "registered"  # the ps still serves
+    assert st.core.proc_state[0] == "registered"  # the ps still serves
     st2 = _state()
     _register_all(st2)
     threading.Timer(0.1, lambda: _fail(st2, 1, "exception", "ValueError", "bad value")).start()
@@ -839,7 +886,7 @@ def test_workers_done_timeout_names_the_running_nodes_with_main_funs_stack():
 
     def answer() -> None:  # the node's event loop sees the request and answers
         deadline = time.monotonic() + 5
-        while st._stack_asked.get(1, 0) < 1 and time.monotonic() < deadline:
+        while st.core.stack_asked.get(1, 0) < 1 and time.monotonic() < deadline:
             time.sleep(0.01)
         _req(st, "stack", executor_id=1, seq=1, text="main_fun's stack on worker:0: in CreateSession")
 
@@ -855,7 +902,7 @@ def test_wait_for_tensorboard_url_or_error():
     st = _state()
     threading.Timer(0.1, lambda: _req(st, "tensorboard", executor_id=1, url="http://10.0.0.1:6006/")).start()
     assert st.wait_for_tensorboard(Deadline(30.0, "TensorBoard to start")) is True
-    assert st.tensorboard_url == "http://10.0.0.1:6006/"
+    assert st.core.tensorboard_url == "http://10.0.0.1:6006/"
     st2 = _state()
     _req(st2, "tensorboard", executor_id=1, url="", error="ModuleNotFoundError: No module named 'tensorboard'")
     assert st2.wait_for_tensorboard(Deadline(30.0, "TensorBoard to start")) is True
@@ -868,7 +915,7 @@ def test_status_is_a_json_ready_snapshot():
     _register(st, _node(1))
     _req(st, "status", executor_id=1, state="exited", code=0)
     st.close_feed()
-    s = st.status()
+    s = st.core.status()
     assert s["registered"] is False and s["missing"] == [0, 2]
     assert [n["executor_id"] for n in s["nodes"]] == [1]
     assert s["states"] == {"0": "pending", "1": "registered", "2": "pending"}
@@ -920,7 +967,7 @@ def test_the_claim_survives_an_answer_lost_after_the_driver_recorded_it():
     seen: list = []
 
     def dispatch(body, peer):
-        resp = cs.handle(body, peer)
+        resp = _handle(cs, body, peer)
         if body.get("type") == "claim_partition":
             seen.append(body.get("token"))
             if len(seen) == 1:
@@ -934,7 +981,7 @@ def test_the_claim_survives_an_answer_lost_after_the_driver_recorded_it():
         plan = FeedPlan(CID, key, "127.0.0.1", srv.port, (node,), feed_id="f1")
         _claim(plan, node, 3, "partition 3 (epoch 0) -> worker:0")  # raises FeedError if refused
         assert len(seen) == 2 and seen[0] == seen[1] and len(seen[0]) == 32
-        assert cs._claimed["f1"] == {3: node.name}
+        assert cs.core.ledger.claimed["f1"] == {3: node.name}
     finally:
         srv.close()
 
@@ -944,7 +991,8 @@ def test_the_driver_keeps_the_records_of_the_newest_feeds_only():
     record (claims, skips, acknowledgements, hand-overs) is kept for the newest
     MAX_FEEDS_KEPT feeds, so its memory does not grow with the number of micro-batches."""
     cs = _state()
-    n = cs_mod.MAX_FEEDS_KEPT
+    from tfos._control.ledger import MAX_FEEDS_KEPT
+    n = MAX_FEEDS_KEPT
     for f in range(n + 10):
         fid = f"feed{f}"
         cs.close_feed_when_sent(fid, 100)
@@ -952,10 +1000,10 @@ def test_the_driver_keeps_the_records_of_the_newest_feeds_only():
             assert _req(cs, "claim_partition", feed_id=fid, index=index, node="w", token=f"t{index}") == {"granted": True}
             _req(cs, "partition_done", feed_id=fid, index=index)
         _req(cs, "partition_skipped", feed_id=fid, index=9)
-    for record in (cs._sent, cs._done, cs._claimed, cs._claim_tokens, cs._skipped):
+    for record in (cs.core.ledger.sent, cs.core.ledger.done, cs.core.ledger.claimed, cs.core.ledger.claim_tokens, cs.core.ledger.skipped):
         assert sorted(record) == sorted(f"feed{f}" for f in range(10, n + 10))
-    assert cs.partitions_done(f"feed{n + 9}") == {0, 1, 2, 3}
-    assert cs.partitions_done("feed0") == set()
+    assert cs.core.ledger.partitions_done(f"feed{n + 9}") == {0, 1, 2, 3}
+    assert cs.core.ledger.partitions_done("feed0") == set()
 
 
 def test_a_resent_failure_report_is_recorded_once():
@@ -966,8 +1014,8 @@ def test_a_resent_failure_report_is_recorded_once():
     f = NodeFailure(1, "worker", 0, "10.0.0.1", "feed", "FeedTimeoutError", "worker:0 accepted no data for 3 s")
     for _ in range(2):
         assert _req(st, "feed_error", failure=f.to_dict()) == {"ok": True}
-    assert st.failures == [f]
-    assert str(st.error("train()")).count("accepted no data for 3 s") == 1
+    assert st.core.failures == [f]
+    assert str(st.core.error("train()")).count("accepted no data for 3 s") == 1
 
 
 def test_python_error_of_a_spark_task_error_text():
@@ -996,14 +1044,14 @@ def test_a_cluster_where_every_worker_only_served_is_warned_about(caplog):
     st = _state()
     _register_all(st)
     caplog.set_level(logging.WARNING, logger="tfos._driver")
-    for r in st.roles:
+    for r in st.core.roles:
         _req(st, "status", executor_id=r.executor_id, state="serving")
-    _warn_if_nobody_trained("tfos-test-1", st.roles, st.proc_state)
+    _warn_if_nobody_trained("tfos-test-1", st.core.roles, st.core.proc_state)
     assert [rec.getMessage() for rec in caplog.records if "none ran a training loop" in rec.getMessage()], caplog.records
     caplog.clear()
-    worker = next(r.executor_id for r in st.roles if not r.is_background)
+    worker = next(r.executor_id for r in st.core.roles if not r.is_background)
     _req(st, "status", executor_id=worker, state="finished")
-    _warn_if_nobody_trained("tfos-test-1", st.roles, st.proc_state)
+    _warn_if_nobody_trained("tfos-test-1", st.core.roles, st.core.proc_state)
     assert not caplog.records
 
 
@@ -1013,13 +1061,13 @@ def test_a_node_ending_with_feed_aborted_after_the_abort_is_not_a_death_of_its_o
     st = _state()
     _register_all(st)
     _req(st, "status", executor_id=0, state="running")
-    root = st.make_failure(1, "exception", "ValueError", "boom")
+    root = st.core.make_failure(1, "exception", "ValueError", "boom")
     _req(st, "status", executor_id=1, state="failed", failure=root.to_dict())
     st.abort("the cluster failed")
-    aborted = st.make_failure(0, "exception", "FeedAbortedError", "the cluster aborted")
+    aborted = st.core.make_failure(0, "exception", "FeedAbortedError", "the cluster aborted")
     _req(st, "status", executor_id=0, state="failed", failure=aborted.to_dict())
     _req(st, "status", executor_id=0, state="exited", code=1, unprompted=True)
-    assert st.failures == [root]
+    assert st.core.failures == [root]
 
 
 def test_a_failed_spark_job_with_no_node_cause_says_so(monkeypatch):
@@ -1030,7 +1078,7 @@ def test_a_failed_spark_job_with_no_node_cause_says_so(monkeypatch):
 
     monkeypatch.setattr(rt, "ATTRIBUTION_S", 0.05)
     runtime = object.__new__(rt.ClusterRuntime)
-    runtime.cluster_id, runtime.state, runtime._closed, runtime.jobs = CID, _state(), False, []
+    runtime.cluster_id, runtime.host, runtime._closed, runtime.jobs = CID, _state(), False, []
     runtime.sc = None  # no failed Spark task to read (failed_task_errors gives [])
     runtime.teardown_async = lambda: None
 

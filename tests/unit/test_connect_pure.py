@@ -14,6 +14,17 @@ from tfos._control.client import ControlClient
 from tfos.cluster_template import NodeInfo, build_template, roles_from_template
 from tfos.errors import ConfigurationError, ControlProtocolError, DeadlineExceededError, NodeFailure, TFOSError
 
+def _send(client, msg_type: str, timeout_s: float = 30.0, retry: bool = True, connect_timeout_s=None, **fields) -> dict:
+    """A request of any type, as the protocol carries it (tfos itself sends typed messages,
+    ControlClient.call); a type of tfos._control.messages is checked first, as call() does."""
+    from tfos._control.messages import message_class
+
+    cls = message_class(msg_type)
+    if cls is not None:
+        cls.decode(fields)
+    return client._request(msg_type, fields, timeout_s, retry, connect_timeout_s)  # send_raw() without a connect budget
+
+
 
 def _failure(eid: int = 1) -> NodeFailure:
     return NodeFailure(eid, "worker", 0, "10.0.0.5", "exception", "ValueError", "bad value\nsecond line", "Traceback...\n  File x")
@@ -118,27 +129,27 @@ def test_control_host_registry_failures_and_teardown():
     key = host.launch.key
     try:
         c = ControlClient("127.0.0.1", host.server.port, key, "c1", connect_timeout_s=5.0)
-        st = c.request("client_wait", until="registered", poll_s=0.2)
+        st = _send(c, "client_wait", until="registered", poll_s=0.2)
         assert st["done"] is False and st["missing"] == [0, 1]
         for eid in (0, 1):
             node = NodeInfo(eid, "worker", eid, "127.0.0.1", 4000 + eid, 5000 + eid, 100 + eid, f"h/{eid}")
-            assert c.request("register", node=node.to_dict())["ok"]
-        st = c.request("client_wait", until="registered", poll_s=0.2)
+            assert _send(c, "register", node=node.to_dict())["ok"]
+        st = _send(c, "client_wait", until="registered", poll_s=0.2)
         assert st["done"] is True and [n["executor_id"] for n in st["nodes"]] == [0, 1]
         # A node failure aborts the cluster; the client gets it with its traceback.
-        c.request("status", executor_id=1, state="failed", failure=_failure(1).to_dict())
-        st = c.request("client_wait", until="workers_done", poll_s=5.0)
+        _send(c, "status", executor_id=1, state="failed", failure=_failure(1).to_dict())
+        st = _send(c, "client_wait", until="workers_done", poll_s=5.0)
         assert st["abort"] and [NodeFailure.from_dict(f) for f in st["failures"]] == [_failure(1)]
         # Teardown: answered once every node exited, and releases the host.
         def exit_later() -> None:
             time.sleep(0.3)
             c2 = ControlClient("127.0.0.1", host.server.port, key, "c1", connect_timeout_s=5.0)
             for eid in (0, 1):
-                c2.request("status", executor_id=eid, state="exited", code=0)
+                _send(c2, "status", executor_id=eid, state="exited", code=0)
             c2.close()
 
         threading.Thread(target=exit_later, daemon=True).start()
-        st = c.request("client_teardown", abort=True, attribution_s=0.0, poll_s=5.0, timeout_s=20.0)
+        st = _send(c, "client_teardown", abort=True, attribution_s=0.0, poll_s=5.0, timeout_s=20.0)
         assert st["done"] is True and st["exit_codes"] == {"0": 0, "1": 0}
         assert host.released.is_set()
         with pytest.raises(ControlProtocolError):
@@ -155,7 +166,7 @@ def test_control_host_refuses_a_wrong_key():
     try:
         bad = ControlClient("127.0.0.1", host.server.port, _wire.new_key(), "c1", connect_timeout_s=1.0)
         with pytest.raises((ConnectionError, ControlProtocolError, DeadlineExceededError)):
-            bad.request("client_wait", until="now", poll_s=0.0, timeout_s=2.0, retry=False)
+            _send(bad, "client_wait", until="now", poll_s=0.0, timeout_s=2.0, retry=False)
         bad.close()
     finally:
         host.server.close()
@@ -166,7 +177,7 @@ def test_control_host_ends_the_cluster_without_a_client():
     t0 = time.monotonic()
     assert host.serve() == 0  # no client operation for 1 s: abort and exit (no node registered)
     assert time.monotonic() - t0 < 30.0
-    assert "no client operation" in host.state.abort_reason
+    assert "no client operation" in host.host.core.abort_reason
 
 
 def test_run_hands_a_connect_session_to_the_connect_path():
@@ -192,9 +203,9 @@ def test_control_host_ends_the_feed_once_every_partition_was_sent():
     try:
         assert host._dispatch({"type": "client_control", "cluster": "c1", "action": "close_feed_when_sent", "feed_id": "f", "total": 2}, "p") == {"ok": True}
         for index in (0, 1):
-            assert host.state.feed_closed is False
+            assert host.host.core.feed_closed is False
             host._dispatch({"type": "partition_sent", "cluster": "c1", "feed_id": "f", "index": index}, "p")
-        assert host.state.feed_closed is True
+        assert host.host.core.feed_closed is True
     finally:
         host.server.close()
 
@@ -203,19 +214,19 @@ def test_control_host_long_polls_for_tensorboard():
     host = _host()
     try:
         c = ControlClient("127.0.0.1", host.server.port, host.launch.key, "c1", connect_timeout_s=5.0)
-        st = c.request("client_wait", until="tensorboard", poll_s=0.1)
+        st = _send(c, "client_wait", until="tensorboard", poll_s=0.1)
         assert st["done"] is False and st["tensorboard_url"] is None
 
         def report_later() -> None:
             time.sleep(0.3)
             c2 = ControlClient("127.0.0.1", host.server.port, host.launch.key, "c1", connect_timeout_s=5.0)
-            c2.request("tensorboard", executor_id=0, url="http://127.0.0.1:6006/")
+            _send(c2, "tensorboard", executor_id=0, url="http://127.0.0.1:6006/")
             c2.close()
 
         reporter = threading.Thread(target=report_later, daemon=True)
         reporter.start()
         t0 = time.monotonic()
-        st = c.request("client_wait", until="tensorboard", poll_s=9.0, timeout_s=30.0)
+        st = _send(c, "client_wait", until="tensorboard", poll_s=9.0, timeout_s=30.0)
         assert st["done"] is True and st["tensorboard_url"] == "http://127.0.0.1:6006/"
         assert time.monotonic() - t0 < 8.5  # answered on the report, not at the end of the poll
         c.close()

@@ -1,6 +1,6 @@
 """The event-driven control server, the multiplexed client and the typed messages (C20).
 
-No Spark, no TensorFlow: real ControlServers over loopback, a real ClusterState, real
+No Spark, no TensorFlow: real ControlServers over loopback, a real ClusterHost, real
 ControlClients, and raw sockets speaking the protocol through its sessions.
 """
 
@@ -17,11 +17,27 @@ from tfos._common.deadline import Deadline
 from tfos._control import messages as msg
 from tfos._control.client import ControlClient, shared_client
 from tfos._control.limits import ControlLimits, event_poll_s, heartbeat_interval_s, start_poll_s
-from tfos._control.protocol import Call, ClientSession, FrameReader, LongPoll
+from tfos._control.protocol import Call, ClientSession, FrameReader, LongPoll, client_proof
 from tfos._control.server import ControlServer
-from tfos._driver.state import ClusterState
+from tfos._control.host import ClusterHost
 from tfos.cluster_template import NodeInfo, build_template, roles_from_template
 from tfos.errors import ConfigurationError, ControlProtocolError, NodeFailure
+
+def _send(client, msg_type: str, timeout_s: float = 30.0, retry: bool = True, connect_timeout_s=None, **fields) -> dict:
+    """A request of any type, as the protocol carries it (tfos itself sends typed messages,
+    ControlClient.call); a type of tfos._control.messages is checked first, as call() does."""
+    from tfos._control.messages import message_class
+
+    cls = message_class(msg_type)
+    if cls is not None:
+        cls.decode(fields)
+    return client._request(msg_type, fields, timeout_s, retry, connect_timeout_s)  # send_raw() without a connect budget
+
+
+def _handle(host, body: dict, peer: str = "127.0.0.1:1") -> dict:
+    """One request answered in this thread (a long-poll waited for here)."""
+    return host.resolve(host.prepare(body, peer).run())
+
 
 KEY = _wire.new_key()
 CID = "tfos-unit-loop"
@@ -38,6 +54,7 @@ class RawClient:
 
     def __init__(self, port: int, key: bytes = KEY, cluster_id: str = CID):
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=20)
+        self.sock.sendall(client_proof(key))
         self.frames = FrameReader(key)
         self.session = ClientSession(key, cluster_id, self._next())
 
@@ -63,17 +80,17 @@ class RawClient:
         self.sock.close()
 
 
-def _state(n: int, timeout_s: float = 15.0) -> ClusterState:
-    return ClusterState(CID, roles_from_template(build_template(n, 0)), timeout_s)
+def _state(n: int, timeout_s: float = 15.0) -> ClusterHost:
+    return ClusterHost(CID, roles_from_template(build_template(n, 0)), timeout_s)
 
 
 def _node(eid: int) -> NodeInfo:
     return NodeInfo(eid, "worker", eid, "127.0.0.1", 20000 + eid, 0, 100 + eid)
 
 
-def _register_all(st: ClusterState) -> None:
-    for eid in range(len(st.roles)):
-        assert st.handle(dict(msg.Register(_node(eid)).body(), cluster=CID), "p")["ok"]
+def _register_all(st: ClusterHost) -> None:
+    for eid in range(len(st.core.roles)):
+        assert _handle(st, dict(msg.Register(_node(eid)).body(), cluster=CID), "p")["ok"]
 
 
 # ------------------------------------------------------------------ binding
@@ -90,7 +107,7 @@ def test_a_fixed_port_binds_again_right_after_a_shutdown():
         try:
             assert srv.port == port
             clients = [ControlClient("127.0.0.1", port, KEY, CID, connect_timeout_s=10) for _ in range(3)]
-            assert all(c.request("ping")["round"] == round_ for c in clients)
+            assert all(_send(c, "ping")["round"] == round_ for c in clients)
         finally:
             srv.close()  # closes the connections first: TIME_WAIT is on the server's side
         for c in clients:
@@ -129,7 +146,7 @@ def test_long_polls_hold_no_thread_and_are_answered_on_the_change():
             c.send(msg.WaitEvent(eid, known, {"rows": eid}, poll_s=5.0))
         Deadline(20, "every poll to be held").wait_for(lambda: srv.stats()["long_polls"] == n)
         assert threading.active_count() - before <= 1, threading.enumerate()
-        assert st.rows_consumed() == sum(range(n))
+        assert st.core.rows_consumed() == sum(range(n))
         t0 = time.monotonic()
         st.close_feed()
         answers = [c.answer() for c in clients]
@@ -183,15 +200,15 @@ def test_a_blocking_handler_does_not_stall_the_others():
     srv = ControlServer(KEY, routes, "127.0.0.1", limits=ControlLimits(handler_threads=2))
     try:
         slow = [ControlClient("127.0.0.1", srv.port, KEY, CID, connect_timeout_s=10) for _ in range(3)]
-        threads = [threading.Thread(target=c.request, args=("slow",), kwargs={"timeout_s": 20}) for c in slow]
+        threads = [threading.Thread(target=_send, args=(c, "slow"), kwargs={"timeout_s": 20}) for c in slow]
         for t in threads:
             t.start()
         time.sleep(0.3)  # both handler threads block, a third request waits for one
         fast = ControlClient("127.0.0.1", srv.port, KEY, CID, connect_timeout_s=10)
         t0 = time.monotonic()
         for _ in range(20):
-            assert fast.request("ping")["fast"] is True
-        assert fast.request("poll")["polled"] is True
+            assert _send(fast, "ping")["fast"] is True
+        assert _send(fast, "poll")["polled"] is True
         assert time.monotonic() - t0 < 3.0
         routes.release.set()
         for t in threads:
@@ -233,12 +250,12 @@ def test_a_request_to_a_closed_connection_reconnects_once_the_driver_closed_it()
     srv = ControlServer(KEY, lambda b, p: {"ok": True}, "127.0.0.1")
     c = ControlClient("127.0.0.1", srv.port, KEY, CID, connect_timeout_s=10)
     try:
-        assert c.request("ping")["ok"]
+        assert _send(c, "ping")["ok"]
         conn = c._conn
         for server_side in list(srv._loop.conns.values()):
             server_side.sock.shutdown(socket.SHUT_RDWR)  # as the server's idle timeout closes it
         Deadline(10).wait_for(lambda: conn.broken is not None)
-        assert c.request("ping", retry=False)["ok"]  # a fresh connection, not an error
+        assert _send(c, "ping", retry=False)["ok"]  # a fresh connection, not an error
     finally:
         c.close()
         srv.close()
@@ -307,7 +324,7 @@ def test_a_malformed_typed_message_closes_only_its_connection():
 def test_the_client_refuses_to_send_a_malformed_message():
     c = ControlClient("127.0.0.1", 1, KEY, CID, connect_timeout_s=0.1)
     with pytest.raises(ControlProtocolError, match="expected an int"):
-        c.request("heartbeat", executor_id="0")  # refused before any connection is tried
+        _send(c, "heartbeat", executor_id="0")  # refused before any connection is tried
 
 
 # ------------------------------------------------------------------ scaling
@@ -372,3 +389,116 @@ def test_pipelined_requests_beyond_the_inflight_cap_are_all_answered_in_turn():
         c.close()
         other.close()
         srv.close()
+
+
+def test_a_node_exit_report_is_served_while_the_interpreter_exits():
+    """At interpreter exit concurrent.futures refuses new work (its pool's submit raises
+    RuntimeError), while the driver's teardown still waits for the nodes' exit reports:
+    the server once closed the reporting node's connection silently, the node's exit went
+    unheard, and the healthy node of a failed cluster was declared lost 15 s later. The
+    report is served on a thread of its own instead."""
+    st = _state(2)
+    srv = ControlServer(KEY, st, "127.0.0.1")
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("cannot schedule new futures after interpreter shutdown")
+
+    try:
+        _register_all(st)
+        srv._loop.pool.submit = refuse
+        client = ControlClient("127.0.0.1", srv.port, KEY, CID, connect_timeout_s=10)
+        assert client.call(msg.Status(executor_id=1, state=msg.NodeState.EXITED, code=-15), timeout_s=10, retry=False)["ok"] is True
+        assert st.core.exit_codes == {1: -15}
+        client.close()
+    finally:
+        srv.close()
+
+
+# ------------------------------------------------------------------ floods
+def test_a_flood_of_strangers_never_evicts_a_key_holder_and_says_who_it_evicted(caplog):
+    """Strangers without the key hold the cap of unproven connections and reopen each one
+    closed: a key holder proves itself in its first bytes, so its connection is never an
+    eviction candidate, however long it then takes to send its first frame; the eviction
+    log names the evicted connection's address; the flood report names the port, the
+    counts, the source address and the remedy."""
+    srv = ControlServer(KEY, lambda body, peer: {"echo": body.get("x")}, "127.0.0.1",
+                        limits=ControlLimits(max_connections=512, max_unauthenticated=16))
+    strangers: list[socket.socket] = []
+    try:
+        slow = socket.create_connection(("127.0.0.1", srv.port), timeout=20)
+        slow.sendall(client_proof(KEY))  # proven; its first frame comes much later
+        for _ in range(48):  # 3x the cap, silent
+            strangers.append(socket.create_connection(("127.0.0.1", srv.port), timeout=20))
+        Deadline(30, "evictions past the grace period").wait_for(lambda: srv.stats()["evicted"] >= 16,
+                                                                 extra=lambda: str(srv.stats()))
+        ports = {s.getsockname()[1] for s in strangers}
+        evictions = [r.getMessage() for r in caplog.records if "evicted" in r.getMessage()]
+        assert evictions and all(int(m.split("from 127.0.0.1:")[1].split(":")[0]) in ports for m in evictions)
+        frames = FrameReader(KEY)
+        while (hello := frames.next()) is None:
+            frames.feed(slow.recv(65536))
+        session = ClientSession(KEY, CID, hello)
+        slow.sendall(b"".join(f for _, f, _ in session.encode("ping", {"x": 5})))
+        while (body := frames.next()) is None:
+            frames.feed(slow.recv(65536))
+        assert body["echo"] == 5  # served, after 48 strangers came and went
+        c = ControlClient("127.0.0.1", srv.port, KEY, CID, connect_timeout_s=30)
+        assert c._request("ping", {"x": 6}, 30.0, True, None)["echo"] == 6  # a newcomer gets through during the flood
+        c.close()
+        report = srv.flood_report()
+        assert f"the tfos control port 127.0.0.1:{srv.port}" in report and "127.0.0.1 (" in report
+        assert "evicted" in report and "private network" in report and "spark.authenticate" in report
+        slow.close()
+    finally:
+        for s in strangers:
+            s.close()
+        srv.close()
+
+
+def test_a_wrong_key_client_is_refused_on_its_first_bytes():
+    srv = ControlServer(KEY, lambda body, peer: {"echo": 1}, "127.0.0.1")
+    try:
+        c = ControlClient("127.0.0.1", srv.port, _wire.new_key(), CID, connect_timeout_s=30)
+        t0 = time.monotonic()
+        with pytest.raises(ControlProtocolError, match="refused this process's proof of the cluster key"):
+            c._request("ping", {}, 30.0, True, None)
+        assert time.monotonic() - t0 < 25  # at once, not at the end of the connect budget
+        assert srv.stats()["turned_away"] == 1 and srv.flood_report().startswith("the tfos control port")
+    finally:
+        srv.close()
+
+
+def test_the_client_backs_off_and_retries_until_the_driver_listens():
+    """Connections refused (a driver still starting, or a kernel queue full under a flood)
+    are retried with growing pauses until the connect budget ends."""
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    c = ControlClient("127.0.0.1", port, KEY, CID, connect_timeout_s=30)
+    box: dict = {}
+
+    def late_server() -> None:
+        time.sleep(1.0)
+        box["srv"] = ControlServer(KEY, lambda body, peer: {"echo": body.get("x")}, "127.0.0.1", port_spec=str(port))
+
+    t = threading.Thread(target=late_server)
+    t.start()
+    try:
+        assert c._request("ping", {"x": 3}, 30.0, True, None)["echo"] == 3
+        assert isinstance(c.last_connect_error, type(None))
+    finally:
+        t.join(20)
+        c.close()
+        if "srv" in box:
+            box["srv"].close()
+
+
+def test_a_cluster_error_quotes_the_flood_report():
+    from tfos.errors import ClusterFailedError
+
+    err = ClusterFailedError(CID, [NodeFailure(0, "worker", 0, "127.0.0.1", "exited", "RuntimeError",
+                                               "exited right after start-up")], "run()")
+    assert "meanwhile" not in str(err)
+    err.flood = "the tfos control port 127.0.0.1:9 turned away 70 connections ... from 127.0.0.1 (70)"
+    assert str(err).splitlines()[-1] == "- meanwhile the tfos control port 127.0.0.1:9 turned away 70 connections ... from 127.0.0.1 (70)"

@@ -92,7 +92,7 @@ def test_a_relay_to_another_node_is_refused_and_named(live_node, relay):
     assert f"-> 127.0.0.1:{port}" in ei.value.connection and "listener uid" in ei.value.connection
     Deadline(10, "node 1 to refuse the relayed handshake").wait_for(lambda: hub.rejected >= 1)
     time.sleep(0.2)  # let the relay write what it forwarded
-    assert len(_seen(capture, "to-node")) == 68  # magic, the task's nonce and its proof: nothing else
+    assert len(_seen(capture, "to-node")) == 52 + 68  # its proof of the key, magic, nonce and bound proof: nothing else
     assert len(_seen(capture, "to-task")) == 36 + 32  # node 1's hello and its refusal
     assert hub.queues["input"].empty()
     # Failing over, the task reaches node 1 itself and feeds it.
@@ -116,7 +116,7 @@ def test_a_relay_in_front_of_the_right_node_sees_only_ciphertext(live_node, rela
     try:
         session = _wire.client_handshake(sock, KEY, Deadline(20, "handshake"), _wire.node_identity(node1))
         send_json(sock, session, FrameType.HEADER, {"qname": "input", "mode": "train", "partition": 0, "epoch": 0,
-                                                    "kind": "pickled_batch", "feed_timeout": 20.0, "feed_id": "relay-ct",
+                                                    "kind": "pickled_batch", "feed_timeout_s": 20.0, "feed_id": "relay-ct",
                                                     "index": 0})
         assert recv_json(sock, session, Deadline(20))[1] == {"state": "ok"}
         rows = _rows(2000)

@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from tfos._data.feed_plan import FeedPlan, choose_node
+from tfos._data.feed_plan import FEED_TIMEOUT_S, FeedPlan, choose_node
 from tfos.cluster_template import NodeInfo
 from tfos.errors import TFOSError
 
@@ -65,8 +65,9 @@ def test_feed_plan_validation_and_repr():
         FeedPlan("c1", KEY, nodes=())
     with pytest.raises(ValueError, match="bad feed mode 'predict'"):
         FeedPlan("c1", KEY, nodes=CLUSTER, mode="predict")
-    with pytest.raises(ValueError, match="feed_timeout must be > 0 seconds"):
+    with pytest.raises(ValueError, match=r"FeedPlan.feed_timeout_s must be a finite number of seconds > 0, got 0"):
         FeedPlan("c1", KEY, nodes=CLUSTER, feed_timeout_s=0)
+    assert FeedPlan("c1", KEY, nodes=CLUSTER).feed_timeout_s == FEED_TIMEOUT_S == 600.0
 
 
 def test_a_skipped_partition_reads_its_input_to_the_end_within_the_budget(monkeypatch):

@@ -27,6 +27,9 @@ class _Client:
         self.lines: list = []
         self.sizes: list = []
 
+    def call(self, msg, **kw):  # a typed message, as ControlClient.call takes it
+        return self.request(msg.TYPE, **msg.fields(), **kw)
+
     def request(self, mtype, **fields):
         assert mtype == "log" and fields["executor_id"] == 5
         self.lines += fields["lines"]
@@ -144,11 +147,11 @@ def test_a_marker_after_a_long_unterminated_line_is_not_split(tmp_path):
     out = NodeOutput(client, 5, tee=True)
     partial = b"p" * (output._LONG_LINE_BYTES - 10)
     message = "m" * 100_000
-    marker = f"{output._MARK_START}failure {out.mark} {{\"executor_id\": 5, \"message\": \"{message}\"}}\n".encode()
+    marker = f"{output._MARK_START}failure {out.mark} {{\"executor_id\": 5, \"job_name\": \"worker\", \"task_index\": 0, \"kind\": \"exception\", \"error_type\": \"E\", \"message\": \"{message}\"}}\n".encode()
     log_path = tmp_path / "executor.log"
     with open(log_path, "wb") as log:
         _read_through(out, [partial, marker, b"after\n"], log.fileno(), which=2)
-    assert [(n, kind, fields["failure"]["message"]) for n, kind, fields in out._pending] == [(1, "failure", message)]
+    assert [(n, kind, report.failure.message) for n, kind, report in out._pending] == [(1, "failure", message)]
     _drain(out)
     assert client.lines == ["p" * 2000, "after"]
     assert log_path.read_bytes() == partial + b"\nafter\n"
@@ -193,11 +196,11 @@ def test_a_marker_across_the_1_mib_cut_is_still_a_report(tmp_path, short):
     out = NodeOutput(client, 5, tee=True)
     text = b"x" * (output._LONG_LINE_BYTES - short)
     message = "\U0001F600" * 6000
-    marker = f"{output._MARK_START}failure {out.mark} {json.dumps({'executor_id': 5, 'message': message})}\n".encode()
+    marker = f"{output._MARK_START}failure {out.mark} {json.dumps({'executor_id': 5, 'job_name': 'worker', 'task_index': 0, 'kind': 'exception', 'error_type': 'E', 'message': message})}\n".encode()
     log_path = tmp_path / "executor.log"
     with open(log_path, "wb") as log:
         _read_through(out, [text, marker, b"after\n"], log.fileno(), which=2)
-    assert [(kind, fields["failure"]["message"]) for _, kind, fields in out._pending] == [("failure", message)]
+    assert [(kind, report.failure.message) for _, kind, report in out._pending] == [("failure", message)]
     assert log_path.read_bytes() == text + b"\nafter\n"
 
 
@@ -224,9 +227,9 @@ def test_a_marker_like_text_earlier_on_the_line_does_not_hide_the_report(tmp_pat
     then raised: the real marker, the last on the line, is still taken as the report."""
     client = _Client()
     out = NodeOutput(client, 5, tee=True)
-    marker = f"{output._MARK_START}failure {out.mark} {{\"executor_id\": 5, \"message\": \"boom\"}}\n".encode()
+    marker = f"{output._MARK_START}failure {out.mark} {{\"executor_id\": 5, \"job_name\": \"worker\", \"task_index\": 0, \"kind\": \"exception\", \"error_type\": \"E\", \"message\": \"boom\"}}\n".encode()
     log_path = tmp_path / "executor.log"
     with open(log_path, "wb") as log:
         _read_through(out, [b"bin \x1etfos-", marker], log.fileno(), which=2)
-    assert [(kind, fields["failure"]["message"]) for _, kind, fields in out._pending] == [("failure", "boom")]
+    assert [(kind, report.failure.message) for _, kind, report in out._pending] == [("failure", "boom")]
     assert log_path.read_bytes() == b"bin \x1etfos-\n"

@@ -31,6 +31,9 @@ class _Client:
     def __init__(self):
         self.lines: list = []
 
+    def call(self, msg, **kw):  # a typed message, as ControlClient.call takes it
+        return self.request(msg.TYPE, **msg.fields(), **kw)
+
     def request(self, mtype, **fields):
         assert mtype == "log" and fields["executor_id"] == 3
         self.lines += fields["lines"]
@@ -110,7 +113,7 @@ FAILING_CHILD = textwrap.dedent("""
     sys.stdout.write("stdout partial")  # still in Python's buffer: write_failure_marks flushes it
     print("stderr 1", file=sys.stderr)
     print("\\x1etfos-failure 0000 {\\"forged\\": 1}", file=sys.stderr)  # another token: a plain line
-    assert write_failure_marks(token, {"executor_id": 3, "message": "boom \\u00e9"})
+    assert write_failure_marks(token, {"executor_id": 3, "job_name": "worker", "task_index": 0, "kind": "exception", "error_type": "E", "message": "boom \\u00e9"})
     time.sleep(0.3)  # lines written after the markers may be sent with those before them
     print("after the failure")
     time.sleep(0.5)
@@ -120,6 +123,9 @@ FAILING_CHILD = textwrap.dedent("""
 class _OrderClient:
     def __init__(self):
         self.calls: list = []
+
+    def call(self, msg, **kw):  # a typed message, as ControlClient.call takes it
+        return self.request(msg.TYPE, **msg.fields(), **kw)
 
     def request(self, mtype, **fields):
         assert fields["executor_id"] == 3
@@ -143,7 +149,7 @@ def test_a_failure_is_reported_after_the_lines_written_before_it():
     out.close()
     statuses = [i for i, (mtype, _) in enumerate(client.calls) if mtype == "status"]
     assert len(statuses) == 1, client.calls
-    assert client.calls[statuses[0]][1] == {"executor_id": 3, "message": "boom \u00e9"}
+    assert client.calls[statuses[0]][1]["message"] == "boom \u00e9"  # unchanged
     before = [ln for mtype, lines in client.calls[:statuses[0]] if mtype == "log" for ln in lines]
     after = [ln for mtype, lines in client.calls[statuses[0] + 1:] if mtype == "log" for ln in lines]
     assert sorted(before) == sorted(["stdout 1", "stdout partial", "stderr 1", '\x1etfos-failure 0000 {"forged": 1}']), client.calls
@@ -162,13 +168,16 @@ FINISHING_CHILD = textwrap.dedent("""
     print("serving")
     time.sleep(0.3)
     print("before the failure")
-    assert write_failure_marks(token, {"executor_id": 3, "message": "late"})
+    assert write_failure_marks(token, {"executor_id": 3, "job_name": "worker", "task_index": 0, "kind": "exception", "error_type": "E", "message": "late"})
 """)
 
 
 class _StatusClient:
     def __init__(self):
         self.calls: list = []
+
+    def call(self, msg, **kw):  # a typed message, as ControlClient.call takes it
+        return self.request(msg.TYPE, **msg.fields(), **kw)
 
     def request(self, mtype, **fields):
         assert fields["executor_id"] == 3
@@ -188,7 +197,7 @@ def test_main_funs_return_is_reported_after_its_last_lines():
     out = _run_marked_child(FINISHING_CHILD, client, unbuffered="0")
     out.close()
     states = [c for c in client.calls if c[0] != "line"]
-    assert states == [("finished", ["input"]), ("failed", {"executor_id": 3, "message": "late"})], client.calls
+    assert [(st, x if st == "finished" else x["message"]) for st, x in states] == [("finished", ["input"]), ("failed", "late")], client.calls
     fin, fail = client.calls.index(states[0]), client.calls.index(states[1])
     assert sorted(ln for _, ln in client.calls[:fin]) == ["last stderr line of main_fun", "last stdout line of main_fun", "partial"]
     assert [ln for _, ln in client.calls[fin + 1:fail]] == ["serving", "before the failure"], client.calls
@@ -201,7 +210,7 @@ CHATTY_CHILD = textwrap.dedent("""
     for i in range(200):
         print(f"step {i}")
         time.sleep(0.005)
-    assert write_failure_marks(token, {"executor_id": 3, "message": "the driver went away"})
+    assert write_failure_marks(token, {"executor_id": 3, "job_name": "worker", "task_index": 0, "kind": "exception", "error_type": "E", "message": "the driver went away"})
 """)
 
 
@@ -212,6 +221,9 @@ class _DeadDriverClient:
     def __init__(self):
         self.calls: list = []
         self.last_connect_error = None
+
+    def call(self, msg, **kw):  # a typed message, as ControlClient.call takes it
+        return self.request(msg.TYPE, **msg.fields(), **kw)
 
     def request(self, mtype, timeout_s=10.0, retry=True, connect_timeout_s=None, **fields):
         self.calls.append((mtype, retry, connect_timeout_s))

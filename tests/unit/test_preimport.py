@@ -39,7 +39,7 @@ def test_start_up_imports_end_before_main_fun_starts(tmp_path):
         assert "numpy" not in sys.modules and "pyarrow" not in sys.modules
         from tfos._common import wire
         from tfos._control.server import ControlServer
-        from tfos._driver.state import ClusterState
+        from tfos._control.host import ClusterHost
         from tfos._node.launch import ClusterConfig, NodeLaunch
         from tfos._node.tf_process import run_node
         from tfos.cluster_template import InputMode, build_template, roles_from_template
@@ -52,8 +52,8 @@ def test_start_up_imports_end_before_main_fun_starts(tmp_path):
 
         key = wire.new_key()
         roles = tuple(roles_from_template(build_template(1, 0)))
-        state = ClusterState("tfos-preimport", list(roles), 15.0)
-        server = ControlServer(key, state.handle, host="127.0.0.1")
+        state = ClusterHost("tfos-preimport", list(roles), 15.0)
+        server = ControlServer(key, state, host="127.0.0.1")
         cfg = ClusterConfig(cluster_id="tfos-preimport", key=key, driver_host="127.0.0.1", driver_port=server.port,
                             input_mode=InputMode.SPARK, roles=roles, reservation_timeout_s=30.0, forward_logs="none")
         launch = NodeLaunch(config=cfg, role=roles[0], host="127.0.0.1", executor_key="h/1", watch_pid=0,

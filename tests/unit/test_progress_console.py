@@ -50,7 +50,13 @@ class Tracker:
 
 
 class State:
+    """A stand-in for the control host: its core's row count and its counter wait."""
+
     rows = 0
+
+    @property
+    def core(self) -> "State":
+        return self
 
     def rows_consumed(self) -> int:
         return self.rows
@@ -74,9 +80,13 @@ def program_logging(monkeypatch):
         root = logging.getLogger()
         monkeypatch.setattr(root, "handlers", [handler])
         monkeypatch.setattr(root, "level", logging.INFO)
-        return stream, handler, logging.getLogger("tfos._driver.state")
+        # Loggers cache isEnabledFor() per level; only setLevel() clears it. A logger that an
+        # earlier test asked while the root was at WARNING would drop the INFO records here.
+        root.manager._clear_cache()
+        return stream, handler, logging.getLogger("tfos._driver.runtime")
 
-    return make
+    yield make
+    logging.getLogger().manager._clear_cache()
 
 
 def test_on_a_terminal_a_log_record_clears_the_bar_and_the_bar_comes_back_below(program_logging):
@@ -92,10 +102,10 @@ def test_on_a_terminal_a_log_record_clears_the_bar_and_the_bar_comes_back_below(
     progress.finish([0, 1])
     shown = [ln for ln in render(term.getvalue()) if ln]
     # the record stands alone on its line, the bar is drawn again after it, and ends at 100 %
-    assert "INFO tfos._driver.state: node worker:1 reported its counters" in shown, shown
-    assert all(ln == "INFO tfos._driver.state: node worker:1 reported its counters" or ln.startswith("tfos train:")
+    assert "INFO tfos._driver.runtime: node worker:1 reported its counters" in shown, shown
+    assert all(ln == "INFO tfos._driver.runtime: node worker:1 reported its counters" or ln.startswith("tfos train:")
                for ln in shown), shown
-    assert shown.index("INFO tfos._driver.state: node worker:1 reported its counters") < len(shown) - 1
+    assert shown.index("INFO tfos._driver.runtime: node worker:1 reported its counters") < len(shown) - 1
     assert "100%" in shown[-1] and "epoch 2/2" in shown[-1], shown
     assert "not shown" not in term.getvalue()
     # the program's logging is as it was: same handler objects, stream, level, filters, formatter
@@ -114,7 +124,7 @@ def test_on_a_pipe_the_bar_is_whole_lines_between_the_log_lines(program_logging)
     raw = pipe.getvalue()
     assert "\r" not in raw, raw
     lines = raw.splitlines()
-    assert lines[0].startswith("tfos inference:   0%") and lines[1] == "WARNING tfos._driver.state: a record while the bar runs"
+    assert lines[0].startswith("tfos inference:   0%") and lines[1] == "WARNING tfos._driver.runtime: a record while the bar runs"
     assert len(lines) == 3 and lines[2].startswith("tfos inference: 100%") and "900 rows" in lines[2], lines
     assert handler.stream is pipe  # never wrapped: nothing to clear on a pipe
 

@@ -16,25 +16,30 @@ from typing import Callable, Optional
 
 import pytest
 
-from tfos._driver.state import ClusterState
+from tfos._control.host import ClusterHost
 from tfos.cluster_template import NodeInfo, build_template, roles_from_template
 from tfos.errors import ControlProtocolError
 from tfos.node_context import TFNodeContext
 
+def _handle(host, body: dict, peer: str = "127.0.0.1:1") -> dict:
+    """One request answered in this thread (a long-poll waited for here)."""
+    return host.resolve(host.prepare(body, peer).run())
+
+
 CID = "tfos-test-serving"
 
 
-def _state() -> ClusterState:
+def _state() -> ClusterHost:
     # ps:0 (executor 0), chief:0 (executor 1), worker:0 (executor 2)
-    return ClusterState(CID, roles_from_template(build_template(3, num_ps=1, master_node="chief")), 15.0)
+    return ClusterHost(CID, roles_from_template(build_template(3, num_ps=1, master_node="chief")), 15.0)
 
 
-def _req(st: ClusterState, mtype: str, **fields) -> dict:
-    return st.handle(dict(fields, type=mtype, cluster=CID), "127.0.0.1:1")
+def _req(st: ClusterHost, mtype: str, **fields) -> dict:
+    return _handle(st, dict(fields, type=mtype, cluster=CID), "127.0.0.1:1")
 
 
-def _register_all(st: ClusterState) -> None:
-    for role in st.roles:
+def _register_all(st: ClusterHost) -> None:
+    for role in st.core.roles:
         node = NodeInfo(role.executor_id, role.job_name, role.task_index, "10.0.0.1", 2000 + role.executor_id,
                         pid=100 + role.executor_id)
         assert _req(st, "register", node=node.to_dict())["ok"] is True
@@ -44,16 +49,16 @@ def _register_all(st: ClusterState) -> None:
 def test_serving_worker_counts_as_done_for_shutdown_but_chief_is_waited_for():
     st = _state()
     _register_all(st)
-    feedable = [r.executor_id for r in st.roles if r.feedable]
+    feedable = [r.executor_id for r in st.core.roles if r.feedable]
     assert feedable == [1, 2]  # chief and the PSS worker: what shutdown() waits for
     assert _req(st, "status", executor_id=2, state="serving") == {"ok": True}
-    assert st.proc_state[2] == "serving"
-    assert st.is_done(2) is True
-    assert st.is_done(1) is False  # the chief's main_fun still runs
-    assert not all(st.is_done(e) for e in feedable)
+    assert st.core.proc_state[2] == "serving"
+    assert st.core.is_done(2) is True
+    assert st.core.is_done(1) is False  # the chief's main_fun still runs
+    assert not all(st.core.is_done(e) for e in feedable)
     _req(st, "status", executor_id=1, state="finished")
-    assert all(st.is_done(e) for e in feedable)
-    assert not st.failed
+    assert all(st.core.is_done(e) for e in feedable)
+    assert not st.core.failed
 
 
 def test_serving_node_finishes_after_stop_without_failure():
@@ -65,8 +70,8 @@ def test_serving_node_finishes_after_stop_without_failure():
     # The stop ends run_server_and_wait(): main_fun returns, the process exits 0.
     _req(st, "status", executor_id=2, state="finished")
     _req(st, "status", executor_id=2, state="exited", code=0)
-    assert st.proc_state[2] == "finished" and st.exit_codes[2] == 0
-    assert not st.failed
+    assert st.core.proc_state[2] == "finished" and st.core.exit_codes[2] == 0
+    assert not st.core.failed
 
 
 def test_serving_node_dying_before_stop_is_a_failure():
@@ -74,8 +79,8 @@ def test_serving_node_dying_before_stop_is_a_failure():
     _register_all(st)
     _req(st, "status", executor_id=2, state="serving")
     _req(st, "status", executor_id=2, state="exited", code=-9)
-    assert st.failed
-    failure = st.failures[0]
+    assert st.core.failed
+    failure = st.core.failures[0]
     assert (failure.job_name, failure.task_index, failure.kind) == ("worker", 0, "exited")
     assert "killed by SIGKILL" in failure.message
 
@@ -83,9 +88,9 @@ def test_serving_node_dying_before_stop_is_a_failure():
 def test_serving_does_not_override_a_failure():
     st = _state()
     _register_all(st)
-    st.record_failure(st.make_failure(2, "exception", "ValueError", "boom"))
+    st.record_failure(st.core.make_failure(2, "exception", "ValueError", "boom"))
     _req(st, "status", executor_id=2, state="serving")
-    assert st.proc_state[2] == "failed"
+    assert st.core.proc_state[2] == "failed"
 
 
 def test_unknown_state_is_still_rejected():

@@ -1,6 +1,6 @@
 """The cluster simulator at a small size (scripts/sim_cluster.py; no Spark, no TF).
 
-The real driver side (ClusterRuntime, ClusterState, ControlServer) with ten simulated
+The real driver side (ClusterRuntime, its ClusterHost, ControlServer) with ten simulated
 nodes in one node process speaking the real protocol: every node registers and gets the
 cluster spec, the feed's partitions are each granted once, and each failure kind is named
 by the driver's error well within two heartbeat timeouts; nothing is refused by a cap.

@@ -8,18 +8,23 @@ import sys
 import threading
 
 from tfos._common import wire as _wire
-from tfos._driver.state import ClusterState
+from tfos._control.host import ClusterHost
 from tfos._control.server import ControlServer
 from tfos._node.launch import ClusterConfig
 from tfos._node.start_task import _await_registration
 from tfos.cluster_template import InputMode, NodeInfo, build_template, roles_from_template
 
+def _handle(host, body: dict, peer: str = "127.0.0.1:1") -> dict:
+    """One request answered in this thread (a long-poll waited for here)."""
+    return host.resolve(host.prepare(body, peer).run())
+
+
 
 def _setup():
     roles = roles_from_template(build_template(2, 0))
-    state = ClusterState("tfos-unit-hold", roles, 15.0)
+    state = ClusterHost("tfos-unit-hold", roles, 15.0)
     key = _wire.new_key()
-    server = ControlServer(key, state.handle, host="127.0.0.1")
+    server = ControlServer(key, state, host="127.0.0.1")
     cfg = ClusterConfig(cluster_id="tfos-unit-hold", key=key, driver_host="127.0.0.1", driver_port=server.port,
                         input_mode=InputMode.SPARK, roles=tuple(roles), reservation_timeout_s=60.0)
     return state, server, cfg
@@ -38,7 +43,7 @@ def test_start_task_returns_once_its_node_registered():
 
         threading.Thread(target=_task, daemon=True).start()
         assert not done.wait(1.0)  # still pending: the slot is held while the node starts
-        state.handle({"type": "register", "cluster": "tfos-unit-hold",
+        _handle(state, {"type": "register", "cluster": "tfos-unit-hold",
                       "node": NodeInfo(1, "worker", 1, "127.0.0.1", 2001, 3001, 42, "h/1").to_dict()}, "p")
         assert done.wait(30.0)  # the other node (executor 0) has not registered: no need to wait for it
         assert result == [None]

@@ -141,7 +141,7 @@ def test_stall_args_are_checked_once():
 
 
 class FakeState:
-    """What the monitor reads of a ClusterState."""
+    """What the monitor uses of a ClusterHost (and reads of its core)."""
 
     cluster_id = "tfos-test"
 
@@ -159,10 +159,18 @@ class FakeState:
         r = self.roles[eid]
         return f"{r.job_name}:{r.task_index} (executor {eid}, host {self.hosts[eid]})"
 
-    def handle(self, body, peer):
+    @property
+    def core(self) -> "FakeState":
+        return self
+
+    def apply(self, msg):
+        body = dict(msg.body(), executor_id=msg.executor_id)
         self.stack_asks.append(body)
         assert body["type"] == "node_stack" and body["all_threads"] is True
         return {"stack": f"Threads of the TF process on node {body['executor_id']}:\n  File \"main.py\", line 7, in main_fun\n    blocker.wait()"}
+
+    def resolve(self, reply):
+        return reply
 
     def make_failure(self, eid, kind, error_type, message):
         return (eid, kind, error_type, message)
@@ -201,6 +209,20 @@ def test_monitor_reports_a_stall_once_with_stacks_and_the_waiting_node(caplog):
     assert [a["executor_id"] for a in state.stack_asks] == [1]
     assert not state.failures
     assert mon.last_stall == text
+    # a CPU blip (answering the stack request) is not progress that re-arms the report
+    for i in range(60, 100):
+        clock = 500_000 + i * 1000
+        f1 = {"clock_ms": clock, "rows": 500, "cpu_ms": 5000 + i + (3000 if i == 62 else 0), "queue_chunks": 4, "queue_capacity": 4}
+        f0 = {"clock_ms": clock, "rows": 600, "cpu_ms": 6000 + i, "queue_chunks": 0, "queue_capacity": 4, "feed_wait_since_ms": 512_000}
+        feed(mon, state, 1000.0 + i, {0: f0, 1: f1})
+    assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
+    # rows again, then stuck again: a second report
+    for i in range(100, 140):
+        clock = 500_000 + i * 1000
+        f1 = {"clock_ms": clock, "rows": 510, "cpu_ms": 9000 + i, "queue_chunks": 4, "queue_capacity": 4}
+        f0 = {"clock_ms": clock, "rows": 600, "cpu_ms": 6000 + i, "queue_chunks": 0, "queue_capacity": 4, "feed_wait_since_ms": 512_000}
+        feed(mon, state, 1000.0 + i, {0: f0, 1: f1})
+    assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 2
 
 
 def test_monitor_fail_action_records_a_stalled_failure():
@@ -327,7 +349,8 @@ def test_keras_steps_are_counted_per_train_function_call():
 class CollectiveState(FakeState):
     """chief:0 blocked in a collective (TensorFlow's frame innermost), worker:0 in user code."""
 
-    def handle(self, body, peer):
+    def apply(self, msg):
+        body = dict(msg.body(), executor_id=msg.executor_id)
         self.stack_asks.append(body)
         if body["executor_id"] == 0:
             inner = ('  File "/venv/lib/python3.11/site-packages/tensorflow/python/eager/execute.py", line 53, in quick_execute\n'
@@ -361,6 +384,16 @@ def test_innermost_frame_of_main_fun():
              'Thread t:\n  File "threading.py", line 1, in run\n    z')
     assert st.innermost_of_main(stack).endswith("in quick_execute") and st.in_tensorflow(stack)
     assert not st.in_tensorflow(stack.replace("/tensorflow/", "/mine/")) and not st.in_tensorflow("")
+    # MultiWorkerMirroredStrategy's all-reduce waits in multiprocessing.pool and threading:
+    # the standard library's frames say where the wait is, TensorFlow's frame who waits
+    reduce = ('main_fun\'s stack:\n  File "m.py", line 3, in main_fun\n    model.fit(ds)\n'
+              '  File "/v/lib/python3.11/site-packages/tensorflow/python/distribute/cross_device_ops.py", line 1208, '
+              'in _all_reduce_per_replica_values\n    outputs_by_device = pool.map(thread_fn, list(range(num_devices)))\n'
+              '  File "/py/lib/python3.11/multiprocessing/pool.py", line 367, in map\n    return self._map_async()\n'
+              '  File "/py/lib/python3.11/threading.py", line 327, in wait\n    waiter.acquire()')
+    assert st.in_tensorflow(reduce) and "cross_device_ops.py" in st.innermost_of_main(reduce)
+    callback = reduce.replace('/v/lib/python3.11/site-packages/tensorflow/python/distribute/cross_device_ops.py', '/job/train.py')
+    assert not st.in_tensorflow(callback) and st.innermost_of_main(callback).startswith('File "/job/train.py"')
 
 
 def test_rows_by_epoch_of_the_latest_train_call():

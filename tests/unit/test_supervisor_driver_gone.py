@@ -13,11 +13,16 @@ import pytest
 import psutil
 
 from tfos._common import wire as _wire
-from tfos._driver.state import ClusterState
+from tfos._control.host import ClusterHost
 from tfos._control.server import ControlServer
 from tfos._node.launch import ClusterConfig, NodeLaunch
 from tfos._node.start_task import spawn_supervisor
 from tfos.cluster_template import InputMode, build_template, roles_from_template
+
+def _handle(host, body: dict, peer: str = "127.0.0.1:1") -> dict:
+    """One request answered in this thread (a long-poll waited for here)."""
+    return host.resolve(host.prepare(body, peer).run())
+
 
 HEARTBEAT_TIMEOUT_S = 3.0
 
@@ -66,9 +71,9 @@ def _start_sleeper_node(tmp_path, cluster_id: str, heartbeat_timeout_s: float, t
     supervisor itself. ``handle`` wraps the server's request handler. The caller closes
     ``server``."""
     roles = roles_from_template(build_template(1, 0))
-    state = ClusterState(cluster_id, roles, heartbeat_timeout_s)
+    state = ClusterHost(cluster_id, roles, heartbeat_timeout_s)
     key = _wire.new_key()
-    server = ControlServer(key, handle(state.handle) if handle else state.handle, host="127.0.0.1")
+    server = ControlServer(key, handle((lambda body, peer: _handle(state, body, peer))) if handle else (lambda body, peer: _handle(state, body, peer)), host="127.0.0.1")
     try:
         cfg = ClusterConfig(
             cluster_id=cluster_id, key=key, driver_host="127.0.0.1", driver_port=server.port,
@@ -95,7 +100,7 @@ def _start_sleeper_node(tmp_path, cluster_id: str, heartbeat_timeout_s: float, t
 def test_node_ends_heartbeat_timeout_after_the_driver_is_gone(tmp_path):
     state, server, sup, child_pid = _start_sleeper_node(tmp_path, "tfos-unit-gone", HEARTBEAT_TIMEOUT_S)
     try:
-        tf_pid = state.nodes_snapshot()[0].pid
+        tf_pid = state.core.nodes_snapshot()[0].pid
         procs = [psutil.Process(p) for p in (sup.pid, tf_pid, child_pid)]
     finally:
         server.close()  # the driver is gone: connections refused from now on
@@ -130,17 +135,17 @@ def test_a_killed_supervisor_is_reported_by_its_tf_process(tmp_path, killer):
     state, server, sup, child_pid = _start_sleeper_node(tmp_path, "tfos-unit-supkill", 60.0,
                                                         str(trigger) if killer == "main_fun" else "")
     try:
-        tf = psutil.Process(state.nodes_snapshot()[0].pid)
+        tf = psutil.Process(state.core.nodes_snapshot()[0].pid)
         child = psutil.Process(child_pid)
-        assert not state.failed
+        assert not state.core.failed
         if killer == "main_fun":
             trigger.touch()
         else:
             sup.send_signal(signal.SIGKILL)
         sup.wait(10)
-        assert state.wait_until(lambda: state.failed, 10.0), "no failure reported within 10 s of the kill"
+        assert state.wait_until(lambda: state.core.failed, 10.0), "no failure reported within 10 s of the kill"
         time.sleep(1.0)  # a print after the reader died must not add a failure of main_fun's own
-        (failure,) = state.failures
+        (failure,) = state.core.failures
         assert (failure.kind, failure.error_type, failure.executor_id) == ("lost", "SupervisorDied", 0)
         assert "the node's supervisor process died" in failure.message and f"pid {tf.pid}" in failure.message
         assert is_root_cause(failure)
@@ -237,11 +242,11 @@ def test_main_funs_child_goes_when_main_fun_returns_right_after_its_supervisor_d
     state, server, sup, child_pid = _start_sleeper_node(tmp_path, "tfos-unit-supkill-return", 60.0, str(trigger),
                                                         fn=child_then_kill_supervisor_and_return, new_session=new_session)
     try:
-        tf_pid = state.nodes_snapshot()[0].pid
+        tf_pid = state.core.nodes_snapshot()[0].pid
         trigger.touch()
         sup.wait(10)
-        assert state.wait_until(lambda: state.failed, 10.0), "no failure reported within 10 s of the kill"
-        (failure,) = state.failures
+        assert state.wait_until(lambda: state.core.failed, 10.0), "no failure reported within 10 s of the kill"
+        (failure,) = state.core.failures
         assert (failure.kind, failure.error_type) == ("lost", "SupervisorDied")
         deadline = time.monotonic() + 10.0
         while (_alive(tf_pid) or _alive(child_pid)) and time.monotonic() < deadline:
@@ -417,12 +422,12 @@ def test_a_stopped_tf_process_is_reported_and_ended_after_heartbeat_timeout(tmp_
 
     state, server, sup, child_pid = _start_sleeper_node(tmp_path, "tfos-unit-sigstop", HEARTBEAT_TIMEOUT_S)
     try:
-        tf_pid = state.nodes_snapshot()[0].pid
+        tf_pid = state.core.nodes_snapshot()[0].pid
         t0 = time.monotonic()
         os.kill(tf_pid, signal.SIGSTOP)
         sup.wait(HEARTBEAT_TIMEOUT_S + 15)
         took = time.monotonic() - t0
-        (failure,) = state.failures
+        (failure,) = state.core.failures
         assert (failure.kind, failure.error_type) == ("exited", "ProcessStopped")
         assert failure.message.startswith(f"the TF process (pid {tf_pid}) was stopped by a signal (SIGSTOP) for about ")
         assert "longer than heartbeat_timeout (3 s); a stopped node stalls its cluster, so it was ended" in failure.message

@@ -22,6 +22,11 @@ from tfos._driver.task_world import AccumulatorInbox, pickle_payload
 from tfos._node import task_world as tw
 from tfos.errors import ConfigurationError, TFOSError
 
+def _handle(host, body: dict, peer: str = "127.0.0.1:1") -> dict:
+    """One request answered in this thread (a long-poll waited for here)."""
+    return host.resolve(host.prepare(body, peer).run())
+
+
 GiB = 2**30
 
 
@@ -94,19 +99,21 @@ def test_inbox_refuses_malformed_reports(updates):
 
 
 def test_control_message_reaches_the_inbox_and_a_dead_node_names_its_address_space_limit():
-    """The driver's ClusterState: an 'accumulators' report goes to the attempt's inbox; a
+    """The driver's ClusterHost: an 'accumulators' report goes to the attempt's inbox; a
     ProcessDied exit carries the supervisor's hint (the address-space limit in force)."""
-    from tfos._driver.state import ClusterState
+    from tfos._control.host import ClusterHost
     from tfos.cluster_template import build_template, roles_from_template
 
     (a,) = _driver_accumulators(0)
-    st = ClusterState("c3", roles_from_template(build_template(1, 0)), 10.0)
-    assert st.handle({"cluster": "c3", "type": "accumulators", "executor_id": 0,
+    inbox = AccumulatorInbox()
+    st = ClusterHost("c3", roles_from_template(build_template(1, 0)), 10.0,
+                     on_accumulators=lambda u: inbox.receive(u.executor_id, u.node_name, u.updates))
+    assert _handle(st, {"cluster": "c3", "type": "accumulators", "executor_id": 0,
                       "updates": [{"aid": a.aid, **tw.encode_accumulator_value(4)}]}, "peer") == {"ok": True}
-    st.accumulators.apply("c3")
+    inbox.apply("c3")
     assert a.value == 4
-    st.handle({"cluster": "c3", "type": "status", "executor_id": 0, "state": "exited", "code": -6, "hint": "; limit text"}, "peer")
-    assert st.failures[0].message == "the TF process died (killed by SIGABRT) before main_fun returned; limit text"
+    _handle(st, {"cluster": "c3", "type": "status", "executor_id": 0, "state": "exited", "code": -6, "hint": "; limit text"}, "peer")
+    assert st.core.failures[0].message == "the TF process died (killed by SIGABRT) before main_fun returned; limit text"
 
 
 # ----------------------------------------------------------------------------- the payload
@@ -283,14 +290,14 @@ def test_a_node_killed_under_a_limit_is_reported_with_it(tmp_path):
     driver's ProcessDied failure names the limit, the setting and the fix."""
     from tfos._common import wire as _wire
     from tfos._control.server import ControlServer
-    from tfos._driver.state import ClusterState
+    from tfos._control.host import ClusterHost
     from tfos._node.launch import ClusterConfig, NodeLaunch
     from tfos.cluster_template import InputMode, build_template, roles_from_template
 
     roles = roles_from_template(build_template(1, 0))
-    state = ClusterState("tfos-unit-rlimit", roles, 30.0)
+    state = ClusterHost("tfos-unit-rlimit", roles, 30.0)
     key = _wire.new_key()
-    server = ControlServer(key, state.handle, host="127.0.0.1")
+    server = ControlServer(key, state, host="127.0.0.1")
     try:
         cfg = ClusterConfig(cluster_id="tfos-unit-rlimit", key=key, driver_host="127.0.0.1", driver_port=server.port,
                             input_mode=InputMode.TENSORFLOW, roles=tuple(roles), heartbeat_interval_s=0.5,
@@ -309,9 +316,9 @@ def test_a_node_killed_under_a_limit_is_reported_with_it(tmp_path):
                               env={**os.environ, "PYSPARK_EXECUTOR_MEMORY_MB": "8192"})
         assert proc.returncode == 0, proc.stderr
         deadline = time.monotonic() + 30
-        while not state.failures and time.monotonic() < deadline:
+        while not state.core.failures and time.monotonic() < deadline:
             time.sleep(0.1)
-        (failure,) = state.failures
+        (failure,) = state.core.failures
         assert failure.error_type == "ProcessDied"
         assert failure.message.startswith("the TF process died (killed by SIGABRT) before main_fun returned; the node ran under "
                                           "an address-space limit (RLIMIT_AS) of 8.0 GiB"), failure.message

@@ -15,6 +15,9 @@ class _FakeClient:
         self.requests: list[tuple[str, dict]] = []
         self.got = threading.Event()
 
+    def call(self, msg, **kw):  # a typed message, as ControlClient.call takes it
+        return self.request(msg.TYPE, **msg.fields(), **kw)
+
     def request(self, msg_type: str, **fields) -> dict:
         self.requests.append((msg_type, fields))
         self.got.set()

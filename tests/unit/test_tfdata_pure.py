@@ -458,14 +458,15 @@ def test_failure_report_survives_an_exception_whose_str_raises():
 
 
 class _Driver:
-    """The driver's answers to ``epoch_handover`` for one feed (see ClusterState)."""
+    """The driver's answers to ``epoch_handover`` for one feed (see tfos._control.ledger)."""
 
     def __init__(self, hub: FeedHub, settled_after: int, mine: list, never: bool = False):
         self.hub, self.settled_after, self.mine, self.never = hub, settled_after, mine, never
         self.asked: list = []
 
-    def __call__(self, msg_type: str, **fields) -> dict:
-        assert msg_type == "epoch_handover" and fields["node"] == self.hub.node_name
+    def __call__(self, msg) -> dict:
+        fields = msg.fields()
+        assert msg.TYPE == "epoch_handover" and fields["node"] == self.hub.node_name
         self.asked.append((fields["lo"], fields["hi"]))
         whole = fields["hi"] - fields["lo"]
         settled = 0 if self.never else whole if len(self.asked) > self.settled_after else whole - 1
@@ -569,7 +570,8 @@ def test_epoch_order_with_two_later_epochs_queued_in_reverse(hub):
     e2, e1 = _epoch_feeder(hub, 0, 2), _epoch_feeder(hub, 0, 1)
     asked = []
 
-    def driver(msg_type, **f):
+    def driver(msg):
+        f = msg.fields()
         asked.append((f["lo"], f["hi"]))
         # Nothing is settled until the reader has taken all four items off the queue, so
         # both ends arrive while held whatever the load (under load 12 the reader was
@@ -604,7 +606,7 @@ def test_epochs_continue_across_train_calls(hub, steps):
     """train(data, 2) then train(data, 1): the second call's epoch 0 is the dataset's epoch
     2 (each call numbers its epochs from 0), not rows added to epoch 0 or 1; per_epoch ends
     an iteration there, steps_per_epoch cuts it into its own S batches."""
-    hub.ask_driver = lambda msg_type, **f: {"settled": f["hi"] - f["lo"], "mine": list(range(f["lo"], f["hi"]))}
+    hub.ask_driver = lambda msg: {"settled": msg.hi - msg.lo, "mine": list(range(msg.lo, msg.hi))}
     calls = [("call-1", 0, 100), ("call-1", 1, 200), ("call-2", 0, 300)]
     for feed_id, epoch, start in calls:
         for part in range(2):
@@ -627,9 +629,9 @@ def test_a_new_train_calls_rows_wait_behind_the_held_rows_of_the_previous_call(h
     so the previous call's epochs stay whole and the new call's rows form the next epoch."""
     answers = {"n": 0}
 
-    def driver(msg_type, **f):
+    def driver(msg):
         answers["n"] += 1
-        whole = f["hi"] - f["lo"]
+        whole = msg.hi - msg.lo
         return {"settled": whole if answers["n"] > 2 else whole - 1, "mine": [1]}
 
     hub.ask_driver = driver

@@ -21,12 +21,24 @@ from hypothesis import strategies as st
 import tfos._control.server as cs_mod
 from tfos._common import wire as _wire
 from tfos._control.client import ControlClient
+from tfos._control.protocol import REFUSED, client_proof
 from tfos._control.server import ControlServer, parse_port_spec
 from tfos._common.deadline import Deadline
 from tfos._data.feed_plan import FeedPlan
 from tfos._node.launch import ClusterConfig, NodeLaunch
 from tfos.cluster_template import InputMode, NodeInfo, NodeRole
 from tfos.errors import ConfigurationError, ControlProtocolError, DeadlineExceededError
+
+def _send(client, msg_type: str, timeout_s: float = 30.0, retry: bool = True, connect_timeout_s=None, **fields) -> dict:
+    """A request of any type, as the protocol carries it (tfos itself sends typed messages,
+    ControlClient.call); a type of tfos._control.messages is checked first, as call() does."""
+    from tfos._control.messages import message_class
+
+    cls = message_class(msg_type)
+    if cls is not None:
+        cls.decode(fields)
+    return client._request(msg_type, fields, timeout_s, retry, connect_timeout_s)  # send_raw() without a connect budget
+
 
 KEY = _wire.new_key()
 OTHER_KEY = _wire.new_key()
@@ -196,15 +208,15 @@ def test_challenge_response_right_key():
 def test_challenge_response_wrong_key():
     r = _challenge(KEY, OTHER_KEY)
     assert isinstance(r["server"], ControlProtocolError)
-    assert str(r["server"]).startswith("data connection authentication failed: the proof was not made with the cluster key")
-    # the server refused, proving nothing (a refusal under another key is just bytes to the client)
-    assert isinstance(r["client"], _wire.DataAuthError) and "failed to prove it holds the cluster key" in str(r["client"])
+    assert str(r["server"]).startswith("data connection authentication failed: its proof of the cluster key failed")
+    # the server refused the first bytes, before its hello: the client says so at once
+    assert isinstance(r["client"], _wire.DataAuthError) and "refused this feed task's proof" in str(r["client"])
 
 
 def test_challenge_silent_peer_times_out():
     a, b = socket.socketpair()
     with a, b:
-        with pytest.raises(DeadlineExceededError, match="received 0 of 68 bytes"):
+        with pytest.raises(DeadlineExceededError, match="received 0 of 52 bytes"):
             _wire.server_handshake(a, KEY, Deadline(0.3, "the handshake"))
 
 
@@ -237,6 +249,7 @@ def server(monkeypatch, caplog):
 
 def _raw(srv: ControlServer) -> tuple[socket.socket, str]:
     s = socket.create_connection((srv.host, srv.port), timeout=20)
+    s.sendall(client_proof(KEY))  # a key holder's first bytes
     hello = _wire.read_frame(s, KEY, Deadline(20), 20)
     assert hello["type"] == "hello"
     return s, hello["sn"]
@@ -274,7 +287,7 @@ def _wait_rejected(srv: ControlServer, n: int) -> None:
 def _legit_roundtrip(srv: ControlServer, x: int = 7) -> None:
     c = ControlClient(srv.host, srv.port, KEY, CID, connect_timeout_s=20)
     try:
-        assert c.request("ping", x=x)["echo"] == x
+        assert _send(c, "ping", x=x)["echo"] == x
     finally:
         c.close()
 
@@ -322,8 +335,8 @@ def test_env_overrides_host(monkeypatch):
 def test_request_response(server):
     c = ControlClient(server.host, server.port, KEY, CID, connect_timeout_s=20)
     try:
-        r1 = c.request("ping", x=5)
-        r2 = c.request("ping", x=6, extra=[1, 2])
+        r1 = _send(c, "ping", x=5)
+        r2 = _send(c, "ping", x=6, extra=[1, 2])
     finally:
         c.close()
     assert r1["echo"] == 5 and r1["re"] == 1 and r1["ok"] is True
@@ -341,7 +354,7 @@ def test_many_concurrent_clients(server):
         try:
             c = ControlClient(server.host, server.port, KEY, CID, connect_timeout_s=20)
             for j in range(5):
-                assert c.request("ping", x=i * 100 + j)["echo"] == i * 100 + j
+                assert _send(c, "ping", x=i * 100 + j)["echo"] == i * 100 + j
             c.close()
         except Exception as exc:  # noqa: BLE001
             errors.append(exc)
@@ -401,14 +414,23 @@ def test_clean_disconnect_is_not_a_rejection(server):
 
 
 def test_wrong_key_frame_rejected(server):
+    # a stranger without the key gets no hello (no server nonce): its proof is refused first
     s = socket.create_connection((server.host, server.port), timeout=20)
-    # a stranger without the key can still read the hello's nonce, but cannot MAC a frame
-    head = s.recv(8, socket.MSG_WAITALL)
-    rest = s.recv(32 + struct.unpack(">I", head[4:])[0], socket.MSG_WAITALL)
-    sn = json.loads(rest[32:])["sn"]
-    s.sendall(_frame(sn, 1, key=OTHER_KEY))
+    s.sendall(client_proof(OTHER_KEY))
+    assert s.recv(len(REFUSED), socket.MSG_WAITALL) == REFUSED
     assert _closed_by_server(s)
     _wait_rejected(server, 1)
+    # a key holder's proof captured on the wire and replayed is refused (its nonce was seen)
+    proof = client_proof(KEY)
+    first = socket.create_connection((server.host, server.port), timeout=20)
+    first.sendall(proof)
+    assert _wire.read_frame(first, KEY, Deadline(20), 20)["type"] == "hello"
+    replay = socket.create_connection((server.host, server.port), timeout=20)
+    replay.sendall(proof)
+    assert replay.recv(len(REFUSED), socket.MSG_WAITALL) == REFUSED
+    assert _closed_by_server(replay)
+    _wait_rejected(server, 2)
+    first.close()
     assert server.calls == []
     _legit_roundtrip(server)
 
@@ -417,7 +439,7 @@ def test_wrong_key_client_fails_fast_and_frees_connection(server, monkeypatch):
     monkeypatch.setattr(cs_mod, "FIRST_FRAME_TIMEOUT_S", 120.0)
     c = ControlClient(server.host, server.port, OTHER_KEY, CID, connect_timeout_s=20)
     with pytest.raises(ControlProtocolError, match="frame authentication failed") as ei:
-        c.request("ping")
+        _send(c, "ping")
     for form in _key_forms(KEY) + _key_forms(OTHER_KEY):
         assert form not in str(ei.value)
     # the failed attempt's socket is closed at once, not left for the server's timeout
@@ -481,10 +503,10 @@ def test_dispatch_error_drops_peer_and_client_recovers(server):
     c = ControlClient(server.host, server.port, KEY, CID, connect_timeout_s=20)
     try:
         with pytest.raises(ConnectionError):
-            c.request("bad", retry=False)
+            _send(c, "bad", retry=False)
         _wait_rejected(server, 1)
-        assert c.request("ping", x=3)["echo"] == 3  # reconnects with a fresh nonce
-        assert c.request("ping", x=4)["re"] == 2
+        assert _send(c, "ping", x=3)["echo"] == 3  # reconnects with a fresh nonce
+        assert _send(c, "ping", x=4)["re"] == 2
     finally:
         c.close()
 
@@ -493,7 +515,7 @@ def test_foreign_cluster_frame_rejected(server):
     c = ControlClient(server.host, server.port, KEY, "another-cluster", connect_timeout_s=20)
     try:
         with pytest.raises(ConnectionError):
-            c.request("ping", retry=False)
+            _send(c, "ping", retry=False)
     finally:
         c.close()
     _wait_rejected(server, 1)
@@ -573,14 +595,14 @@ def test_close_drops_open_connections(monkeypatch):
     monkeypatch.delenv("TFOS_SERVER_PORT", raising=False)
     srv = ControlServer(KEY, lambda b, p: {"ok": True}, "127.0.0.1")
     c = ControlClient(srv.host, srv.port, KEY, CID, connect_timeout_s=20)
-    assert c.request("ping")["ok"] is True
+    assert _send(c, "ping")["ok"] is True
     Deadline(20).wait_for(lambda: srv.active_connections == 1)
     t0 = time.monotonic()
     srv.close(timeout_s=10)
     assert time.monotonic() - t0 < 15
     assert srv.active_connections == 0 and srv.rejected == 0
     with pytest.raises(ConnectionError):  # refused at once: 1 s of reconnecting (not the 20 s allowed above)
-        c.request("ping", retry=False, connect_timeout_s=1.0)
+        _send(c, "ping", retry=False, connect_timeout_s=1.0)
     c.close()
 
 
@@ -592,7 +614,7 @@ def test_client_unreachable_driver():
     c = ControlClient("127.0.0.1", port, KEY, CID, connect_timeout_s=0.6)
     t0 = time.monotonic()
     with pytest.raises(ConnectionError) as ei:
-        c.request("ping")
+        _send(c, "ping")
     assert time.monotonic() - t0 < 20
     assert f"a connection to the tfos driver at 127.0.0.1:{port}" in str(ei.value)
     assert "TFOS_SERVER_HOST/TFOS_SERVER_PORT" in str(ei.value)
@@ -622,7 +644,8 @@ def test_fuzz_random_bytes_never_dispatch(monkeypatch, caplog):
         def fuzz(data: bytes, read_hello: bool) -> None:
             before = srv.rejected
             s = socket.create_connection((srv.host, srv.port), timeout=20)
-            if read_hello:
+            if read_hello:  # a key holder's connection: its proof, the hello, then the fuzz
+                s.sendall(client_proof(KEY))
                 _wire.read_frame(s, KEY, Deadline(20), 20)
             try:
                 s.sendall(data)

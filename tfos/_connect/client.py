@@ -43,6 +43,9 @@ from tfos._connect.tasks import (
     make_start_fn,
     make_train_fn,
 )
+from tfos._control import messages as _msg
+from tfos._control.host import ATTRIBUTION_S, STOP_TIMEOUT_S
+from tfos._control.messages import NodeState
 from tfos._data.arrow_codec import binary_as_bytes, feed_schema_json
 from tfos._data.feed_tasks import arrow_safe_dataframe
 from tfos._driver.backend import UNCOUNTED, AttemptReport, ClusterPlan, InferenceCall, TrainCall, feed_plan
@@ -56,10 +59,6 @@ __all__ = ["ConnectLauncher", "ConnectBackend", "is_connect_session", "DEFAULT_C
 
 log = logging.getLogger(__name__)
 
-#: Seconds to wait for the nodes' processes to exit after a stop directive.
-_STOP_TIMEOUT_S = 45.0
-#: Seconds to wait for a node's own failure report after a Spark job failed.
-_ATTRIBUTION_S = 5.0
 #: Seconds between keep-alive jobs while the client is idle.
 _KEEPALIVE_S = 30.0
 #: Smallest ``TFOS_CONNECT_CLIENT_TIMEOUT_S`` accepted (s): the idle client's keep-alive
@@ -161,7 +160,7 @@ class ConnectLauncher:
         """Nothing to wait for: a Connect client cannot see the executors (the start stage
         waits for its task slots, bounded by ``reservation_timeout``)."""
 
-    def train_call(self, data: Any, num_epochs: int, feed_timeout: float, qname: str, end_of_feed: bool, count: bool) -> TrainCall:
+    def train_input(self, data: Any, num_epochs: int, end_of_feed: bool, count: bool) -> tuple[Any, int]:
         """Checks ``data`` (a batch DataFrame); counts its partitions when the epoch of a
         task (several epochs), the total (``end_of_feed``) or a restart (``count``) needs it.
 
@@ -172,9 +171,9 @@ class ConnectLauncher:
         df = _as_connect_dataframe(data)
         # Spark Connect has no getNumPartitions(): a job counts the partitions.
         parts = _num_partitions(df) if (count or end_of_feed or num_epochs > 1) else UNCOUNTED
-        return TrainCall(df, parts, num_epochs, feed_timeout, qname, end_of_feed)
+        return df, parts
 
-    def inference_call(self, data: Any, feed_timeout: float, qname: str, schema: Any) -> InferenceCall:
+    def inference_input(self, data: Any, schema: Any) -> tuple[Any, int, Any]:
         """Checks ``data`` (a batch DataFrame) and resolves ``schema`` (default
         ``"result double"``). The results come back whole or not at all, so the whole
         input is one unit of the inference ledger.
@@ -185,10 +184,10 @@ class ConnectLauncher:
         df = _as_connect_dataframe(data)
         schema = "result double" if schema is None else schema
         struct = schema if not isinstance(schema, str) else self.spark.createDataFrame([], schema).schema
-        return InferenceCall(df, 1, feed_timeout, qname, struct)
+        return df, 1, struct
 
     def assemble(self, sources: Sequence[Any], owner: Sequence[int]) -> Any:
-        """The results of the one unit (see :meth:`inference_call`)."""
+        """The results of the one unit (see :meth:`inference_input`)."""
         return sources[owner[0]]
 
 
@@ -244,10 +243,10 @@ class ConnectBackend:
             raise TFOSError(f"{what}: the cluster {self.cluster_id} was already shut down")
 
     # ------------------------------------------------------------- control jobs
-    def _op(self, msg_type: str, context: str, timeout_s: float = 30.0, **fields: Any) -> dict:
-        """One control request through a one-task Spark job (client)."""
+    def _op(self, msg: _msg.Message, context: str, timeout_s: float = 30.0) -> dict:
+        """The message ``msg`` to the control host through a one-task Spark job (client)."""
         host, port = self._ctrl
-        fn = make_op_fn(host, port, self.config.key, self.cluster_id, msg_type, fields, timeout_s)
+        fn = make_op_fn(host, port, self.config.key, self.cluster_id, msg, timeout_s)
         self._last_op = time.monotonic()
         try:
             rows = self.spark.range(0, 1, 1, 1).mapInArrow(fn, OP_SCHEMA).collect()
@@ -258,7 +257,7 @@ class ConnectBackend:
         return json.loads(rows[0]["reply"])
 
     def _status(self, until: str, poll_s: float, context: str, action: str = "") -> dict:
-        status = self._op("client_wait", context, timeout_s=poll_s + 20.0, until=until, poll_s=poll_s, action=action)
+        status = self._op(_msg.ClientWait(until=until, poll_s=poll_s, action=action), context, timeout_s=poll_s + 20.0)
         self._last_status = status
         return status
 
@@ -329,24 +328,24 @@ class ConnectBackend:
         try:
             return run()
         except Exception as exc:  # noqa: BLE001 - Connect raises several exception types
-            raise self._fail(context, decode_failures(str(exc)), exc, attribution_s=_ATTRIBUTION_S) from exc
+            raise self._fail(context, decode_failures(str(exc)), exc, attribution_s=ATTRIBUTION_S) from exc
         finally:
             self._busy -= 1
             self._last_op = time.monotonic()
 
     def clear_checkpoints(self) -> None:
-        self._op("client_control", "train()", action="clear_checkpoints")
+        self._op(_msg.ClientControl(action="clear_checkpoints"), "train()")
 
     # ----------------------------------------------------------------- feeding
     def feed(self, call: TrainCall, first_epoch: int, report_done: bool) -> list[tuple[int, str]]:
         """One train() feed job: one ``mapInArrow`` job whose tasks feed the nodes on their
         own hosts, epochs ``first_epoch..num_epochs-1`` back to back (client)."""
         df, epochs = call.data, call.num_epochs - first_epoch
-        plan = feed_plan(self.config, self._nodes, "train", call.qname, call.feed_timeout, _arrow_kind(), call.parts,
-                         report_sent=call.end_of_feed, first_epoch=first_epoch, last_epoch=call.num_epochs - 1, report_done=report_done)
+        plan = feed_plan(self.config, self._nodes, call, _arrow_kind(), call.parts, first_epoch=first_epoch,
+                         last_epoch=call.num_epochs - 1, report_done=report_done)
         self._last_feed_id = plan.feed_id
         if call.end_of_feed:
-            self._op("client_control", "train()", action="close_feed_when_sent", feed_id=plan.feed_id, total=call.parts * epochs)
+            self._op(_msg.ClientControl(action="close_feed_when_sent", feed_id=plan.feed_id, total=call.parts * epochs), "train()")
             self._feed_closed = True
         safe, names = arrow_safe_dataframe(df)  # dotted, backticked or repeated column names
         data = functools.reduce(lambda a, b: a.union(b), [safe] * epochs)
@@ -358,7 +357,8 @@ class ConnectBackend:
     def returned_without_terminate(self, executor_ids: Sequence[int], qname: str, wait_s: float) -> list[str]:
         try:
             # The nodes' reports may still be on their way: the control host waits up to wait_s.
-            return list(self._op("client_returned", "train()", executors=list(executor_ids), qname=qname, wait_s=wait_s).get("names", []))
+            msg = _msg.ClientReturned(executors=tuple(executor_ids), qname=qname, wait_s=wait_s)
+            return list(self._op(msg, "train()").get("names", []))
         except TFOSError as exc:
             log.debug("tfos: could not ask which node returned: %s", exc)
             return []
@@ -367,7 +367,7 @@ class ConnectBackend:
         """One inference job: a ``mapInArrow`` job returning the nodes' results as record
         batches of ``call.schema``, made eager with ``localCheckpoint()`` so failures surface
         here and inference never runs twice (client)."""
-        plan = feed_plan(self.config, self._nodes, "inference", call.qname, call.feed_timeout, _arrow_kind(), UNCOUNTED)
+        plan = feed_plan(self.config, self._nodes, call, _arrow_kind(), UNCOUNTED)
         safe, names = arrow_safe_dataframe(call.data)
         fn = make_infer_fn(plan, call.schema.json(), names)
         return self._job("inference()", lambda: safe.mapInArrow(fn, call.schema).localCheckpoint(eager=True))
@@ -381,7 +381,7 @@ class ConnectBackend:
         # The first poll also ends the feed (InputMode.SPARK).
         action = "close_feed" if end_feed else ""
         while True:
-            status = self._op("client_wait", "shutdown()", timeout_s=30.0, until="workers_done", poll_s=10.0, action=action)
+            status = self._op(_msg.ClientWait(until="workers_done", poll_s=10.0, action=action), "shutdown()", timeout_s=30.0)
             self._last_status = status
             action = ""
             self._raise_failures(status, "shutdown()")
@@ -400,8 +400,8 @@ class ConnectBackend:
     def row_accounting(self) -> list:
         return []  # the nodes' row figures stay with the Spark Connect server
 
-    def node_states(self) -> dict[int, str]:
-        return {int(k): str(v) for k, v in self._last_status.get("states", {}).items()}
+    def node_states(self) -> dict[int, NodeState]:
+        return {int(k): NodeState(v) for k, v in self._last_status.get("states", {}).items()}
 
     def stop(self) -> None:
         final = self._teardown(failed=False)
@@ -435,16 +435,17 @@ class ConnectBackend:
         self._keepalive_stop.set()
         final: Optional[dict] = None
         try:
-            deadline = Deadline(_STOP_TIMEOUT_S, "every node process to exit")
+            deadline = Deadline(STOP_TIMEOUT_S, "every node process to exit")
             while True:
                 poll = min(10.0, max(0.5, deadline.remaining()))
-                final = self._op("client_teardown", "teardown", timeout_s=attribution_s + poll + 20.0, abort=failed,
-                                 attribution_s=attribution_s, poll_s=poll, release=deadline.expired(), feed_id=self._last_feed_id)
+                msg = _msg.ClientTeardown(abort=failed, attribution_s=attribution_s, poll_s=poll, release=deadline.expired(),
+                                          feed_id=self._last_feed_id)
+                final = self._op(msg, "teardown", timeout_s=attribution_s + poll + 20.0)
                 attribution_s = 0.0
                 if final.get("done") or deadline.expired():
                     break
             if not final.get("done"):
-                log.warning("tfos cluster %s: not every node reported its exit within %g s", self.cluster_id, _STOP_TIMEOUT_S)
+                log.warning("tfos cluster %s: not every node reported its exit within %g s", self.cluster_id, STOP_TIMEOUT_S)
         except TFOSError as exc:
             log.warning("tfos cluster %s: teardown could not reach the control host: %s", self.cluster_id, exc)
         finally:

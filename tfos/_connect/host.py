@@ -4,8 +4,8 @@ Under Spark Connect the driver program is a remote client that executors may not
 the control plane cannot live in the client. The first task of the barrier start stage
 spawns this small process on its executor host. It runs what the driver runs in the
 classic path, unchanged: a :class:`~tfos._control.server.ControlServer` (same authenticated
-frames, same key) dispatching to a :class:`~tfos._driver.state.ClusterState` (registry,
-heartbeats, failures, directives). Node supervisors and TF processes talk to it exactly as
+frames, same key) in front of the same :class:`~tfos._control.host.ClusterHost` (the
+control-plane core: registry, heartbeats, failures, directives, feed ledger). Node supervisors and TF processes talk to it exactly as
 they talk to the classic driver.
 
 The client reaches it only through Spark jobs: each client operation is a one-task job whose
@@ -27,7 +27,6 @@ operation reached it for ``client_timeout_s`` (the client program went away).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import logging
 import os
@@ -35,12 +34,12 @@ import signal
 import sys
 import threading
 import time
-from typing import IO, Callable, Hashable, Iterable, Optional
+from typing import IO, Any, Callable, Optional
 
 from tfos._control import messages as _msg
-from tfos._control.protocol import Call, LongPoll, Topic
-from tfos._control.server import ControlServer
-from tfos._driver.state import ClusterState
+from tfos._control.host import ClusterHost
+from tfos._control.protocol import LongPoll, Reply, Topic
+from tfos._node import output as _node_output
 from tfos._node.start_task import read_record, setup_process_logging, write_record
 from tfos.cluster_template import NodeRole
 from tfos.errors import ConfigurationError, ControlProtocolError, NodeFailure
@@ -105,7 +104,9 @@ def read_host_launch(stream: IO[bytes]) -> HostLaunch:
 
 
 class ControlHost:
-    """The control plane of one Connect cluster (runs in the control host process).
+    """The control plane of one Connect cluster (runs in the control host process): the
+    same :class:`~tfos._control.host.ClusterHost` the classic driver runs, with the
+    client's requests as extra routes and this process's lifetime.
 
     Args:
         launch: The :class:`HostLaunch` record.
@@ -113,53 +114,34 @@ class ControlHost:
 
     def __init__(self, launch: HostLaunch):
         self.launch = launch
-        self.state = ClusterState(launch.cluster_id, launch.roles, launch.heartbeat_timeout_s, on_failure=self._on_failure)
+        self.host = ClusterHost(launch.cluster_id, launch.roles, launch.heartbeat_timeout_s,
+                                on_failure=self._on_failure, on_lines=_node_output.emit)
         self.released = threading.Event()
         self.exit_asap = threading.Event()
         self._last_client = time.monotonic()
-        self.server = ControlServer(launch.key, self, host=launch.host, num_nodes=len(launch.roles))
+        for msg_type, handler, offload in (
+            (_msg.ClientWait, self._on_client_wait, False), (_msg.ClientControl, self._on_client_control, False),
+            (_msg.ClientTeardown, self._on_client_teardown, True), (_msg.ClientReturned, self._on_client_returned, True),
+            (_msg.ClientRelease, self._on_client_release, False),
+        ):
+            self.host.route(msg_type, self._client(handler), offload)
+        self.server = self.host.serve(launch.key, launch.host)
 
-    # ------------------------------------------------------------ dispatching
     def _on_failure(self, failure: NodeFailure) -> None:
         # The cluster cannot recover: every node is told to stop now (the classic driver
         # also cancels its Spark jobs; here the feed tasks fail when their nodes go away).
-        self.state.abort(f"node {failure.node_name} failed")
+        self.host.abort(f"node {failure.node_name} failed")
 
-    def prepare(self, body: dict, peer: str) -> Call:
-        """Validates one request for the control server: node messages go to the cluster
-        state, ``client_*`` messages are served here (see
-        :class:`tfos._control.protocol.Routes`).
-
-        Raises:
-            ControlProtocolError: A foreign cluster id, an unknown type or bad fields.
-        """
-        if not str(body.get("type", "")).startswith("client_"):
-            return self.state.prepare(body, peer)
-        if body.get("cluster") != self.launch.cluster_id:
-            raise ControlProtocolError("frame is for another cluster")
-        msg = _msg.decode(body)
-        self._last_client = time.monotonic()
-        if isinstance(msg, _msg.ClientWait):
-            return Call(functools.partial(self._on_client_wait, msg))
-        if isinstance(msg, _msg.ClientControl):
-            return Call(functools.partial(self._on_client_control, msg))
-        if isinstance(msg, _msg.ClientTeardown):
-            return Call(functools.partial(self._client_teardown, msg.abort, msg.attribution_s, msg.poll_s, msg.release, msg.feed_id), offload=True)
-        if isinstance(msg, _msg.ClientReturned):
-            wait_s = max(0.0, min(msg.wait_s, MAX_POLL_S))
-            return Call(lambda: {"names": self.state.returned_without_terminate(list(msg.executors), msg.qname, wait_s)}, offload=True)
-        if isinstance(msg, _msg.ClientRelease):
-            return Call(self._on_client_release)
-        raise ControlProtocolError(f"unknown message type {msg.TYPE!r}")
-
-    def add_change_listener(self, listener: Callable[[Iterable[Hashable]], None]) -> None:
-        """See :meth:`ClusterState.add_change_listener`."""
-        self.state.add_change_listener(listener)
+    def _client(self, handler: Callable[[Any], Reply]) -> Callable[[Any], Reply]:
+        def call(msg: Any) -> Reply:
+            self._last_client = time.monotonic()
+            return handler(msg)
+        return call
 
     def _dispatch(self, body: dict, peer: str) -> dict:
         """Answers one request in this thread (a long-poll is waited for here)."""
         try:
-            return self.state._resolve(self.prepare(body, peer).run())
+            return self.host.resolve(self.host.prepare(body, peer).run())
         except (KeyError, TypeError, ValueError) as exc:
             raise ControlProtocolError(f"malformed {str(body.get('type'))!r} message: {exc!r}") from None
 
@@ -170,26 +152,30 @@ class ControlHost:
 
     def _on_client_control(self, msg: _msg.ClientControl) -> dict:
         if msg.action == "close_feed_when_sent":
-            self.state.close_feed_when_sent(msg.feed_id, msg.total)
+            self.host.close_feed_when_sent(msg.feed_id, msg.total)
             return {"ok": True}
         return self._client_control(msg.action, msg.reason)
 
-    def _on_client_release(self) -> dict:
+    def _on_client_returned(self, msg: _msg.ClientReturned) -> dict:
+        wait_s = max(0.0, min(msg.wait_s, MAX_POLL_S))
+        return {"names": self.host.returned_without_terminate(list(msg.executors), msg.qname, wait_s)}
+
+    def _on_client_release(self, msg: _msg.ClientRelease) -> dict:
         self.released.set()
         return {"ok": True}
 
     def _condition(self, until: str) -> bool:
-        st = self.state
+        core = self.host.core
         if until == "registered":
-            return st.all_registered()
+            return core.all_registered()
         if until == "workers_done":
-            return all(st.is_done(r.executor_id) for r in st.roles if r.feedable)
+            return core.workers_done()
         if until == "exited":
-            return st.all_exited()
+            return core.all_exited()
         if until == "failed":
-            return st.failed
+            return core.failed
         if until == "tensorboard":
-            return st.tensorboard_url is not None or bool(st.tensorboard_error)
+            return core.tensorboard_url is not None or bool(core.tensorboard_error)
         if until == "now":
             return True
         raise ValueError(f"unknown wait condition {until!r}")
@@ -202,25 +188,21 @@ class ControlHost:
         Raises:
             ValueError: An unknown condition.
         """
-        st = self.state
         self._condition(until)
 
         def ready() -> Optional[dict]:
-            if self._condition(until) or (st.failed and until != "exited"):
+            if self._condition(until) or (self.host.core.failed and until != "exited"):
                 return self.status(done=self._condition(until))
             return None
 
-        return LongPoll((Topic.ANY,), ready, max(0.0, min(poll_s, MAX_POLL_S)), lambda: self.status(done=self._condition(until)))
-
-    def _client_wait(self, until: str, poll_s: float) -> dict:
-        """:meth:`_client_wait_poll`, waited for in this thread."""
-        return self.state._resolve(self._client_wait_poll(until, poll_s))
+        return LongPoll((Topic.ANY,), self.host.locked(ready), max(0.0, min(poll_s, MAX_POLL_S)),
+                        self.host.locked(lambda: self.status(done=self._condition(until))))
 
     def status(self, done: bool) -> dict:
-        """The cluster status for the client: ``done`` and :meth:`ClusterState.status`."""
-        return {"done": done, **self.state.status()}
+        """The cluster status for the client: ``done`` and the core's status."""
+        return {"done": done, **self.host.read(lambda c: c.status())}
 
-    def _client_teardown(self, abort: bool, attribution_s: float, poll_s: float, release: bool, feed_id: str = "") -> dict:
+    def _on_client_teardown(self, msg: _msg.ClientTeardown) -> dict:
         """Stops (or aborts) every node and waits for their exit, in one request.
 
         With ``abort``, first waits up to ``attribution_s`` for a failure report (a failed
@@ -229,30 +211,32 @@ class ControlHost:
         says what the nodes got done, for a restart: rows consumed, checkpoint reports, and
         the partitions of feed ``feed_id`` the nodes acknowledged.
         """
-        st = self.state
-        if abort and attribution_s > 0:
-            self._client_wait("failed", attribution_s)
-        self._client_control("abort" if abort else "stop", "the cluster failed" if abort else "")
-        status = self._client_wait("exited", poll_s)
-        if status["done"] or release:
+        host = self.host
+        if msg.abort and msg.attribution_s > 0:
+            host.wait_for_failure(msg.attribution_s)
+        host.stop_nodes(msg.abort, "the cluster failed" if msg.abort else "", msg.poll_s, warn=False)
+        status = self.status(done=self.host.read(lambda c: c.all_exited()))
+        if status["done"] or msg.release:
             self.released.set()
-        status.update(rows_consumed=st.rows_consumed(), checkpoints=st.checkpoints(),
-                      partitions_done=sorted(st.partitions_done(feed_id)) if feed_id else [])
+        status.update(host.read(lambda c: {
+            "rows_consumed": c.rows_consumed(), "checkpoints": c.checkpoints(),
+            "partitions_done": sorted(c.ledger.partitions_done(msg.feed_id)) if msg.feed_id else [],
+        }))
         return status
 
     def _client_control(self, action: str, reason: str) -> dict:
-        st = self.state
+        host = self.host
         if action == "close_feed":
-            st.close_feed()
+            host.close_feed()
         elif action == "stop":
-            st.request_stop()
+            host.request_stop()
         elif action == "abort":
-            st.abort(reason or "the client aborted the cluster")
+            host.abort(reason or "the client aborted the cluster")
         elif action == "clear_checkpoints":  # a train() call starts: earlier reports do not count
-            st.clear_checkpoints()
+            host.clear_checkpoints()
         elif action == "abort_and_exit":
             # The start stage failed: nobody will release this process.
-            st.abort(reason or "the start stage failed")
+            host.abort(reason or "the start stage failed")
             self.exit_asap.set()
         else:
             raise ValueError(f"unknown action {action!r}")
@@ -260,19 +244,16 @@ class ControlHost:
 
     # --------------------------------------------------------------- lifetime
     def serve(self) -> int:
-        """Serves until released (and every node exited) or a reason to end; returns 0."""
+        """Serves until released (and every node exited) or a reason to end; returns 0.
+        (Liveness runs in the host's own thread, as in the driver.)"""
         from tfos._node.supervisor import _Watch
 
         jvm = _Watch(self.launch.watch_pid)
-        st = self.state
         exited_since: Optional[float] = None
         why = ""
         while True:
-            # The host's watch tick: a JVM exit and a silent client raise no event to wait
-            # on, and the liveness check is due every tick anyway (client waits are
-            # ClusterState questions, woken by its condition variable).
+            # The watch tick: a JVM exit and a silent client raise no event to wait on.
             time.sleep(0.5)
-            st.check_liveness()
             now = time.monotonic()
             if not jvm.alive():
                 why = f"the executor JVM ({jvm.describe()}) exited"
@@ -280,8 +261,8 @@ class ControlHost:
             if now - self._last_client > self.launch.client_timeout_s:
                 why = f"no client operation for {self.launch.client_timeout_s:g} s (the client program went away?)"
                 break
-            all_exited = st.all_exited()
-            if self.released.is_set() and (all_exited or st.abort_reason or not st.nodes):
+            all_exited, aborted, empty = self.host.read(lambda c: (c.all_exited(), bool(c.abort_reason), not c.nodes))
+            if self.released.is_set() and (all_exited or aborted or empty):
                 # Released by the client: it fetched everything it needs.
                 if all_exited or exited_since is not None and now - exited_since > _EXIT_WAIT_S:
                     break
@@ -292,9 +273,8 @@ class ControlHost:
                     break
         if why:
             log.warning("tfos control host of %s: %s; aborting the cluster", self.launch.cluster_id, why)
-            st.abort(why)
-            st.wait_until(st.all_exited, _EXIT_WAIT_S)
-        self.server.close()
+            self.host.stop_nodes(True, why, _EXIT_WAIT_S)
+        self.host.close()
         return 0
 
 

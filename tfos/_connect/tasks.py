@@ -33,7 +33,9 @@ from typing import Any, Iterator, Optional
 
 from tfos._common.deadline import Deadline
 from tfos._connect.host import HostLaunch, write_host_launch
+from tfos._control import messages as _msg
 from tfos._control.client import ControlClient
+from tfos._control.messages import NodeState
 from tfos._data.arrow_chunks import ARROW_CHUNK_BYTES, arrow_ipc_parts, arrow_slices, rename_columns
 from tfos._data.feed_plan import FeedPlan
 from tfos._data.feed_tasks import make_arrow_feed_fn
@@ -210,7 +212,7 @@ def make_start_fn(spec: StartSpec):
             )
             status: dict = {}
             while True:
-                status = client.request("client_wait", until="registered", poll_s=2.0, timeout_s=30.0)
+                status = client.call(_msg.ClientWait(until="registered", poll_s=2.0), timeout_s=30.0)
                 failures = [NodeFailure.from_dict(f) for f in status.get("failures", [])]
                 if failures:
                     _raise_failed(cfg.cluster_id, failures, "run()")
@@ -220,7 +222,7 @@ def make_start_fn(spec: StartSpec):
                 if code is not None and code != 0 and eid in status.get("missing", []):
                     f = NodeFailure(eid, role.job_name, role.task_index, host, "exited", "SupervisorDied",
                                     f"the node supervisor exited with code {code} before the node registered; see this executor's stderr log")
-                    client.request("status", executor_id=eid, state="failed", failure=f.to_dict(), timeout_s=10.0)
+                    client.call(_msg.Status(executor_id=eid, state=NodeState.FAILED, failure=f), timeout_s=10.0)
                     continue
                 if deadline.expired():
                     raise deadline.error(TFOSError, f"executor ids {status.get('missing')} never registered")
@@ -228,7 +230,8 @@ def make_start_fn(spec: StartSpec):
             # The client learns nothing but this task's error: stop the nodes already
             # started and let the control host exit once they are gone.
             try:
-                client.request("client_control", action="abort_and_exit", reason=f"the start stage failed in {name}: {type(exc).__name__}", timeout_s=10.0, retry=False)
+                client.call(_msg.ClientControl(action="abort_and_exit", reason=f"the start stage failed in {name}: {type(exc).__name__}"),
+                            timeout_s=10.0, retry=False)
             except _REQ_ERRORS:
                 pass
             raise
@@ -243,10 +246,10 @@ def make_start_fn(spec: StartSpec):
     return _start
 
 
-def make_op_fn(ctrl_host: str, ctrl_port: int, key: bytes, cluster_id: str, msg_type: str, fields: dict, timeout_s: float):
+def make_op_fn(ctrl_host: str, ctrl_port: int, key: bytes, cluster_id: str, msg: _msg.Message, timeout_s: float):
     """The ``mapInArrow`` function of a one-task control job (client builds, task runs).
 
-    Sends one request to the control host and yields its JSON answer as one row
+    Sends the message ``msg`` to the control host and yields its JSON answer as one row
     (:data:`OP_SCHEMA`).
 
     Raises (in the task):
@@ -261,7 +264,7 @@ def make_op_fn(ctrl_host: str, ctrl_port: int, key: bytes, cluster_id: str, msg_
             pass
         client = ControlClient(ctrl_host, ctrl_port, key, cluster_id, connect_timeout_s=10.0)
         try:
-            reply = client.request(msg_type, timeout_s=timeout_s, retry=False, **fields)
+            reply = client.call(msg, timeout_s=timeout_s, retry=False)
         except _REQ_ERRORS as exc:
             raise TFOSError(
                 f"the tfos control host of cluster {cluster_id} at {ctrl_host}:{ctrl_port} cannot be reached "
@@ -278,7 +281,7 @@ def _touch(plan: FeedPlan) -> None:
     """Tells the control host the client is still there (a feed can outlast its lease)."""
     client = ControlClient(plan.driver_host, plan.driver_port, plan.key, plan.cluster_id, connect_timeout_s=10.0)
     try:
-        client.request("client_wait", until="now", poll_s=0.0, timeout_s=10.0)
+        client.call(_msg.ClientWait(until="now", poll_s=0.0), timeout_s=10.0)
     except _REQ_ERRORS:
         pass
     finally:
@@ -324,7 +327,7 @@ def _report_task_error(plan: FeedPlan, exc: BaseException) -> None:
     failure = NodeFailure(node.executor_id, node.job_name, node.task_index, node.host, "spark", type(exc).__name__, message, tb)
     client = ControlClient(plan.driver_host, plan.driver_port, plan.key, plan.cluster_id, connect_timeout_s=10.0)
     try:
-        client.request("feed_error", failure=failure.to_dict(), timeout_s=10.0)
+        client.call(_msg.FeedError(failure=failure), timeout_s=10.0)
     except _REQ_ERRORS:
         pass
     finally:

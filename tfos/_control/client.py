@@ -17,15 +17,16 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import random
 import socket
 import threading
 import time
-from typing import Any, Optional
+from typing import Optional
 
 from tfos._common import wire as _wire
 from tfos._common.deadline import Deadline
-from tfos._control.messages import Message, message_class
-from tfos._control.protocol import ClientSession, FrameReader
+from tfos._control.messages import Message
+from tfos._control.protocol import REFUSED, ClientSession, FrameReader, client_proof
 from tfos.errors import ControlProtocolError, DeadlineExceededError
 
 __all__ = ["ControlClient", "shared_client"]
@@ -33,6 +34,10 @@ __all__ = ["ControlClient", "shared_client"]
 log = logging.getLogger(__name__)
 
 _FRAME_TIMEOUT_S = 30.0
+#: First and longest pause (seconds) between two connection attempts; each failed attempt
+#: doubles it, with jitter, until the connect budget is spent.
+_BACKOFF_FIRST_S = 0.05
+_BACKOFF_MAX_S = 2.0
 #: Longest single wait of the reader thread for bytes (it then checks its deadlines).
 _READ_SLICE_S = 1.0
 
@@ -207,21 +212,25 @@ class ControlClient:
             "(set TFOS_SERVER_HOST/TFOS_SERVER_PORT on the driver)",
         )
         last_err: Optional[BaseException] = None
+        pause = _BACKOFF_FIRST_S
         while not deadline.expired():
             sock: Optional[socket.socket] = None
             try:
                 sock = socket.create_connection(self._addr, timeout=max(0.05, deadline.slice(10.0)))
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                hello_s = max(0.1, min(10.0, deadline.remaining()))
-                hello = _wire.read_frame(sock, self._key, Deadline(hello_s, "the driver's hello"), hello_s)
+                sock.sendall(client_proof(self._key))  # first, so that a flood of strangers never evicts it
+                hello = _read_hello(sock, self._key, max(0.1, min(10.0, deadline.remaining())))
                 session = ClientSession(self._key, self._cluster_id, hello)
                 conn = _Connection(sock, session, self._key, self)
                 self.last_connect_error = None
                 sock = None  # owned by the connection now
                 return conn
             except (OSError, DeadlineExceededError) as exc:
+                # Refused, reset or closed before the hello (a driver under a flood, still
+                # starting, or gone): back off and try again within the connect budget.
                 last_err = self.last_connect_error = exc
-                time.sleep(deadline.slice(0.2))
+                time.sleep(deadline.slice(pause * random.uniform(0.5, 1.0)))
+                pause = min(_BACKOFF_MAX_S, pause * 2)
             finally:
                 if sock is not None:  # a failed attempt (wrong key, bad hello...) must not leak it
                     sock.close()
@@ -262,18 +271,12 @@ class ControlClient:
     # ----------------------------------------------------------------- requests
     def call(self, msg: Message, timeout_s: float = _FRAME_TIMEOUT_S, retry: bool = True,
              connect_timeout_s: Optional[float] = None) -> dict:
-        """Sends the typed message ``msg`` and returns the server's answer (see :meth:`request`)."""
-        return self._request(msg.TYPE, msg.fields(), timeout_s, retry, connect_timeout_s)
-
-    def request(
-        self, msg_type: str, timeout_s: float = _FRAME_TIMEOUT_S, retry: bool = True,
-        connect_timeout_s: Optional[float] = None, **fields: Any,
-    ) -> dict:
-        """Sends one request and returns the server's response body.
+        """Sends the typed message ``msg`` and returns the server's response body.
 
         Args:
-            msg_type: The message type, e.g. 'register' or 'heartbeat'. A type of
-                :mod:`tfos._control.messages` is validated as that message first.
+            msg: A message of :mod:`tfos._control.messages`; its fields are checked as the
+                server checks them before it is sent (the sender finds its own malformed
+                message first).
             timeout_s: Seconds to wait for the response (long-polls pass their poll time
                 plus a margin).
             retry: Reconnect and resend once if the connection broke or the answer did not
@@ -282,7 +285,6 @@ class ControlClient:
             connect_timeout_s: Seconds allowed to (re)connect for this request (default: the
                 client's ``connect_timeout_s``); callers bound it by the time left since
                 :attr:`last_contact` so that a dead driver is given up on in time.
-            **fields: JSON-serialisable message fields.
 
         Returns:
             The response body (a dict). A response with ``"error"`` is returned as is.
@@ -290,10 +292,18 @@ class ControlClient:
         Raises:
             ConnectionError, ControlProtocolError, DeadlineExceededError: see the class.
         """
-        cls = message_class(msg_type)
-        if cls is not None:
-            cls.decode(fields)  # the sender finds its own malformed message first
-        return self._request(msg_type, fields, timeout_s, retry, connect_timeout_s)
+        fields = msg.fields()
+        type(msg).decode(fields)
+        return self._request(msg.TYPE, fields, timeout_s, retry, connect_timeout_s)
+
+    def send_raw(self, msg_type: str, fields: dict, timeout_s: float = _FRAME_TIMEOUT_S, retry: bool = True) -> dict:
+        """Sends a request of another protocol carried in control frames (the TFoS
+        reservation server's ``REG``/``QUERY``/...); tfos's own senders use :meth:`call`.
+
+        Raises:
+            ConnectionError, ControlProtocolError, DeadlineExceededError: see the class.
+        """
+        return self._request(msg_type, fields, timeout_s, retry, None)
 
     def _request(self, msg_type: str, fields: dict, timeout_s: float, retry: bool, connect_timeout_s: Optional[float]) -> dict:
         attempts = 2 if retry else 1
@@ -351,3 +361,23 @@ def shared_client(host: str, port: int, key: bytes, cluster_id: str, connect_tim
             _, old = _shared.popitem(last=False)
             old._close()
         return client
+
+
+def _read_hello(sock: socket.socket, key: bytes, timeout_s: float) -> dict:
+    """The server's hello, read after the client's proof.
+
+    Raises:
+        ControlProtocolError: The server refused the proof (another key or another
+            cluster's driver), or the hello failed authentication.
+        ConnectionError, DeadlineExceededError: As :func:`tfos._common.wire.read_frame`.
+    """
+    deadline = Deadline(timeout_s, "the driver's hello")
+    head = _wire.recv_exact(sock, len(REFUSED), deadline)
+    if head == REFUSED:
+        raise ControlProtocolError("the driver refused this process's proof of the cluster key: frame authentication "
+                                   "failed (another key, or another cluster's driver at this address)")
+    length = int.from_bytes(head[4:], "big")
+    if head[:4] != _wire.MAGIC or length > _wire.MAX_FIRST_FRAME_BYTES:
+        raise ControlProtocolError("the driver's hello is not a tfos control frame")
+    rest = _wire.recv_exact(sock, 32 + length, deadline)
+    return _wire.decode_frame(key, head, rest[:32], rest[32:])

@@ -18,6 +18,7 @@ import queue
 import time
 from typing import Any, Optional
 
+from tfos._control import messages as _msg
 from tfos._data.feed_connection import END_OF_FEED, Chunk, PartitionEnd
 from tfos.errors import TFOSError
 
@@ -253,7 +254,7 @@ class EpochOrder:
         lo = (self._open - self._first) * self._parts
         hi = (self._target - self._first) * self._parts
         try:
-            ans = self._hub.ask_driver("epoch_handover", feed_id=self._feed_id, lo=lo, hi=hi, node=self._hub.node_name)
+            ans = self._hub.ask_driver(_msg.EpochHandover(feed_id=self._feed_id, lo=lo, hi=hi, node=self._hub.node_name))
             if "error" in ans:
                 raise TFOSError(str(ans["error"]))
             settled, mine = int(ans["settled"]), {int(i) for i in ans["mine"]}

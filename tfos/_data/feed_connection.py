@@ -5,11 +5,11 @@ task), :class:`Chunk`, :class:`PartitionEnd` and :data:`END_OF_FEED`."""
 from __future__ import annotations
 
 import json
-import math
 import socket
 import threading
 
 from tfos._common.data_session import DataSession
+from tfos._data.feed_plan import check_feed_timeout
 from tfos._data.framing import ChunkKind, FrameType, send_frame
 
 __all__ = ["FeedConnection", "Chunk", "PartitionEnd", "END_OF_FEED", "PROGRESS_EVERY_S"]
@@ -56,9 +56,9 @@ class FeedConnection:
         self.mode = str(header["mode"])
         self.kind = ChunkKind(header["kind"])
         self.qname = str(header["qname"])
-        self.feed_timeout_s = float(header.get("feed_timeout", 600.0))
-        if self.mode not in ("train", "inference") or not (0 < self.feed_timeout_s < math.inf):
-            raise ValueError(f"bad feed header: mode {self.mode!r}, feed_timeout {self.feed_timeout_s!r}")
+        if self.mode not in ("train", "inference"):
+            raise ValueError(f"bad feed header: mode {self.mode!r}")
+        self.feed_timeout_s = check_feed_timeout(header.get("feed_timeout_s"), "bad feed header: feed_timeout_s")
         #: The feed (one train()/inference() job) and the job's partition index of this
         #: connection (the hub refuses a header without them; "" and -1 only in tests that
         #: build a connection directly).

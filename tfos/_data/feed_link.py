@@ -15,6 +15,7 @@ from typing import Any, Optional
 from tfos._common import wire as _wire
 from tfos._common.deadline import Deadline
 from tfos._common.wire import DataAuthError
+from tfos._control import messages as _msg
 from tfos._control.client import ControlClient, shared_client
 from tfos._data import local_socket as _local
 from tfos._data.feed_plan import FeedPlan, choose_node
@@ -82,7 +83,7 @@ class Link:
         try:
             send_json(self.sock, self.session, FrameType.HEADER, {
                 "qname": plan.qname, "mode": plan.mode, "partition": partition, "epoch": epoch,
-                "kind": (plan.kind or ChunkKind.PICKLED_BATCH).value, "feed_timeout": plan.feed_timeout_s,
+                "kind": (plan.kind or ChunkKind.PICKLED_BATCH).value, "feed_timeout_s": plan.feed_timeout_s,
                 "feed_id": plan.feed_id, "index": index, "first_epoch": plan.first_epoch,
                 "parts_per_epoch": plan.parts_per_epoch, "last_epoch": plan.last_epoch,
             })
@@ -186,7 +187,7 @@ def _report_intrusion(plan: FeedPlan, node: NodeInfo, text: str) -> None:
     try:
         c = driver_client(plan)
         try:
-            c.request("data_intrusion", executor_id=node.executor_id, text=text, timeout_s=10.0)
+            c.call(_msg.DataIntrusion(executor_id=node.executor_id, text=text), timeout_s=10.0)
         finally:
             c.close()
     except (OSError, ControlProtocolError, DeadlineExceededError) as exc:
@@ -197,7 +198,7 @@ def report(plan: FeedPlan, node: NodeInfo, message: str, error_type: str = "Feed
     failure = NodeFailure(node.executor_id, node.job_name, node.task_index, node.host, "feed", error_type, message)
     try:
         c = driver_client(plan)
-        c.request("feed_error", failure=failure.to_dict(), timeout_s=10.0)
+        c.call(_msg.FeedError(failure=failure), timeout_s=10.0)
         c.close()
     except (OSError, ControlProtocolError, DeadlineExceededError):
         pass
@@ -218,8 +219,8 @@ def timed_out(plan: FeedPlan, node: NodeInfo, exc: FeedTimeoutError) -> FeedTime
     try:
         c = driver_client(plan)
         try:
-            stack = str(c.request("node_stack", executor_id=node.executor_id, wait_s=_STACK_WAIT_S,
-                                  timeout_s=_STACK_WAIT_S + 5.0).get("stack") or "")
+            stack = str(c.call(_msg.NodeStack(executor_id=node.executor_id, wait_s=_STACK_WAIT_S),
+                               timeout_s=_STACK_WAIT_S + 5.0).get("stack") or "")
         finally:
             c.close()
     except (OSError, ControlProtocolError, DeadlineExceededError) as rexc:
@@ -246,14 +247,14 @@ def node_gone(plan: FeedPlan, node: NodeInfo, where: str, exc: BaseException) ->
         c = driver_client(plan)
         deadline = Deadline(8.0, "the node's final state")
         while not deadline.expired():
-            state = c.request("node_state", executor_id=node.executor_id, timeout_s=5.0)
-            if state.get("state") in ("finished", "failed", "stopped") or state.get("exit_code") is not None:
+            state = c.call(_msg.NodeStateQuery(executor_id=node.executor_id), timeout_s=5.0)
+            if state.get("state") in _msg.TERMINAL_STATES or state.get("exit_code") is not None:
                 break
             time.sleep(0.3)
         c.close()
     except (OSError, ControlProtocolError, DeadlineExceededError):
         pass
-    if state.get("state") in ("finished", "stopped") and not state.get("failure"):
+    if state.get("state") in (_msg.NodeState.FINISHED, _msg.NodeState.STOPPED) and not state.get("failure"):
         if plan.qname in state.get("terminated", ()):
             log.info("%s: main_fun called DataFeed.terminate() and returned; skipping the partition", where)
             return "terminated"
@@ -321,8 +322,8 @@ def claim(plan: FeedPlan, node: NodeInfo, index: int, where: str) -> None:
         try:
             # The token makes a resent claim (the client resends once when its connection
             # broke, maybe after the driver recorded the claim) the same claim, not a re-run.
-            resp = c.request("claim_partition", feed_id=plan.feed_id, index=index, node=node.name,
-                             token=uuid.uuid4().hex, timeout_s=30.0)
+            resp = c.call(_msg.ClaimPartition(feed_id=plan.feed_id, index=index, node=node.name, token=uuid.uuid4().hex),
+                          timeout_s=30.0)
         finally:
             c.close()
     except (OSError, ControlProtocolError, DeadlineExceededError) as exc:
@@ -422,13 +423,14 @@ def drain_answer(link: Link) -> tuple[str, dict]:
     raise ConnectionError(f"unexpected {ftype.name} frame from the node")
 
 
-def _tell_driver(plan: FeedPlan, msg_type: str, index: int, what: str) -> None:
-    """Sends ``msg_type`` for partition ``index`` of the feed to the driver; a failure is
-    logged ("could not tell the driver that partition N <what>") and not raised."""
+def _tell_driver(plan: FeedPlan, msg_type: type, index: int, what: str) -> None:
+    """Sends the message of class ``msg_type`` (PartitionSent, PartitionDone, PartitionSkipped)
+    for partition ``index`` of the feed to the driver; a failure is logged ("could not tell
+    the driver that partition N <what>") and not raised."""
     try:
         c = driver_client(plan)
         try:
-            c.request(msg_type, feed_id=plan.feed_id, index=index, timeout_s=10.0)
+            c.call(msg_type(feed_id=plan.feed_id, index=index), timeout_s=10.0)
         finally:
             c.close()
     except (OSError, ControlProtocolError, DeadlineExceededError) as exc:
@@ -438,17 +440,17 @@ def _tell_driver(plan: FeedPlan, msg_type: str, index: int, what: str) -> None:
 def tell_sent(plan: FeedPlan, index: int) -> None:
     """Tells the driver partition ``index`` was handed over (before waiting for its ACK)."""
     if plan.report_sent:
-        _tell_driver(plan, "partition_sent", index, "was sent")
+        _tell_driver(plan, _msg.PartitionSent, index, "was sent")
 
 
 def tell_done(plan: FeedPlan, index: int) -> None:
     """Tells the driver the node acknowledged partition ``index`` (restarts resume after it)."""
     if plan.report_done:
-        _tell_driver(plan, "partition_done", index, "was consumed")
+        _tell_driver(plan, _msg.PartitionDone, index, "was consumed")
 
 
 def tell_skipped(plan: FeedPlan, index: int) -> None:
     """Tells the driver partition ``index`` went to no node, so that the nodes' epoch-aware
     readers do not wait for it (see tfos._data.epoch_order.EpochOrder)."""
     if plan.mode == "train" and plan.feed_id:
-        _tell_driver(plan, "partition_skipped", index, "went to no node")
+        _tell_driver(plan, _msg.PartitionSkipped, index, "went to no node")

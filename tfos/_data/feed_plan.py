@@ -4,14 +4,32 @@ and which node it feeds (pure)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+import math
+import numbers
+from typing import Any, Optional
 
 from tfos._data.framing import ChunkKind
 from tfos._data.outbox import feed_linger_s
 from tfos.cluster_template import NodeInfo
-from tfos.errors import TFOSError
+from tfos.errors import ConfigurationError, TFOSError
 
-__all__ = ["FeedPlan", "choose_node"]
+__all__ = ["FEED_TIMEOUT_S", "FeedPlan", "check_feed_timeout", "choose_node"]
+
+#: Default ``feed_timeout`` of ``train()``/``inference()``, in seconds: the longest a node may
+#: accept no data (or return no results) before its feed fails.
+FEED_TIMEOUT_S = 600.0
+
+
+def check_feed_timeout(value: Any, where: str = "feed_timeout") -> float:
+    """``value`` as seconds (pure; driver, and the node reading a feed header).
+
+    Raises:
+        ConfigurationError: ``value`` is not a finite number of seconds > 0 (names ``where``).
+    """
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(float(value)) and float(value) > 0
+    if not ok:
+        raise ConfigurationError(f"{where} must be a finite number of seconds > 0, got {value!r}")
+    return float(value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +72,7 @@ class FeedPlan:
     mode: str = "train"
     kind: Optional[ChunkKind] = None
     parts_per_epoch: int = 1
-    feed_timeout_s: float = 600.0
+    feed_timeout_s: float = FEED_TIMEOUT_S
     feed_id: str = ""
     report_sent: bool = False
     first_epoch: int = 0
@@ -67,8 +85,7 @@ class FeedPlan:
             raise TFOSError("the cluster has no chief/master/worker node to feed")
         if self.mode not in ("train", "inference"):
             raise ValueError(f"bad feed mode {self.mode!r}")
-        if self.feed_timeout_s <= 0:
-            raise ValueError("feed_timeout must be > 0 seconds")
+        check_feed_timeout(self.feed_timeout_s, "FeedPlan.feed_timeout_s")
         if not 0 <= self.linger_s <= 60:
             raise ValueError(f"linger_s must be 0 to 60 seconds, got {self.linger_s!r}")
 

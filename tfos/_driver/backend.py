@@ -22,6 +22,7 @@ import uuid
 from typing import Any, Optional, Protocol, Sequence
 
 from tfos._common.deadline import Deadline
+from tfos._control.messages import NodeState
 from tfos._data.feed_plan import FeedPlan
 from tfos._node.launch import ClusterConfig
 from tfos.cluster_template import InputMode, NodeInfo, NodeRole
@@ -85,7 +86,7 @@ class TrainCall:
         parts: Partitions in one epoch (Spark Connect: :data:`UNCOUNTED` when neither the
             epochs of a task nor the total matter).
         num_epochs: Epochs to feed, >= 1.
-        feed_timeout: Seconds a node may accept no data before the feed fails.
+        feed_timeout_s: Seconds a node may accept no data before the feed fails.
         qname: The node queue fed.
         end_of_feed: End the feed once every partition was handed over.
     """
@@ -93,7 +94,7 @@ class TrainCall:
     data: Any
     parts: int
     num_epochs: int
-    feed_timeout: float
+    feed_timeout_s: float
     qname: str
     end_of_feed: bool = False
 
@@ -106,14 +107,14 @@ class InferenceCall:
         data: What the backend feeds, as its launcher checked it.
         parts: Units the controller's ledger counts: input partitions (classic), or 1
             (Spark Connect: its results come back whole or not at all).
-        feed_timeout: Seconds a node may go without accepting data or returning results.
+        feed_timeout_s: Seconds a node may go without accepting data or returning results.
         qname: The node queue fed.
         schema: The result schema (Spark Connect; None on the classic path).
     """
 
     data: Any
     parts: int
-    feed_timeout: float
+    feed_timeout_s: float
     qname: str
     schema: Any = None
 
@@ -140,26 +141,26 @@ class AttemptReport:
     partitions_done: frozenset = frozenset()
 
 
-def feed_plan(config: ClusterConfig, nodes: Sequence[NodeInfo], mode: str, qname: str, feed_timeout: float, kind: Any, parts: int, *,
-              report_sent: bool = False, first_epoch: int = 0, last_epoch: int = -1, report_done: bool = False) -> FeedPlan:
+def feed_plan(config: ClusterConfig, nodes: Sequence[NodeInfo], call: "TrainCall | InferenceCall", kind: Any, parts: int, *,
+              first_epoch: int = 0, last_epoch: int = -1, report_done: bool = False) -> FeedPlan:
     """The plan of one feed or inference job: where its tasks send what (driver).
 
     Args:
         config: The attempt's node config (cluster id, key, control address).
         nodes: The registered nodes; the feedable ones are fed.
-        mode: 'train' or 'inference'.
-        qname: The node queue fed.
-        feed_timeout: Seconds a node may accept no data before the feed fails.
+        call: The ``train()`` or ``inference()`` call (its queue, ``feed_timeout_s`` and,
+            for ``train()``, ``end_of_feed``: report each partition handed over).
         kind: The chunk kind of the job's input (``tfos._data.framing.ChunkKind``, or None
             for rows pickled by the task).
         parts: Partitions per epoch.
-        report_sent: Tell the control plane each partition handed over (``end_of_feed``).
         first_epoch, last_epoch: The epochs the job covers (train).
         report_done: Tell the control plane each partition a node acknowledged (restarts).
     """
+    train = isinstance(call, TrainCall)
     return FeedPlan(
         config.cluster_id, config.key, config.driver_host, config.driver_port, tuple(n for n in nodes if n.role.feedable),
-        qname, mode, kind, parts, float(feed_timeout), feed_id=uuid.uuid4().hex, report_sent=report_sent,
+        call.qname, "train" if train else "inference", kind, parts, call.feed_timeout_s, feed_id=uuid.uuid4().hex,
+        report_sent=train and bool(getattr(call, "end_of_feed", False)),
         first_epoch=first_epoch, report_done=report_done, last_epoch=last_epoch,
     )
 
@@ -236,8 +237,8 @@ class Backend(Protocol):
     def wait_for_failure(self, timeout_s: float) -> bool:
         """Waits up to ``timeout_s`` seconds; True when a node failed meanwhile."""
 
-    def node_states(self) -> dict[int, str]:
-        """Each node's state ('registered', 'running', 'serving', 'finished', ...)."""
+    def node_states(self) -> dict[int, NodeState]:
+        """Each node's state (:class:`~tfos._control.messages.NodeState`)."""
 
     def stop(self) -> None:
         """Stops every node and waits (bounded) for their exit; raises the cluster's error
@@ -293,15 +294,17 @@ class Launcher(Protocol):
     def await_executors(self, outer: Optional[Deadline]) -> None:
         """Before a restart: waits (bounded) for Spark to replace lost executors."""
 
-    def train_call(self, data: Any, num_epochs: int, feed_timeout: float, qname: str, end_of_feed: bool, count: bool) -> TrainCall:
-        """Checks ``data`` and counts its partitions (``count``: even where costly).
+    def train_input(self, data: Any, num_epochs: int, end_of_feed: bool, count: bool) -> tuple[Any, int]:
+        """Checks ``data``; returns it as the backend feeds it and its partitions per epoch
+        (``count``: counted even where costly; see :attr:`TrainCall.parts`).
 
         Raises:
             ConfigurationError: ``data`` is not something this backend feeds.
         """
 
-    def inference_call(self, data: Any, feed_timeout: float, qname: str, schema: Any) -> InferenceCall:
-        """Checks ``data`` and ``schema``.
+    def inference_input(self, data: Any, schema: Any) -> tuple[Any, int, Any]:
+        """Checks ``data`` and ``schema``; returns the data as fed, the units of the
+        inference ledger (:attr:`InferenceCall.parts`) and the result schema.
 
         Raises:
             ConfigurationError: ``data`` or ``schema`` do not fit this backend.

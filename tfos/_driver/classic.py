@@ -19,15 +19,17 @@ from typing import Any, Optional, Sequence
 
 from tfos._common import wire as _wire
 from tfos._common.deadline import Deadline
+from tfos._control.host import ATTRIBUTION_S
+from tfos._control.messages import NodeState
 from tfos._data.arrow_codec import binary_as_bytes, feed_schema_json
 from tfos._data.feed_plan import FeedPlan
 from tfos._data.feed_tasks import arrow_safe_dataframe, make_arrow_feed_fn, make_feed_fn, make_infer_fn
 from tfos._data.sources import FeedSource
+from tfos._driver import spark_bar as _spark_bar
 from tfos._driver.backend import AttemptReport, ClusterPlan, InferenceCall, TrainCall, feed_plan
-from tfos._driver.runtime import ATTRIBUTION_S, ClusterRuntime, JobThread, Progress, spark_error_text
+from tfos._driver.runtime import ClusterRuntime, JobThread, Progress, spark_error_text
 from tfos._driver.spark_checks import busy_slots_report, check_spark, live_executors
 from tfos._driver.tb_scalars import scalar_writer
-from tfos._node import output as _node_output
 from tfos._node.launch import ClusterConfig
 from tfos._node.start_task import launch_local_node, make_start_task
 from tfos.cluster_template import InputMode, NodeInfo, format_template
@@ -89,7 +91,7 @@ class ClassicLauncher:
         cluster_id = plan.cluster_id(attempt)
         key = _wire.new_key()
         runtime = ClusterRuntime(self.sc, cluster_id, plan.roles, float(plan.settings["heartbeat_timeout_s"]), key, self.driver_host)
-        runtime.state.restarts_left = restarts_left
+        runtime.host.core.restarts_left = restarts_left
         try:
             config = ClusterConfig(
                 cluster_id=cluster_id, key=key, driver_host=str(runtime.server.host), driver_port=runtime.server.port,
@@ -133,7 +135,7 @@ class ClassicLauncher:
             log.warning("restart: %d of %d executors after %g s; launching anyway", have, len(self.spark_ids), self.plan.executor_wait_s)
 
     # ----------------------------------------------------------------- input
-    def train_call(self, data: Any, num_epochs: int, feed_timeout: float, qname: str, end_of_feed: bool, count: bool) -> TrainCall:
+    def train_input(self, data: Any, num_epochs: int, end_of_feed: bool, count: bool) -> tuple[Any, int]:
         """Checks ``data`` (an RDD or DataFrame) and counts its partitions (driver).
 
         Raises:
@@ -141,9 +143,9 @@ class ClassicLauncher:
         """
         df = _as_dataframe(data)
         parts = (df.rdd if df is not None else data).getNumPartitions()
-        return TrainCall(data, parts, num_epochs, feed_timeout, qname, end_of_feed)
+        return data, parts
 
-    def inference_call(self, data: Any, feed_timeout: float, qname: str, schema: Any) -> InferenceCall:
+    def inference_input(self, data: Any, schema: Any) -> tuple[Any, int, Any]:
         """Checks ``data`` (an RDD or DataFrame, whose ``.rdd`` rows are fed) (driver).
 
         Raises:
@@ -156,7 +158,7 @@ class ClassicLauncher:
                                      "with a SparkContext inference() returns an RDD of the results as main_fun gave them")
         df = _as_dataframe(data)
         rdd = df.rdd if df is not None else data
-        return InferenceCall(rdd, rdd.getNumPartitions(), feed_timeout, qname)
+        return rdd, rdd.getNumPartitions(), None
 
     def assemble(self, sources: Sequence[Any], owner: Sequence[int]) -> Any:
         """One RDD whose partition ``i`` is partition ``i`` of ``sources[owner[i]]``."""
@@ -179,7 +181,7 @@ class ClassicBackend:
     def __init__(self, sc: Any, runtime: ClusterRuntime, config: ClusterConfig, nodes_rdd: Any, progress: bool) -> None:
         self.sc = sc
         self.runtime = runtime
-        self.state = runtime.state
+        self.host = runtime.host
         self.config = config
         self.nodes_rdd = nodes_rdd
         self.progress = progress
@@ -201,24 +203,24 @@ class ClassicBackend:
 
     @property
     def feed_closed(self) -> bool:
-        return self.state.feed_closed
+        return self.host.core.feed_closed
 
     def nodes(self) -> list[NodeInfo]:
-        return self.state.nodes_snapshot()
+        return self.host.read(lambda c: c.nodes_snapshot())
 
     def check_open(self, what: str) -> None:
         self.runtime.check_open(what)
 
     def clear_checkpoints(self) -> None:
-        self.state.clear_checkpoints()
+        self.host.clear_checkpoints()
 
     # -------------------------------------------------------------- feeding
     def _progress(self, kind: str, total: int, parts: int, epochs: int, desc: str) -> Optional[Progress]:
         """The progress line of the job of ``kind`` just started (None when off)."""
-        if not self.progress or os.environ.get("TFOS_PROGRESS", "1") == "0" or _node_output.spark_shows_progress(self.sc):
+        if not self.progress or os.environ.get("TFOS_PROGRESS", "1") == "0" or _spark_bar.showing(self.sc):
             return None
         monitor = self.runtime.monitor
-        return Progress(self.sc.statusTracker(), self.state, self.runtime.job_group(kind), total, parts, epochs, desc,
+        return Progress(self.sc.statusTracker(), self.host, self.runtime.job_group(kind), total, parts, epochs, desc,
                         monitor.mark if monitor is not None else str)
 
     def _feed_ids(self) -> list[int]:
@@ -249,22 +251,20 @@ class ClassicBackend:
                 return source.feed(feed_fn).collect()
         total = parts * epochs
         if call.end_of_feed:
-            self.state.close_feed_when_sent(plan.feed_id, total)
+            self.host.close_feed_when_sent(plan.feed_id, total)
         desc = f"tfos train: {parts} partitions x {epochs} epoch(s) -> {len(plan.nodes)} node(s)"
         log.info("%s", desc)
         job = self.runtime.run_job("train", desc, action)
         return self.runtime.await_job(job, "train()", self._progress("train", total, parts, epochs, "tfos train"), self._feed_ids)
 
     def _plan(self, call: Any, kind: Any, parts: int, first_epoch: int = 0, last_epoch: int = -1, report_done: bool = False) -> FeedPlan:
-        mode = "train" if isinstance(call, TrainCall) else "inference"
-        plan = feed_plan(self.config, self.nodes(), mode, call.qname, call.feed_timeout, kind, parts,
-                         report_sent=mode == "train" and call.end_of_feed, first_epoch=first_epoch, last_epoch=last_epoch,
+        plan = feed_plan(self.config, self.nodes(), call, kind, parts, first_epoch=first_epoch, last_epoch=last_epoch,
                          report_done=report_done)
         self._last_feed_id = plan.feed_id
         return plan
 
     def returned_without_terminate(self, executor_ids: Sequence[int], qname: str, wait_s: float) -> list[str]:
-        return self.state.returned_without_terminate(executor_ids, qname, wait_s)
+        return self.host.returned_without_terminate(executor_ids, qname, wait_s)
 
     def infer(self, call: InferenceCall, todo: Sequence[int]) -> Any:
         """One inference job over the partitions ``todo``; returns the persisted results RDD
@@ -306,23 +306,23 @@ class ClassicBackend:
     # -------------------------------------------------------------- shutdown
     def await_workers(self, deadline: Deadline, end_feed: bool) -> None:
         if end_feed:
-            self.state.close_feed()
-        if not self.state.wait_until_workers_done(deadline):
+            self.host.close_feed()
+        if not self.host.wait_until_workers_done(deadline):
             raise self.runtime.fail("shutdown()")
 
     def wait_for_failure(self, timeout_s: float) -> bool:
-        return self.state.wait_for_failure(timeout_s)
+        return self.host.wait_for_failure(timeout_s)
 
-    def node_states(self) -> dict[int, str]:
-        return dict(self.state.proc_state)
+    def node_states(self) -> dict[int, NodeState]:
+        return self.host.read(lambda c: dict(c.proc_state))
 
     def row_accounting(self) -> list:
         return self.runtime.rows.check() or []
 
     def stop(self) -> None:
         self.runtime.teardown(failed=False)
-        if self.state.failed:
-            raise self.state.error("shutdown()")
+        if self.host.core.failed:
+            raise self.host.read(lambda c: c.error("shutdown()"))
 
     def teardown(self, failed: bool, reason: str = "") -> None:
         self.runtime.teardown(failed, reason)
@@ -334,13 +334,13 @@ class ClassicBackend:
         return self.runtime.fail(context)
 
     def report(self) -> AttemptReport:
-        st = self.state
-        return AttemptReport(st.rows_consumed(), st.checkpoints(), frozenset(st.partitions_done(self._last_feed_id)))
+        return self.host.read(lambda c: AttemptReport(c.rows_consumed(), c.checkpoints(),
+                                                      frozenset(c.ledger.partitions_done(self._last_feed_id))))
 
     def tensorboard_url(self, timeout_s: float) -> Optional[str]:
-        st = self.state
+        st = self.host.core
         try:
-            if not st.wait_for_tensorboard(Deadline(timeout_s, "TensorBoard to start")):
+            if not self.host.wait_for_tensorboard(Deadline(timeout_s, "TensorBoard to start")):
                 raise self.runtime.fail("tensorboard_url()")
         except DeadlineExceededError:
             log.warning("TensorBoard did not report a URL within %g s", timeout_s)
@@ -353,7 +353,7 @@ class ClassicBackend:
 def _await_registration(runtime: ClusterRuntime, start: JobThread, input_mode: InputMode, deadline: Deadline) -> None:
     """Waits for every node to register; raises on failure or expiry (driver).
 
-    A question to the cluster state, woken by every registration, failure and by the end of
+    A question to the control host, woken by every registration, failure and by the end of
     the start job. When the start stage still waits after ``_BUSY_WARN_S``, a WARNING names
     the executors and jobs holding the slots; the timeout error names them too.
 
@@ -361,7 +361,7 @@ def _await_registration(runtime: ClusterRuntime, start: JobThread, input_mode: I
         ClusterFailedError: A node failed, or the start job ended first.
         ReservationTimeoutError: ``deadline`` expired first.
     """
-    state, cluster_id = runtime.state, runtime.cluster_id
+    host, state, cluster_id = runtime.host, runtime.host.core, runtime.cluster_id
     tf_mode = input_mode == InputMode.TENSORFLOW
     t0 = time.monotonic()
     warned = False
@@ -369,14 +369,14 @@ def _await_registration(runtime: ClusterRuntime, start: JobThread, input_mode: I
     while True:
         # A start job that ended (error, or in TENSORFLOW mode every node already exited)
         # ends the wait too. The 1 s tick only times the busy-slots warning below.
-        outcome = state.wait_until_registered(deadline, lambda: start.error is not None or (start.done.is_set() and tf_mode), tick_s=1.0)
+        outcome = host.wait_until_registered(deadline, lambda: start.error is not None or (start.done.is_set() and tf_mode), tick_s=1.0)
         if outcome == "registered":
             return
         if outcome == "failed":
             raise runtime.fail("run()")
         if outcome == "stopped":
             # The node's own failure report names the real cause: give it a moment.
-            if state.wait_until(lambda: state.failed or state.all_registered(), ATTRIBUTION_S) and state.all_registered() and not state.failed:
+            if host.wait_until(lambda: state.failed or state.all_registered(), ATTRIBUTION_S) and state.all_registered() and not state.failed:
                 return
             if state.failed:
                 raise runtime.fail("run()")
@@ -387,12 +387,16 @@ def _await_registration(runtime: ClusterRuntime, start: JobThread, input_mode: I
                 kind, etype = "lost", "ExecutorLost"
                 what = f"a Spark executor was lost while the cluster formed: {what}"
             runtime.teardown(failed=True)
-            raise ClusterFailedError(cluster_id, [state.make_failure(state.missing()[0] if state.missing() else 0, kind, etype, what)], "run()") from start.error
+            err = ClusterFailedError(cluster_id, [state.make_failure(state.missing()[0] if state.missing() else 0, kind, etype, what)], "run()")
+            err.flood = runtime.server.flood_report()
+            raise err from start.error
         if outcome == "expired":
             missing = state.missing()
             busy = busy_slots_report(runtime.sc, cluster_id) or busy
             runtime.teardown(failed=True)
-            raise deadline.error(ReservationTimeoutError, f"executor ids {missing} never registered" + (f"; {busy}" if busy else ""))
+            flood = runtime.server.flood_report()
+            raise deadline.error(ReservationTimeoutError, f"executor ids {missing} never registered" + (f"; {busy}" if busy else "")
+                                 + (f"; meanwhile {flood}" if flood else ""))
         if not warned and time.monotonic() - t0 >= _BUSY_WARN_S:
             busy = busy_slots_report(runtime.sc, cluster_id)
             if busy:

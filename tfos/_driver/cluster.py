@@ -18,9 +18,11 @@ from typing import Any, Callable, Optional, Sequence
 
 from tfos._common.deadline import Deadline
 from tfos._control.limits import heartbeat_interval_s
+from tfos._data.feed_plan import FEED_TIMEOUT_S, check_feed_timeout
 from tfos._driver import remedies
 from tfos._driver import streaming as _streaming
-from tfos._driver.backend import ClusterPlan, Launcher
+from tfos._driver.backend import ClusterPlan, InferenceCall, Launcher, TrainCall
+from tfos._driver.cluster_status import StatusMethods
 from tfos._driver.lifecycle import Controller, Lifecycle
 from tfos._driver.monitor import STALL_TIMEOUT_S, check_stall_args, summary_text
 from tfos._driver.task_world import pickle_payload
@@ -53,7 +55,7 @@ def _records_failure(method: Callable) -> Callable:
     return wrapper
 
 
-class TFCluster:
+class TFCluster(StatusMethods):
     """A running tfos cluster (driver side). Created by :func:`run`, not directly.
 
     Use it as a context manager to shut it down on exit::
@@ -169,71 +171,6 @@ class TFCluster:
             return self._ctl.backend.tensorboard_url(timeout_s)
         return self._ctl.call("tensorboard_url()", lambda backend: backend.tensorboard_url(timeout_s))
 
-    # ----------------------------------------------------------------- status
-    def _monitor(self, what: str) -> Any:
-        runtime = getattr(self._ctl.backend, "runtime", None)
-        if runtime is None or runtime.monitor is None:
-            raise ConfigurationError(f"{what}: the nodes' figures are not kept under Spark Connect (docs/status.md)")
-        return runtime.monitor
-
-    def status(self) -> dict:
-        """The nodes' live figures and the bottleneck verdict, as plain data (driver; safe
-        to call from another thread while ``train()`` runs). Figures are at most one
-        long-poll old (about 1 s); rates and shares cover each node's last 10 s.
-
-        Returns:
-            ``{"cluster_id", "attempt", "state", "elapsed_s", "verdict"`` ('producer',
-            'feed', 'compute', 'skew' or 'none'), ``"verdict_nodes"`` (node names such
-            as 'worker:1'), ``"verdict_text"``, ``"verdicts_held_s"`` ({verdict: seconds}),
-            ``"last_stall"`` (the last stall report, '' before any), ``"nodes"``: one dict
-            per node with node, executor_id, job_name, task_index, host, state, rows,
-            rows_per_s, feed_wait_share (0..1), feed_waiting_s, queue_fill (0..1), steps
-            and steps_per_s (Keras; None without), cpu_s, cpu_share (cores), rss_bytes,
-            heartbeat_age_s, idle_s (seconds without progress), class (the node's own
-            verdict), named}``. Window figures are None until a node sent 3 s of them.
-            Fields and verdicts: docs/status.md.
-
-        Raises:
-            ConfigurationError: Under Spark Connect.
-        """
-        out = self._monitor("status()").status()
-        out.update(attempt=self.attempt, state=self.state.value)
-        return out
-
-    def stacks(self, timeout_s: float = 5.0) -> dict[str, str]:
-        """The Python stacks of every thread of every running node's TF process (driver).
-
-        Args:
-            timeout_s: Longest wait for each node's answer, in seconds (at most 10).
-
-        Returns:
-            ``{node name: text}`` (e.g. ``{"worker:1": "Threads of the TF process on
-            worker:1 ..."}``); '' for a node that did not answer in time (e.g. a C call
-            holding the GIL) or whose process ended.
-
-        Raises:
-            ConfigurationError: Under Spark Connect, or a ``timeout_s`` that is not > 0.
-        """
-        _check_seconds("stacks(): timeout_s", timeout_s)
-        return self._monitor("stacks()").stacks(float(timeout_s))
-
-    def summary(self) -> dict:
-        """Per node over the last attempt: rows, rows/s, feed-wait share, Keras steps, CPU
-        seconds; the verdict that held longest and the restarts (driver). Also logged at
-        INFO by ``shutdown()``.
-
-        Returns:
-            ``{"cluster_id", "restarts", "elapsed_s", "verdict", "verdicts_held_s",
-            "last_stall", "nodes": [{node, executor_id, rows, rows_per_s,
-            feed_wait_share, steps, cpu_s, seconds}]}`` (docs/status.md "After the run").
-
-        Raises:
-            ConfigurationError: Under Spark Connect.
-        """
-        out = self._monitor("summary()").summary()
-        out["restarts"] = self.attempt
-        return out
-
     # ---------------------------------------------------------------- feeding
     def _check_open(self, what: str) -> None:
         """Raises when the cluster was shut down, or a node failed (restarting it when a
@@ -254,7 +191,7 @@ class TFCluster:
         return self._ctl.backend
 
     @_records_failure
-    def train(self, dataRDD: Any, num_epochs: int = 1, feed_timeout: float = 600, qname: str = "input", end_of_feed: bool = False,
+    def train(self, dataRDD: Any, num_epochs: int = 1, feed_timeout: float = FEED_TIMEOUT_S, qname: str = "input", end_of_feed: bool = False,
               **stream_options: Any) -> Any:
         """Feeds an RDD or DataFrame to the nodes' ``DataFeed`` for ``num_epochs`` epochs (driver).
 
@@ -293,7 +230,7 @@ class TFCluster:
         """
         if self.input_mode != InputMode.SPARK:
             raise ConfigurationError("train() feeds data only in InputMode.SPARK; this cluster runs InputMode.TENSORFLOW, where TensorFlow reads its own data")
-        _check_seconds("train(): feed_timeout", feed_timeout)
+        feed_timeout = check_feed_timeout(feed_timeout, "train(): feed_timeout")
         if self._ctl.launcher.streams and (_streaming.is_dstream(dataRDD) or _streaming.is_streaming_df(dataRDD)):
             if end_of_feed:
                 raise ConfigurationError("train(stream, end_of_feed=True): a stream's feed ends at shutdown()")
@@ -306,8 +243,8 @@ class TFCluster:
             raise ConfigurationError(f"train(): {sorted(stream_options)} apply to streaming DataFrames only")
         check_num_epochs(num_epochs)
         self._check_qname(qname)
-        call = self._ctl.launcher.train_call(dataRDD, num_epochs, feed_timeout, qname, end_of_feed, count=self._ctl.policy.max_restarts > 0)
-        self._ctl.train(call)
+        data, parts = self._ctl.launcher.train_input(dataRDD, num_epochs, end_of_feed, count=self._ctl.policy.max_restarts > 0)
+        self._ctl.train(TrainCall(data, parts, num_epochs, feed_timeout, qname, end_of_feed))
         return None
 
     def _check_qname(self, qname: str) -> None:
@@ -315,7 +252,7 @@ class TFCluster:
             raise ConfigurationError(f"qname {qname!r} is not one of the cluster's queues {self.queues}; pass queues=[...] to TFCluster.run()")
 
     @_records_failure
-    def inference(self, dataRDD: Any, feed_timeout: float = 600, qname: str = "input", schema: Any = None) -> Any:
+    def inference(self, dataRDD: Any, feed_timeout: float = FEED_TIMEOUT_S, qname: str = "input", schema: Any = None) -> Any:
         """Runs inference over an RDD (or DataFrame) and returns the results (driver).
 
         A ``DStream`` returns a DStream of the results of every micro-batch; for streaming
@@ -350,14 +287,15 @@ class TFCluster:
         """
         if self.input_mode != InputMode.SPARK:
             raise ConfigurationError("inference() needs InputMode.SPARK")
-        _check_seconds("inference(): feed_timeout", feed_timeout)
+        feed_timeout = check_feed_timeout(feed_timeout, "inference(): feed_timeout")
         if self._ctl.launcher.streams:
             if _streaming.is_dstream(dataRDD):
                 return _streaming.inference_dstream(self, dataRDD, feed_timeout, qname)
             if _streaming.is_streaming_df(dataRDD):
                 raise ConfigurationError("inference(streaming DataFrame): use tfos.streaming.inference_stream(cluster, df, sink)")
         self._check_qname(qname)
-        return self._ctl.inference(self._ctl.launcher.inference_call(dataRDD, feed_timeout, qname, schema))
+        data, parts, schema = self._ctl.launcher.inference_input(dataRDD, schema)
+        return self._ctl.inference(InferenceCall(data, parts, feed_timeout, qname, schema))
 
     def row_accounting(self) -> list:
         """Rows fed vs rows trained, per node and epoch of every ``train()`` call (driver).
@@ -426,8 +364,7 @@ class TFCluster:
         # nodes still get ``timeout`` to see the end of the feed and return.
         deadline = Deadline(timeout, "main_fun to return on every chief/master/worker node", "a main_fun that never ends (e.g. waiting for data after terminate())")
         self._ctl.shutdown(deadline, float(grace_secs))
-        runtime = getattr(self._ctl.backend, "runtime", None)
-        if runtime is not None and runtime.monitor is not None:
+        if self._monitor_or_none() is not None:
             log.info("%s", summary_text(self.summary()))
 
     def __enter__(self) -> "TFCluster":
@@ -511,7 +448,9 @@ def run(
             or 'none'. Attach a handler to the 'tfos.node' logger to get them as log
             records instead. (Under Spark Connect they go to the control host's log.)
         progress: Show a progress line on the driver during train()/inference()
-            (also off with ``TFOS_PROGRESS=0``; not under Spark Connect).
+            (also off with ``TFOS_PROGRESS=0``; not under Spark Connect). Spark's own
+            console progress bar is off while the cluster is open either way (docs/api.md
+            "Node output").
         queue_chunks: Bound of each node's input queue, in chunks.
         executor_wait_s: Longest wait for Spark executors to register before launching.
         handle_sigterm: Let a SIGTERM to the driver tear the cluster down as Ctrl-C does,

@@ -2,7 +2,7 @@
 
 A tqdm bar on a terminal is a line without a newline that tqdm redraws in place; a log
 record written to the same terminal meanwhile would start at the end of the bar's line
-(``...4,118 rows/s]2026-12-05 02:56:30,524 INFO tfos._driver.state: ...``). So while a bar
+(``...4,118 rows/s]2026-12-05 02:56:30,524 INFO tfos._control.host: ...``). So while a bar
 is shown (:class:`BarConsole`):
 
 - on a terminal, the console handlers of the program's logging (``StreamHandler`` to

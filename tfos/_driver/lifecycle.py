@@ -41,6 +41,7 @@ import time
 from typing import Any, Callable, Iterator, Optional, TypeVar
 
 from tfos._common.deadline import Deadline
+from tfos._control.messages import NodeState
 from tfos._driver.backend import AttemptReport, Backend, InferenceCall, Launcher, TrainCall
 from tfos._driver.open_clusters import OPEN, install_sigterm
 from tfos._driver.restart import AttemptOutcome, FeedResume, InferenceLedger, RestartPolicy
@@ -537,12 +538,12 @@ def _log_outcomes(backend: Backend, call: TrainCall, outcomes: list[tuple[int, s
         )
 
 
-def _warn_if_nobody_trained(cluster_id: str, roles: Any, states: dict[int, str]) -> None:
+def _warn_if_nobody_trained(cluster_id: str, roles: Any, states: dict[int, NodeState]) -> None:
     """Logs a WARNING when every chief/master/worker node only served (run_server_and_wait)
     and none ran main_fun to its end: a ParameterServerStrategy cluster without its
     coordinator (no master_node='chief') trains nothing, silently (driver)."""
     fg = [r.executor_id for r in roles if not r.is_background]
-    if fg and all(states.get(eid) == "serving" for eid in fg):
+    if fg and all(states.get(eid) == NodeState.SERVING for eid in fg):
         log.warning(
             "tfos cluster %s: every chief/master/worker node only served (run_server_and_wait) and none ran a "
             "training loop, so nothing was trained. A ParameterServerStrategy cluster needs its coordinator: "

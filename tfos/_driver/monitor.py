@@ -1,7 +1,7 @@
 """The driver's status monitor: live figures, the bottleneck verdict, stall detection (driver).
 
 One thread per cluster attempt (``<cluster id>-status``) reads, once a second, the
-figures the TF processes sent with their long-polls (``ClusterState.counters``), the
+figures the TF processes sent with their long-polls (the control core's ``counters``), the
 supervisors' heartbeats and RSS, and:
 
 - keeps each node's recent figures for :meth:`StatusMonitor.status` (``cluster.status()``)
@@ -25,6 +25,7 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
+from tfos._control import messages as _msg
 from tfos._control.messages import NodeState
 from tfos._driver import status as _status
 from tfos._driver.status import Verdict
@@ -71,16 +72,17 @@ class StatusMonitor:
     """Live figures, verdict and stall watch of one cluster attempt (driver).
 
     Args:
-        state: The attempt's ``ClusterState``.
+        host: The attempt's :class:`~tfos._control.host.ClusterHost`.
         stall_timeout_s: Seconds without progress before a node is reported (0: off).
         stall_action: 'warn' (log a WARNING) or 'fail' (record a ``NodeStalled`` failure).
         scalars: A :class:`tfos._driver.tb_scalars.ScalarWriter`, or None.
         tick_s: Seconds between two reads of the figures.
     """
 
-    def __init__(self, state: Any, stall_timeout_s: float = STALL_TIMEOUT_S, stall_action: str = "warn",
+    def __init__(self, host: Any, stall_timeout_s: float = STALL_TIMEOUT_S, stall_action: str = "warn",
                  scalars: Any = None, tick_s: float = 1.0) -> None:
-        self.state = state
+        self.host = host
+        self.state = host.core  # read without the lock: one field at a time
         self.stall_timeout_s = stall_timeout_s
         self.stall_action = stall_action
         self.scalars = scalars
@@ -96,7 +98,7 @@ class StatusMonitor:
         self._reported: set[int] = set()  # nodes whose current stall was reported
         self._verdict: tuple[Verdict, list[str], str] = (Verdict.NONE, [], "no figures yet")
         self._verdict_at = 0.0
-        self._verdict_every_s = max(VERDICT_EVERY_S, len(state.roles) / 200.0)
+        self._verdict_every_s = max(VERDICT_EVERY_S, len(self.state.roles) / 200.0)
         self._held: dict[Verdict, float] = {}  # verdict -> seconds it held
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -154,8 +156,9 @@ class StatusMonitor:
                     self._progress_at[eid] = now
                     self._reported.discard(eid)
                 elif not _status.idle(samples):
+                    # CPU alone delays a stall report, but does not re-arm one already made:
+                    # answering the driver's stack request costs the stuck node CPU too
                     self._progress_at[eid] = now
-                    self._reported.discard(eid)
                 self._progress_at.setdefault(eid, now)
             if now - self._verdict_at >= self._verdict_every_s:
                 if self._verdict_at:
@@ -238,7 +241,7 @@ class StatusMonitor:
         text = self.stall_text(stuck, running, now, stacks)
         self.last_stall = text
         if self.stall_action == "fail":
-            self.state.record_failure(self.state.make_failure(stuck[0], "stalled", "NodeStalled", text))
+            self.host.record_failure(self.state.make_failure(stuck[0], "stalled", "NodeStalled", text))
         else:
             log.warning("%s", text)
 
@@ -307,9 +310,8 @@ class StatusMonitor:
 
     def stack_of(self, eid: int, wait_s: float = STACK_WAIT_S) -> str:
         """Every thread's stack of node ``eid``'s TF process ('' when it did not answer)."""
-        body = {"type": "node_stack", "cluster": self.state.cluster_id, "executor_id": eid,
-                "wait_s": wait_s, "all_threads": True}
-        return str(self.state.handle(body, "driver").get("stack") or "")
+        answer = self.host.resolve(self.host.apply(_msg.NodeStack(eid, wait_s, all_threads=True)))
+        return str(answer.get("stack") or "")
 
     def stacks(self, timeout_s: float = STACK_WAIT_S) -> dict[str, str]:
         """Every running node's thread stacks, asked of all nodes at once (driver)."""

@@ -47,7 +47,7 @@ import dataclasses
 import re
 from typing import Iterable, Optional, Sequence
 
-from tfos.errors import NodeFailure, RecoveryFailedError, root_causes
+from tfos.errors import NON_RETRYABLE, NodeFailure, RecoveryFailedError, root_causes
 
 __all__ = [
     "NON_RETRYABLE",
@@ -59,8 +59,6 @@ __all__ = [
     "InferenceLedger",
 ]
 
-#: Exception type names no restart can fix: the same input or code fails the same way.
-NON_RETRYABLE = frozenset({"ConfigurationError", "MalformedRowError", "InferenceResultError", "SyntaxError", "IndentationError"})
 
 _MASKS: tuple[tuple["re.Pattern[str]", str], ...] = (
     (re.compile(r"tfos-[0-9a-f]{8,}"), "tfos-<id>"),

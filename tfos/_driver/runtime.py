@@ -1,15 +1,15 @@
 """The live parts of one driver-side cluster: jobs, failure handling, teardown (driver only).
 
-:class:`ClusterRuntime` owns what exists while a cluster runs: its :class:`ClusterState`,
-the control server, the Spark jobs it started (each in a :class:`JobThread` under a job
+:class:`ClusterRuntime` owns what exists while a cluster runs: its
+:class:`~tfos._control.host.ClusterHost` (the control-plane core, its server, liveness and waits), the Spark jobs it started (each in a :class:`JobThread` under a job
 group of this cluster), the node processes on the driver host and the liveness thread.
 It turns a failure into a :class:`ClusterFailedError` that names the node and tears the
 cluster down. :class:`tfos._driver.classic.ClassicBackend` drives it (one per attempt);
 SIGTERM and interpreter exit reach it through the cluster's controller
 (:mod:`tfos._driver.lifecycle`).
 
-Every wait here is a question to the cluster state with a deadline, woken by its
-condition variable (every report, and the end of each Spark job, notifies it).
+Every wait here is a question to the host with a deadline, woken by its condition
+variable (every report, and the end of each Spark job, notifies it).
 """
 
 from __future__ import annotations
@@ -21,12 +21,13 @@ import threading
 import time
 from typing import Any, Callable, Optional, Sequence
 
-from tfos._control.server import ControlServer
+from tfos._control.host import ATTRIBUTION_S, STOP_TIMEOUT_S, ClusterHost
+from tfos._driver import spark_bar as _spark_bar
 from tfos._driver.console import BarConsole
 from tfos._driver.monitor import StatusMonitor
 from tfos._driver.open_clusters import any_open
 from tfos._driver.row_accounting import RowAccounting
-from tfos._driver.state import ClusterState
+from tfos._driver.task_world import AccumulatorInbox
 from tfos._node import output as _node_output
 from tfos.cluster_template import NodeRole
 from tfos.errors import ClusterFailedError, NodeFailure, TFOSError, is_root_cause
@@ -35,14 +36,6 @@ __all__ = ["ClusterRuntime", "JobThread", "Progress", "spark_error_text"]
 
 log = logging.getLogger(__name__)
 
-#: Seconds to wait for nodes to exit after a stop directive.
-STOP_TIMEOUT_S = 45.0
-#: Seconds to let the failed nodes' own reports (their root causes) arrive after a first
-#: failure (e.g. a feed task's report of a broken connection) before raising.
-ATTRIBUTION_S = 5.0
-#: Seconds after the first failure during which later failures of other nodes (nodes
-#: failing at about the same moment) still go into the raised error.
-SETTLE_S = 0.2
 #: Seconds after the last train() job for every fed node to send its final row counter.
 FINAL_COUNT_S = 3.0
 
@@ -228,28 +221,30 @@ class ClusterRuntime:
     def __init__(self, sc: Any, cluster_id: str, roles: Sequence[NodeRole], heartbeat_timeout_s: float, key: bytes, driver_host: str):
         self.sc = sc
         self.cluster_id = cluster_id
-        self.state = ClusterState(cluster_id, roles, heartbeat_timeout_s, on_failure=self._on_first_failure)
-        self.server = ControlServer(key, self.state, host=driver_host, num_nodes=len(self.state.roles))
+        #: main_fun's accumulator updates, applied when the attempt shuts down cleanly.
+        self.accumulators = AccumulatorInbox()
+        self.host = ClusterHost(cluster_id, roles, heartbeat_timeout_s, on_failure=self._on_first_failure,
+                                on_lines=_node_output.emit, on_accumulators=self._receive_accumulators, logger=log)
         #: Rows fed vs trained per node and epoch, judged as figures arrive (docs/datafeed.md).
-        self.rows = RowAccounting(self.state)
+        self.rows = RowAccounting(self.host.core)
         #: Every Spark job this cluster started, in order.
         self.jobs: list[JobThread] = []
         #: Node processes on the driver host (``driver_ps_nodes=True``).
         self.local_nodes: list = []
         self._job_seq = 0
         self._closed = False
-        self._liveness_stop = threading.Event()
         self._teardown_thread: Optional[threading.Thread] = None
         self._torn_down = threading.Event()
         #: The attempt's status monitor (docs/status.md), once :meth:`start_monitor` ran.
         self.monitor: Optional[StatusMonitor] = None
         install_py4j_redaction()
-        _node_output.note_spark_bar(_node_output.spark_shows_progress(sc))
-        threading.Thread(target=self._liveness_loop, name=f"{cluster_id}-liveness", daemon=True).start()
+        self.server = self.host.serve(key, driver_host)
+        _spark_bar.pause(sc)  # Spark's console bar is off while this cluster lives (tfos._driver.spark_bar)
+        _node_output.note_spark_bar(_spark_bar.showing(sc))
 
     def start_monitor(self, stall_timeout_s: float, stall_action: str, scalars: Any = None) -> StatusMonitor:
         """Starts the attempt's status monitor (live figures, verdict, stall watch)."""
-        monitor = StatusMonitor(self.state, stall_timeout_s, stall_action, scalars)
+        monitor = StatusMonitor(self.host, stall_timeout_s, stall_action, scalars)
         monitor.feeding = lambda: any(not j.done.is_set() and ("-train-" in j.group or "-inference-" in j.group) for j in self.jobs)
         self.monitor = monitor.start()
         return monitor
@@ -268,7 +263,7 @@ class ClusterRuntime:
     def run_job(self, kind: str, description: str, action: Callable[[], Any]) -> JobThread:
         """Starts ``action`` as a Spark job under the job group ``<cluster id>-<kind>-<n>``."""
         self._job_seq += 1
-        job = JobThread(self.sc, self.job_group(kind), description, action, self.state.poke)
+        job = JobThread(self.sc, self.job_group(kind), description, action, self.host.poke)
         self.jobs.append(job)
         return job
 
@@ -294,33 +289,33 @@ class ClusterRuntime:
         Raises:
             ClusterFailedError: A node failed, or the job failed (then names the Spark error).
         """
-        st = self.state
+        host, core = self.host, self.host.core
         ok = False
         try:
             # Until the job ends or a node fails (the wait answers whether the job ended: it
             # must not be asked again once a failure is recorded, which it would answer at
             # once, spinning until the job's cancellation ended it).
-            while not st.wait_for_event_or_failure(job.done, 0.5 if progress else 5.0) and not st.failed:
+            while not host.wait_for_event_or_failure(job.done, 0.5 if progress else 5.0) and not core.failed:
                 if progress:
                     progress.update()
                     self.rows.check()
-            if st.failed:
+            if core.failed:
                 raise self.fail(context)
             if job.error is not None:
                 # The node's own failure report carries the real cause: give it a moment.
-                if st.wait_for_failure(ATTRIBUTION_S):
+                if host.wait_for_failure(ATTRIBUTION_S):
                     raise self.fail(context)
                 # The RDD's or DataFrame's own code raised, and no retry of the task was
                 # refused (which would have reported it): local[N] runs a task once.
                 self._record_task_errors()
-                if st.has_root_cause():
+                if core.has_root_cause():
                     raise self.fail(context)
                 text = spark_error_text(job.error)
-                st.abort("a Spark job of the cluster failed")
+                host.abort("a Spark job of the cluster failed")
                 self.teardown_async()
                 text += (f" (the Spark job of {context} failed and no node reported a cause: it may lie on the driver "
-                         f"or in Spark itself; listed under the first node, {st.roles[0].job_name}:{st.roles[0].task_index})")
-                raise ClusterFailedError(self.cluster_id, [st.make_failure(st.roles[0].executor_id, "spark", type(job.error).__name__, text)], context) from job.error
+                         f"or in Spark itself; listed under the first node, {core.roles[0].job_name}:{core.roles[0].task_index})")
+                raise ClusterFailedError(self.cluster_id, [core.make_failure(core.roles[0].executor_id, "spark", type(job.error).__name__, text)], context) from job.error
             ok = True
             if progress:
                 progress.finish(feed_ids())
@@ -348,14 +343,9 @@ class ClusterRuntime:
         (waiting for the healthy nodes' processes, bounded) goes on in a background thread
         that logs its outcome.
         """
-        st = self.state
         self.cancel_jobs()
-        if not st.wait_for_root_causes(ATTRIBUTION_S, st.heartbeat_timeout_s + 2.0, SETTLE_S):
-            log.info("tfos cluster %s: not every failed node reported its cause within %g s", self.cluster_id, ATTRIBUTION_S)
-        if not st.has_root_cause():
-            self._record_task_errors()
-        st.abort("the cluster failed")
-        err = st.error(context)
+        err = self.host.settle_failure(context, self._record_task_errors)
+        err.flood = self.server.flood_report()
         self.teardown_async()
         return err
 
@@ -369,10 +359,11 @@ class ClusterRuntime:
             errors = failed_task_errors(self.sc, [job.group for job in self.jobs if job.group.split("-")[-2] in ("train", "inference")])
             if not errors:
                 time.sleep(0.1)
-        st = self.state
+        core = self.host.core
         for index, attempt, spark_eid, (etype, message, tb) in errors:
-            target = next((f.executor_id for f in st.failures if f.message.startswith(f"partition {index} ")), st.roles[0].executor_id)
-            st.record_failure(st.make_failure(
+            target = next((f.executor_id for f in list(core.failures) if f.message.startswith(f"partition {index} ")),
+                          core.roles[0].executor_id)
+            self.host.record_failure(core.make_failure(
                 target, "spark", etype,
                 f"{message} (raised by the RDD's or DataFrame's own code in the Spark task of partition {index}, "
                 f"attempt {attempt + 1}, on Spark executor {spark_eid}; not by main_fun)", tb,
@@ -387,7 +378,7 @@ class ClusterRuntime:
         """
         if self._closed:
             raise TFOSError(f"{what}: the cluster {self.cluster_id} was already shut down")
-        if self.state.failed:
+        if self.host.core.failed:
             raise self.fail(what)
 
     def _on_first_failure(self, failure: NodeFailure) -> None:
@@ -399,12 +390,11 @@ class ClusterRuntime:
         # it (e.g. main_fun raising 1.5 s into a feed_timeout of 1 s). Then cancel only
         # this cluster's job groups.
         if is_root_cause(failure):
-            self.state.abort(f"node {failure.node_name} failed")
+            self.host.abort(f"node {failure.node_name} failed")
         self.cancel_jobs()
 
-    def _liveness_loop(self) -> None:
-        while not self._liveness_stop.wait(1.0):
-            self.state.check_liveness()
+    def _receive_accumulators(self, u: Any) -> None:
+        self.accumulators.receive(u.executor_id, u.node_name, u.updates)
 
     # -------------------------------------------------------------- teardown
     def teardown(self, failed: bool, reason: str = "") -> None:
@@ -441,17 +431,10 @@ class ClusterRuntime:
                 log.warning("tfos cluster %s: teardown still running after %g s", self.cluster_id, timeout_s)
 
     def _teardown_now(self, failed: bool, reason: str = "") -> None:
-        st = self.state
         t0 = time.monotonic()
-        if failed:
-            st.abort(reason or "the cluster failed")
-        else:
-            st.request_stop()
         alive: list[int] = []
         try:
-            alive = st.wait_until_exited(st.registered_ids(), STOP_TIMEOUT_S)
-            if alive:
-                log.warning("tfos cluster %s: nodes %s did not report their exit in %g s", self.cluster_id, alive, STOP_TIMEOUT_S)
+            alive = self.host.stop_nodes(failed, reason)
         finally:
             for job in self.jobs:
                 if not job.done.wait(0 if failed else 10.0):
@@ -464,17 +447,17 @@ class ClusterRuntime:
                     proc.kill()
                 if proc.stdin is not None:
                     proc.stdin.close()
-            self._liveness_stop.set()
             if self.monitor is not None:
                 self.monitor.stop()  # a last read of the figures, for the summary
-            self.server.close()
+            self.host.close()
+            _spark_bar.resume(self.sc)
             self._torn_down.set()
         # main_fun's accumulator updates count once, for an attempt that ended well (a
         # failed one's nodes run again after a restart): tfos._driver.task_world.
-        if failed or st.failed:
-            st.accumulators.drop(self.cluster_id, "the cluster attempt failed" + (f" ({reason})" if reason else ""))
+        if failed or self.host.core.failed:
+            self.accumulators.drop(self.cluster_id, "the cluster attempt failed" + (f" ({reason})" if reason else ""))
         else:
-            st.accumulators.apply(self.cluster_id)
+            self.accumulators.apply(self.cluster_id)
         level = logging.INFO if not alive else logging.WARNING
         log.log(level, "tfos cluster %s torn down in %.1f s%s", self.cluster_id, time.monotonic() - t0,
                 f" ({len(alive)} node(s) did not report their exit)" if alive else ": every node process exited")
@@ -488,7 +471,7 @@ class Progress:
     record while it is shown; elsewhere the bar is written as whole lines, one per 10 s.
     """
 
-    def __init__(self, tracker: Any, state: ClusterState, group: str, total: int, parts: int, epochs: int, desc: str,
+    def __init__(self, tracker: Any, state: ClusterHost, group: str, total: int, parts: int, epochs: int, desc: str,
                  verdict: Callable[[], str] = str):
         from tqdm import tqdm
 
@@ -499,7 +482,7 @@ class Progress:
         self._bar = tqdm(total=total, desc=desc, unit="part", file=self._console.bar_file,
                          mininterval=0.5 if self._console.terminal else 10.0, leave=True)
         self._console.start()
-        self._t0, self._rows0 = time.monotonic(), state.rows_consumed()
+        self._t0, self._rows0 = time.monotonic(), state.core.rows_consumed()
 
     def _done_parts(self) -> int:
         done = 0
@@ -512,7 +495,7 @@ class Progress:
         return min(done, self._total)
 
     def _show(self, done: int) -> None:
-        rows = self._state.rows_consumed() - self._rows0
+        rows = self._state.core.rows_consumed() - self._rows0
         rate = rows / max(1e-6, time.monotonic() - self._t0)
         epoch = min(self._epochs, done // max(1, self._parts) + 1)
         mark = self._verdict()

@@ -374,7 +374,7 @@ def check_spark(sc: Any, num_nodes: int, input_mode: InputMode, wait_s: float = 
         if have:
             _check_one_slot_per_executor(sc, num_nodes, have)
         # Executor registration happens in the JVM, with no event to wait on from Python:
-        # polling Spark here is the one sleep on the driver (not a ClusterState wait).
+        # polling Spark here is the one sleep on the driver (not a control-host wait).
         time.sleep(deadline.slice(0.5))
         have = live_executors(sc)
     if have < num_nodes and (have == 0 or (layout.executors or 0) >= num_nodes):

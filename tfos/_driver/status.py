@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import re
 import statistics
 from typing import Mapping, Optional, Sequence
 
@@ -244,17 +245,24 @@ def epochs_of(sample: Mapping[str, int]) -> dict[int, dict[str, Optional[int]]]:
 TF_PATHS = ("/tensorflow/", "/keras/", "/tf_keras/", "/tensorflow_core/")
 
 
+_STDLIB = re.compile(r'File "[^"]*/lib/python\d\.\d+/(?![^"]*-packages/)')
+
+
 def innermost_of_main(stack: str) -> str:
     """The innermost ``File "...", line N, in f`` line of main_fun's part of a
-    :func:`tfos._node.stacks.thread_stacks` text ('' when there is none) (pure)."""
+    :func:`tfos._node.stacks.thread_stacks` text that is not in Python's standard library
+    (a ``threading`` wait, a ``multiprocessing.pool`` map: where the wait is, not who
+    waits); '' when there is none (pure)."""
     main = stack.split("\nThread ", 1)[0].split("\ntfos threads:", 1)[0]
     files = [ln.strip() for ln in main.splitlines() if ln.strip().startswith('File "')]
-    return files[-1] if files else ""
+    own = [f for f in files if not _STDLIB.match(f)]
+    return own[-1] if own else (files[-1] if files else "")
 
 
 def in_tensorflow(stack: str) -> bool:
     """True when main_fun waits in TensorFlow's or Keras's own code (its innermost frame
-    there): e.g. a collective waiting for a peer that never comes (pure)."""
+    outside the standard library is there): e.g. an all-reduce waiting for a peer that
+    never comes (pure)."""
     line = innermost_of_main(stack)
     return any(part in line for part in TF_PATHS)
 

@@ -31,6 +31,7 @@ import time
 from typing import Any, Callable, Optional, Union
 
 from tfos._common.deadline import Deadline
+from tfos._data.feed_plan import FEED_TIMEOUT_S
 from tfos.errors import ClusterFailedError, ConfigurationError, TFOSError, check_num_epochs
 
 __all__ = [
@@ -347,7 +348,7 @@ def _stop_query_async(holder: list) -> None:
     threading.Thread(target=stop, name="tfos-stop-query", daemon=True).start()
 
 
-def train_stream(cluster: Any, sdf: Any, num_epochs: int = 1, feed_timeout: float = 600, qname: str = "input",
+def train_stream(cluster: Any, sdf: Any, num_epochs: int = 1, feed_timeout: float = FEED_TIMEOUT_S, qname: str = "input",
                  checkpointLocation: Optional[str] = None, trigger: Optional[dict] = None,
                  queryName: Optional[str] = None) -> Any:
     """Starts a Structured Streaming query that feeds every micro-batch with ``train()`` (driver).
@@ -412,7 +413,7 @@ def _results_df(spark: Any, results: Any, schema: Any) -> Any:
     return spark.createDataFrame(results.map(as_row), schema)
 
 
-def inference_stream(cluster: Any, sdf: Any, sink: Union[Callable[[Any, Any, int], None], dict], feed_timeout: float = 600,
+def inference_stream(cluster: Any, sdf: Any, sink: Union[Callable[[Any, Any, int], None], dict], feed_timeout: float = FEED_TIMEOUT_S,
                      qname: str = "input", checkpointLocation: Optional[str] = None, trigger: Optional[dict] = None,
                      queryName: Optional[str] = None) -> Any:
     """Starts a query running ``cluster.inference`` on every micro-batch and writing the
@@ -515,7 +516,7 @@ def _terminated(obj: Any, wait_s: float) -> bool:
 
 
 def _workers_done(cluster: Any) -> bool:
-    st = cluster._classic("shutdown()").state
+    st = cluster._classic("shutdown()").host.core
     return all(st.is_done(e) for e in st.feedable_ids())
 
 
@@ -551,7 +552,7 @@ def stop_streams(cluster: Any, ssc: Any, deadline: Deadline) -> None:
                     why = "the stream ended"
                 elif server.requested:
                     why = "a stop was requested"
-                elif cluster._classic("shutdown()").state.failed or streams.error is not None:
+                elif cluster._classic("shutdown()").host.core.failed or streams.error is not None:
                     why = "the cluster failed"
                 elif _workers_done(cluster):
                     why = "every worker's main_fun returned"
@@ -566,7 +567,7 @@ def stop_streams(cluster: Any, ssc: Any, deadline: Deadline) -> None:
             contexts = list(streams.contexts)
         # after a failure nothing more is fed: no graceful stop (which waits up to Spark's
         # spark.streaming.gracefulStopTimeout for micro-batches that would be refused anyway)
-        graceful = streams.error is None and not cluster._classic("shutdown()").state.failed
+        graceful = streams.error is None and not cluster._classic("shutdown()").host.core.failed
         for ctx in contexts:
             if _context_active(ctx):
                 ctx.stop(stopSparkContext=False, stopGraceFully=graceful)

@@ -272,7 +272,7 @@ class Client:
         last: Optional[BaseException] = None
         for _ in range(MAX_RETRIES):
             try:
-                resp = self._client.request(msg_type, data=msg_data)
+                resp = self._client.send_raw(msg_type, {"data": msg_data})
                 return resp.get("data")
             except ConnectionError as exc:
                 last = exc

@@ -33,10 +33,12 @@ import re
 import secrets
 import sys
 import threading
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from tfos._common.deadline import Deadline
-from tfos.errors import ControlProtocolError, DeadlineExceededError
+from tfos._control import messages as _msg
+from tfos._control.messages import NodeState
+from tfos.errors import ControlProtocolError, DeadlineExceededError, NodeFailure
 
 __all__ = ["NodeOutput", "emit", "is_tf_noise", "note_spark_bar", "spark_shows_progress", "tf_noise_level",
            "TF_LOG_LEVEL_DEFAULT", "OUTPUT_MARK_ENV", "std_fds_identity", "write_failure_marks",
@@ -57,11 +59,12 @@ _MARK_START = "\x1etfos-"
 TF_LOG_LEVEL_DEFAULT = "1"
 
 _REQ_ERRORS = (OSError, ControlProtocolError, DeadlineExceededError)
-#: Stderr marker kinds that carry a status report for the driver: kind -> the status
-#: request's fields, from the marker's JSON (see :func:`_write_marks`).
-_REPORTS = {
-    "failure": lambda body: {"state": "failed", "failure": body},
-    "finished": lambda body: {"state": "finished", "terminated": [str(q) for q in body.get("terminated", [])]},
+#: Stderr marker kinds that carry a status report for the driver: kind -> the report (a
+#: Status message) of node ``eid``, from the marker's JSON (see :func:`_write_marks`).
+_REPORTS: dict[str, Callable[[int, dict], _msg.Status]] = {
+    "failure": lambda eid, body: _msg.Status(executor_id=eid, state=NodeState.FAILED, failure=NodeFailure.from_dict(body)),
+    "finished": lambda eid, body: _msg.Status(executor_id=eid, state=NodeState.FINISHED,
+                                              terminated=tuple(str(q) for q in body.get("terminated", []))),
 }
 #: Longest (re)connect to the driver for one request of the output sender, in seconds: a
 #: driver that refuses or does not answer costs the sender this much, not the control
@@ -91,6 +94,10 @@ _spark_bar = False
 #: What a line written over Spark's progress bar starts with on a terminal: carriage
 #: return, then "erase the line" (ANSI EL 2).
 _ERASE_LINE = "\r\x1b[2K"
+#: Terminal escape sequences (ANSI CSI such as Keras's bold and colours ``\x1b[1m``,
+#: ``\x1b[32m``; OSC; two-byte escapes): dropped from node lines unless the driver's stderr
+#: is a terminal.
+_ESCAPES = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[0-~])")
 
 
 def _has_nvidia_driver() -> bool:
@@ -197,7 +204,7 @@ class NodeOutput:
         self._marks = threading.Condition()  # also guards _pending
         self._stdout_marks = 0
         self._stderr_marks = 0
-        self._pending: list[tuple[int, str, dict]] = []  # reports to send: (stderr marker no., kind, status fields)
+        self._pending: list[tuple[int, str, _msg.Status]] = []  # reports to send: (stderr marker no., kind, report)
         self._report_lock = threading.Lock()  # one sender of reports at a time (send loop, close)
         self._abandoned = threading.Event()  # the driver is gone: lines are no longer sent
 
@@ -305,11 +312,13 @@ class NodeOutput:
                 body = json.loads(payload)
             except ValueError:
                 return text, raw
-            if not isinstance(body, dict):
-                return text, raw
+            try:
+                report = _REPORTS[kind](self._eid, body)
+            except (AttributeError, KeyError, TypeError, ValueError, ControlProtocolError):
+                return text, raw  # not a report of this node's TF process
             with self._marks:
                 self._stderr_marks += 1
-                self._pending.append((self._stderr_marks, kind, _REPORTS[kind](body)))
+                self._pending.append((self._stderr_marks, kind, report))
             self._wake.set()
         return text[:at], raw[:raw.rindex(_MARK_BYTES)]
 
@@ -347,8 +356,8 @@ class NodeOutput:
                 size += 6 * len(line) + 4  # worst case of JSON escaping
         if batch and self._client is not None and not self._abandoned.is_set():
             try:
-                self._client.request("log", executor_id=self._eid, lines=batch, timeout_s=10.0, retry=False,
-                                     connect_timeout_s=_CONNECT_S)
+                self._client.call(_msg.Log(executor_id=self._eid, lines=tuple(batch)), timeout_s=10.0, retry=False,
+                                  connect_timeout_s=_CONNECT_S)
             except _REQ_ERRORS:
                 self._after_send_error()
         with self._lines_lock:
@@ -363,7 +372,7 @@ class NodeOutput:
                 with self._marks:
                     if not self._pending:
                         return
-                    n, kind, fields = self._pending.pop(0)
+                    n, kind, report = self._pending.pop(0)
                 self._wait_stdout_mark(n, stdout_wait_s)
                 deadline = Deadline(5.0, f"the lines before the node's {kind} report to reach the driver")
                 while not self._flush() and not deadline.expired():
@@ -371,7 +380,7 @@ class NodeOutput:
                 if self._abandoned.is_set():
                     continue
                 try:
-                    self._client.request("status", executor_id=self._eid, timeout_s=10.0, connect_timeout_s=_CONNECT_S, **fields)
+                    self._client.call(report, timeout_s=10.0, connect_timeout_s=_CONNECT_S)
                 except _REQ_ERRORS as exc:
                     self._after_send_error()
                     log.error("could not send the %s report of executor %s to the driver: %s", kind, self._eid, exc)
@@ -515,7 +524,8 @@ def emit(node: str, lines: list) -> None:
     Writes ``[node] line`` to ``sys.stderr`` (around tfos's progress bar, if one is
     shown; on a terminal, after erasing Spark's progress bar line, see
     :func:`note_spark_bar`), unless the ``tfos.node`` logger itself has handlers: then each line is an
-    INFO record of that logger (the user routed node output into logging).
+    INFO record of that logger (the user routed node output into logging). Terminal escape
+    sequences (Keras's progress bar colours) are kept only when writing to a terminal.
 
     Args:
         node: The short node name, e.g. ``"worker:0"``.
@@ -526,6 +536,9 @@ def emit(node: str, lines: list) -> None:
     lines = [str(ln)[:_MAX_LINE_CHARS] for ln in lines[:_LINES_PER_REQUEST]]
     if extra > 0:
         lines.append(f"[{extra} more output lines of this node not shown]")
+    to_terminal = not node_log.handlers and _isatty(sys.stderr)
+    if not to_terminal:
+        lines = [_ESCAPES.sub("", ln) if "\x1b" in ln else ln for ln in lines]
     if node_log.handlers:
         for ln in lines:
             node_log.info("[%s] %s", node, ln)
@@ -533,7 +546,7 @@ def emit(node: str, lines: list) -> None:
     text = "".join(f"[{node}] {ln}\n" for ln in lines)
     if not text:
         return
-    if _spark_bar and _isatty(sys.stderr):
+    if _spark_bar and to_terminal:
         # Spark's bar is a line without a newline ("\r[Stage 3:=>  (1 + 2) / 4]"); without
         # the erase, the node's first line would be appended to it.
         text = _ERASE_LINE + text
@@ -565,11 +578,8 @@ def note_spark_bar(on: bool) -> None:
 
 
 def spark_shows_progress(sc: Any) -> bool:
-    """Whether Spark draws its own console progress bars (driver).
-
-    tfos then shows no progress bar of its own, so the two never interleave; set
-    ``spark.ui.showConsoleProgress=false`` to get tfos's (epochs, rows, rows/s) instead.
-    """
+    """Whether Spark's configuration turns its console progress bar on (driver): while a
+    tfos cluster is open, tfos turns it off (:mod:`tfos._driver.spark_bar`)."""
     try:
         return str(sc.getConf().get("spark.ui.showConsoleProgress", "false")).lower() == "true"
     except Exception:  # noqa: BLE001 - no conf (stopped context): no Spark bar either

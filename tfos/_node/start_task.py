@@ -30,6 +30,7 @@ import sys
 import threading
 from typing import IO, Any, Callable, Iterable, Iterator, Optional, TypeVar
 
+from tfos._control import messages as _msg
 from tfos._node.launch import ClusterConfig, NodeLaunch
 from tfos._node.output import OUTPUT_MARK_ENV
 from tfos._node.task_world import broadcast_id, capture, capture_on_driver, payload_broadcasts
@@ -393,11 +394,11 @@ def _await_registration(config: ClusterConfig, executor_id: int, proc: subproces
             if code is not None:
                 return code
             try:
-                state = client.request("node_state", executor_id=executor_id, timeout_s=10.0)
+                state = client.call(_msg.NodeStateQuery(executor_id=executor_id), timeout_s=10.0)
             except (OSError, ControlProtocolError, DeadlineExceededError) as exc:
                 log.warning("start task of executor %d: cannot ask the driver (%s)", executor_id, exc)
                 state = {}
-            if state.get("state") not in (None, "pending") or state.get("cluster_failed"):
+            if state.get("state") not in (None, _msg.NodeState.PENDING) or state.get("cluster_failed"):
                 return None
             try:
                 return proc.wait(deadline.slice(poll_s))

@@ -36,8 +36,9 @@ from typing import Optional
 
 from tfos._control import messages as _msg
 from tfos._control.client import ControlClient
+from tfos._control.messages import NodeState
+from tfos._control.registry import describe_exit
 from tfos._data import local_socket as _local
-from tfos._driver.state import describe_exit
 from tfos._node.address_space import memory_limit_exit_hint
 from tfos._node.launch import NodeLaunch
 from tfos._node.output import NodeOutput, tf_noise_level
@@ -252,10 +253,8 @@ def _report(client: ControlClient, launch: NodeLaunch, kind: str, etype: str, me
     try:
         # One attempt only, with a short connect budget: when the executor or driver is
         # going away, ending the node promptly matters more than the report.
-        client.request(
-            "status", executor_id=r.executor_id, state="failed", failure=failure.to_dict(),
-            timeout_s=_REQUEST_TIMEOUT_S, retry=False, connect_timeout_s=2.0,
-        )
+        client.call(_msg.Status(executor_id=r.executor_id, state=NodeState.FAILED, failure=failure),
+                    timeout_s=_REQUEST_TIMEOUT_S, retry=False, connect_timeout_s=2.0)
     except (OSError, ControlProtocolError, DeadlineExceededError) as exc:
         log.warning("could not report %s to the driver: %s", kind, exc)
 
@@ -463,12 +462,11 @@ class _Supervision:
             # An address-space limit (spark.executor.pyspark.memory) in force, for the driver's ProcessDied text.
             hint = memory_limit_exit_hint(code)
             try:
-                client.request(
-                    # unprompted: the TF process ended without this supervisor ending it, so a
-                    # non-zero code is a death of its own even if the cluster is stopping.
-                    "status", executor_id=self.eid, state="exited", code=int(code), rss=self.rss, unprompted=not self.terminated,
-                    timeout_s=_REQUEST_TIMEOUT_S, retry=False, connect_timeout_s=2.0, **({"hint": hint} if hint else {}),
-                )
+                # unprompted: the TF process ended without this supervisor ending it, so a
+                # non-zero code is a death of its own even if the cluster is stopping.
+                client.call(_msg.Status(executor_id=self.eid, state=NodeState.EXITED, code=int(code), rss=self.rss,
+                                        unprompted=not self.terminated, hint=hint or ""),
+                            timeout_s=_REQUEST_TIMEOUT_S, retry=False, connect_timeout_s=2.0)
             except (OSError, ControlProtocolError, DeadlineExceededError) as exc:
                 log.warning("could not report the exit of %s: %s", launch.node_name, exc)
         client.close()
@@ -498,7 +496,7 @@ def main() -> int:
         cfg = launch.config
         try:
             client = ControlClient(cfg.driver_host, cfg.driver_port, cfg.key, cfg.cluster_id, connect_timeout_s=2.0)
-            client.request("status", executor_id=r.executor_id, state="failed", failure=failure.to_dict(), timeout_s=5.0, retry=False)
+            client.call(_msg.Status(executor_id=r.executor_id, state=NodeState.FAILED, failure=failure), timeout_s=5.0, retry=False)
             client.close()
         except (OSError, ControlProtocolError, DeadlineExceededError):
             pass

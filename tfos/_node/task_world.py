@@ -36,6 +36,7 @@ import os
 import sys
 from typing import Any, Iterable, Optional, Sequence
 
+from tfos._control import messages as _msg
 from tfos.errors import TFOSError
 
 __all__ = [
@@ -500,4 +501,4 @@ def send_accumulator_updates(client: Any, executor_id: int) -> None:
     """
     updates = accumulator_updates()
     if updates:
-        client.request("accumulators", executor_id=executor_id, updates=updates, timeout_s=10.0)
+        client.call(_msg.Accumulators(executor_id=executor_id, updates=updates), timeout_s=10.0)

@@ -13,6 +13,7 @@ import time
 from typing import Optional
 
 from tfos._common.deadline import Deadline
+from tfos._control import messages as _msg
 from tfos._control.client import ControlClient
 from tfos._node.launch import NodeLaunch
 from tfos.errors import ControlProtocolError, DeadlineExceededError
@@ -52,7 +53,7 @@ def start_tensorboard(launch: NodeLaunch, ctx: TFNodeContext, client: ControlCli
     def _report_error(text: str) -> None:
         log.error("TensorBoard did not start: %s", text)
         try:
-            client.request("tensorboard", executor_id=eid, url="", error=text, timeout_s=10.0)
+            client.call(_msg.TensorBoard(executor_id=eid, url="", error=text), timeout_s=10.0)
         except (OSError, ControlProtocolError, DeadlineExceededError) as exc:
             log.warning("could not report the TensorBoard failure: %s", exc)
 
@@ -95,7 +96,7 @@ def start_tensorboard(launch: NodeLaunch, ctx: TFNodeContext, client: ControlCli
             err_file.close()
             return
         try:
-            client.request("tensorboard", executor_id=eid, url=url, timeout_s=10.0)
+            client.call(_msg.TensorBoard(executor_id=eid, url=url), timeout_s=10.0)
         except (OSError, ControlProtocolError, DeadlineExceededError) as exc:
             log.warning("could not report the TensorBoard URL: %s", exc)
         err_file.close()  # TensorBoard keeps its own descriptor; the file vanishes with it

@@ -30,6 +30,7 @@ from tfos._common.wire import node_identity
 from tfos._control import messages as _msg
 from tfos._control.client import ControlClient
 from tfos._control.limits import event_poll_s
+from tfos._control.messages import NodeState
 from tfos._data import local_socket as _local
 from tfos._data.feed_hub import FeedHub
 from tfos._node import keras3_fix, row_count
@@ -160,7 +161,7 @@ class _NodeRun:
                                                        event_poll_s(cfg.num_nodes)), name="tfos-events", daemon=True).start()
             if cfg.hosts_tensorboard(role):
                 self.tb_proc = start_tensorboard(launch, ctx, client)
-            client.request("status", executor_id=self.eid, state="running", timeout_s=10.0)
+            client.call(_msg.Status(executor_id=self.eid, state=NodeState.RUNNING), timeout_s=10.0)
             if cfg.release_port:
                 ctx.release_port()
             keras3_fix.default_legacy_keras(cfg.tf_use_legacy_keras)
@@ -192,7 +193,7 @@ class _NodeRun:
         hub = self.hub = FeedHub(launch.host, cfg.key, cfg.queues, cfg.queue_chunks, launch.node_name,
                                  local_socket=self.sock_dir is not None, socket_dir=self.sock_dir)
         hub.data_timeout_s = cfg.data_timeout_s
-        hub.ask_driver = lambda msg_type, **fields: client.request(msg_type, timeout_s=10.0, **fields)
+        hub.ask_driver = lambda msg: client.call(msg, timeout_s=10.0)
         return preimport_async(FEED_MODULES, launch.node_name)
 
     def _join(self, me: NodeInfo) -> Optional[dict[str, list[str]]]:
@@ -227,11 +228,11 @@ class _NodeRun:
 
         def _report_serving() -> None:
             # run_server_and_wait(): this node only serves now (shutdown() must not wait for it).
-            client.request("status", executor_id=eid, state="serving", timeout_s=10.0)
+            client.call(_msg.Status(executor_id=eid, state=NodeState.SERVING), timeout_s=10.0)
 
         def _report_checkpoint(epochs: int) -> None:
             # ctx.report_checkpoint(): where a restarted train() resumes its feed (idempotent).
-            client.request("checkpoint", executor_id=eid, epochs=epochs, timeout_s=10.0)
+            client.call(_msg.Checkpoint(executor_id=eid, epochs=epochs), timeout_s=10.0)
 
         return TFNodeContext(
             executor_id=eid, job_name=role.job_name, task_index=role.task_index, cluster_spec=spec,
@@ -246,13 +247,13 @@ class _NodeRun:
             self.hub.close_feed()  # a no-op after hub.abort(): readers get FeedAbortedError
         if not self.main_done.is_set() and self.role.is_background:
             # ps/evaluator main_funs block forever (server.join()): end the process.
-            report: dict = {"state": "stopped"}
+            report = _msg.Status(executor_id=self.eid, state=NodeState.STOPPED)
             try:
                 _task_world.send_accumulator_updates(self.client, self.eid)  # a stop is their normal end
             except Exception as exc:  # noqa: BLE001 - reported: never a silently missing update
-                report = {"state": "failed", "failure": node_failure(self.launch, exc).to_dict()}
+                report = _msg.Status(executor_id=self.eid, state=NodeState.FAILED, failure=node_failure(self.launch, exc))
             try:
-                self.client.request("status", executor_id=self.eid, timeout_s=5.0, **report)
+                self.client.call(report, timeout_s=5.0)
             except _REQ_ERRORS:
                 pass
             if self.tb_proc is not None:
@@ -286,7 +287,7 @@ class _NodeRun:
         # A forwarded node's supervisor reports it after the lines main_fun printed, so
         # the driver's "main_fun finished" line follows them.
         if not write_finished_marks(_OUTPUT_MARK, terminated, _OUTPUT_FDS):
-            self.client.request("status", executor_id=self.eid, state="finished", terminated=terminated, timeout_s=10.0)
+            self.client.call(_msg.Status(executor_id=self.eid, state=NodeState.FINISHED, terminated=tuple(terminated)), timeout_s=10.0)
 
     def _linger(self) -> None:
         """After main_fun returned: keeps the process up while it must serve the cluster."""
@@ -326,7 +327,7 @@ class _NodeRun:
         # printed before it, so the driver shows them before it raises.
         if not write_failure_marks(_OUTPUT_MARK, failure.to_dict(), _OUTPUT_FDS):
             try:
-                self.client.request("status", executor_id=self.eid, state="failed", failure=failure.to_dict(), timeout_s=10.0)
+                self.client.call(_msg.Status(executor_id=self.eid, state=NodeState.FAILED, failure=failure), timeout_s=10.0)
             except _REQ_ERRORS as rexc:
                 log.error("could not report the failure to the driver: %s", rexc)
 
@@ -430,7 +431,7 @@ def _event_loop(client: ControlClient, eid: int, hub: Optional[FeedHub], stop_ev
             # Where main_fun is (a feed task timed out: main_fun_stack), or every thread
             # (the driver's stall watch, cluster.stacks(): tfos._node.stacks).
             try:
-                client.request("stack", executor_id=eid, seq=int(ask), text=stack_of(True) if d.get("stack_all") else stack_of(), timeout_s=5.0)
+                client.call(_msg.Stack(executor_id=eid, seq=int(ask), text=stack_of(True) if d.get("stack_all") else stack_of()), timeout_s=5.0)
             except _REQ_ERRORS as exc:
                 log.warning("could not send main_fun's stack to the driver: %s", exc)
         if (d.get("stop") or d.get("abort")) and not stop_event.is_set():
@@ -501,8 +502,7 @@ def _supervisor_gone(launch: NodeLaunch, sock_dir: "Optional[_local.SocketDir]" 
             f"its TF process (pid {os.getpid()}) ended with it",
         )
         client = ControlClient(cfg.driver_host, cfg.driver_port, cfg.key, cfg.cluster_id, connect_timeout_s=2.0)
-        client.request("status", executor_id=r.executor_id, state="failed", failure=failure.to_dict(),
-                       timeout_s=2.0, retry=False)
+        client.call(_msg.Status(executor_id=r.executor_id, state=NodeState.FAILED, failure=failure), timeout_s=2.0, retry=False)
     except BaseException:  # noqa: BLE001 - the exit below must happen whatever the report did
         pass
     finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import types
 from typing import Any, Callable, Iterator, Optional
 
 from pyspark.ml.param.shared import Param, Params, TypeConverters
@@ -47,245 +48,64 @@ def _param(name: str, doc: str, conv: Callable = TypeConverters.identity) -> Par
     return Param(Params._dummy(), name, doc, typeConverter=conv)
 
 
-class HasBatchSize(Params):
-    """Param ``batch_size``: rows per batch."""
-
-    batch_size = _param("batch_size", "Number of records per batch", TypeConverters.toInt)
-
-    def setBatchSize(self, value: int):
-        return self._set(batch_size=value)
-
-    def getBatchSize(self) -> int:
-        return self.getOrDefault(self.batch_size)
-
-
-class HasClusterSize(Params):
-    """Param ``cluster_size``: number of nodes."""
-
-    cluster_size = _param("cluster_size", "Number of nodes in the cluster", TypeConverters.toInt)
-
-    def setClusterSize(self, value: int):
-        return self._set(cluster_size=value)
-
-    def getClusterSize(self) -> int:
-        return self.getOrDefault(self.cluster_size)
-
-
-class HasEpochs(Params):
-    """Param ``epochs``: passes over the data (>= 1)."""
-
-    epochs = _param("epochs", "Number of epochs to train", TypeConverters.toInt)
-
-    def setEpochs(self, value: int):
-        return self._set(epochs=value)
-
-    def getEpochs(self) -> int:
-        return self.getOrDefault(self.epochs)
-
-
-class HasFeedTimeout(Params):
-    """Param ``feed_timeout``: seconds a node may accept no data before the feed fails."""
-
-    feed_timeout = _param("feed_timeout", "Seconds a node may accept no data before the feed fails", TypeConverters.toFloat)
-
-    def setFeedTimeout(self, value: float):
-        return self._set(feed_timeout=value)
-
-    def getFeedTimeout(self) -> float:
-        return self.getOrDefault(self.feed_timeout)
-
-
-class HasGraceSecs(Params):
-    """Param ``grace_secs``: passed to ``shutdown(grace_secs=...)``."""
-
-    grace_secs = _param("grace_secs", "Seconds to wait after the workers finish before stopping ps nodes", TypeConverters.toInt)
-
-    def setGraceSecs(self, value: int):
-        return self._set(grace_secs=value)
-
-    def getGraceSecs(self) -> int:
-        return self.getOrDefault(self.grace_secs)
-
-
-class HasInputMapping(Params):
-    """Param ``input_mapping``: ``{DataFrame column: tensor/signature input name}``."""
-
-    input_mapping = _param("input_mapping", "Mapping of input DataFrame column to input tensor", TFTypeConverters.toDict)
-
-    def setInputMapping(self, value: dict):
-        return self._set(input_mapping=value)
-
-    def getInputMapping(self) -> dict:
-        return self.getOrDefault(self.input_mapping)
-
-
-class HasInputMode(Params):
-    """Param ``input_mode``: :class:`InputMode` (SPARK for TFEstimator)."""
-
-    input_mode = _param("input_mode", "Input data feeding mode (0=TENSORFLOW, 1=SPARK)", TFTypeConverters.toInputMode)
-
-    def setInputMode(self, value: Any):
-        return self._set(input_mode=value)
-
-    def getInputMode(self) -> int:
-        return self.getOrDefault(self.input_mode)
-
-
-class HasMasterNode(Params):
-    """Param ``master_node``: None, 'chief' or 'master'."""
-
-    master_node = _param("master_node", "Job name of the master/chief node", TypeConverters.identity)
-
-    def setMasterNode(self, value: Optional[str]):
-        return self._set(master_node=value)
-
-    def getMasterNode(self) -> Optional[str]:
-        return self.getOrDefault(self.master_node)
-
-
-class HasDriverPSNodes(Params):
-    """Param ``driver_ps_nodes``: run ps nodes on the driver host."""
-
-    driver_ps_nodes = _param("driver_ps_nodes", "Run parameter servers on the driver", TypeConverters.toBoolean)
-
-    def setDriverPSNodes(self, value: bool):
-        return self._set(driver_ps_nodes=value)
-
-    def getDriverPSNodes(self) -> bool:
-        return self.getOrDefault(self.driver_ps_nodes)
-
-
-class HasModelDir(Params):
-    """Param ``model_dir``: checkpoint directory."""
-
-    model_dir = _param("model_dir", "Path to save/load model checkpoints", TypeConverters.identity)
-
-    def setModelDir(self, value: str):
-        return self._set(model_dir=value)
-
-    def getModelDir(self) -> Optional[str]:
-        return self.getOrDefault(self.model_dir)
-
-
-class HasExportDir(Params):
-    """Param ``export_dir``: SavedModel directory."""
-
-    export_dir = _param("export_dir", "Directory of the exported SavedModel", TypeConverters.identity)
-
-    def setExportDir(self, value: str):
-        return self._set(export_dir=value)
-
-    def getExportDir(self) -> Optional[str]:
-        return self.getOrDefault(self.export_dir)
-
-
-class HasNumPS(HasDriverPSNodes):
-    """Params ``num_ps`` (number of parameter servers) and, as in TFoS, ``driver_ps_nodes``
-    (``setDriverPSNodes`` / ``getDriverPSNodes``)."""
-
-    num_ps = _param("num_ps", "Number of PS nodes in cluster", TypeConverters.toInt)
-
-    def setNumPS(self, value: int):
-        return self._set(num_ps=value)
-
-    def getNumPS(self) -> int:
-        return self.getOrDefault(self.num_ps)
-
-
-class HasOutputMapping(Params):
-    """Param ``output_mapping``: ``{signature output name: DataFrame column}``."""
-
-    output_mapping = _param("output_mapping", "Mapping of output tensor to output DataFrame column", TFTypeConverters.toDict)
-
-    def setOutputMapping(self, value: dict):
-        return self._set(output_mapping=value)
-
-    def getOutputMapping(self) -> dict:
-        return self.getOrDefault(self.output_mapping)
-
-
-class HasProtocol(Params):
-    """Param ``protocol``: 'grpc' (kept for TFoS compatibility)."""
-
-    protocol = _param("protocol", "Network protocol for TensorFlow (grpc|rdma)", TypeConverters.toString)
-
-    def setProtocol(self, value: str):
-        return self._set(protocol=value)
-
-    def getProtocol(self) -> str:
-        return self.getOrDefault(self.protocol)
-
-
-class HasReaders(Params):
-    """Param ``readers``: reader threads (for the user's own input pipeline)."""
-
-    readers = _param("readers", "Number of reader/enqueue threads", TypeConverters.toInt)
-
-    def setReaders(self, value: int):
-        return self._set(readers=value)
-
-    def getReaders(self) -> int:
-        return self.getOrDefault(self.readers)
-
-
-class HasSignatureDefKey(Params):
-    """Param ``signature_def_key``: SavedModel signature used by TFModel."""
-
-    signature_def_key = _param("signature_def_key", "Identifier for a specific saved signature", TypeConverters.identity)
-
-    def setSignatureDefKey(self, value: str):
-        return self._set(signature_def_key=value)
-
-    def getSignatureDefKey(self) -> str:
-        return self.getOrDefault(self.signature_def_key)
-
-
-class HasSteps(Params):
-    """Param ``steps``: maximum training steps (for ``train_fn``)."""
-
-    steps = _param("steps", "Maximum number of steps to train", TypeConverters.toInt)
-
-    def setSteps(self, value: int):
-        return self._set(steps=value)
-
-    def getSteps(self) -> int:
-        return self.getOrDefault(self.steps)
-
-
-class HasTagSet(Params):
-    """Param ``tag_set``: comma-separated SavedModel tags."""
-
-    tag_set = _param("tag_set", "Comma-delimited list of tags identifying a saved model", TypeConverters.toString)
-
-    def setTagSet(self, value: str):
-        return self._set(tag_set=value)
-
-    def getTagSet(self) -> str:
-        return self.getOrDefault(self.tag_set)
-
-
-class HasTensorboard(Params):
-    """Param ``tensorboard``: start TensorBoard on the chief."""
-
-    tensorboard = _param("tensorboard", "Launch tensorboard process", TypeConverters.toBoolean)
-
-    def setTensorboard(self, value: bool):
-        return self._set(tensorboard=value)
-
-    def getTensorboard(self) -> bool:
-        return self.getOrDefault(self.tensorboard)
-
-
-class HasTFRecordDir(Params):
-    """Param ``tfrecord_dir``: kept for TFoS compatibility (InputMode.TENSORFLOW staging)."""
-
-    tfrecord_dir = _param("tfrecord_dir", "Path to temporarily export a DataFrame as TFRecords", TypeConverters.identity)
-
-    def setTFRecordDir(self, value: str):
-        return self._set(tfrecord_dir=value)
-
-    def getTFRecordDir(self) -> Optional[str]:
-        return self.getOrDefault(self.tfrecord_dir)
+def _has(camel: str, name: str, doc: str, conv: Callable, summary: str, base: Any = Params) -> Any:
+    """TFoS's ``Has<camel>`` mixin: Param ``name`` with ``set<camel>(value)`` and ``get<camel>()``."""
+
+    def setter(self: Any, value: Any) -> Any:
+        return self._set(**{name: value})
+
+    def getter(self: Any) -> Any:
+        return self.getOrDefault(getattr(self, name))
+
+    setter.__name__, setter.__qualname__ = f"set{camel}", f"Has{camel}.set{camel}"
+    getter.__name__, getter.__qualname__ = f"get{camel}", f"Has{camel}.get{camel}"
+    setter.__doc__, getter.__doc__ = f"Sets param ``{name}`` ({doc}).", f"Param ``{name}`` (set, else its default)."
+    body = {name: _param(name, doc, conv), f"set{camel}": setter, f"get{camel}": getter, "__doc__": summary,
+            "__module__": __name__}
+    return types.new_class(f"Has{camel}", (base,), {}, lambda ns: ns.update(body))
+
+
+HasBatchSize: Any = _has("BatchSize", "batch_size", "Number of records per batch", TypeConverters.toInt,
+                          "Param ``batch_size``: rows per batch.")
+HasClusterSize: Any = _has("ClusterSize", "cluster_size", "Number of nodes in the cluster", TypeConverters.toInt,
+                            "Param ``cluster_size``: number of nodes.")
+HasEpochs: Any = _has("Epochs", "epochs", "Number of epochs to train", TypeConverters.toInt,
+                       "Param ``epochs``: passes over the data (>= 1).")
+HasFeedTimeout: Any = _has("FeedTimeout", "feed_timeout", "Seconds a node may accept no data before the feed fails", TypeConverters.toFloat,
+                            "Param ``feed_timeout``: seconds a node may accept no data before the feed fails.")
+HasGraceSecs: Any = _has("GraceSecs", "grace_secs", "Seconds to wait after the workers finish before stopping ps nodes", TypeConverters.toInt,
+                          "Param ``grace_secs``: passed to ``shutdown(grace_secs=...)``.")
+HasInputMapping: Any = _has("InputMapping", "input_mapping", "Mapping of input DataFrame column to input tensor", TFTypeConverters.toDict,
+                             "Param ``input_mapping``: ``{DataFrame column: tensor/signature input name}``.")
+HasInputMode: Any = _has("InputMode", "input_mode", "Input data feeding mode (0=TENSORFLOW, 1=SPARK)", TFTypeConverters.toInputMode,
+                          "Param ``input_mode``: :class:`InputMode` (SPARK for TFEstimator).")
+HasMasterNode: Any = _has("MasterNode", "master_node", "Job name of the master/chief node", TypeConverters.identity,
+                           "Param ``master_node``: None, 'chief' or 'master'.")
+HasDriverPSNodes: Any = _has("DriverPSNodes", "driver_ps_nodes", "Run parameter servers on the driver", TypeConverters.toBoolean,
+                              "Param ``driver_ps_nodes``: run ps nodes on the driver host.")
+HasModelDir: Any = _has("ModelDir", "model_dir", "Path to save/load model checkpoints", TypeConverters.identity,
+                         "Param ``model_dir``: checkpoint directory.")
+HasExportDir: Any = _has("ExportDir", "export_dir", "Directory of the exported SavedModel", TypeConverters.identity,
+                          "Param ``export_dir``: SavedModel directory.")
+HasNumPS: Any = _has("NumPS", "num_ps", "Number of PS nodes in cluster", TypeConverters.toInt,
+                      "Params ``num_ps`` (number of parameter servers) and, as in TFoS, ``driver_ps_nodes``.",
+                      HasDriverPSNodes)
+HasOutputMapping: Any = _has("OutputMapping", "output_mapping", "Mapping of output tensor to output DataFrame column", TFTypeConverters.toDict,
+                              "Param ``output_mapping``: ``{signature output name: DataFrame column}``.")
+HasProtocol: Any = _has("Protocol", "protocol", "Network protocol for TensorFlow (grpc|rdma)", TypeConverters.toString,
+                         "Param ``protocol``: 'grpc' (kept for TFoS compatibility).")
+HasReaders: Any = _has("Readers", "readers", "Number of reader/enqueue threads", TypeConverters.toInt,
+                        "Param ``readers``: reader threads (for the user's own input pipeline).")
+HasSignatureDefKey: Any = _has("SignatureDefKey", "signature_def_key", "Identifier for a specific saved signature", TypeConverters.identity,
+                                "Param ``signature_def_key``: SavedModel signature used by TFModel.")
+HasSteps: Any = _has("Steps", "steps", "Maximum number of steps to train", TypeConverters.toInt,
+                      "Param ``steps``: maximum training steps (for ``train_fn``).")
+HasTagSet: Any = _has("TagSet", "tag_set", "Comma-delimited list of tags identifying a saved model", TypeConverters.toString,
+                       "Param ``tag_set``: comma-separated SavedModel tags.")
+HasTensorboard: Any = _has("Tensorboard", "tensorboard", "Launch tensorboard process", TypeConverters.toBoolean,
+                            "Param ``tensorboard``: start TensorBoard on the chief.")
+HasTFRecordDir: Any = _has("TFRecordDir", "tfrecord_dir", "Path to temporarily export a DataFrame as TFRecords", TypeConverters.identity,
+                            "Param ``tfrecord_dir``: kept for TFoS compatibility (InputMode.TENSORFLOW staging).")
 
 
 class Namespace(argparse.Namespace):
