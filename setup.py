@@ -34,8 +34,9 @@ setup(
         "connect": ["pyspark[connect]>=4.0,<5"],
         "test": [
             "pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "mypy>=1.10",
-            # examples/notebooks/*.ipynb run in the suite
-            "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29",
+            # examples/notebooks/*.ipynb run in the suite; nbconvert prints a run with its
+            # cell outputs (README, "Running the notebook")
+            "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29", "nbconvert>=7",
             "packaging>=23",  # tests/unit/test_packaging.py reads requirement strings
             "venv-pack>=0.2",  # tests/spark/test_deploy.py packs a venv (docs/deploy.md)
             # tests/unit/test_source_hygiene.py runs `ruff check tfos` (rules in ruff.toml); one

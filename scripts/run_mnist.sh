@@ -21,12 +21,27 @@ mkdir -p "$OUT"
 LOG="$OUT/run_mnist.log"
 : > "$LOG"
 
+export PYTHONUNBUFFERED=1  # the scripts' lines reach the terminal and the log as they are printed
+
 started=$SECONDS
-step() {  # step NAME COMMAND...: runs COMMAND, tees its output to the log, records its time
-  local name="$1" began=$SECONDS
+# step NAME COMMAND...: runs COMMAND, tees its output to the log, records its time. A step
+# that prints nothing for 10 s (Spark starting, a Spark job writing files) gets a line
+# saying it is still running and for how long.
+step() {
+  local name="$1" began=$SECONDS line
   shift
   echo "=== [run_mnist] $name: $*" | tee -a "$LOG"
-  "$@" 2>&1 | tee -a "$LOG"
+  "$@" 2>&1 | while true; do
+      if IFS= read -r -t 10 line; then
+        printf '%s\n' "$line"
+      elif (( $? > 128 )); then
+        [ -z "$line" ] || printf '%s\n' "$line"  # a line without its newline yet
+        echo "=== [run_mnist] $name: still running, $((SECONDS - began)) s"
+      else
+        [ -z "$line" ] || printf '%s\n' "$line"
+        break
+      fi
+    done | tee -a "$LOG"
   TIMES+=("$(printf '%-10s %4d s' "$name" $((SECONDS - began)))")
 }
 TIMES=()

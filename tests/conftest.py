@@ -208,6 +208,10 @@ def _ship_test_module_by_value(request):
 
     cloudpickle.register_pickle_by_value(request.module)
     spark_cloudpickle.register_pickle_by_value(request.module)
+    for helper in ("feed_gate",):  # tests/spark helper modules the test modules import
+        if helper in sys.modules:
+            cloudpickle.register_pickle_by_value(sys.modules[helper])
+            spark_cloudpickle.register_pickle_by_value(sys.modules[helper])
     yield
 
 

@@ -107,7 +107,7 @@ class DataFeed(FeedDatasets):
         self._legacy: Any = None
         if not isinstance(getattr(mgr, "queues", None), dict) and hasattr(mgr, "get_queue"):
             # A TFoS-style TFManager (tfos.TFManager.start / TFSparkNode.run): rows on plain queues.
-            from ._legacy.queue_feed import QueueFeed
+            from ._data.queue_feed import QueueFeed
 
             self._legacy = QueueFeed(mgr, qname_in, qname_out, train_mode)
             return

@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 from typing import Optional, Sequence
 
-from tfos._driver.streaming import inference_stream, request_stop, stop_address, stream_stats
+from tfos._driver.stream_feeds import inference_stream, request_stop, stop_address, stream_stats
 
 __all__ = ["inference_stream", "request_stop", "stop_address", "stream_stats", "main"]
 

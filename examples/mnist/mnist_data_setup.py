@@ -452,6 +452,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for fmt, split in status:  # Complete splits record where they came from.
         source = str((read_meta(os.path.join(output, fmt, split)) or {}).get("source", source))
     if todo:
+        logger.info("reading the MNIST digits (source: %s)", args.source)
         data = mnist_source.load_mnist(args.source, args.mnist_pkl)
         source = data.source
         arrays = {
@@ -463,10 +464,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             for split in SPLITS
             if any(todo_split == split for _, todo_split, _ in todo)
         }
+        logger.info("starting Spark")
         sc, created = get_spark_context(args.master)
+        logger.info("Spark runs on %s", sc.master)
         try:
             for fmt, split, split_dir in todo:
                 began = time.monotonic()
+                logger.info("writing %s %s images as %s in %d partitions to %s", f"{len(arrays[split][0]):,}", split,
+                            fmt, len(blocks[split]), split_dir)
                 count = write_split(sc, fmt, blocks[split], split_dir, source)
                 status[fmt, split] = f"written in {time.monotonic() - began:.1f} s"
                 logger.info("wrote %d %s images to %s", count, split, split_dir)

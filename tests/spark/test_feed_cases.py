@@ -18,6 +18,8 @@ import pytest
 
 pytest.importorskip("pyspark")
 
+from feed_gate import after_started, mark_started, started_at  # noqa: E402
+
 from tfos import TFCluster  # noqa: E402
 from tfos.errors import ClusterFailedError, ConfigurationError  # noqa: E402
 
@@ -129,11 +131,13 @@ def read_mnist_dataset(args, ctx):
 
 def stop_consuming(args, ctx):
     """feed_timeout: never reads the feed; waits for the driver's stop directive."""
+    mark_started(args["out"], ctx)
     ctx.stop_event.wait(300)
 
 
 def answer_nothing(args, ctx):
     """Inference feed_timeout: takes one batch, never answers it, waits for the stop."""
+    mark_started(args["out"], ctx)
     feed = ctx.get_data_feed(train_mode=False)
     feed.next_batch(10)
     _wait_for_the_driver(ctx)
@@ -370,15 +374,16 @@ def test_c19_malformed_rows_name_partition_and_row(sc, tmp_path, no_leftovers):
 def test_feed_timeout_names_node_and_partition(sc, tmp_path, no_leftovers):
     """A main_fun that stops consuming: with feed_timeout=3, train() fails within seconds
     with a FeedTimeoutError text naming the node and the partition, and showing where
-    main_fun is (its stack, asked from the node)."""
+    main_fun is (its stack, asked from the node). The rows go out once main_fun runs
+    (tests/spark/feed_gate.py), so the 3 s count while it waits, not while it starts."""
     # 2 partitions of 40 x 1 MiB rows: far more than the node's queue (4 chunks) plus the
     # socket buffers hold, so the feed task blocks sending.
-    rdd = sc.parallelize(range(2), 2).flatMap(lambda p: (bytes(1 << 20) for _ in range(40)))
-    cluster = TFCluster.run(sc, stop_consuming, {"out": str(tmp_path)}, 1, 0, input_mode=INPUT)
-    t0 = time.monotonic()
+    out = str(tmp_path)
+    rdd = sc.parallelize(range(2), 2).flatMap(lambda p: after_started(out, 1, (bytes(1 << 20) for _ in range(40))))
+    cluster = TFCluster.run(sc, stop_consuming, {"out": out}, 1, 0, input_mode=INPUT)
     with pytest.raises(ClusterFailedError) as info:
         cluster.train(rdd, num_epochs=1, feed_timeout=3)
-    assert time.monotonic() - t0 < 30
+    assert time.time() - started_at(out) < QUICK_S  # 3 s, the node's stack, the teardown
     cluster.shutdown()
     text = str(info.value)
     assert "during train()" in text
@@ -401,6 +406,7 @@ def read_slowly_and_steadily(args, ctx):
     without taking rows, but far slower than the feed."""
     import time as _time
 
+    mark_started(args["out"], ctx)
     feed = ctx.get_data_feed()
     rows = []
     while not feed.should_stop():
@@ -413,9 +419,11 @@ def test_feed_timeout_bounds_a_stall_not_the_time_to_consume_queued_rows(sc, tmp
     """A node that takes rows steadily, just slowly, is not "stopped consuming": each
     partition (600 rows, one chunk, sent at once) takes the node about 6 s to read, 1.5 x
     feed_timeout=4 after its END. The feed task waits for its ACK past feed_timeout because
-    the node tells it that main_fun is still taking rows (attacker trial, session 17)."""
-    rdd = sc.parallelize(range(1200), 2)
-    cluster = TFCluster.run(sc, read_slowly_and_steadily, {"out": str(tmp_path)}, 2, 0, input_mode=INPUT)
+    the node tells it that main_fun is still taking rows. The rows go out once both
+    main_funs run (tests/spark/feed_gate.py): a node still starting takes none."""
+    out = str(tmp_path)
+    rdd = sc.parallelize(range(1200), 2).mapPartitions(lambda rows: after_started(out, 2, rows))
+    cluster = TFCluster.run(sc, read_slowly_and_steadily, {"out": out}, 2, 0, input_mode=INPUT)
     t0 = time.monotonic()
     cluster.train(rdd, num_epochs=1, feed_timeout=4)
     took = time.monotonic() - t0
@@ -429,13 +437,14 @@ def test_feed_timeout_bounds_a_stall_not_the_time_to_consume_queued_rows(sc, tmp
 def test_inference_timeout_shows_where_main_fun_waits(sc, tmp_path, no_leftovers):
     """Inference with a main_fun that takes a batch and never answers: with feed_timeout=3,
     inference() fails within seconds with a FeedTimeoutError naming the node and the
-    partition, followed by main_fun's stack down to the line it waits on."""
-    rdd = sc.parallelize(range(40), 2)
-    cluster = TFCluster.run(sc, answer_nothing, {}, 1, 0, input_mode=INPUT)
-    t0 = time.monotonic()
+    partition, followed by main_fun's stack down to the line it waits on. The rows go out
+    once main_fun runs (tests/spark/feed_gate.py)."""
+    out = str(tmp_path)
+    rdd = sc.parallelize(range(40), 2).mapPartitions(lambda rows: after_started(out, 1, rows))
+    cluster = TFCluster.run(sc, answer_nothing, {"out": out}, 1, 0, input_mode=INPUT)
     with pytest.raises(ClusterFailedError) as info:
         cluster.inference(rdd, feed_timeout=3).count()
-    assert time.monotonic() - t0 < QUICK_S
+    assert time.time() - started_at(out) < QUICK_S
     cluster.shutdown()
     first = info.value.failures[0]
     assert (first.kind, first.error_type) == ("feed", "FeedTimeoutError"), info.value.failures

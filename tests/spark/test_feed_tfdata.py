@@ -221,7 +221,8 @@ def test_epoch_order_does_not_wait_for_partitions_a_terminated_node_skipped(sc, 
     """C11 with the epoch-aware reader: worker:1 calls terminate() before reading, so the
     feed tasks on its executor skip their partitions and report them skipped to the driver
     (``partition_skipped``, counted by ``epoch_handover``); worker:0 still reads every epoch
-    of its own partitions, and nothing waits for the 30 s bound (feed_timeout/2). (The end
+    of its own partitions, and nothing waits for the 120 s bound (feed_timeout/2, far above
+    what the feed takes on a loaded machine). (The end
     of the feed also ends a hold, so the time bound alone does not show the reports: the
     driver's record is checked directly.)"""
     import time as _time
@@ -238,14 +239,14 @@ def test_epoch_order_does_not_wait_for_partitions_a_terminated_node_skipped(sc, 
         _time.sleep(0.1)
     assert (out / "worker1-terminated").exists(), "worker:1 never called terminate()"
     t0 = _time.monotonic()
-    cluster.train(rdd, num_epochs=epochs, end_of_feed=True, feed_timeout=60)
+    cluster.train(rdd, num_epochs=epochs, end_of_feed=True, feed_timeout=240)
     state = cluster._ctl.backend.state
     with state._cond:
         claimed, skipped = dict(state._claimed), {k: set(v) for k, v in state._skipped.items()}
     cluster.shutdown(timeout=120)
     elapsed = _time.monotonic() - t0
     (report,) = [json.loads(p.read_text()) for p in out.glob("*.json")]
-    assert elapsed < 25, (elapsed, report)  # no boundary waited for the 30 s bound
+    assert elapsed < 100, (elapsed, report)  # no boundary waited for the 120 s bound
     assert report["rows"] and set(report["rows"]) <= {"0", "1", "2"}, report
     assert sum(report["rows"].values()) % 150 == 0 and 0 < sum(report["rows"].values()) <= epochs * n, report
     # every job partition was either handed to worker:0 or reported skipped, none both

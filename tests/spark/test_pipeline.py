@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from feed_gate import after_started, mark_started, started_at
 
 from tfos import TFParallel
 from tfos.errors import ClusterFailedError
@@ -108,6 +109,7 @@ def regression_train_fn(args, ctx):
 
 def stop_consuming_train_fn(args, ctx):
     """Never reads the feed: sleeps until the driver stops the node."""
+    mark_started(args.out, ctx)
     ctx.stop_event.wait(300)
 
 
@@ -271,20 +273,24 @@ def _param_values(stage) -> dict:
 
 def test_c17_estimator_feed_timeout_names_node_and_partition(sc, tmp_path, no_leftovers):
     """C17: a train_fn that stops consuming, with setFeedTimeout(3): fit() fails within a
-    minute with the FeedTimeoutError text (node, partition, "accepted no data") inside the
-    ClusterFailedError, and every node process is gone."""
+    minute of train_fn's start with the FeedTimeoutError text (node, partition, "accepted
+    no data") inside the ClusterFailedError, and every node process is gone. The rows go
+    out once train_fn runs (tests/spark/feed_gate.py): before, on a loaded machine the
+    3 s ran out while the node was still importing the estimator's modules."""
     from pyspark.sql import SparkSession
 
     spark = SparkSession(sc)
+    out = str(tmp_path)
     # 2 partitions of 40 x 1 MiB rows: far more than the node's queue plus the socket
     # buffers hold, so the feed task blocks sending.
-    df = spark.range(0, 80, 1, 2).selectExpr("repeat('x', 1048576) AS blob", "CAST(id AS FLOAT) AS label")
-    est = TFEstimator(stop_consuming_train_fn, {"out": str(tmp_path)}).setInputMapping({"blob": "blob", "label": "label"}).setFeedTimeout(3)
+    rows = sc.parallelize(range(2), 2).flatMap(
+        lambda p: after_started(out, 1, (("x" * 1048576, float(40 * p + i)) for i in range(40))))
+    df = spark.createDataFrame(rows, "blob string, label float")
+    est = TFEstimator(stop_consuming_train_fn, {"out": out}).setInputMapping({"blob": "blob", "label": "label"}).setFeedTimeout(3)
     assert est.getFeedTimeout() == 3.0
-    t0 = time.monotonic()
     with pytest.raises(ClusterFailedError) as info:
         est.fit(df)
-    elapsed = time.monotonic() - t0
+    elapsed = time.time() - started_at(out)
     assert elapsed < 60, elapsed
     text = str(info.value)
     assert "during train()" in text, text

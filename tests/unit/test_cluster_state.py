@@ -564,6 +564,23 @@ def test_log_lines_erase_sparks_progress_bar_on_a_terminal(monkeypatch, spark_ba
     assert err.getvalue() == starts + "\n[worker:0] epoch 2\n"
 
 
+@pytest.mark.parametrize("tty", [False, True])
+def test_escape_codes_reach_only_a_terminal(monkeypatch, tty):
+    """Keras's progress bar colours its lines: a file or a pipe gets them plain."""
+    from tfos._node import output
+    err = _Tty() if tty else io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    monkeypatch.setattr(output, "_spark_bar", False)
+    st = _state()
+    _register_all(st)
+    keras = "\x1b[1m70/70\x1b[0m \x1b[32m━━━━━━━━━━━━━━━━━━━━\x1b[0m\x1b[37m\x1b[0m \x1b[1m1s\x1b[0m 9ms/step - loss: 0.2"
+    _req(st, "log", executor_id=1, lines=[keras, "\x1b]0;title\x07plain \x1b7x\x1b[?25l"])
+    if tty:
+        assert err.getvalue() == f"[worker:0] {keras}\n[worker:0] \x1b]0;title\x07plain \x1b7x\x1b[?25l\n"
+    else:
+        assert err.getvalue() == "[worker:0] 70/70 ━━━━━━━━━━━━━━━━━━━━ 1s 9ms/step - loss: 0.2\n[worker:0] plain x\n"
+
+
 def test_spark_bar_is_noted_from_the_spark_conf():
     from tfos._node import output
 

@@ -85,7 +85,7 @@ def test_wheel_has_every_module_and_the_extras(wheel):
     assert tf.get("tensorflow") == "==2.21.*" and "tf-keras" in tf and "tensorflow-cpu" not in tf, tf
     cpu = {canonicalize_name(r.name) for r in _extra_reqs(reqs, "tf-cpu")}
     assert "tensorflow-cpu" in cpu and "tensorflow" not in cpu and "tf-keras" not in cpu, cpu
-    assert {"nbclient", "ipykernel"} <= {canonicalize_name(r.name) for r in _extra_reqs(reqs, "test")}
+    assert {"nbclient", "ipykernel", "nbconvert"} <= {canonicalize_name(r.name) for r in _extra_reqs(reqs, "test")}
 
 
 @pytest.mark.parametrize("extra", ["tf", "tf-cpu"])

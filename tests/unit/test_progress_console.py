@@ -80,9 +80,13 @@ def program_logging(monkeypatch):
         root = logging.getLogger()
         monkeypatch.setattr(root, "handlers", [handler])
         monkeypatch.setattr(root, "level", logging.INFO)
+        # Loggers cache isEnabledFor() per level; only setLevel() clears it. A logger that an
+        # earlier test asked while the root was at WARNING would drop the INFO records here.
+        root.manager._clear_cache()
         return stream, handler, logging.getLogger("tfos._driver.runtime")
 
-    return make
+    yield make
+    logging.getLogger().manager._clear_cache()
 
 
 def test_on_a_terminal_a_log_record_clears_the_bar_and_the_bar_comes_back_below(program_logging):

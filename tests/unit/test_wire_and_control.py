@@ -672,7 +672,7 @@ def test_fuzz_random_bytes_never_dispatch(monkeypatch, caplog):
 # ====================================================================== reprs
 def test_key_not_in_reprs():
     roles = (NodeRole(0, "worker", 0),)
-    cfg = ClusterConfig(CID, KEY, "127.0.0.1", 5000, InputMode.SPARK, roles)
+    cfg = ClusterConfig(cluster_id=CID, key=KEY, driver_host="127.0.0.1", driver_port=5000, input_mode=InputMode.SPARK, roles=roles)
     launch = NodeLaunch(cfg, roles[0], "127.0.0.1", "127.0.0.1/1", 0, False, "/tmp", ("/x",), b"\x80\x05secretpayload")
     plan = FeedPlan(CID, KEY, "127.0.0.1", 5000, (NodeInfo(0, "worker", 0, "127.0.0.1", 2000, 3000),))
     client = ControlClient("127.0.0.1", 5000, KEY, CID)

@@ -5,7 +5,7 @@ Every function here is a ``mapInArrow`` function: Spark Connect has no RDD API, 
 classic path gets from ``rdd.barrier()``.
 
 * :func:`make_start_fn`: the barrier start stage. Task 0 spawns the control host
-  (:mod:`tfos._connect.host`); its address reaches every task by
+  (:mod:`tfos._connect.control_host`); its address reaches every task by
   ``BarrierTaskContext.allGather``; every task spawns its node's supervisor (the same
   :func:`tfos._node.start_task.spawn_supervisor` as the classic path) and the stage returns once
   every node registered, or raises an error naming the failed node.
@@ -32,7 +32,7 @@ import sys
 from typing import Any, Iterator, Optional
 
 from tfos._common.deadline import Deadline
-from tfos._connect.host import HostLaunch, write_host_launch
+from tfos._connect.control_host import HostLaunch, write_host_launch
 from tfos._control import messages as _msg
 from tfos._control.client import ControlClient
 from tfos._control.messages import NodeState
@@ -91,7 +91,7 @@ class StartSpec:
         config: The cluster config; its driver address is a placeholder that the start
             tasks replace with the control host's.
         fn_payload: cloudpickled ``(main_fun, tf_args)``.
-        client_timeout_s: See :class:`tfos._connect.host.HostLaunch`.
+        client_timeout_s: See :class:`tfos._connect.control_host.HostLaunch`.
         attempt: The attempt this stage starts (``ctx.attempt`` of every node).
     """
 
@@ -117,7 +117,7 @@ def _spawn_control_host(launch: HostLaunch) -> tuple[subprocess.Popen, dict]:
         TFOSError: The process did not report an address within :data:`_HOST_START_S`.
     """
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tfos._connect.host"],
+        [sys.executable, "-m", "tfos._connect.control_host"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_child_env(),
         cwd=os.getcwd(), close_fds=True, start_new_session=True,
     )

@@ -125,6 +125,7 @@ class ClusterCore(Registry):
             "states": {str(k): v.value for k, v in self.proc_state.items()},
             "exit_codes": {str(k): v for k, v in self.exit_codes.items()},
             "failures": [f.to_dict() for f in self.failures],
+            "lost_workers": [f.to_dict() for f in self.lost_workers],
             "tensorboard_url": self.tensorboard_url, "feed_closed": self.feed_closed,
             "stop_requested": self.stop_requested, "abort": self.abort_reason,
         }

@@ -362,7 +362,7 @@ class Log(Message):
 @dataclasses.dataclass(frozen=True)
 class Accumulators(Message):
     """What main_fun added to its payload's accumulators: ``updates`` is a list of
-    ``{"aid", "kind", "value"}`` (checked by :class:`tfos._driver.task_world.AccumulatorInbox`).
+    ``{"aid", "kind", "value"}`` (checked by :class:`tfos._driver.payload.AccumulatorInbox`).
     Answer: ``{"ok": true}``."""
 
     executor_id: int

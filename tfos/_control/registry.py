@@ -28,6 +28,7 @@ import signal
 from typing import Any, Callable, Optional, Sequence
 
 from tfos._control import messages as _msg
+from tfos._control import ps_loss
 from tfos._control.effects import Effect, FirstFailure, Note, Notify
 from tfos._control.ledger import FeedLedger
 from tfos._control.messages import TERMINAL_STATES, NodeState
@@ -99,6 +100,8 @@ class Registry:
         self.exit_codes: dict[int, int] = {}
         self.last_heartbeat: dict[int, float] = {}
         self.failures: list[NodeFailure] = []
+        #: Serving workers of a ParameterServerStrategy cluster that were lost (tfos._control.ps_loss).
+        self.lost_workers: list[NodeFailure] = []
         #: Nodes that went silent while the cluster was being stopped or aborted: taken as
         #: stopped with it, never declared lost.
         self.gone: set[int] = set()
@@ -317,6 +320,9 @@ class Registry:
                 # death of its own (see _on_status, 'unprompted').
                 self.proc_state[eid] = NodeState.FAILED
                 self.notify(node_topic(eid))
+            return
+        if ps_loss.tolerate(self, failure):
+            self.notify(node_topic(eid))
             return
         self.failures.append(failure)
         if self.first_failure_at is None:

@@ -25,11 +25,11 @@ from tfos._data.arrow_codec import binary_as_bytes, feed_schema_json
 from tfos._data.feed_plan import FeedPlan
 from tfos._data.feed_tasks import arrow_safe_dataframe, make_arrow_feed_fn, make_feed_fn, make_infer_fn
 from tfos._data.sources import FeedSource
+from tfos._driver import spark_bar as _spark_bar
 from tfos._driver.backend import AttemptReport, ClusterPlan, InferenceCall, TrainCall, feed_plan
 from tfos._driver.runtime import ClusterRuntime, JobThread, Progress, spark_error_text
 from tfos._driver.spark_checks import busy_slots_report, check_spark, live_executors
 from tfos._driver.tb_scalars import scalar_writer
-from tfos._node import output as _node_output
 from tfos._node.launch import ClusterConfig
 from tfos._node.start_task import launch_local_node, make_start_task
 from tfos.cluster_template import InputMode, NodeInfo, format_template
@@ -72,7 +72,7 @@ class ClassicLauncher:
         self.working_dir: Optional[str] = os.getcwd()
         roles = plan.roles
         self.spark_ids = tuple(r.executor_id for r in roles if not (plan.driver_ps_nodes and r.job_name == "ps"))
-        check_spark(sc, len(self.spark_ids), plan.input_mode, wait_s=min(plan.executor_wait_s, plan.reservation_timeout_s),
+        check_spark(sc, len(self.spark_ids), plan.input_mode, wait_s=min(plan.executor_wait_s, plan.settings.reservation_timeout_s),
                     ps_on_executors=sum(1 for r in roles if r.job_name == "ps" and r.executor_id in self.spark_ids))
         self.driver_host = sc.getConf().get("spark.driver.host", "127.0.0.1")
         self.default_fs = _default_fs(sc)
@@ -90,16 +90,16 @@ class ClassicLauncher:
         plan = self.plan
         cluster_id = plan.cluster_id(attempt)
         key = _wire.new_key()
-        runtime = ClusterRuntime(self.sc, cluster_id, plan.roles, float(plan.settings["heartbeat_timeout_s"]), key, self.driver_host)
+        runtime = ClusterRuntime(self.sc, cluster_id, plan.roles, plan.settings.heartbeat_timeout_s, key, self.driver_host)
         runtime.host.core.restarts_left = restarts_left
         try:
-            config = ClusterConfig(
-                cluster_id=cluster_id, key=key, driver_host=str(runtime.server.host), driver_port=runtime.server.port,
-                input_mode=plan.input_mode, roles=plan.roles, default_fs=self.default_fs, local_master=self.local_master,
-                **plan.settings,
+            config = ClusterConfig.of(
+                plan.settings, cluster_id=cluster_id, key=key, driver_host=str(runtime.server.host),
+                driver_port=runtime.server.port, input_mode=plan.input_mode, roles=plan.roles, default_fs=self.default_fs,
+                local_master=self.local_master,
             )
             deadline = Deadline(
-                min(plan.reservation_timeout_s, outer.remaining()) if outer is not None else plan.reservation_timeout_s,
+                min(plan.settings.reservation_timeout_s, outer.remaining()) if outer is not None else plan.settings.reservation_timeout_s,
                 f"all {len(plan.roles)} nodes to register",
                 "too few free Spark task slots (another job holds executors), executors that cannot reach the "
                 "driver's control port, or node processes failing at start-up (see the executor logs)",
@@ -217,7 +217,7 @@ class ClassicBackend:
     # -------------------------------------------------------------- feeding
     def _progress(self, kind: str, total: int, parts: int, epochs: int, desc: str) -> Optional[Progress]:
         """The progress line of the job of ``kind`` just started (None when off)."""
-        if not self.progress or os.environ.get("TFOS_PROGRESS", "1") == "0" or _node_output.spark_shows_progress(self.sc):
+        if not self.progress or os.environ.get("TFOS_PROGRESS", "1") == "0" or _spark_bar.showing(self.sc):
             return None
         monitor = self.runtime.monitor
         return Progress(self.sc.statusTracker(), self.host, self.runtime.job_group(kind), total, parts, epochs, desc,

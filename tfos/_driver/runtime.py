@@ -22,11 +22,12 @@ import time
 from typing import Any, Callable, Optional, Sequence
 
 from tfos._control.host import ATTRIBUTION_S, STOP_TIMEOUT_S, ClusterHost
+from tfos._driver import spark_bar as _spark_bar
 from tfos._driver.console import BarConsole
 from tfos._driver.monitor import StatusMonitor
 from tfos._driver.open_clusters import any_open
+from tfos._driver.payload import AccumulatorInbox
 from tfos._driver.row_accounting import RowAccounting
-from tfos._driver.task_world import AccumulatorInbox
 from tfos._node import output as _node_output
 from tfos.cluster_template import NodeRole
 from tfos.errors import ClusterFailedError, NodeFailure, TFOSError, is_root_cause
@@ -237,8 +238,9 @@ class ClusterRuntime:
         #: The attempt's status monitor (docs/status.md), once :meth:`start_monitor` ran.
         self.monitor: Optional[StatusMonitor] = None
         install_py4j_redaction()
-        _node_output.note_spark_bar(_node_output.spark_shows_progress(sc))
         self.server = self.host.serve(key, driver_host)
+        _spark_bar.pause(sc)  # Spark's console bar is off while this cluster lives (tfos._driver.spark_bar)
+        _node_output.note_spark_bar(_spark_bar.showing(sc))
 
     def start_monitor(self, stall_timeout_s: float, stall_action: str, scalars: Any = None) -> StatusMonitor:
         """Starts the attempt's status monitor (live figures, verdict, stall watch)."""
@@ -448,9 +450,10 @@ class ClusterRuntime:
             if self.monitor is not None:
                 self.monitor.stop()  # a last read of the figures, for the summary
             self.host.close()
+            _spark_bar.resume(self.sc)
             self._torn_down.set()
         # main_fun's accumulator updates count once, for an attempt that ended well (a
-        # failed one's nodes run again after a restart): tfos._driver.task_world.
+        # failed one's nodes run again after a restart): tfos._driver.payload.
         if failed or self.host.core.failed:
             self.accumulators.drop(self.cluster_id, "the cluster attempt failed" + (f" ({reason})" if reason else ""))
         else:

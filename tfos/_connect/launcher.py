@@ -5,7 +5,7 @@ Under Spark Connect the program is a remote client: it has no SparkContext, no R
 executors may not be able to reach it. So nothing here listens or is dialled:
 
 * the start stage is a barrier ``mapInArrow`` (:func:`tfos._connect.tasks.make_start_fn`);
-  its task 0 starts the control host (:mod:`tfos._connect.host`), the classic control
+  its task 0 starts the control host (:mod:`tfos._connect.control_host`), the classic control
   server and cluster state moved onto an executor host, and the stage returns once every
   node registered;
 * every later client operation is a Spark job: status and stop are one-task jobs whose
@@ -133,14 +133,14 @@ class ConnectLauncher:
         del restarts_left  # the control host logs node failures; the client decides on restarts
         plan = self.plan
         cluster_id = plan.cluster_id(attempt)
-        config = ClusterConfig(
-            cluster_id=cluster_id, key=_wire.new_key(), driver_host="0.0.0.0", driver_port=1,  # set by the start tasks
+        config = ClusterConfig.of(
+            plan.settings, cluster_id=cluster_id, key=_wire.new_key(), driver_host="0.0.0.0", driver_port=1,  # set by the start tasks
             input_mode=plan.input_mode, roles=plan.roles, default_fs=self.default_fs, local_master=self.local_master,
-            **plan.settings,
         )
         # bytes: a Connect client has no broadcasts or accumulators to carry
         spec = StartSpec(config=config, fn_payload=bytes(plan.payload), client_timeout_s=self.client_timeout_s, attempt=attempt)
-        timeout_s = min(plan.reservation_timeout_s, outer.remaining()) if outer is not None else plan.reservation_timeout_s
+        wait_s = plan.settings.reservation_timeout_s
+        timeout_s = min(wait_s, outer.remaining()) if outer is not None else wait_s
         try:
             rows = _start_stage(self.spark, spec, len(plan.roles), timeout_s)
         except ReservationTimeoutError:
@@ -419,7 +419,7 @@ class ConnectBackend:
         """Stops every node, waits (bounded) for their exit, releases the control host.
 
         One control job in the common case (see ``client_teardown`` in
-        :mod:`tfos._connect.host`); its answer also says what the nodes got done
+        :mod:`tfos._connect.control_host`); its answer also says what the nodes got done
         (:meth:`report`).
 
         Args:
