@@ -1,32 +1,44 @@
 #!/usr/bin/env python
-"""Unauthenticated-connection flood against the real control server and data server.
+"""Floods of connections without the key against the real control server and data server.
 
-Loopback only. For each plane (the driver's :class:`tfos._control.server.ControlServer` and a
-node's :class:`tfos._data.feed_hub.FeedHub`, both in this process) and each flood size, a separate
-attacker process (no key) opens N connections and keeps them open, reopening every one the
-server closes, for the whole measurement. On the control plane every flood connection
-announces a maximal frame (magic + 1 MiB length) and then stalls: the attack that used to
-make the driver allocate 1 MiB per connection ("control"), or connects and stays silent
-("control-idle"). On the data plane it connects and stays silent (the attack that used to
-cost a thread per connection).
+Loopback only; the server (a real :class:`tfos._control.server.ControlServer` or a real
+node :class:`tfos._data.feed_hub.FeedHub`) runs in this process, each flood in a separate
+attacker process that holds no key. Two measurements:
 
-Measured, per plane and flood size (``--repeat`` runs, min / median / max):
+``--table`` (the default): how often a real client gets through. For each flood and each
+client delay, ``--tries`` real clients, one after the other, each with a budget of
+``--budget-s`` seconds (a ControlClient request ``ping`` on the control plane; a feed
+task's handshake + header + status on the data plane, retried as a feed task does); the
+delay is how long the client waits between the server's hello and its own next bytes (a
+loaded TF process takes 50-200 ms there; a slow link as long). Floods:
 
-* RSS of this process (the server side) and its thread count, before and under the flood;
-* seconds for a legitimate client to get an answer during the flood: a ControlClient
-  request on the control plane; a full mutual handshake + header + status on the data plane.
+* ``none``;
+* ``half``: ``--cap`` connections (the server's cap of connections that have not
+  authenticated) that each send half of a first message, then stall; every one the server
+  closes is opened again at once;
+* ``idle``: the same with silent connections;
+* ``churn``: connect and close at the highest rate one process reaches;
+* ``idle5000``: 5,000 silent connections, reopened when closed.
+
+Printed: answered of ``--tries`` per cell, and the median / max seconds of an answered
+try per flood; the attacker's connection rate.
+
+``--resources``: RSS and threads of this process before and under floods of ``--sizes``
+silent connections (as before), and a legitimate client's time.
 
 Usage::
 
-    .venv/bin/python scripts/bench_flood.py --sizes 500,5000 --repeat 3 [--json FILE]
+    .venv/bin/python scripts/bench_flood.py --planes control,data --tries 20 [--json FILE]
+    .venv/bin/python scripts/bench_flood.py --tree /path/to/other/checkout ...   # measure another version
 
-Figures and their reading: docs/reliability.md ("Flood figures").
+Figures and their reading: docs/reliability.md ("Floods").
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import resource
 import socket
@@ -38,16 +50,30 @@ import textwrap
 import threading
 import time
 
-import psutil
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+def _tree_arg() -> str:
+    for i, a in enumerate(sys.argv):
+        if a == "--tree" and i + 1 < len(sys.argv):
+            return os.path.abspath(sys.argv[i + 1])
+        if a.startswith("--tree="):
+            return os.path.abspath(a.split("=", 1)[1])
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
+
+sys.path.insert(0, _tree_arg())
+
+import psutil  # noqa: E402
+
+import tfos  # noqa: E402
 from tfos._common import wire as _wire  # noqa: E402
-from tfos._control.client import ControlClient  # noqa: E402
-from tfos._control.server import ControlServer  # noqa: E402
-from tfos._data.framing import FrameType, recv_json, send_json  # noqa: E402
 from tfos._common.deadline import Deadline  # noqa: E402
+from tfos._control import client as _client_mod  # noqa: E402
+from tfos._control.client import ControlClient  # noqa: E402
+from tfos._control.limits import ControlLimits  # noqa: E402
+from tfos._control.server import ControlServer  # noqa: E402
+from tfos._data import feed_hub as _hub_mod  # noqa: E402
 from tfos._data.feed_hub import FeedHub  # noqa: E402
+from tfos._data.framing import FrameType, recv_json, send_json  # noqa: E402
 
 _ATTACKER = textwrap.dedent(
     r'''
@@ -55,10 +81,31 @@ _ATTACKER = textwrap.dedent(
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     host, port, n, mode, ready, stop = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5], sys.argv[6]
-    first = b"TFO1" + struct.pack(">I", 1 << 20) if mode == "control" else b""
+    # half: half of a first message (a control frame's header and part of its MAC; part of a proof)
+    first = {"half": b"TFO1" + struct.pack(">I", 200) + os.urandom(18), "big": b"TFO1" + struct.pack(">I", 1 << 20)}.get(mode, b"")
+    end = time.monotonic() + 900
+    def note(text):
+        with open(ready + ".tmp", "w") as f:
+            f.write(text)
+        os.replace(ready + ".tmp", ready)
+    if mode == "churn":
+        made = 0
+        t0 = time.monotonic()
+        note("0")
+        while not os.path.exists(stop) and time.monotonic() < end:
+            for _ in range(200):
+                s = socket.socket()
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                try:
+                    s.connect((host, port))
+                    made += 1
+                except OSError:
+                    pass
+                s.close()
+        note(f"0 {made} {made / max(1e-9, time.monotonic() - t0):.0f}")
+        sys.exit(0)
     def open_one():
         s = socket.socket()
-        s.setblocking(True)
         s.settimeout(5)
         try:
             s.connect((host, port))
@@ -69,16 +116,20 @@ _ATTACKER = textwrap.dedent(
         except OSError:
             s.close()
             return None
-    socks = [s for s in (open_one() for _ in range(n)) if s is not None]
-    with open(ready, "w") as f:
-        f.write(str(len(socks)))
-    reopened = 0
-    end = time.monotonic() + 600
     poller = select.poll()  # select() cannot watch descriptors above 1024
     by_fd = {}
-    for s in socks:
+    def add(s):
         poller.register(s, select.POLLIN)
         by_fd[s.fileno()] = s
+    t0 = time.monotonic()
+    reopened = 0
+    for _ in range(n):
+        s = open_one()
+        if s is not None:
+            add(s)
+        if os.path.exists(stop):
+            break
+    note(str(len(by_fd)))
     while not os.path.exists(stop) and time.monotonic() < end:
         for fd, _ in poller.poll(50):
             s = by_fd.pop(fd)
@@ -93,64 +144,111 @@ _ATTACKER = textwrap.dedent(
             s.close()
             t = open_one()
             if t is not None:
-                poller.register(t, select.POLLIN)
-                by_fd[t.fileno()] = t
+                add(t)
                 reopened += 1
-    socks = list(by_fd.values())
-    with open(ready, "w") as f:
-        f.write(f"{len(socks)} {reopened}")
+        while len(by_fd) < n and not os.path.exists(stop):
+            t = open_one()
+            if t is None:
+                break
+            add(t)
+            reopened += 1
+    note(f"{len(by_fd)} {reopened} {reopened / max(1e-9, time.monotonic() - t0):.0f}")
     '''
 )
 
-#: control: each connection announces a 1 MiB frame and stalls; control-idle: connects and
-#: stays silent; data: connects to the node's data server and stays silent.
-PLANES = ("control", "control-idle", "data")
 KEY = _wire.new_key()
 CID = "bench-flood"
+FLOODS = ("none", "half", "idle", "churn", "idle5000")
 
 
-def _rss_mb() -> float:
-    return psutil.Process().memory_info().rss / 1e6
+class _SlowSocket(socket.socket):
+    """A client socket that waits ``delay_s`` before its first send after it received bytes
+    (between the server's hello and the client's next message)."""
+
+    delay_s = 0.0
+
+    def _mark(self) -> None:
+        self._read_since_send = True
+
+    def recv(self, *a, **k):  # noqa: D401
+        self._mark()
+        return super().recv(*a, **k)
+
+    def recv_into(self, *a, **k):
+        self._mark()
+        return super().recv_into(*a, **k)
+
+    def _wait(self) -> None:
+        if getattr(self, "_read_since_send", False):
+            self._read_since_send = False
+            if self.delay_s:
+                time.sleep(self.delay_s)
+
+    def sendall(self, *a, **k):
+        self._wait()
+        return super().sendall(*a, **k)
+
+    def send(self, *a, **k):
+        self._wait()
+        return super().send(*a, **k)
 
 
-def _legit_control(srv: ControlServer) -> float:
+_orig_create = socket.create_connection
+_delay = threading.local()
+
+
+def _slow_create(address, timeout=socket._GLOBAL_DEFAULT_TIMEOUT, *a, **k):
+    s = _orig_create(address, timeout, *a, **k)
+    slow = _SlowSocket(s.family, s.type, s.proto, fileno=s.detach())
+    slow.settimeout(None if timeout is socket._GLOBAL_DEFAULT_TIMEOUT else timeout)
+    slow.delay_s = getattr(_delay, "s", 0.0)
+    return slow
+
+
+socket.create_connection = _slow_create
+
+
+def _try_control(srv: ControlServer, budget_s: float) -> float:
     t0 = time.monotonic()
-    c = ControlClient(srv.host, srv.port, KEY, CID, connect_timeout_s=60)
+    c = ControlClient(srv.host, srv.port, KEY, CID, connect_timeout_s=budget_s)
     try:
-        assert c._request("ping", {"x": 1}, 60.0, True, None)["echo"] == 1  # a raw request to a plain-function server
+        assert c._request("ping", {"x": 1}, budget_s, True, None)["echo"] == 1  # a raw request to a plain-function server
     finally:
         c.close()
     return time.monotonic() - t0
 
 
-def _legit_data(hub: FeedHub, index: int) -> float:
+def _try_data(hub: FeedHub, index: int, budget_s: float) -> float:
     t0 = time.monotonic()
-    deadline = Deadline(60, "a legitimate data handshake during the flood")
+    deadline = Deadline(budget_s, "a feed task's data handshake during the flood")
     while True:  # as a feed task does: retry when the node sheds the connection
-        s = socket.create_connection(("127.0.0.1", hub.port), timeout=60)
+        s = None
         try:
+            s = socket.create_connection(("127.0.0.1", hub.port), timeout=max(0.1, deadline.remaining()))
             session = _wire.client_handshake(s, KEY, deadline)
             send_json(s, session, FrameType.HEADER, {"qname": "input", "mode": "train", "partition": index,
-                                                    "kind": "pickled_batch", "feed_id": "bench", "index": index})
+                                                    "kind": "pickled_batch", "feed_id": f"bench-{os.getpid()}-{t0}",
+                                                    "index": index})
             ftype, status = recv_json(s, session, deadline)
             assert ftype is FrameType.STATUS and status["state"] == "ok", status
             return time.monotonic() - t0
-        except ConnectionError:
+        except (ConnectionError, OSError):
             if deadline.expired():
                 raise
+            time.sleep(min(0.2, max(0.0, deadline.remaining())))
         finally:
-            s.close()
+            if s is not None:
+                s.close()
 
 
-def _flood(host: str, port: int, n: int, mode: str, tmp: str):
+def _attack(host: str, port: int, n: int, mode: str, tmp: str):
     ready = os.path.join(tmp, f"ready-{mode}-{n}-{time.monotonic_ns()}")
     stop = ready + ".stop"
     proc = subprocess.Popen([sys.executable, "-c", _ATTACKER, host, str(port), str(n), mode, ready, stop])
-    end = time.monotonic() + 300
+    end = time.monotonic() + 120
     while not os.path.exists(ready) and time.monotonic() < end and proc.poll() is None:
         time.sleep(0.05)
-    opened = int(open(ready).read().split()[0]) if os.path.exists(ready) else 0
-    return proc, ready, stop, opened
+    return proc, ready, stop
 
 
 def _stop(proc: subprocess.Popen, ready: str, stop: str) -> str:
@@ -163,33 +261,88 @@ def _stop(proc: subprocess.Popen, ready: str, stop: str) -> str:
     return open(ready).read() if os.path.exists(ready) else ""
 
 
-def measure(plane: str, n: int, tmp: str, legit_tries: int) -> dict:
-    if plane.startswith("control"):
-        srv = ControlServer(KEY, lambda body, peer: {"echo": body.get("x")}, "127.0.0.1")
-        host, port = srv.host, srv.port
-        legit = lambda i: _legit_control(srv)  # noqa: E731
-        close = srv.close
-    else:
-        hub = FeedHub("127.0.0.1", KEY, ("input",), 4, "bench node")
-        host, port = "127.0.0.1", hub.port
-        legit = lambda i: _legit_data(hub, i)  # noqa: E731
-        close = lambda: hub.close("finished", "bench over")  # noqa: E731
+def _server(plane: str):
+    """(host, port, cap, try_fn(index, budget), close, stats) of a fresh server."""
+    if plane == "control":
+        srv = ControlServer(KEY, lambda body, peer: {"echo": body.get("x")}, "127.0.0.1", num_nodes=2)
+        cap = srv.limits.max_unauthenticated
+        return srv.host, srv.port, cap, lambda i, b: _try_control(srv, b), srv.close, srv.stats
+    hub = FeedHub("127.0.0.1", KEY, ("input",), 1 << 20, "bench node", local_socket=False)
+    cap = getattr(_hub_mod, "MAX_HANDSHAKES", None) or getattr(_hub_mod, "MAX_UNPROVEN", 0)
+    try:
+        from tfos._data import feed_gate as _gate  # the version with a proof first
+
+        cap = _gate.MAX_UNPROVEN
+    except ImportError:
+        pass
+
+    def close() -> None:
+        hub.close("finished", "bench over")
+
+    return "127.0.0.1", hub.port, cap, lambda i, b: _try_data(hub, i, b), close, lambda: {"rejected": hub.rejected}
+
+
+def table(plane: str, floods: list, delays: list, tries: int, budget_s: float, tmp: str) -> list:
+    rows = []
+    for flood in floods:
+        host, port, cap, try_fn, close, stats = _server(plane)
+        n = {"half": cap, "idle": cap, "idle5000": 5000}.get(flood, 0)
+        proc = ready = stop = None
+        if flood != "none":
+            proc, ready, stop = _attack(host, port, n, flood, tmp)
+            time.sleep(2.0)  # the flood is on
+        cells, times = {}, []
+        index = 0
+        for delay in delays:
+            _delay.s = delay / 1000.0
+            ok = 0
+            for _ in range(tries):
+                index += 1
+                try:
+                    times.append(try_fn(index, budget_s))
+                    ok += 1
+                except Exception as exc:  # noqa: BLE001 - a try that did not get through
+                    last = f"{type(exc).__name__}: {str(exc)[:160]}"
+                    print(f"  {plane} {flood} {delay} ms: failed: {last}", flush=True)
+            cells[delay] = ok
+            print(f"{plane} {flood} {delay} ms: {ok}/{tries}", flush=True)
+        _delay.s = 0.0
+        tail = _stop(proc, ready, stop) if proc is not None else ""
+        st = stats()
+        close()
+        rate = tail.split()[2] if len(tail.split()) > 2 else ""
+        rows.append({"plane": plane, "flood": flood, "n": n, "cap": cap, "cells": cells,
+                     "median_s": round(statistics.median(times), 3) if times else None,
+                     "max_s": round(max(times), 3) if times else None,
+                     "attacker": tail, "attacker_rate_per_s": rate, "server": st})
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def _rss_mb() -> float:
+    return psutil.Process().memory_info().rss / 1e6
+
+
+def resources(plane: str, n: int, tmp: str, legit_tries: int) -> dict:
+    host, port, cap, try_fn, close, _ = _server(plane)
     time.sleep(0.5)
     base_rss, base_threads = _rss_mb(), threading.active_count()
-    proc, ready, stop, opened = _flood(host, port, n, plane, tmp)
-    time.sleep(2.0)  # let the server take (and shed) the flood
+    proc, ready, stop = _attack(host, port, n, "idle", tmp)
+    time.sleep(2.0)
     peak_rss, peak_threads = _rss_mb(), threading.active_count()
-    times = [legit(i) for i in range(legit_tries)]
+    cpu0 = psutil.Process().cpu_times()
+    t0 = time.monotonic()
+    times = [try_fn(i + 1, 60.0) for i in range(legit_tries)]
+    cpu1 = psutil.Process().cpu_times()
+    wall = time.monotonic() - t0
     peak_rss = max(peak_rss, _rss_mb())
     peak_threads = max(peak_threads, threading.active_count())
     tail = _stop(proc, ready, stop)
     close()
-    return {
-        "plane": plane, "flood": n, "opened": opened, "attacker_end": tail,
-        "rss_mb_before": round(base_rss, 1), "rss_mb_flood": round(peak_rss, 1),
-        "threads_before": base_threads, "threads_flood": peak_threads,
-        "legit_s": [round(t, 4) for t in times],
-    }
+    return {"plane": plane, "flood": n, "attacker_end": tail, "rss_mb_before": round(base_rss, 1),
+            "rss_mb_flood": round(peak_rss, 1), "threads_before": base_threads, "threads_flood": peak_threads,
+            "server_cpu_share": round((cpu1.user + cpu1.system - cpu0.user - cpu0.system) / max(1e-9, wall), 2),
+            "legit_s": [round(t, 4) for t in times]}
 
 
 def _spread(values: list) -> str:
@@ -198,37 +351,59 @@ def _spread(values: list) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tree", default="", help="the tfos checkout to measure (default: this one)")
+    ap.add_argument("--planes", default="control,data")
+    ap.add_argument("--floods", default=",".join(FLOODS))
+    ap.add_argument("--delays-ms", default="0,5,20,50,100,200,500")
+    ap.add_argument("--tries", type=int, default=20)
+    ap.add_argument("--budget-s", type=float, default=10.0, help="seconds one try may take (connect and answer)")
+    ap.add_argument("--resources", action="store_true", help="measure RSS/threads under --sizes floods instead")
     ap.add_argument("--sizes", default="500,5000")
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--legit", type=int, default=5, help="legitimate requests timed per run")
+    ap.add_argument("--legit", type=int, default=5)
     ap.add_argument("--json", default="")
     args = ap.parse_args()
+    logging.getLogger("tfos").setLevel(logging.ERROR)  # thousands of rejections would be logged
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    sizes = [int(x) for x in args.sizes.split(",")]
-    if max(sizes) + 200 > hard:
-        sys.exit(f"ulimit -n hard limit {hard} is too small for a flood of {max(sizes)}")
-    results = []
+    if hard < 5300:
+        sys.exit(f"ulimit -n hard limit {hard} is too small for a flood of 5,000")
+    print(f"tfos from {os.path.dirname(tfos.__file__)}; control cap for 2 nodes "
+          f"{ControlLimits.for_nodes(2).max_unauthenticated}", flush=True)
+    planes = args.planes.split(",")
+    out: list = []
     with tempfile.TemporaryDirectory() as tmp:
-        for plane in PLANES:
-            for n in sizes:
-                for _ in range(args.repeat):
-                    r = measure(plane, n, tmp, args.legit)
-                    results.append(r)
-                    print(json.dumps(r), flush=True)
-    print()
-    print(f"load average {os.getloadavg()[0]:.1f}; min / median / max of {args.repeat} runs")
-    print("| plane | flood | runs | RSS before MB | RSS in flood MB | threads before | threads in flood | legit client s |")
-    print("|---|---|---|---|---|---|---|---|")
-    for plane in PLANES:
-        for n in sizes:
-            rs = [r for r in results if r["plane"] == plane and r["flood"] == n]
-            print(f"| {plane} | {n} | {len(rs)} | {_spread([r['rss_mb_before'] for r in rs])} | {_spread([r['rss_mb_flood'] for r in rs])} "
-                  f"| {_spread([r['threads_before'] for r in rs])} | {_spread([r['threads_flood'] for r in rs])} "
-                  f"| {_spread([t for r in rs for t in r['legit_s']])} |")
+        if args.resources:
+            for plane in planes:
+                for n in (int(x) for x in args.sizes.split(",")):
+                    for _ in range(args.repeat):
+                        out.append(resources(plane, n, tmp, args.legit))
+                        print(json.dumps(out[-1]), flush=True)
+            print("| plane | flood | runs | RSS before MB | RSS in flood MB | threads before | threads in flood | "
+                  "server CPU share | legit client s |")
+            print("|---|---|---|---|---|---|---|---|---|")
+            for plane in planes:
+                for n in (int(x) for x in args.sizes.split(",")):
+                    rs = [r for r in out if r["plane"] == plane and r["flood"] == n]
+                    print(f"| {plane} | {n} | {len(rs)} | {_spread([r['rss_mb_before'] for r in rs])} | "
+                          f"{_spread([r['rss_mb_flood'] for r in rs])} | {_spread([r['threads_before'] for r in rs])} | "
+                          f"{_spread([r['threads_flood'] for r in rs])} | {_spread([r['server_cpu_share'] for r in rs])} | "
+                          f"{_spread([t for r in rs for t in r['legit_s']])} |")
+        else:
+            delays = [int(x) for x in args.delays_ms.split(",")]
+            for plane in planes:
+                out += table(plane, args.floods.split(","), delays, args.tries, args.budget_s, tmp)
+            print(f"\nload average {os.getloadavg()[0]:.1f}; answered of {args.tries} tries "
+                  f"(budget {args.budget_s:g} s each) by the client's delay; seconds of an answered try")
+            print("| plane | flood | " + " | ".join(f"{d} ms" for d in delays) + " | median s | max s | attacker conn/s |")
+            print("|---|---|" + "---|" * (len(delays) + 3))
+            for r in out:
+                print(f"| {r['plane']} | {r['flood']}{' ' + str(r['n']) if r['n'] else ''} | "
+                      + " | ".join(str(r["cells"][d]) for d in delays)
+                      + f" | {r['median_s']} | {r['max_s']} | {r['attacker_rate_per_s']} |")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+            json.dump(out, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -75,7 +75,7 @@ from tfos._common import wire as _wire
 from tfos._common.deadline import Deadline
 from tfos._control import messages as _msg
 from tfos._control.limits import event_poll_s, heartbeat_interval_s, start_poll_s
-from tfos._control.protocol import ClientSession, FrameReader
+from tfos._control.protocol import ClientSession, FrameReader, client_proof
 from tfos._driver.runtime import ClusterRuntime
 from tfos.cluster_template import NodeInfo, build_template, roles_from_template
 from tfos.errors import ClusterFailedError, NodeFailure, TFOSError
@@ -104,6 +104,7 @@ class SimConnection:
             writer = None
             try:
                 reader, writer = await asyncio.wait_for(asyncio.open_connection(*self.addr), max(0.1, deadline - time.monotonic()))
+                writer.write(client_proof(self.key))  # first, as the real client
                 frames = FrameReader(self.key, _wire.MAX_FIRST_FRAME_BYTES)
                 hello = None
                 while hello is None:
@@ -269,7 +270,7 @@ class SimNode:
             known = {k: d.get(k) for k in ("stop", "feed_closed", "abort", "failed", "stack", "report")}
 
     def figures(self) -> dict:
-        """What a real TF process sends with each poll (tfos._node.figures.live_snapshot, a
+        """What a real TF process sends with each poll (tfos._data.figures.live_snapshot, a
         Keras counter included): the same keys, plausible values."""
         if not self.cfg.get("status", True):
             return {"rows": self.rows}  # the payload before the driver kept status figures

@@ -332,7 +332,11 @@ class ClusterFailedError(TFOSError):
     Attributes:
         failures: The root causes (:class:`NodeFailure`), one per failed node.
         consequences: The other failures recorded (not causes), for inspection.
+        flood: "" or what the driver's control port turned away meanwhile (connections
+            without the cluster key: a flood that may have kept nodes out), with the remedy.
     """
+
+    flood: str = ""
 
     def __init__(self, cluster_id: str, failures: Iterable[NodeFailure], context: str = ""):
         recorded = list(failures)
@@ -357,6 +361,8 @@ class ClusterFailedError(TFOSError):
             lines.append(f"- [{first.kind}] {names}: {first.error_type}: {first.message}")
             if first.traceback:
                 lines.extend("    " + ln for ln in first.traceback.rstrip().splitlines())
+        if self.flood:
+            lines.append(f"- meanwhile {self.flood}")
         return "\n".join(lines)
 
 

@@ -1,19 +1,20 @@
-"""TFoS's queue markers (pure).
+"""TFoS's queue markers (pure; TF process and tests): ``from tensorflowonspark import marker``
+becomes ``from tfos import marker``.
 
-The code is :mod:`tfos._legacy.marker`, part of TFoS's own runtime, which ``TFCluster.run``
-does not use; ``from tensorflowonspark import marker`` becomes ``from tfos import
-marker``. Every name of that module reads through this one, its state included.
+Only the TFoS-style row queues of :mod:`tfos.TFManager` use them: a tfos cluster feeds
+chunks over its own data connections and ends partitions and feeds with frames, not
+markers (see docs/migration.md).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-from tfos._legacy import marker as _impl
-from tfos._legacy.marker import *  # noqa: F403 - TFoS's public names
-
-__all__ = list(_impl.__all__)
+__all__ = ["Marker", "EndPartition"]
 
 
-def __getattr__(name: str) -> Any:
-    return getattr(_impl, name)
+class Marker:
+    """Base class of the special objects placed in a TFoS-style data queue."""
+
+
+class EndPartition(Marker):
+    """Ends one Spark partition in a TFoS-style data queue; an inference batch read by
+    ``DataFeed.next_batch`` never spans it."""

@@ -5,7 +5,8 @@ process that never had the cluster key (``tests/unit/intruders.py``) binds the f
 
 * a squatter answers every feed task that connects like a node: a made-up handshake, a
   made-up proof, then frames holding a pickle whose unpickling would write a marker file.
-  The feed tasks must send it nothing but a nonce and a proof bound to its nonce, fail over
+  The feed tasks must send it nothing but their proof of the key, a nonce and a proof bound
+  to its nonce, fail over
   to node 1 (a real node), and nothing it sent may be unpickled anywhere;
 * a relay passes every connection on to node 1: node 1 refuses the handshakes (they name
   node 0), the relay reads no row, and the driver logs a WARNING naming node 0 and the
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -116,13 +118,15 @@ def _intrude(sc, tmp_path, mode: str, log_name: str, *extra: str) -> tuple:
 
 def test_squatter_on_released_data_port_gets_nothing(sc, no_leftovers, tmp_path):
     """A squatter answers like a node, with a made-up proof and frames holding a pickle whose
-    unpickling would write a marker: every feed task sent it 68 bytes, nothing it sent was
-    unpickled anywhere, and its partitions went to node 1."""
+    unpickling would write a marker: every feed task sent it 120 bytes (its proof of the key,
+    then a nonce and a proof bound to the squatter's nonce), nothing it sent was unpickled
+    anywhere, and its partitions went to node 1."""
     marker = tmp_path / "unpickled-by-someone"
     run_dir, lines, conns = _intrude(sc, tmp_path, "squat", "squatter.log", "--log", "{run}/squatter.log",
                                      "--marker", str(marker), "--magic", _wire._DATA_MAGIC.decode())
-    # every feed task sent the squatter a nonce and a proof bound to its nonce (68 bytes), nothing else
-    assert {int(x.split()[1]) for x in conns} == {68}, conns
+    # every feed task sent the squatter its proof of the key (52 bytes), a nonce and a proof bound to
+    # its nonce (68 bytes), nothing else
+    assert {int(x.split()[1]) for x in conns} == {52 + 68}, conns
     # nothing the squatter sent was unpickled anywhere (driver, executors, TF processes)
     assert not marker.exists()
 
@@ -239,3 +243,54 @@ def test_key_stays_out_of_py4j_debug_log(sc, tmp_path):
         assert probe not in during, f"key (base64 shift {shift}) in the py4j DEBUG log"
     assert "characters elided by tfos while a cluster is open" in during
     assert "Answer received" in during  # the rest of py4j's DEBUG log is kept
+
+
+def _count_rows(args, ctx):
+    feed = ctx.get_data_feed(train_mode=True)
+    n = total = 0
+    while not feed.should_stop():
+        batch = feed.next_batch(100)
+        n += len(batch)
+        total += sum(int(r) for r in batch)
+    _touch(os.path.join(args["out"], f"rows{ctx.executor_id}"), f"{n} {total}")
+
+
+def test_run_and_train_succeed_under_a_flood_without_the_key(sc, no_leftovers, tmp_path, monkeypatch):
+    """A process without the key floods the driver's control port from before run() (more
+    half-sent and silent connections than the cap of unproven ones, each reopened when
+    closed, and connect/close churn in between), and once the nodes are up their data ports
+    too: run() succeeds, train() feeds every row exactly once, and heartbeats stay on time
+    (the cluster is not declared lost). The flood report counts what was turned away."""
+    host = sc.getConf().get("spark.driver.host", "127.0.0.1")
+    probe = socket.socket()
+    probe.bind((host, 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    monkeypatch.setenv("TFOS_SERVER_PORT", str(port))
+    stop = tmp_path / "stop"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TFOS")}
+    flooders = [subprocess.Popen([sys.executable, str(INTRUDERS), "flood", "--listen", f"{host}:{port}", "--hold", "150",
+                                  "--stop", str(stop), "--log", str(tmp_path / "flood.log")], env=env)]
+    cluster = None
+    try:
+        cluster = TFCluster.run(sc, _count_rows, {"out": str(tmp_path)}, 2, 0, input_mode=SPARK)
+        targets = ",".join(f"{i['host']}:{i['data_port']}" for i in cluster.cluster_info)
+        flooders.append(subprocess.Popen([sys.executable, str(INTRUDERS), "flood", "--listen", targets, "--hold", "150",
+                                          "--stop", str(stop), "--log", str(tmp_path / "flood.log")], env=env))
+        rows = 4000
+        cluster.train(sc.parallelize(range(rows), 8), num_epochs=1)
+        report = cluster.server.flood_report()
+        cluster.shutdown()
+        cluster = None
+        got = [(tmp_path / f"rows{e}").read_text().split() for e in (0, 1)]
+        assert sum(int(n) for n, _ in got) == rows and sum(int(s) for _, s in got) == rows * (rows - 1) // 2
+        assert f"{port}" in report and "turned away" in report, report
+    finally:
+        stop.touch()
+        for f in flooders:
+            try:
+                f.wait(60)
+            except subprocess.TimeoutExpired:
+                f.kill()
+        if cluster is not None:
+            cluster.shutdown()

@@ -19,7 +19,7 @@ import pytest
 from tfos._common.deadline import Deadline
 from tfos._driver import open_clusters
 from tfos._driver.backend import AttemptReport, ClusterPlan, InferenceCall, TrainCall
-from tfos._node.launch import ClusterConfig
+from tfos._node.launch import ClusterConfig, NodeSettings
 from tfos.cluster_template import InputMode, NodeInfo, build_template, roles_from_template
 from tfos.errors import ClusterFailedError, ConfigurationError, NodeFailure
 
@@ -27,7 +27,7 @@ from tfos.errors import ClusterFailedError, ConfigurationError, NodeFailure
 def plan(input_mode: InputMode = InputMode.SPARK, n: int = 2) -> ClusterPlan:
     template = build_template(n, 0)
     return ClusterPlan("tfos-fake", template, tuple(roles_from_template(template)), input_mode, b"",
-                       settings={"queues": ("input", "output"), "heartbeat_timeout_s": 15.0})
+                       settings=NodeSettings(queues=("input", "output"), heartbeat_timeout_s=15.0))
 
 
 class FakeBackend:
@@ -40,7 +40,7 @@ class FakeBackend:
         self.attempt = attempt
         p = launcher.plan
         self.config = ClusterConfig(cluster_id=p.cluster_id(attempt), key=b"k" * 32, driver_host="127.0.0.1", driver_port=1,
-                                    input_mode=p.input_mode, roles=p.roles, queues=p.settings["queues"])
+                                    input_mode=p.input_mode, roles=p.roles, queues=p.settings.queues)
         self._nodes = [NodeInfo(r.executor_id, r.job_name, r.task_index, "127.0.0.1", 2000 + r.executor_id) for r in p.roles]
         self.closed = False
         self.torn_down = False

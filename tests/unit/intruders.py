@@ -10,7 +10,12 @@ task's way (run as a separate process: ``python intruders.py squat|relay ...``).
   of every byte it forwards (``<capture>.to-node`` and ``<capture>.to-task``), logging
   ``conn <peer>`` per connection in ``<capture>.log``.
 
-Both stop when ``--stop`` exists or after ``--wait-s`` seconds.
+* ``flood``: floods ``--listen`` (``host:port``, several separated by commas; a port not
+  yet listening is tried again) with ``--hold`` connections that send half of a first
+  message and stall (reopened when closed), ``--hold`` silent ones (the same), and connects
+  and closes as fast as it can in between; appends its counts to ``--log``.
+
+All stop when ``--stop`` exists or after ``--wait-s`` seconds.
 """
 
 from __future__ import annotations
@@ -66,7 +71,7 @@ def _squat(conn: socket.socket, args: argparse.Namespace, lock: threading.Lock) 
             if not b:
                 break
             got += len(b)
-            if got >= 68:
+            if got >= 52 + 68:  # the task's proof of the key, then its nonce and bound proof
                 # a made-up proof, then a "status ok", an "ack" and "results" frames
                 conn.sendall(os.urandom(32))
                 for t, p in ((b"S", b'{"state":"ok"}'), (b"A", b'{"rows":1000}'), (b"R", evil)):
@@ -98,18 +103,73 @@ def _pump(src: socket.socket, dst: socket.socket, path: str, lock: threading.Loc
             return
 
 
+def _flood(targets: list, args: argparse.Namespace) -> None:
+    """Holds half-sent and silent connections to every target, reopening each one closed,
+    and churns connections in between (one process, one thread)."""
+    import select
+
+    end = time.monotonic() + args.wait_s
+    held: dict = {}  # fd -> (socket, target, half)
+    poller = select.poll()
+    opened = churned = 0
+
+    def open_one(target: tuple, half: bool) -> None:
+        nonlocal opened
+        s = socket.socket()
+        s.settimeout(2)
+        try:
+            s.connect(target)
+            if half:
+                s.sendall(b"TFO1" + struct.pack(">I", 200) + os.urandom(18))
+            s.setblocking(False)
+        except OSError:
+            s.close()
+            return
+        held[s.fileno()] = (s, target, half)
+        poller.register(s, select.POLLIN)
+        opened += 1
+
+    while not (args.stop and os.path.exists(args.stop)) and time.monotonic() < end:
+        for target in targets:
+            for half in (True, False):
+                have = sum(1 for _, t, h in held.values() if t == target and h == half)
+                for _ in range(max(0, args.hold - have)):
+                    open_one(target, half)
+        for fd, _ in poller.poll(20):
+            s, _, _ = held.pop(fd)
+            poller.unregister(fd)
+            s.close()
+        for target in targets:  # churn: connect and close at once
+            for _ in range(20):
+                c = socket.socket()
+                c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                c.settimeout(0.2)
+                try:
+                    c.connect(target)
+                    churned += 1
+                except OSError:
+                    pass
+                c.close()
+    if args.log:
+        _append(args.log, f"flood opened {opened} churned {churned}\n".encode(), threading.Lock())
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=("squat", "relay"))
+    ap.add_argument("mode", choices=("squat", "relay", "flood"))
     ap.add_argument("--listen", required=True, help="host:port (port 0: any, printed)")
     ap.add_argument("--to", type=int, default=0, help="relay: the port connections are passed on to")
     ap.add_argument("--capture", default="", help="relay: prefix of the files it writes")
     ap.add_argument("--log", default="", help="squat: its log")
     ap.add_argument("--marker", default="", help="squat: written when its pickle is unpickled")
     ap.add_argument("--magic", default="", help="squat: the handshake magic to send")
+    ap.add_argument("--hold", type=int, default=70, help="flood: connections of each kind held per target")
     ap.add_argument("--stop", default="")
     ap.add_argument("--wait-s", type=float, default=240.0)
     args = ap.parse_args()
+    if args.mode == "flood":
+        _flood([(h, int(p)) for h, p in (t.rsplit(":", 1) for t in args.listen.split(","))], args)
+        return 0
     host, port = args.listen.rsplit(":", 1)
     end = time.monotonic() + args.wait_s
     lst = _bind_when_free(host, int(port), args.stop, end)

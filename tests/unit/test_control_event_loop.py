@@ -17,7 +17,7 @@ from tfos._common.deadline import Deadline
 from tfos._control import messages as msg
 from tfos._control.client import ControlClient, shared_client
 from tfos._control.limits import ControlLimits, event_poll_s, heartbeat_interval_s, start_poll_s
-from tfos._control.protocol import Call, ClientSession, FrameReader, LongPoll
+from tfos._control.protocol import Call, ClientSession, FrameReader, LongPoll, client_proof
 from tfos._control.server import ControlServer
 from tfos._control.host import ClusterHost
 from tfos.cluster_template import NodeInfo, build_template, roles_from_template
@@ -54,6 +54,7 @@ class RawClient:
 
     def __init__(self, port: int, key: bytes = KEY, cluster_id: str = CID):
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=20)
+        self.sock.sendall(client_proof(key))
         self.frames = FrameReader(key)
         self.session = ClientSession(key, cluster_id, self._next())
 
@@ -411,3 +412,93 @@ def test_a_node_exit_report_is_served_while_the_interpreter_exits():
         client.close()
     finally:
         srv.close()
+
+
+# ------------------------------------------------------------------ floods
+def test_a_flood_of_strangers_never_evicts_a_key_holder_and_says_who_it_evicted(caplog):
+    """Strangers without the key hold the cap of unproven connections and reopen each one
+    closed: a key holder proves itself in its first bytes, so its connection is never an
+    eviction candidate, however long it then takes to send its first frame; the eviction
+    log names the evicted connection's address; the flood report names the port, the
+    counts, the source address and the remedy."""
+    srv = ControlServer(KEY, lambda body, peer: {"echo": body.get("x")}, "127.0.0.1",
+                        limits=ControlLimits(max_connections=512, max_unauthenticated=16))
+    strangers: list[socket.socket] = []
+    try:
+        slow = socket.create_connection(("127.0.0.1", srv.port), timeout=20)
+        slow.sendall(client_proof(KEY))  # proven; its first frame comes much later
+        for _ in range(48):  # 3x the cap, silent
+            strangers.append(socket.create_connection(("127.0.0.1", srv.port), timeout=20))
+        Deadline(30, "evictions past the grace period").wait_for(lambda: srv.stats()["evicted"] >= 16,
+                                                                 extra=lambda: str(srv.stats()))
+        ports = {s.getsockname()[1] for s in strangers}
+        evictions = [r.getMessage() for r in caplog.records if "evicted" in r.getMessage()]
+        assert evictions and all(int(m.split("from 127.0.0.1:")[1].split(":")[0]) in ports for m in evictions)
+        frames = FrameReader(KEY)
+        while (hello := frames.next()) is None:
+            frames.feed(slow.recv(65536))
+        session = ClientSession(KEY, CID, hello)
+        slow.sendall(b"".join(f for _, f, _ in session.encode("ping", {"x": 5})))
+        while (body := frames.next()) is None:
+            frames.feed(slow.recv(65536))
+        assert body["echo"] == 5  # served, after 48 strangers came and went
+        c = ControlClient("127.0.0.1", srv.port, KEY, CID, connect_timeout_s=30)
+        assert c._request("ping", {"x": 6}, 30.0, True, None)["echo"] == 6  # a newcomer gets through during the flood
+        c.close()
+        report = srv.flood_report()
+        assert f"the tfos control port 127.0.0.1:{srv.port}" in report and "127.0.0.1 (" in report
+        assert "evicted" in report and "private network" in report and "spark.authenticate" in report
+        slow.close()
+    finally:
+        for s in strangers:
+            s.close()
+        srv.close()
+
+
+def test_a_wrong_key_client_is_refused_on_its_first_bytes():
+    srv = ControlServer(KEY, lambda body, peer: {"echo": 1}, "127.0.0.1")
+    try:
+        c = ControlClient("127.0.0.1", srv.port, _wire.new_key(), CID, connect_timeout_s=30)
+        t0 = time.monotonic()
+        with pytest.raises(ControlProtocolError, match="refused this process's proof of the cluster key"):
+            c._request("ping", {}, 30.0, True, None)
+        assert time.monotonic() - t0 < 25  # at once, not at the end of the connect budget
+        assert srv.stats()["turned_away"] == 1 and srv.flood_report().startswith("the tfos control port")
+    finally:
+        srv.close()
+
+
+def test_the_client_backs_off_and_retries_until_the_driver_listens():
+    """Connections refused (a driver still starting, or a kernel queue full under a flood)
+    are retried with growing pauses until the connect budget ends."""
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    c = ControlClient("127.0.0.1", port, KEY, CID, connect_timeout_s=30)
+    box: dict = {}
+
+    def late_server() -> None:
+        time.sleep(1.0)
+        box["srv"] = ControlServer(KEY, lambda body, peer: {"echo": body.get("x")}, "127.0.0.1", port_spec=str(port))
+
+    t = threading.Thread(target=late_server)
+    t.start()
+    try:
+        assert c._request("ping", {"x": 3}, 30.0, True, None)["echo"] == 3
+        assert isinstance(c.last_connect_error, type(None))
+    finally:
+        t.join(20)
+        c.close()
+        if "srv" in box:
+            box["srv"].close()
+
+
+def test_a_cluster_error_quotes_the_flood_report():
+    from tfos.errors import ClusterFailedError
+
+    err = ClusterFailedError(CID, [NodeFailure(0, "worker", 0, "127.0.0.1", "exited", "RuntimeError",
+                                               "exited right after start-up")], "run()")
+    assert "meanwhile" not in str(err)
+    err.flood = "the tfos control port 127.0.0.1:9 turned away 70 connections ... from 127.0.0.1 (70)"
+    assert str(err).splitlines()[-1] == "- meanwhile the tfos control port 127.0.0.1:9 turned away 70 connections ... from 127.0.0.1 (70)"

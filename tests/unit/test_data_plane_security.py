@@ -21,12 +21,15 @@ import pytest
 import tfos._control.server as cs_mod
 import tfos._data.feed_hub as hub_mod
 from tfos._common import wire as _wire
-from tfos._control.client import ControlClient
-from tfos._control.server import ControlServer
-from tfos._data.framing import FrameType, recv_frame, recv_json, send_frame, send_json
+from tfos._common.admission import make_proof
 from tfos._common.deadline import Deadline
+from tfos._control.client import ControlClient
+from tfos._control.protocol import client_proof
+from tfos._control.server import ControlServer
+from tfos._data import feed_gate
 from tfos._data.feed_connection import Chunk, PartitionEnd
 from tfos._data.feed_hub import FeedHub
+from tfos._data.framing import FrameType, recv_frame, recv_json, send_frame, send_json
 from tfos._driver.spark_checks import warn_key_transport
 from tfos.errors import ControlProtocolError
 
@@ -122,7 +125,7 @@ def test_authenticated_partition_end_to_end(hub):
 
 def test_wrong_key_client_rejected_and_nothing_queued(hub, tmp_path):
     s = socket.create_connection(("127.0.0.1", hub.port), timeout=20)
-    with pytest.raises(_wire.DataAuthError, match="failed to prove"):  # the node refuses, proving nothing
+    with pytest.raises(_wire.DataAuthError, match="refused this feed task's proof"):  # refused on its first bytes
         _wire.client_handshake(s, OTHER_KEY, Deadline(20))
     s.close()
     _wait(lambda: hub.rejected >= 1, "the rejection")
@@ -130,7 +133,8 @@ def test_wrong_key_client_rejected_and_nothing_queued(hub, tmp_path):
 
 
 def test_squatter_without_key_gets_only_a_nonce_and_a_proof(tmp_path):
-    """A process without the key on a node's port: the feed task sends it 68 bytes, then stops."""
+    """A process without the key on a node's port: the feed task sends it 52 + 68 bytes (its
+    proof of the key, then its nonce and a proof bound to the squatter's nonce), then stops."""
     lst = socket.socket()
     lst.bind(("127.0.0.1", 0))
     lst.listen(1)
@@ -146,7 +150,7 @@ def test_squatter_without_key_gets_only_a_nonce_and_a_proof(tmp_path):
                 if not b:
                     break
                 got.extend(b)
-                if len(got) >= 68:
+                if len(got) >= 52 + 68:
                     c.sendall(os.urandom(32))  # a made-up "server proof"
         except OSError:
             pass
@@ -160,7 +164,7 @@ def test_squatter_without_key_gets_only_a_nonce_and_a_proof(tmp_path):
     s.close()
     t.join(10)
     lst.close()
-    assert len(got) == 68  # magic + client nonce + proof bound to the squatter's nonce; no data
+    assert len(got) == 52 + 68  # proof of the key, then magic + client nonce + proof bound to the squatter's nonce; no data
 
 
 def test_relay_in_the_middle_gets_nothing_accepted(hub, tmp_path):
@@ -183,6 +187,7 @@ def test_relay_in_the_middle_gets_nothing_accepted(hub, tmp_path):
     t.start()
     victim, _ = relay.accept()
     node = socket.create_connection(("127.0.0.1", hub.port), timeout=20)
+    node.sendall(_wire.recv_exact(victim, 52, Deadline(20)))  # task's proof of the key -> node
     victim.sendall(_wire.recv_exact(node, 36, Deadline(20)))  # node hello -> task
     node.sendall(_wire.recv_exact(victim, 68, Deadline(20)))  # task proof -> node
     victim.sendall(_wire.recv_exact(node, 32, Deadline(20)))  # node proof -> task
@@ -348,6 +353,7 @@ def test_accept_loop_survives_failed_thread_start(hub, monkeypatch):
     monkeypatch.setattr(threading.Thread, "start", flaky_start)
     for _ in range(3):
         s = socket.create_connection(("127.0.0.1", hub.port), timeout=20)
+        s.sendall(make_proof(KEY, _wire.DATA_PROOF_MAGIC))  # a key holder: the hub starts its thread
         s.settimeout(20)
         assert s.recv(1) == b""  # closed by the accept loop, which lives on
         s.close()
@@ -357,29 +363,42 @@ def test_accept_loop_survives_failed_thread_start(hub, monkeypatch):
     s.close()
 
 
-def test_unauthenticated_flood_bounded_and_legit_client_gets_through(hub):
-    n = hub_mod.MAX_HANDSHAKES * 4
-    before = threading.active_count()
-    flood = [socket.create_connection(("127.0.0.1", hub.port), timeout=20) for _ in range(n)]
+def test_unauthenticated_flood_costs_no_thread_and_never_evicts_a_key_holder(monkeypatch, caplog):
+    """Strangers beyond the cap of unproven connections: no thread each; those past the
+    grace period are evicted (the log names the evicted connection's address); a feed task
+    whose proof arrived is never evicted, however long it then takes; one that connects
+    during the flood gets through."""
+    monkeypatch.setattr(feed_gate, "MAX_UNPROVEN", 16)
+    h = FeedHub("127.0.0.1", KEY, ("input",), 8, "worker:0 (executor 0, test)", local_socket=False)
     try:
-        time.sleep(0.5)
-        assert threading.active_count() - before <= hub_mod.MAX_HANDSHAKES + 2
-        _wait(lambda: hub.rejected >= n - hub_mod.MAX_HANDSHAKES, "evictions")
-        s, session, status = _open_partition(hub)  # evicts the oldest idle stranger
+        slow = socket.create_connection(("127.0.0.1", h.port), timeout=20)
+        slow.sendall(make_proof(KEY, _wire.DATA_PROOF_MAGIC))  # proven, then silent for a while
+        before = threading.active_count()
+        flood = [socket.create_connection(("127.0.0.1", h.port), timeout=20) for _ in range(48)]
+        _wait(lambda: h.rejected >= 16, "evictions of strangers past their grace period")
+        assert threading.active_count() - before <= 1
+        assert h.gate.flood.evicted >= 16 and h.gate.flood.by_address["127.0.0.1"] >= 16
+        evicted_ports = {str(f.getsockname()[1]) for f in flood}
+        assert any("evicted" in r.getMessage() and r.getMessage().split("from 127.0.0.1:")[1].split(":")[0] in evicted_ports
+                   for r in caplog.records if "from 127.0.0.1:" in r.getMessage())
+        s, session, status = _open_partition(h)  # connects during the flood
         assert status == {"state": "ok"}
         s.close()
-    finally:
+        assert _wire.recv_exact(slow, 36, Deadline(20))[:4] == _wire._DATA_MAGIC  # its hello: still served
+        slow.close()
         for f in flood:
             f.close()
+    finally:
+        h.close("finished", "test over")
 
 
 def test_authenticated_connection_cap(hub, monkeypatch):
     monkeypatch.setattr(hub_mod, "MAX_CONNECTIONS", 2)
     a = _open_partition(hub, index=1)
     b = _open_partition(hub, index=2)
-    s, session = _client(hub)  # authenticates, then is refused for the cap
-    s.settimeout(20)
-    assert s.recv(1) == b""
+    s = socket.create_connection(("127.0.0.1", hub.port), timeout=20)
+    with pytest.raises(ConnectionError):  # proves it holds the key, then is refused for the cap
+        _wire.client_handshake(s, KEY, Deadline(20, "handshake"))
     s.close()
     for sock, _, _ in (a, b):
         sock.close()
@@ -389,8 +408,8 @@ def test_hub_close_ends_accept_loop_and_pending(hub):
     idle = socket.create_connection(("127.0.0.1", hub.port), timeout=20)
     hub.close("finished", "done")
     assert _closed(idle)  # the pending handshake is ended, not left to its timeout
-    hub._accept_thread.join(10)
-    assert not hub._accept_thread.is_alive()
+    hub.gate.thread.join(10)
+    assert not hub.gate.thread.is_alive()
 
 
 # ============================================================== control plane
@@ -419,6 +438,7 @@ def server(monkeypatch, caplog):
 
 def _raw(srv: ControlServer):
     s = socket.create_connection((srv.host, srv.port), timeout=20)
+    s.sendall(client_proof(KEY))
     hello = _wire.read_frame(s, KEY, Deadline(20), 20)
     return s, hello["sn"]
 
@@ -494,6 +514,7 @@ def test_response_bound_to_client_nonce(server):
 
     def impostor():
         c, _ = lst.accept()
+        _wire.recv_exact(c, 52, Deadline(20))  # the client's proof of the key
         c.sendall(_wire.encode_frame(KEY, {"type": "hello", "sn": "s" * 32}))
         req = _wire.read_frame(c, KEY, Deadline(20), 20)
         # an old response replayed: right server nonce and sequence, another client's nonce

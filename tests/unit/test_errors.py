@@ -162,7 +162,7 @@ def test_every_train_path_refuses_num_epochs_zero_with_the_tfos_hint():
     classic train() (tests/spark/test_feed_cases.py), before touching the data."""
     from types import SimpleNamespace
 
-    from tfos._driver import streaming
+    from tfos._driver import stream_feeds
     from tfos._driver.cluster import TFCluster
     from tfos.cluster_template import InputMode
     from tfos.errors import ConfigurationError
@@ -173,7 +173,7 @@ def test_every_train_path_refuses_num_epochs_zero_with_the_tfos_hint():
     with pytest.raises(ConfigurationError, match=r"got 0 \(TFoS fed 10 epochs for 0: pass num_epochs=10 to keep that\)$"):
         connect.train(None, num_epochs=0)
     stub = SimpleNamespace(input_mode=InputMode.SPARK, queues=["input"], _classic=lambda what: None, _check_open=lambda what: None)
-    for feed in (streaming.train_dstream, streaming.train_stream):
+    for feed in (stream_feeds.train_dstream, stream_feeds.train_stream):
         with pytest.raises(ConfigurationError, match=r"got 0 \(TFoS fed each micro-batch once whatever num_epochs said: "
                                                      r"pass num_epochs=1 to keep that\)$"):
             feed(stub, None, 0, 600.0, "input")

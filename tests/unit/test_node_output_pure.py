@@ -12,7 +12,7 @@ import traceback
 import cloudpickle
 import pytest
 
-from tfos._node.output import is_tf_noise, tf_noise_level
+from tfos._node.tf_noise import is_tf_noise, tf_noise_level
 
 ABSL = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
 INFO = "I0000 00:00:1796080592.555864    7250 port.cc:153] oneDNN custom operations are on."

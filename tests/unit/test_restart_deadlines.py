@@ -19,7 +19,7 @@ class _Sc:
 def _launcher(executor_wait_s: float = 60.0) -> at.ClassicLauncher:
     launcher = object.__new__(at.ClassicLauncher)  # no SparkContext: the Spark checks are not the point
     launcher.sc, launcher.spark_ids = _Sc(), (0, 1)
-    launcher.plan = ClusterPlan("tfos-x", {}, (), InputMode.SPARK, b"", executor_wait_s=executor_wait_s, reservation_timeout_s=600.0)
+    launcher.plan = ClusterPlan("tfos-x", {}, (), InputMode.SPARK, b"", executor_wait_s=executor_wait_s)
     return launcher
 
 

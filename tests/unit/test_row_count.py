@@ -1,4 +1,4 @@
-"""Row accounting on a node (tfos._node.row_count), the fed-data auto-shard rule
+"""Row accounting on a node (tfos._data.row_count), the fed-data auto-shard rule
 (tfos._node.fed_shard) and the array-shuffle seed (tfos._node.keras3_arrays): no Spark, no TF."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import warnings
 import pytest
 
 from tfos._node import fed_shard, keras3_arrays, keras3_outputs
-from tfos._node.figures import NodeFigures
-from tfos._node.row_count import RowCount
+from tfos._data.figures import NodeFigures
+from tfos._data.row_count import RowCount
 
 
 def _count(trained: list) -> tuple:

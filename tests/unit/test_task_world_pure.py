@@ -1,5 +1,5 @@
 """The Spark task's world in the TF process, without a Spark cluster (tfos._node.task_world,
-tfos._driver.task_world): the payload's broadcasts and accumulators, their set-up in a TF
+tfos._driver.payload): the payload's broadcasts and accumulators, their set-up in a TF
 process (SparkFiles, TaskContext, broadcasts from a file and from an in-memory file),
 accumulator updates carried as exact JSON and applied once, and the address-space limit:
 raised where the hard limit allows, named where it kills a node."""
@@ -18,7 +18,7 @@ import time
 import cloudpickle
 import pytest
 
-from tfos._driver.task_world import AccumulatorInbox, pickle_payload
+from tfos._driver.payload import AccumulatorInbox, pickle_payload
 from tfos._node import task_world as tw
 from tfos.errors import ConfigurationError, TFOSError
 

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 import tfos._control.server as cs_mod
 from tfos._common import wire as _wire
 from tfos._control.client import ControlClient
+from tfos._control.protocol import REFUSED, client_proof
 from tfos._control.server import ControlServer, parse_port_spec
 from tfos._common.deadline import Deadline
 from tfos._data.feed_plan import FeedPlan
@@ -207,15 +208,15 @@ def test_challenge_response_right_key():
 def test_challenge_response_wrong_key():
     r = _challenge(KEY, OTHER_KEY)
     assert isinstance(r["server"], ControlProtocolError)
-    assert str(r["server"]).startswith("data connection authentication failed: the proof was not made with the cluster key")
-    # the server refused, proving nothing (a refusal under another key is just bytes to the client)
-    assert isinstance(r["client"], _wire.DataAuthError) and "failed to prove it holds the cluster key" in str(r["client"])
+    assert str(r["server"]).startswith("data connection authentication failed: its proof of the cluster key failed")
+    # the server refused the first bytes, before its hello: the client says so at once
+    assert isinstance(r["client"], _wire.DataAuthError) and "refused this feed task's proof" in str(r["client"])
 
 
 def test_challenge_silent_peer_times_out():
     a, b = socket.socketpair()
     with a, b:
-        with pytest.raises(DeadlineExceededError, match="received 0 of 68 bytes"):
+        with pytest.raises(DeadlineExceededError, match="received 0 of 52 bytes"):
             _wire.server_handshake(a, KEY, Deadline(0.3, "the handshake"))
 
 
@@ -248,6 +249,7 @@ def server(monkeypatch, caplog):
 
 def _raw(srv: ControlServer) -> tuple[socket.socket, str]:
     s = socket.create_connection((srv.host, srv.port), timeout=20)
+    s.sendall(client_proof(KEY))  # a key holder's first bytes
     hello = _wire.read_frame(s, KEY, Deadline(20), 20)
     assert hello["type"] == "hello"
     return s, hello["sn"]
@@ -412,14 +414,23 @@ def test_clean_disconnect_is_not_a_rejection(server):
 
 
 def test_wrong_key_frame_rejected(server):
+    # a stranger without the key gets no hello (no server nonce): its proof is refused first
     s = socket.create_connection((server.host, server.port), timeout=20)
-    # a stranger without the key can still read the hello's nonce, but cannot MAC a frame
-    head = s.recv(8, socket.MSG_WAITALL)
-    rest = s.recv(32 + struct.unpack(">I", head[4:])[0], socket.MSG_WAITALL)
-    sn = json.loads(rest[32:])["sn"]
-    s.sendall(_frame(sn, 1, key=OTHER_KEY))
+    s.sendall(client_proof(OTHER_KEY))
+    assert s.recv(len(REFUSED), socket.MSG_WAITALL) == REFUSED
     assert _closed_by_server(s)
     _wait_rejected(server, 1)
+    # a key holder's proof captured on the wire and replayed is refused (its nonce was seen)
+    proof = client_proof(KEY)
+    first = socket.create_connection((server.host, server.port), timeout=20)
+    first.sendall(proof)
+    assert _wire.read_frame(first, KEY, Deadline(20), 20)["type"] == "hello"
+    replay = socket.create_connection((server.host, server.port), timeout=20)
+    replay.sendall(proof)
+    assert replay.recv(len(REFUSED), socket.MSG_WAITALL) == REFUSED
+    assert _closed_by_server(replay)
+    _wait_rejected(server, 2)
+    first.close()
     assert server.calls == []
     _legit_roundtrip(server)
 
@@ -633,7 +644,8 @@ def test_fuzz_random_bytes_never_dispatch(monkeypatch, caplog):
         def fuzz(data: bytes, read_hello: bool) -> None:
             before = srv.rejected
             s = socket.create_connection((srv.host, srv.port), timeout=20)
-            if read_hello:
+            if read_hello:  # a key holder's connection: its proof, the hello, then the fuzz
+                s.sendall(client_proof(KEY))
                 _wire.read_frame(s, KEY, Deadline(20), 20)
             try:
                 s.sendall(data)
@@ -660,7 +672,7 @@ def test_fuzz_random_bytes_never_dispatch(monkeypatch, caplog):
 # ====================================================================== reprs
 def test_key_not_in_reprs():
     roles = (NodeRole(0, "worker", 0),)
-    cfg = ClusterConfig(CID, KEY, "127.0.0.1", 5000, InputMode.SPARK, roles)
+    cfg = ClusterConfig(cluster_id=CID, key=KEY, driver_host="127.0.0.1", driver_port=5000, input_mode=InputMode.SPARK, roles=roles)
     launch = NodeLaunch(cfg, roles[0], "127.0.0.1", "127.0.0.1/1", 0, False, "/tmp", ("/x",), b"\x80\x05secretpayload")
     plan = FeedPlan(CID, KEY, "127.0.0.1", 5000, (NodeInfo(0, "worker", 0, "127.0.0.1", 2000, 3000),))
     client = ControlClient("127.0.0.1", 5000, KEY, CID)

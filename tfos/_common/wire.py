@@ -35,6 +35,7 @@ import socket
 import struct
 from typing import Any, Mapping, Optional, Protocol, Union
 
+from tfos._common.admission import PROOF_BYTES, ProofChecker, make_proof
 from tfos._common.data_session import DataAuthError, DataRelayError, DataSession
 from tfos._common.deadline import Deadline
 from tfos.errors import ControlProtocolError
@@ -59,6 +60,7 @@ __all__ = [
     "client_handshake",
     "loads_strict",
     "MAX_FIRST_FRAME_BYTES",
+    "DATA_PROOF_MAGIC",
 ]
 
 MAGIC = b"TFO1"
@@ -318,6 +320,11 @@ def node_identity(node: _Identified) -> bytes:
 
 
 _DATA_MAGIC = b"TFD3"
+#: The magic of a feed task's proof of the key, its first bytes on a data connection
+#: (:func:`tfos._common.admission.make_proof`).
+DATA_PROOF_MAGIC = b"TFA1"
+#: What a node sends instead of its hello when a feed task's proof of the key failed.
+DATA_REFUSED = b"TFDX" + bytes(_CHALLENGE_BYTES)
 _HELLO = struct.Struct(">4s32s")  # magic, nonce
 _IDENTITY_LEN = struct.Struct(">H")
 
@@ -333,9 +340,13 @@ def _session_keys(key: bytes, snonce: bytes, cnonce: bytes, identity: bytes) -> 
     return (_bound(key, b" key c2s ", snonce, cnonce, identity), _bound(key, b" key s2c ", snonce, cnonce, identity))
 
 
-def server_handshake(sock: socket.socket, key: bytes, deadline: Deadline, identity: bytes = b"") -> DataSession:
+def server_handshake(sock: socket.socket, key: bytes, deadline: Deadline, identity: bytes = b"",
+                     proven: bool = False) -> DataSession:
     """Server (node) half of the mutual data-connection handshake.
 
+    0. client -> server, right after it connected: a proof that it holds the key
+       (:data:`DATA_PROOF_MAGIC`, a nonce, an HMAC of both; read by the node's accept loop,
+       :mod:`tfos._data.feed_gate`, before it spends a thread on the connection);
     1. server -> client: ``"TFD3" | server nonce (32 random bytes)``;
     2. client -> server: ``"TFD3" | client nonce (32) | HMAC(key, "client" Ns Nc identity)``;
     3. server -> client: ``HMAC(key, "server" Ns Nc identity)``, or, when the client's proof
@@ -353,6 +364,7 @@ def server_handshake(sock: socket.socket, key: bytes, deadline: Deadline, identi
     Args:
         identity: This node's identity (b"" for connections not bound to a node, as
             ``tfos.reservation.MessageSocket``'s).
+        proven: The caller already read and checked step 0 (else it is read here).
 
     Returns:
         The connection's :class:`DataSession` (frames from now on are encrypted).
@@ -362,6 +374,14 @@ def server_handshake(sock: socket.socket, key: bytes, deadline: Deadline, identi
             for another node: a relay).
         ConnectionError, DeadlineExceededError: The peer went away or was too slow.
     """
+    if not proven:
+        why = ProofChecker(key, DATA_PROOF_MAGIC).check(recv_exact(sock, PROOF_BYTES, deadline))
+        if why is not None:
+            try:
+                sock.sendall(DATA_REFUSED)
+            except OSError:
+                pass
+            raise DataAuthError(f"data connection authentication failed: {why}")
     snonce = os.urandom(_CHALLENGE_BYTES)
     sock.sendall(_HELLO.pack(_DATA_MAGIC, snonce))
     answer = recv_exact(sock, _HELLO.size + _MAC_BYTES, deadline)
@@ -387,9 +407,9 @@ def client_handshake(sock: socket.socket, key: bytes, deadline: Deadline, identi
                      others: Optional[Mapping[bytes, str]] = None) -> DataSession:
     """Client (feed task) half of the handshake (see :func:`server_handshake`).
 
-    Nothing but a fresh nonce and a proof bound to the server's nonce and to the identity
-    of the node the task means to reach is sent before the server has proven it is that
-    node.
+    Nothing but a proof of the key (step 0), a fresh nonce and a proof bound to the
+    server's nonce and to the identity of the node the task means to reach is sent before
+    the server has proven it is that node.
 
     Args:
         identity: The identity of the node the task means to reach (:func:`node_identity`).
@@ -406,7 +426,14 @@ def client_handshake(sock: socket.socket, key: bytes, deadline: Deadline, identi
             the port is not this cluster's node (e.g. it took over a released port).
         ConnectionError, DeadlineExceededError: The server went away or was too slow.
     """
+    sock.sendall(make_proof(key, DATA_PROOF_MAGIC))  # first: a flood of strangers never evicts it
     hello = recv_exact(sock, _HELLO.size, deadline)
+    if hello[:4] == DATA_PROOF_MAGIC:  # the peer speaks first as a client too: no hello will come
+        recv_exact(sock, PROOF_BYTES - _HELLO.size, deadline)
+        hello = recv_exact(sock, _HELLO.size, deadline)  # ends at the deadline, as with a silent server
+    if hello == DATA_REFUSED:
+        raise DataAuthError("the node refused this feed task's proof of the cluster key (another key: a feed task "
+                            "of another cluster, or not this cluster's node at that address)")
     magic, snonce = _HELLO.unpack(hello)
     if magic != _DATA_MAGIC:
         raise DataAuthError("the peer did not start a tfos data handshake (bad magic)")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import random
 import socket
 import threading
 import time
@@ -25,7 +26,7 @@ from typing import Optional
 from tfos._common import wire as _wire
 from tfos._common.deadline import Deadline
 from tfos._control.messages import Message
-from tfos._control.protocol import ClientSession, FrameReader
+from tfos._control.protocol import REFUSED, ClientSession, FrameReader, client_proof
 from tfos.errors import ControlProtocolError, DeadlineExceededError
 
 __all__ = ["ControlClient", "shared_client"]
@@ -33,6 +34,10 @@ __all__ = ["ControlClient", "shared_client"]
 log = logging.getLogger(__name__)
 
 _FRAME_TIMEOUT_S = 30.0
+#: First and longest pause (seconds) between two connection attempts; each failed attempt
+#: doubles it, with jitter, until the connect budget is spent.
+_BACKOFF_FIRST_S = 0.05
+_BACKOFF_MAX_S = 2.0
 #: Longest single wait of the reader thread for bytes (it then checks its deadlines).
 _READ_SLICE_S = 1.0
 
@@ -207,21 +212,25 @@ class ControlClient:
             "(set TFOS_SERVER_HOST/TFOS_SERVER_PORT on the driver)",
         )
         last_err: Optional[BaseException] = None
+        pause = _BACKOFF_FIRST_S
         while not deadline.expired():
             sock: Optional[socket.socket] = None
             try:
                 sock = socket.create_connection(self._addr, timeout=max(0.05, deadline.slice(10.0)))
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                hello_s = max(0.1, min(10.0, deadline.remaining()))
-                hello = _wire.read_frame(sock, self._key, Deadline(hello_s, "the driver's hello"), hello_s)
+                sock.sendall(client_proof(self._key))  # first, so that a flood of strangers never evicts it
+                hello = _read_hello(sock, self._key, max(0.1, min(10.0, deadline.remaining())))
                 session = ClientSession(self._key, self._cluster_id, hello)
                 conn = _Connection(sock, session, self._key, self)
                 self.last_connect_error = None
                 sock = None  # owned by the connection now
                 return conn
             except (OSError, DeadlineExceededError) as exc:
+                # Refused, reset or closed before the hello (a driver under a flood, still
+                # starting, or gone): back off and try again within the connect budget.
                 last_err = self.last_connect_error = exc
-                time.sleep(deadline.slice(0.2))
+                time.sleep(deadline.slice(pause * random.uniform(0.5, 1.0)))
+                pause = min(_BACKOFF_MAX_S, pause * 2)
             finally:
                 if sock is not None:  # a failed attempt (wrong key, bad hello...) must not leak it
                     sock.close()
@@ -352,3 +361,23 @@ def shared_client(host: str, port: int, key: bytes, cluster_id: str, connect_tim
             _, old = _shared.popitem(last=False)
             old._close()
         return client
+
+
+def _read_hello(sock: socket.socket, key: bytes, timeout_s: float) -> dict:
+    """The server's hello, read after the client's proof.
+
+    Raises:
+        ControlProtocolError: The server refused the proof (another key or another
+            cluster's driver), or the hello failed authentication.
+        ConnectionError, DeadlineExceededError: As :func:`tfos._common.wire.read_frame`.
+    """
+    deadline = Deadline(timeout_s, "the driver's hello")
+    head = _wire.recv_exact(sock, len(REFUSED), deadline)
+    if head == REFUSED:
+        raise ControlProtocolError("the driver refused this process's proof of the cluster key: frame authentication "
+                                   "failed (another key, or another cluster's driver at this address)")
+    length = int.from_bytes(head[4:], "big")
+    if head[:4] != _wire.MAGIC or length > _wire.MAX_FIRST_FRAME_BYTES:
+        raise ControlProtocolError("the driver's hello is not a tfos control frame")
+    rest = _wire.recv_exact(sock, 32 + length, deadline)
+    return _wire.decode_frame(key, head, rest[:32], rest[32:])

@@ -52,7 +52,7 @@ class NodeLines:
 @dataclasses.dataclass(frozen=True)
 class AccumulatorUpdates:
     """What a node's ``main_fun`` added to its payload's accumulators (applied by the
-    driver when the attempt ends well, see :mod:`tfos._driver.task_world`)."""
+    driver when the attempt ends well, see :mod:`tfos._driver.payload`)."""
 
     executor_id: int
     node_name: str

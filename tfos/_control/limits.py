@@ -72,18 +72,21 @@ class ControlLimits:
 
     Attributes:
         max_connections: Connections served at once; more are closed on accept.
-        max_unauthenticated: Connections that have not yet sent an authenticated frame; a
-            new one evicts the oldest, so a flood of strangers cannot lock the cluster's
-            own processes out.
-        backlog: The listen backlog (the kernel caps it at ``net.core.somaxconn``).
+        max_unauthenticated: Connections that have not yet proven they hold the key (their
+            first 52 bytes, :func:`tfos._control.protocol.client_proof`). At the cap a
+            newcomer evicts one that is past its grace period
+            (:class:`tfos._common.admission.Admission`); a proven connection is never
+            evicted, so a flood of strangers cannot lock the cluster's own processes out.
+        backlog: The listen backlog (the kernel caps it at ``net.core.somaxconn``): while
+            every unproven connection is in its grace period, newcomers wait there.
         handler_threads: Threads that run the requests whose handlers may block.
         max_inflight: Unanswered requests of one connection after which the server stops
             reading it until answers went out (backpressure on one peer).
     """
 
     max_connections: int = 512
-    max_unauthenticated: int = 64
-    backlog: int = 128
+    max_unauthenticated: int = 256
+    backlog: int = 1024
     handler_threads: int = 4
     max_inflight: int = 32
 
@@ -99,11 +102,10 @@ class ControlLimits:
         cluster opens those connections of every node at once, and none of them may be
         evicted (with two per node, 500 simulated nodes saw their own connections evicted,
         docs/performance.md "Scale"). Strangers can hold at most that many sockets, each
-        with at most :data:`tfos._common.wire.MAX_FIRST_FRAME_BYTES` of buffer for
-        ``FIRST_FRAME_TIMEOUT_S`` (about 100 MB at 2,000 nodes)."""
+        with at most 52 bytes of buffer (a proof) for ``FIRST_FRAME_TIMEOUT_S``."""
         n = max(0, int(num_nodes))
         return cls(
             max_connections=max(512, CONNECTIONS_PER_NODE * n + 64),
-            max_unauthenticated=max(64, FORMING_CONNECTIONS_PER_NODE * n + 64),
-            backlog=max(128, FORMING_CONNECTIONS_PER_NODE * n),
+            max_unauthenticated=max(256, FORMING_CONNECTIONS_PER_NODE * n + 64),
+            backlog=max(1024, FORMING_CONNECTIONS_PER_NODE * n),
         )

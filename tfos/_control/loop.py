@@ -13,7 +13,6 @@ See :mod:`tfos._control.server` for the rules it enforces.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import errno
 import heapq
 import itertools
@@ -26,8 +25,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Hashable, Iterable, Optional, Union
 
 from tfos._common import wire as _wire
+from tfos._common.admission import PROOF_BYTES, Admission, FloodStats, ProofChecker
 from tfos._control.limits import ControlLimits
-from tfos._control.protocol import Call, FrameReader, LongPoll, ServerSession, is_routes
+from tfos._control.loop_parts import Timeouts, _Conn, _malformed, _Poll, _Reject, _run_call
+from tfos._control.protocol import PROOF_MAGIC, REFUSED, Call, LongPoll, is_routes
 from tfos.errors import ControlProtocolError
 
 __all__ = ["Timeouts", "EventLoop"]
@@ -40,78 +41,6 @@ _MAX_OUT_BYTES = 4 * _wire.MAX_CONTROL_FRAME_BYTES
 _SWEEP_S = 0.25
 #: Seconds between two checks for idle and stalled connections.
 _IDLE_SWEEP_S = 5.0
-
-
-@dataclasses.dataclass(frozen=True)
-class Timeouts:
-    """The loop's deadlines, in seconds (read from the server at every check).
-
-    Attributes:
-        first_frame_s: For a new connection to send its first frame.
-        frame_s: To finish a frame once its first byte arrived (slow-loris defence).
-        idle_s: An authenticated connection may stay idle (no request open) this long.
-        write_s: A peer may leave an answer unread this long.
-    """
-
-    first_frame_s: float
-    frame_s: float
-    idle_s: float
-    write_s: float
-
-
-class _Conn:
-    """One connection's state on the loop."""
-
-    __slots__ = ("sock", "fd", "peer", "reader", "session", "out", "out_since", "last_rx", "frame_since",
-                 "inflight", "polls", "closed", "mask")
-
-    def __init__(self, sock: socket.socket, peer: str, key: bytes, now: float):
-        self.sock = sock
-        self.fd = sock.fileno()
-        self.peer = peer
-        self.reader = FrameReader(key, _wire.MAX_FIRST_FRAME_BYTES)
-        self.session = ServerSession()
-        self.out = bytearray()
-        self.out_since = 0.0
-        self.last_rx = now
-        self.frame_since: Optional[float] = None
-        self.inflight = 0
-        self.polls: set[_Poll] = set()
-        self.closed = False
-        self.mask = 0
-
-
-class _Poll:
-    """A deferred answer on the loop."""
-
-    __slots__ = ("conn", "seq", "lp", "done")
-
-    def __init__(self, conn: _Conn, seq: int, lp: LongPoll):
-        self.conn, self.seq, self.lp, self.done = conn, seq, lp, False
-
-
-class _Reject:
-    """A pooled handler's refusal, carried back to the loop."""
-
-    __slots__ = ("why",)
-
-    def __init__(self, why: str):
-        self.why = why
-
-
-def _malformed(body: dict, exc: BaseException) -> str:
-    return f"malformed {str(body.get('type'))[:40]!r} message: {type(exc).__name__}: {str(exc)[:200]}"
-
-
-def _run_call(call: Call, body: dict) -> Any:
-    """Runs a decoded request's handler (the loop thread, or a handler thread when the call
-    may block); a refusal or a malformed message becomes the reply's rejection."""
-    try:
-        return call.run()
-    except ControlProtocolError as exc:
-        return _Reject(str(exc))
-    except Exception as exc:  # noqa: BLE001 - a malformed message from a key holder
-        return _Reject(_malformed(body, exc))
 
 
 class EventLoop:
@@ -153,7 +82,10 @@ class EventLoop:
         self._wake_pending = False
         self._lock = threading.Lock()
         self.conns: dict[int, _Conn] = {}
-        self.pending: dict[_Conn, float] = {}  # not yet authenticated -> accept time (oldest first)
+        self.unproven = Admission(limits.max_unauthenticated)  # no proof of the key yet (evictable)
+        self.checker = ProofChecker(key, PROOF_MAGIC)
+        self.flood = FloodStats()
+        self.pending: dict[_Conn, float] = {}  # proven, no first frame yet -> proof time (oldest first)
         self.partial: set[_Conn] = set()  # a frame started and not finished
         self.topics: dict[Hashable, set[_Poll]] = {}
         self.poll_heap: list[tuple[float, int, _Poll]] = []
@@ -199,12 +131,12 @@ class EventLoop:
                 now = time.monotonic()
                 timeout = max(0.0, min(next_sweep, self.poll_heap[0][0] if self.poll_heap else next_sweep) - now)
                 if self.accept_paused_until and now >= self.accept_paused_until:
-                    self.accept_paused_until = 0.0
-                    self.sel.register(self.listener, selectors.EVENT_READ, None)
+                    self._resume_accepting()
+                accept = False
                 for key, mask in self.sel.select(timeout):
                     data = key.data
                     if data is None:
-                        self._accept()
+                        accept = True  # after the reads: a proof that arrived is seen before any eviction
                     elif data == "wake":
                         self._drain_wake()
                     else:
@@ -212,6 +144,8 @@ class EventLoop:
                             self._readable(data)
                         if mask & selectors.EVENT_WRITE and not data.closed:
                             self._flush(data)
+                if accept:
+                    self._accept()
                 self._drain_done()
                 self._recheck()
                 now = time.monotonic()
@@ -251,6 +185,37 @@ class EventLoop:
         self._wake_w.close()
 
     # --------------------------------------------------------------- accepting
+    def _pause_accepting(self, seconds: float) -> None:
+        if not self.accept_paused_until:
+            self.sel.unregister(self.listener)
+        self.accept_paused_until = time.monotonic() + seconds
+
+    def _resume_accepting(self) -> None:
+        if self.accept_paused_until:
+            self.accept_paused_until = 0.0
+            if not self.closing and self.listener.fileno() >= 0:  # not while the loop shuts down
+                self.sel.register(self.listener, selectors.EVENT_READ, None)
+
+    def _make_room(self) -> bool:
+        """Evicts an unproven connection past its grace period when the unproven ones are
+        over their cap (a newcomer was just accepted and read); False (accepting paused)
+        when every one is still in its grace period: further newcomers wait in the kernel's
+        accept queue, a key holder's proof with them."""
+        if len(self.unproven) <= self.unproven.cap:
+            return True
+        now = time.monotonic()
+        victim = self.unproven.victim(now)
+        if victim is None:
+            self.flood.deferred += 1
+            self._pause_accepting(max(0.01, self.unproven.wait_s(now)))
+            return False
+        self.evicted += 1
+        self.flood.count("evicted", victim.peer.rsplit(":", 1)[0])
+        self.reject(victim.peer, f"evicted: it sent no proof of the cluster key in {self.unproven.age(victim, now):.1f} s "
+                                 f"while {len(self.unproven)} connections without one were open (the cap)")
+        self._close(victim)
+        return True
+
     def _accept(self) -> None:
         for _ in range(256):
             try:
@@ -263,12 +228,12 @@ class EventLoop:
                     # stays readable and the loop spins); clients retry their connects.
                     log.warning("tfos control server cannot accept connections: %s (raise the open-files limit, "
                                 "ulimit -n)", exc)
-                    self.sel.unregister(self.listener)
-                    self.accept_paused_until = time.monotonic() + 0.5
+                    self._pause_accepting(0.5)
                 return
             peer = f"{addr[0]}:{addr[1]}"
             if len(self.conns) >= self.limits.max_connections:
                 self.refused += 1
+                self.flood.count("refused", addr[0])
                 self.reject(peer, f"too many connections (the cap is {self.limits.max_connections})")
                 sock.close()
                 continue
@@ -286,15 +251,38 @@ class EventLoop:
                 sock.close()
                 continue
             self.peak_connections = max(self.peak_connections, len(self.conns))
-            if len(self.pending) >= self.limits.max_unauthenticated:
-                oldest = next(iter(self.pending))
-                self.evicted += 1
-                self.reject(peer, "evicted the oldest unauthenticated connection")
-                self._close(oldest)
-            self.pending[conn] = now
-            conn.out += conn.session.hello(self.key)
-            self.frames_out += 1
-            self._flush(conn)
+            self.unproven.add(conn, addr[0], now)
+            self._readable(conn)  # its proof is often there already
+            if not self._make_room():
+                return
+
+    def _proof(self, conn: _Conn, data: bytes) -> bytes:
+        """Takes the first bytes of ``conn`` until they make a proof; returns the bytes
+        after it (for the frame reader). Closes ``conn`` on a wrong proof."""
+        assert conn.proof is not None
+        take = PROOF_BYTES - len(conn.proof)
+        conn.proof += data[:take]
+        if len(conn.proof) < PROOF_BYTES:
+            return b""
+        why = self.checker.check(bytes(conn.proof))
+        if why is not None:
+            self.flood.count("rejected", conn.peer.rsplit(":", 1)[0])
+            self.reject(conn.peer, why)
+            try:
+                conn.sock.send(REFUSED)  # the client says so at once (a key holder with another key)
+            except OSError:
+                pass
+            self._close(conn)
+            return b""
+        conn.proof = None
+        self.unproven.remove(conn)
+        if self.accept_paused_until and not self.unproven.full():
+            self._resume_accepting()
+        self.pending[conn] = time.monotonic()
+        conn.out += conn.session.hello(self.key)
+        self.frames_out += 1
+        self._flush(conn)
+        return data[take:]
 
     # ----------------------------------------------------------------- reading
     def _readable(self, conn: _Conn) -> None:
@@ -308,6 +296,10 @@ class EventLoop:
             self._close(conn)
             return
         if not data:
+            if conn.proof is not None:  # closed before its proof: not a client of this cluster
+                self.flood.count("rejected", conn.peer.rsplit(":", 1)[0])
+                if conn.proof:
+                    self.reject(conn.peer, f"closed after {len(conn.proof)} of the {PROOF_BYTES} bytes of its proof")
             if conn.reader.in_frame:
                 self.reject(conn.peer, f"truncated frame: connection closed after {conn.reader.buffered} bytes of a frame")
                 self._close(conn)
@@ -315,6 +307,10 @@ class EventLoop:
                 self._close(conn)
             return
         conn.last_rx = time.monotonic()
+        if conn.proof is not None:
+            data = self._proof(conn, data)
+            if not data:
+                return
         conn.reader.feed(data)
         self._frames(conn)
 
@@ -527,6 +523,10 @@ class EventLoop:
     def _sweep(self, now: float) -> None:
         deadlines = self.timeouts()
         first_s = deadlines.first_frame_s
+        for conn in self.unproven.expired(now, first_s):
+            self.flood.count("rejected", conn.peer.rsplit(":", 1)[0])
+            self.reject(conn.peer, f"no proof of the cluster key in time (timed out after {first_s:g} s)")
+            self._close(conn)
         for conn, since in list(self.pending.items()):
             if now - since <= first_s:
                 break  # oldest first
@@ -548,7 +548,8 @@ class EventLoop:
             if conn.out and now - conn.out_since > deadlines.write_s:
                 self.reject(conn.peer, f"left its answers unread for {deadlines.write_s:g} s")
                 self._close(conn)
-            elif conn.inflight == 0 and not conn.reader.in_frame and conn not in self.pending and now - conn.last_rx > idle_s:
+            elif (conn.inflight == 0 and not conn.reader.in_frame and conn not in self.pending and conn.proof is None
+                  and now - conn.last_rx > idle_s):
                 self._close(conn)  # an idle client reconnects when it needs to
 
     # ---------------------------------------------------------------- closing
@@ -559,6 +560,8 @@ class EventLoop:
         for poll in list(conn.polls):
             self._end_poll(poll)
         self.pending.pop(conn, None)
+        if self.unproven.remove(conn) and self.accept_paused_until and not self.unproven.full():
+            self._resume_accepting()
         self.partial.discard(conn)
         self.resume.discard(conn)
         self.conns.pop(conn.fd, None)

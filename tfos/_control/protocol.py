@@ -4,6 +4,8 @@ The same code speaks the protocol in the driver's event loop
 (:mod:`tfos._control.server`), in every node process (:mod:`tfos._control.client`) and
 in the cluster simulator (``scripts/sim_cluster.py``):
 
+* a client's first bytes are a proof that it holds the key (:func:`client_proof`), read
+  by the server before it sends its ``hello``;
 * :class:`FrameReader` cuts authenticated frames out of the bytes of a stream, refusing an
   oversize length prefix before the body arrives and checking each MAC before decoding;
 * :class:`ServerSession` / :class:`ClientSession` hold one connection's nonces and sequence
@@ -29,14 +31,28 @@ import struct
 from typing import Any, Callable, Hashable, Iterable, Optional, Protocol, Union
 
 from tfos._common import wire as _wire
+from tfos._common.admission import make_proof
 from tfos.errors import ControlProtocolError
 
 __all__ = [
     "FrameReader", "ServerSession", "ClientSession", "LongPoll", "Call", "Routes", "Topic",
-    "node_topic", "Reply", "RawJSON",
+    "node_topic", "Reply", "RawJSON", "PROOF_MAGIC", "REFUSED", "client_proof",
 ]
 
 _HEADER = struct.Struct(">4sI")
+#: The magic of a control client's proof of the key (:func:`client_proof`).
+PROOF_MAGIC = b"TFP1"
+#: What the server sends instead of its hello to a client whose proof failed: a frame
+#: header no frame can have (a length over every cap), so the client fails at once.
+REFUSED = _wire.MAGIC + b"\xff\xff\xff\xff"
+
+
+def client_proof(key: bytes) -> bytes:
+    """The first bytes a control client sends, right after it connected and before it reads
+    the server's hello: proof that it holds the cluster key
+    (:func:`tfos._common.admission.make_proof`), so the server never evicts its connection
+    for a stranger's (docs/reliability.md "Floods")."""
+    return make_proof(key, PROOF_MAGIC)
 _MAC_BYTES = 32
 #: Client nonces are this many hex characters (16 random bytes).
 CNONCE_CHARS = 32

@@ -22,11 +22,16 @@ How a request is served (see :class:`tfos._control.protocol.Call`):
   node's output lines written to the driver's stderr) run on a small bounded thread pool
   (:attr:`ControlLimits.handler_threads`), so one slow handler never stalls the others.
 
-Before a connection has sent one authenticated frame it costs one socket and at most
-:data:`tfos._common.wire.MAX_FIRST_FRAME_BYTES` of buffer: at most
-:attr:`ControlLimits.max_unauthenticated` such connections are kept (a new one evicts the
-oldest), and at most :attr:`ControlLimits.max_connections` in all; both are derived from
-the number of nodes (:meth:`ControlLimits.for_nodes`). An authenticated message that is
+A client's first bytes prove it holds the cluster key
+(:func:`tfos._control.protocol.client_proof`); the server reads them before it sends its
+hello. Until then a connection costs one socket and at most 52 bytes of buffer: at most
+:attr:`ControlLimits.max_unauthenticated` such connections are kept (a newcomer evicts one
+past its grace period, :class:`tfos._common.admission.Admission`; while every one is in its
+grace period, newcomers wait in the kernel's accept queue), and at most
+:attr:`ControlLimits.max_connections` in all; both are derived from the number of nodes
+(:meth:`ControlLimits.for_nodes`). A proven connection is never evicted; its first frame is
+capped at :data:`tfos._common.wire.MAX_FIRST_FRAME_BYTES`. What a flood cost is in
+:meth:`ControlServer.flood_report`, which the driver's errors quote. An authenticated message that is
 malformed (missing or mistyped fields, NaN/Infinity) is a protocol error that closes that
 connection only.
 
@@ -44,6 +49,7 @@ import socket
 import threading
 from typing import Any, Optional
 
+from tfos._common.admission import REMEDY
 from tfos._control.limits import ControlLimits
 from tfos._control.loop import EventLoop, Timeouts
 from tfos.errors import ConfigurationError
@@ -126,6 +132,18 @@ def _raise_fd_limit(want: int) -> int:
     return soft
 
 
+def _listen_drops() -> int:
+    """The host's count of connection attempts dropped at a full accept queue (Linux
+    ``/proc/net/netstat`` TcpExt ListenDrops; 0 elsewhere)."""
+    try:
+        with open("/proc/net/netstat") as f:
+            lines = [ln.split() for ln in f if ln.startswith("TcpExt:")]
+        names, values = lines[0], lines[1]
+        return int(values[names.index("ListenDrops")])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
 def _timeouts() -> Timeouts:
     """The deadlines of this module, as they are now (tests shorten them)."""
     return Timeouts(FIRST_FRAME_TIMEOUT_S, FRAME_TIMEOUT_S, IDLE_TIMEOUT_S, WRITE_TIMEOUT_S)
@@ -184,6 +202,7 @@ class ControlServer:
                 "Set TFOS_SERVER_HOST / TFOS_SERVER_PORT to a free address or range"
             )
         self.host, self.port = listener.getsockname()[:2]
+        self._drops_at_start = _listen_drops()
         self._loop = EventLoop(listener, key, dispatch, limits, _timeouts)
         self._closed = False
         self._thread = threading.Thread(target=self._loop.run, name="tfos-control-server", daemon=True)
@@ -203,15 +222,32 @@ class ControlServer:
     def stats(self) -> dict:
         """Figures of the server so far: ``frames_in`` (requests), ``frames_out`` (answers
         and hellos), ``connections``, ``peak_connections``, ``long_polls`` (open now),
-        ``rejected``, ``refused`` (by the connection cap), ``evicted`` (unauthenticated
-        connections evicted by newer ones)."""
+        ``rejected``, ``refused`` (by the connection cap), ``evicted`` (unproven
+        connections evicted for newer ones), ``unproven`` (open now), ``deferred`` (times
+        newcomers were left in the accept queue), ``turned_away`` (connections without a
+        proof closed: rejected, evicted or refused)."""
         loop = self._loop
         conns = list(loop.conns.values())
         return {
             "frames_in": loop.frames_in, "frames_out": loop.frames_out, "connections": len(conns),
             "peak_connections": loop.peak_connections, "long_polls": sum(len(c.polls) for c in conns),
             "rejected": loop.rejected, "refused": loop.refused, "evicted": loop.evicted,
+            "unproven": len(loop.unproven), "deferred": loop.flood.deferred, "turned_away": loop.flood.total,
         }
+
+    def flood_report(self) -> str:
+        """A sentence for the driver's errors when connections without the key were turned
+        away, or the kernel dropped connection attempts to a full accept queue on this host,
+        since the server started: the port, the counts, the top source addresses and the
+        remedy (docs/reliability.md "Floods"); "" when neither happened."""
+        where = f"the tfos control port {self.host}:{self.port}"
+        text = self._loop.flood.summary(where)
+        drops = _listen_drops() - self._drops_at_start
+        if drops > 0:
+            text = ((text + "; ") if text else f"{where}: ") + (
+                f"the kernel of this host dropped {drops:,} connection attempts to full accept queues meanwhile "
+                f"(TcpExt ListenDrops, every listener of the host)" + ("" if text else f"; {REMEDY}"))
+        return text
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stops listening, closes every connection and joins the loop thread (idempotent,

@@ -124,10 +124,17 @@ class FeedDatasets:
                 :class:`~tfos.errors.FeedAbortedError`); the driver counts it as a
                 consequence of the abort either way.
         """
-        from tfos._data.tfdata import feed_dataset
+        from tfos._data.chunk_columns import check_batch_dims, columns_of
+        from tfos._data.tfdata import FeedBatches
 
-        return feed_dataset(self, batch_size, output_signature, drop_remainder, per_epoch, prefetch, buffer_batches,
-                            steps_per_epoch, shuffle_rows, shuffle_seed)
+        columns, single = columns_of(output_signature)
+        check_batch_dims(output_signature, batch_size)
+        reader = FeedBatches(self, batch_size, columns, single=single, per_epoch=per_epoch, drop_remainder=drop_remainder,
+                             buffer_batches=buffer_batches, steps_per_epoch=steps_per_epoch, shuffle_rows=shuffle_rows,
+                             shuffle_seed=shuffle_seed)
+        ds = reader.dataset(output_signature, prefetch)
+        ds.tfos_batches = reader
+        return ds
 
     @staticmethod
     def steps_per_epoch(rows_per_epoch: int, batch_size: int, num_nodes: int) -> int:
@@ -150,6 +157,7 @@ class FeedDatasets:
         Raises:
             ValueError: When an argument is < 1.
         """
-        from tfos._data.tfdata import steps_per_epoch
-
-        return steps_per_epoch(rows_per_epoch, batch_size, num_nodes)
+        if rows_per_epoch < 1 or batch_size < 1 or num_nodes < 1:
+            raise ValueError(f"rows_per_epoch, batch_size and num_nodes must be >= 1, got "
+                             f"{rows_per_epoch}, {batch_size}, {num_nodes}")
+        return -(-int(rows_per_epoch) // (int(batch_size) * int(num_nodes)))

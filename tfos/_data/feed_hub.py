@@ -23,6 +23,7 @@ from tfos._common import wire as _wire
 from tfos._common.deadline import Deadline
 from tfos._data import local_socket as _local
 from tfos._data.feed_connection import END_OF_FEED, PROGRESS_EVERY_S, Chunk, FeedConnection, PartitionEnd
+from tfos._data.feed_gate import FeedGate
 from tfos._data.framing import FrameType, recv_frame, recv_json, send_json
 from tfos._data.local_socket import SocketDir
 from tfos.errors import TFOSError
@@ -32,11 +33,6 @@ __all__ = ["FeedHub"]
 log = logging.getLogger(__name__)
 
 _HANDSHAKE_TIMEOUT_S = 10.0
-#: Most connections accepted and not yet authenticated. When a new connection would exceed
-#: it, the oldest unauthenticated one is closed: a flood of idle strangers costs at most this
-#: many threads, and a real feed task (which authenticates within one round trip) still gets
-#: through.
-MAX_HANDSHAKES = 32
 #: Most authenticated connections served at once (feed tasks run at most one per Spark core).
 MAX_CONNECTIONS = 256
 class FeedHub:
@@ -81,7 +77,7 @@ class FeedHub:
         self._reading = 0  # connections still receiving a partition
         self._feed_closing = False
         self._end_queued = False
-        self._pending: dict[socket.socket, float] = {}  # unauthenticated connections -> accept time
+        self._pending: dict[socket.socket, float] = {}  # proven, in the handshake -> since
         self._authed = 0
         #: (feed id, partition index) pairs whose data this node accepted: a retried or
         #: resubmitted feed task for one of them is refused (no row is fed twice).
@@ -107,53 +103,27 @@ class FeedHub:
             listening = _local.open_listener(socket_dir, node_name)
             if listening is not None:
                 self._unix, self.path, self._own_dir, self._sock_id = listening
-        self._accept_thread = threading.Thread(target=self._accept_loop, args=(self._listener,), name="tfos-feed-accept", daemon=True)
-        self._accept_thread.start()
-        if self._unix is not None:
-            threading.Thread(target=self._accept_loop, args=(self._unix,), name="tfos-feed-accept-unix", daemon=True).start()
+        self.gate = FeedGate([self._listener, self._unix], key, self._admit, node_name, self._count_reject, f"{host}:{self.port}")
 
     # -------------------------------------------------------------- accepting
-    def _accept_loop(self, listener: socket.socket) -> None:
-        """Accepts connections until :meth:`close`; survives any error of a single accept."""
-        errors = 0
-        while not self._closing:
-            try:
-                sock, peer = listener.accept()
-                if sock.family != socket.AF_INET and sock.family != socket.AF_INET6:
-                    peer = ("local", "unix")
-            except OSError as exc:
-                if self._closing:
-                    return
-                errors += 1  # e.g. EMFILE: back off, the port stays served
-                if errors <= 5 or errors % 100 == 0:
-                    log.warning("node %s: accepting a data connection failed: %s (%d so far)", self.node_name, exc, errors)
-                time.sleep(0.05)
-                continue
-            try:
-                self._admit(sock, peer)
-            except Exception as exc:  # noqa: BLE001 - the accept loop must never die
-                errors += 1
-                if errors <= 5 or errors % 100 == 0:
-                    log.warning("node %s: could not serve a data connection from %s: %r", self.node_name, peer[0], exc)
-                self._discard_pending(sock)
-                _close_quietly(sock)
+    def _count_reject(self) -> None:
+        with self._lock:
+            self.rejected += 1
 
     def _admit(self, sock: socket.socket, peer: tuple) -> None:
-        evict: Optional[socket.socket] = None
+        """Serves a connection that proved it holds the key (on the gate's thread: must not
+        block) on a thread of its own."""
         with self._lock:
             if self._closing:
                 raise ConnectionError("the data server is closing")
-            if len(self._pending) >= MAX_HANDSHAKES:
-                evict = min(self._pending, key=self._pending.__getitem__)
-                del self._pending[evict]
-                self.rejected += 1
+            if len(self._pending) + self._authed >= MAX_CONNECTIONS:
+                raise ConnectionError(f"more than {MAX_CONNECTIONS} data connections")
             self._pending[sock] = time.monotonic()
-        if evict is not None:
-            try:
-                evict.shutdown(socket.SHUT_RDWR)  # its thread sees EOF and exits
-            except OSError:
-                pass
-        threading.Thread(target=self._serve, args=(sock, peer), name="tfos-feed-conn", daemon=True).start()
+        try:
+            threading.Thread(target=self._serve, args=(sock, peer), name="tfos-feed-conn", daemon=True).start()
+        except BaseException:
+            self._discard_pending(sock)
+            raise
 
     def _discard_pending(self, sock: socket.socket) -> bool:
         with self._lock:
@@ -166,10 +136,10 @@ class FeedHub:
             if sock.family in (socket.AF_INET, socket.AF_INET6):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             hs = Deadline(_HANDSHAKE_TIMEOUT_S, "the data-connection handshake")
-            session = _wire.server_handshake(sock, self._key, hs, self.identity)
+            session = _wire.server_handshake(sock, self._key, hs, self.identity, proven=True)
             with self._lock:
                 if self._pending.pop(sock, None) is None:
-                    raise ConnectionError("evicted before the handshake completed")
+                    raise ConnectionError("the data server closed")
                 if self._authed >= MAX_CONNECTIONS:
                     raise ConnectionError(f"more than {MAX_CONNECTIONS} data connections")
                 self._authed += 1
@@ -402,6 +372,7 @@ class FeedHub:
             self._closing = True
             conns = list(self._conns)
             self._conns.clear()
+        self.gate.close()
         for c in conns:
             c.send_json(FrameType.ERROR, {"state": state, "message": reason, "rows": c.rows_taken, "pending": c.pending})
             c.close()

@@ -18,9 +18,9 @@ Where each piece runs:
   :func:`record_kind` run on the **driver** (they only build RDDs).
 * The callable that :func:`raw_output_rdd` ships runs in **Spark tasks** (the
   Python worker).
-* :func:`decode_record`, :func:`iter_rows` and :func:`encode_batch` are plain
-  functions. They are meant for the **TF process**, and work in Spark tasks
-  and on the driver as well.
+* The TF process decodes the records it is fed with
+  :func:`tfos._data.framing.decode_chunk` (:class:`RecordKind` values are its
+  :class:`~tfos._data.framing.ChunkKind` values), without importing pyspark.
 
 PySpark internals relied upon (checked against the pyspark 4.3 source; all but
 ``allowed_names``, which is read with a default, are long-standing):
@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import enum
 import logging
-import pickle
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -58,10 +57,7 @@ __all__ = [
     "MAX_RECORD_BYTES",
     "RecordKind",
     "RawRecords",
-    "decode_record",
-    "encode_batch",
     "record_kind",
-    "iter_rows",
     "raw_records",
     "raw_output_rdd",
     "union_raw_records",
@@ -77,8 +73,6 @@ logger = logging.getLogger(__name__)
 #: memory in one piece.
 MAX_RECORD_BYTES: int = 2**31 - 1 - 15
 
-# Pickle protocol used by encode_batch(); PySpark pickles with the same one.
-_PICKLE_PROTOCOL = pickle.HIGHEST_PROTOCOL
 
 _JAVA_RDD_CLASS = "org.apache.spark.api.java.JavaRDD"
 
@@ -114,24 +108,11 @@ class RawRecords:
             possible; treat records as read-only buffers). For the per-row kinds
             a record may be ``None``, which stands for a JVM ``null`` row. The
             partitioning and the order of records are those of the source RDD.
-        kind: How each record decodes to rows (see :func:`decode_record`).
+        kind: How each record decodes to rows (:class:`RecordKind`).
     """
 
     rdd: RDD
     kind: RecordKind
-
-    def decode(self, record: bytes | bytearray | memoryview | None) -> list[Any]:
-        """Decodes one record of this RDD into its rows.
-
-        Runs anywhere; this just calls :func:`decode_record`.
-
-        Args:
-            record: A record taken from :attr:`rdd`.
-
-        Returns:
-            The rows in the record, in order.
-        """
-        return decode_record(self.kind, record)
 
 
 def _is_plain_pickle(ser: Any) -> bool:
@@ -139,7 +120,7 @@ def _is_plain_pickle(ser: Any) -> bool:
 
     Runs on the driver. Subclasses are rejected because they may change
     ``loads``. A ``CloudPickleSerializer`` with ``allowed_names`` set limits
-    what may be unpickled, which :func:`decode_record` would not enforce, so it
+    what may be unpickled, which the TF process's plain unpickling would not enforce, so it
     is rejected too.
 
     Args:
@@ -296,100 +277,7 @@ def union_raw_records(parts: Sequence[RawRecords]) -> RawRecords:
     return RawRecords(union, kind)
 
 
-def decode_record(kind: RecordKind | str, record: bytes | bytearray | memoryview | None) -> list[Any]:
-    """Turns one raw record into the rows it holds.
-
-    Runs in the TF process (or anywhere). Pickles are loaded with
-    ``encoding="bytes"``, like PySpark's ``CPickleSerializer.loads``. Rows of
-    ``df.rdd`` unpickle to ``pyspark.sql.Row`` and rows pickled by value need
-    ``pyspark.cloudpickle``, so the TF process must be able to import
-    ``pyspark``. Numpy rows need ``numpy``.
-
-    Args:
-        kind: The :class:`RecordKind` of the record, or its string value.
-        record: One record. ``None`` (a JVM ``null``) is accepted for the
-            per-row kinds and decodes to ``[None]``.
-
-    Returns:
-        The rows of the record, in order. For ``PICKLED_BATCH`` this is the
-        unpickled list itself when it is a list (a tuple written by the JVM is
-        converted).
-
-    Raises:
-        ValueError: If ``kind`` is unknown, or a ``PICKLED_BATCH`` record is
-            ``None``.
-        TypeError: If a ``PICKLED_BATCH`` record does not unpickle to a list or
-            tuple.
-        pickle.UnpicklingError, UnicodeDecodeError: If the record is corrupt.
-    """
-    kind = RecordKind(kind)
-    if kind is RecordKind.PICKLED_BATCH:
-        if record is None:
-            raise ValueError("a PICKLED_BATCH record cannot be None")
-        rows = pickle.loads(record, encoding="bytes")
-        if type(rows) is list:
-            return rows
-        if isinstance(rows, (list, tuple)):
-            return list(rows)
-        raise TypeError(
-            f"a PICKLED_BATCH record must hold a list of rows, not {type(rows).__name__}"
-        )
-    if record is None:
-        return [None]
-    if kind is RecordKind.PICKLED_ROW:
-        return [pickle.loads(record, encoding="bytes")]
-    if kind is RecordKind.UTF8:
-        return [str(record, "utf-8")]
-    # RecordKind.BYTES
-    return [record if type(record) is bytes else bytes(record)]
-
-
-def iter_rows(
-    kind: RecordKind | str, records: Iterable[bytes | bytearray | memoryview | None]
-) -> Iterator[Any]:
-    """Decodes a stream of records into a stream of rows.
-
-    Runs in the TF process (or in a Spark task, or on the driver).
-
-    Args:
-        kind: The :class:`RecordKind` of every record.
-        records: Records in order.
-
-    Yields:
-        The rows of every record, in order.
-
-    Raises:
-        ValueError, TypeError: As :func:`decode_record`.
-    """
-    kind = RecordKind(kind)
-    for record in records:
-        yield from decode_record(kind, record)
-
-
-def encode_batch(rows: Iterable[Any]) -> bytes:
-    """Pickles a batch of result rows into one output record.
-
-    Runs in the TF process (or in a Spark task). This is the record format that
-    :func:`raw_output_rdd` expects, and the same as a ``PICKLED_BATCH`` input
-    record.
-
-    Args:
-        rows: The results, in order. Anything other than a list is copied into
-            one.
-
-    Returns:
-        The pickle of the list of rows.
-
-    Raises:
-        pickle.PicklingError: If a row cannot be pickled.
-    """
-    batch = rows if type(rows) is list else list(rows)
-    return pickle.dumps(batch, protocol=_PICKLE_PROTOCOL)
-
-
-def _check_output_record(
-    record: Any, partition: int, position: int, validate: bool
-) -> bytes | bytearray | memoryview:
+def _check_output_record(record: Any, partition: int, position: int) -> bytes | bytearray | memoryview:
     """Checks one output record before the worker writes it verbatim.
 
     Runs in a Spark task.
@@ -399,15 +287,12 @@ def _check_output_record(
         partition: The partition index, for error messages.
         position: The record's position within the partition, for error
             messages.
-        validate: Whether to also unpickle the record and check that it holds a
-            list or tuple.
 
     Returns:
         The record, as a buffer whose ``len`` is its size in bytes.
 
     Raises:
-        TypeError: If ``record`` is not a bytes-like object, or (with
-            ``validate``) does not unpickle to a list or tuple.
+        TypeError: If ``record`` is not a bytes-like object.
         ValueError: If ``record`` is empty or larger than
             :data:`MAX_RECORD_BYTES`.
     """
@@ -421,13 +306,9 @@ def _check_output_record(
     if size == 0:
         # PySpark reads an empty pickle as EOFError, which silently ends the
         # partition: refuse it rather than lose the rest of the data.
-        raise ValueError(f"{where} is empty; yield encode_batch([]) or nothing instead")
+        raise ValueError(f"{where} is empty; yield the pickle of [] or nothing instead")
     if size > MAX_RECORD_BYTES:
         raise ValueError(f"{where} is {size} bytes; the limit is {MAX_RECORD_BYTES}")
-    if validate:
-        rows = pickle.loads(record, encoding="bytes")
-        if not isinstance(rows, (list, tuple)):
-            raise TypeError(f"{where} holds a {type(rows).__name__}, not a list of results")
     return record
 
 
@@ -440,18 +321,10 @@ class _OutputRecordTask:
 
     Attributes:
         func: The user function, ``(partition_index, rows) -> records``.
-        validate: Whether every record is unpickled and checked.
     """
 
-    def __init__(self, func: Callable[[int, Iterable[Any]], Iterable[Any]], validate: bool) -> None:
-        """Stores the user function.
-
-        Args:
-            func: The user function.
-            validate: Whether every record is unpickled and checked.
-        """
+    def __init__(self, func: Callable[[int, Iterable[Any]], Iterable[Any]]) -> None:
         self.func = func
-        self.validate = validate
 
     def __call__(
         self, partition: int, iterator: Iterable[Any]
@@ -474,7 +347,7 @@ class _OutputRecordTask:
         records = self.func(partition, iterator)
         try:
             for position, record in enumerate(records):
-                yield _check_output_record(record, partition, position, self.validate)
+                yield _check_output_record(record, partition, position)
         finally:
             # Let the user function release its resources (e.g. a socket to
             # the TF process) even if the task stops early.
@@ -486,16 +359,14 @@ class _OutputRecordTask:
 def raw_output_rdd(
     rdd: RDD,
     func: Callable[[int, Iterable[Any]], Iterable[bytes | bytearray | memoryview]],
-    *,
-    validate: bool = False,
 ) -> RDD:
     """Maps partitions to pre-pickled result batches, without re-pickling.
 
     Runs on the driver; ``func`` runs in Spark tasks. ``func(partition_index,
     iterator)`` receives the partition as ``rdd`` would give it (rows, or raw
     records if ``rdd`` came from :func:`raw_records`) and yields ``bytes``
-    records, each the pickle of a **list** of results (see
-    :func:`encode_batch`). The Python worker writes each record verbatim, and
+    records, each the pickle of a **list** of results (as
+    :func:`tfos._data.results.result_frames` makes them). The Python worker writes each record verbatim, and
     the returned RDD reads the records as PySpark batches, so its elements are
     the results themselves, flattened in order. The returned RDD is a plain
     RDD and supports every RDD operation (``collect``, ``count``, ``map``,
@@ -506,10 +377,7 @@ def raw_output_rdd(
         rdd: The input RDD.
         func: The partition function. A tuple instead of a list also works,
             but a record holding any other object is iterated as if it were a
-            batch, so ``validate`` is worth using in tests.
-        validate: If True, each record is unpickled in the task and checked to
-            hold a list or tuple. This costs an unpickle per record, so it is
-            meant for debugging.
+            batch.
 
     Returns:
         An RDD of the results, with the partitions of ``rdd``.
@@ -521,7 +389,7 @@ def raw_output_rdd(
             :data:`MAX_RECORD_BYTES`.
     """
     ctx = rdd.context
-    out = rdd.mapPartitionsWithIndex(_OutputRecordTask(func, validate))
+    out = rdd.mapPartitionsWithIndex(_OutputRecordTask(func))
     # The output serializer is fixed when the PipelinedRDD builds its JVM RDD,
     # so it must be switched before _jrdd is first read. _bypass_serializer is
     # how PySpark's own saveAsTextFile does it; setting the serializer as well

@@ -8,27 +8,12 @@ of ready batches. TensorFlow then only receives whole batches:
 
 * :meth:`FeedBatches.dataset` is a ``tf.data.Dataset`` over them (``from_generator`` whose
   generator only hands over ready batches, followed by ``prefetch``);
-* iterating the object itself gives the numpy batches (for custom loops; e.g. a
-  ``ParameterServerStrategy`` coordinator could pass them to
-  ``ClusterCoordinator.schedule``, since PSS datasets run on remote workers and cannot
-  call back into this process, but tfos routes partitions to every chief/worker node, so
-  fed PSS training is not supported yet).
+* iterating the object itself gives the numpy batches (for custom loops).
 
-Epochs: ``cluster.train(data, num_epochs)`` tags every partition with its epoch. With
-``per_epoch=True`` each iteration over the dataset yields exactly one epoch (it ends as
-soon as the first chunk of a later epoch arrives, or at the end of the feed); the reader
-keeps reading ahead across epoch boundaries, so the next epoch is buffered before Keras
-asks for it. One ``model.fit(ds, initial_epoch=e, epochs=e + 1)`` per epoch on the same
-dataset trains every epoch exactly once (a single ``fit(epochs=n)`` only when all epochs
-have the same number of steps: tf_keras infers them from the first epoch).
-
-With ``steps_per_epoch=S`` instead, one iteration runs over all epochs and cuts each
-epoch into exactly ``S`` batches on every node (see :mod:`tfos._data.epoch_steps`), so
-one ``model.fit(ds, epochs=n, steps_per_epoch=S)`` covers all epochs with one iterator:
-no ``fit`` restart and no new iterator between epochs. All nodes must use the same
-``S``; :func:`steps_per_epoch` derives it from the rows of one epoch.
-
-Epoch order: both epoch-aware modes read through
+Epochs (docs/datafeed.md "tf.data"): with ``per_epoch=True`` each iteration yields exactly
+one epoch (the reader keeps reading ahead across epoch boundaries); with
+``steps_per_epoch=S`` one iteration cuts every epoch into exactly ``S`` batches on every
+node (:mod:`tfos._data.epoch_steps`). Both read through
 :class:`~tfos._data.epoch_order.EpochOrder`, so every epoch holds exactly the rows of one
 pass whatever order Spark runs the feed tasks in.
 
@@ -50,15 +35,15 @@ import threading
 import time
 from typing import Any, Iterator, Optional, Sequence
 
-from tfos._data.chunk_columns import Column, batch_bytes, check_batch_dims, chunk_columns, columns_of
+from tfos._data.chunk_columns import Column, batch_bytes, chunk_columns
 from tfos._data.epoch_order import EpochOrder
 from tfos._data.epoch_steps import EpochSteps, check_steps
 from tfos._data.feed_connection import END_OF_FEED, Chunk, PartitionEnd
-from tfos._node.figures import FIGURES
-from tfos._node.row_count import ROWS
+from tfos._data.figures import FIGURES
+from tfos._data.row_count import ROWS
 from tfos.errors import InferenceResultError, TFOSError
 
-__all__ = ["FeedBatches", "feed_dataset", "steps_per_epoch", "DEFAULT_BUFFER_BYTES"]
+__all__ = ["FeedBatches", "DEFAULT_BUFFER_BYTES"]
 
 log = logging.getLogger(__name__)
 
@@ -149,13 +134,9 @@ class FeedBatches:
         sums: ``{epoch: [sum of column 0, ...]}`` when ``track_sums``.
         wait_s: Seconds the consumer (TensorFlow) waited for a batch in total.
         first_wait_s: Seconds of ``wait_s`` spent waiting for the first batch.
-        buffer_bytes: Bytes of the ready-batch buffer bound (0 when a row shape is unknown,
-            or a column holds strings or bytes, whose size only the data tells: then the
-            buffer holds at most 8 batches and at most :data:`DEFAULT_BUFFER_BYTES` of
-            them, or one larger batch);
-            with ``steps_per_epoch`` it includes the ``hold_batches`` batches held back
-            at the end of each epoch (not a node's surplus over ``steps_per_epoch x
-            batch_size`` rows in an epoch, which is held too).
+        buffer_bytes: Bytes of the ready-batch buffer bound, including with
+            ``steps_per_epoch`` the ``hold_batches`` held back at each epoch's end (0 when a
+            row's size is unknown: then at most 8 batches and :data:`DEFAULT_BUFFER_BYTES`).
         hold_batches: With ``steps_per_epoch``: the last batches of each epoch, which are
             cut only once the epoch's end is known, to spread its remaining rows evenly.
         shuffle_rows: The row-level shuffle window (rows; 0: none).
@@ -452,8 +433,7 @@ class FeedBatches:
         """Yields numpy batches: one epoch with ``per_epoch``, else up to the end of the feed.
 
         Yields:
-            A tuple of arrays (one per column, ``(n,) + row shape``), or one array when
-            ``single``; ``n`` is ``batch_size`` except for the last batch.
+            A tuple of arrays (one per column, ``(n,) + row shape``; one array when ``single``).
 
         Raises:
             MalformedRowError: A row does not fit the columns (names partition and row).
@@ -489,8 +469,7 @@ class FeedBatches:
 
     @property
     def ended(self) -> bool:
-        """True once iterating ended for good: the end of the feed was handed out, or an
-        error (e.g. FeedAbortedError) was raised."""
+        """True once iterating ended for good (the end of the feed, or an error raised)."""
         return self._ended
 
     def dataset(self, output_signature: Any, prefetch: int = 2) -> Any:
@@ -524,60 +503,3 @@ def _add_sums(sums: dict[int, list[float]], epoch: int, batch: tuple) -> None:
     for i, col in enumerate(batch):
         if col.dtype.kind in "biuf":
             total[i] += float(np.sum(col, dtype=np.float64))
-
-
-def feed_dataset(
-    feed: Any,
-    batch_size: int,
-    output_signature: Any,
-    drop_remainder: bool = False,
-    per_epoch: bool = False,
-    prefetch: int = 2,
-    buffer_batches: Optional[int] = None,
-    steps_per_epoch: Optional[int] = None,
-    shuffle_rows: int = 0,
-    shuffle_seed: Optional[int] = None,
-) -> Any:
-    """``DataFeed`` -> ``tf.data.Dataset`` of whole batches (TF process).
-
-    See :meth:`tfos.datafeed.DataFeed.as_dataset` for the arguments; the dataset keeps its
-    :class:`FeedBatches` as ``dataset.tfos_batches`` (row counts per epoch).
-
-    Raises:
-        TypeError: When ``output_signature`` is not a TensorSpec or tuple of them.
-        ValueError: A spec without the leading batch dimension (a per-row shape such as
-            ``TensorSpec(())``), or whose first dimension is fixed to another size than
-            ``batch_size``.
-    """
-    columns, single = columns_of(output_signature)
-    check_batch_dims(output_signature, batch_size)
-    reader = FeedBatches(feed, batch_size, columns, single=single, per_epoch=per_epoch,
-                         drop_remainder=drop_remainder, buffer_batches=buffer_batches,
-                         steps_per_epoch=steps_per_epoch, shuffle_rows=shuffle_rows, shuffle_seed=shuffle_seed)
-    ds = reader.dataset(output_signature, prefetch)
-    ds.tfos_batches = reader
-    return ds
-
-
-def steps_per_epoch(rows_per_epoch: int, batch_size: int, num_nodes: int) -> int:
-    """Steps of one epoch that every fed node agrees on (pure; anywhere).
-
-    ``ceil(rows_per_epoch / (batch_size x num_nodes))``: the steps of an epoch when the
-    rows are spread evenly over the nodes, each node taking ``batch_size`` rows per step.
-
-    Args:
-        rows_per_epoch: Rows of one epoch over all nodes (e.g. ``data.count()`` on the
-            driver, passed to ``main_fun`` in its args).
-        batch_size: Rows per step on one node (the per-worker batch).
-        num_nodes: Nodes fed (the workers of ``MultiWorkerMirroredStrategy``).
-
-    Returns:
-        The steps (>= 1).
-
-    Raises:
-        ValueError: For ``rows_per_epoch`` < 1, ``batch_size`` < 1 or ``num_nodes`` < 1.
-    """
-    if rows_per_epoch < 1 or batch_size < 1 or num_nodes < 1:
-        raise ValueError(f"rows_per_epoch, batch_size and num_nodes must be >= 1, got "
-                         f"{rows_per_epoch}, {batch_size}, {num_nodes}")
-    return -(-int(rows_per_epoch) // (int(batch_size) * int(num_nodes)))

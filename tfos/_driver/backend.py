@@ -5,7 +5,7 @@ this protocol; two backends implement it:
 
 * classic, on a ``SparkContext`` (:mod:`tfos._driver.classic`): the control server runs in
   the driver, feed and inference jobs are RDD jobs under this cluster's job groups;
-* Spark Connect, on a remote ``SparkSession`` (:mod:`tfos._connect.client`): the control
+* Spark Connect, on a remote ``SparkSession`` (:mod:`tfos._driver.connect_backend`): the control
   plane runs on an executor host, every client operation is a Spark job.
 
 A :class:`Launcher` (one per ``run()``) knows one kind of Spark: it checks the input of
@@ -24,7 +24,7 @@ from typing import Any, Optional, Protocol, Sequence
 from tfos._common.deadline import Deadline
 from tfos._control.messages import NodeState
 from tfos._data.feed_plan import FeedPlan
-from tfos._node.launch import ClusterConfig
+from tfos._node.launch import ClusterConfig, NodeSettings
 from tfos.cluster_template import InputMode, NodeInfo, NodeRole
 from tfos.errors import ClusterFailedError
 
@@ -41,10 +41,9 @@ class ClusterPlan:
         roles: One role per executor id.
         input_mode: :class:`InputMode` of the cluster.
         payload: cloudpickled ``(main_fun, tf_args)``, handed to every node.
-        settings: The :class:`ClusterConfig` fields every node gets (``default_fs``,
-            heartbeats, queues, TensorBoard, ...), apart from the id, key and control
-            address of an attempt and what the backend reads from Spark.
-        reservation_timeout_s: Longest wait for every node to register, in seconds.
+        settings: What every node of every attempt gets (heartbeats, queues, TensorBoard,
+            the reservation timeout, ...); an attempt's :class:`ClusterConfig` adds its id,
+            key and control address and what the backend reads from Spark.
         executor_wait_s: Longest wait for Spark executors before a launch, in seconds.
         driver_ps_nodes: Run the ps nodes on the driver host.
         progress: Show a progress line during train()/inference() (classic only).
@@ -57,8 +56,7 @@ class ClusterPlan:
     roles: tuple[NodeRole, ...]
     input_mode: InputMode
     payload: bytes = dataclasses.field(repr=False)
-    settings: dict = dataclasses.field(default_factory=dict)
-    reservation_timeout_s: float = 600.0
+    settings: NodeSettings = dataclasses.field(default_factory=NodeSettings)
     executor_wait_s: float = 60.0
     driver_ps_nodes: bool = False
     progress: bool = True

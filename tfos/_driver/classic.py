@@ -72,7 +72,7 @@ class ClassicLauncher:
         self.working_dir: Optional[str] = os.getcwd()
         roles = plan.roles
         self.spark_ids = tuple(r.executor_id for r in roles if not (plan.driver_ps_nodes and r.job_name == "ps"))
-        check_spark(sc, len(self.spark_ids), plan.input_mode, wait_s=min(plan.executor_wait_s, plan.reservation_timeout_s),
+        check_spark(sc, len(self.spark_ids), plan.input_mode, wait_s=min(plan.executor_wait_s, plan.settings.reservation_timeout_s),
                     ps_on_executors=sum(1 for r in roles if r.job_name == "ps" and r.executor_id in self.spark_ids))
         self.driver_host = sc.getConf().get("spark.driver.host", "127.0.0.1")
         self.default_fs = _default_fs(sc)
@@ -90,16 +90,16 @@ class ClassicLauncher:
         plan = self.plan
         cluster_id = plan.cluster_id(attempt)
         key = _wire.new_key()
-        runtime = ClusterRuntime(self.sc, cluster_id, plan.roles, float(plan.settings["heartbeat_timeout_s"]), key, self.driver_host)
+        runtime = ClusterRuntime(self.sc, cluster_id, plan.roles, plan.settings.heartbeat_timeout_s, key, self.driver_host)
         runtime.host.core.restarts_left = restarts_left
         try:
-            config = ClusterConfig(
-                cluster_id=cluster_id, key=key, driver_host=str(runtime.server.host), driver_port=runtime.server.port,
-                input_mode=plan.input_mode, roles=plan.roles, default_fs=self.default_fs, local_master=self.local_master,
-                **plan.settings,
+            config = ClusterConfig.of(
+                plan.settings, cluster_id=cluster_id, key=key, driver_host=str(runtime.server.host),
+                driver_port=runtime.server.port, input_mode=plan.input_mode, roles=plan.roles, default_fs=self.default_fs,
+                local_master=self.local_master,
             )
             deadline = Deadline(
-                min(plan.reservation_timeout_s, outer.remaining()) if outer is not None else plan.reservation_timeout_s,
+                min(plan.settings.reservation_timeout_s, outer.remaining()) if outer is not None else plan.settings.reservation_timeout_s,
                 f"all {len(plan.roles)} nodes to register",
                 "too few free Spark task slots (another job holds executors), executors that cannot reach the "
                 "driver's control port, or node processes failing at start-up (see the executor logs)",
@@ -387,12 +387,16 @@ def _await_registration(runtime: ClusterRuntime, start: JobThread, input_mode: I
                 kind, etype = "lost", "ExecutorLost"
                 what = f"a Spark executor was lost while the cluster formed: {what}"
             runtime.teardown(failed=True)
-            raise ClusterFailedError(cluster_id, [state.make_failure(state.missing()[0] if state.missing() else 0, kind, etype, what)], "run()") from start.error
+            err = ClusterFailedError(cluster_id, [state.make_failure(state.missing()[0] if state.missing() else 0, kind, etype, what)], "run()")
+            err.flood = runtime.server.flood_report()
+            raise err from start.error
         if outcome == "expired":
             missing = state.missing()
             busy = busy_slots_report(runtime.sc, cluster_id) or busy
             runtime.teardown(failed=True)
-            raise deadline.error(ReservationTimeoutError, f"executor ids {missing} never registered" + (f"; {busy}" if busy else ""))
+            flood = runtime.server.flood_report()
+            raise deadline.error(ReservationTimeoutError, f"executor ids {missing} never registered" + (f"; {busy}" if busy else "")
+                                 + (f"; meanwhile {flood}" if flood else ""))
         if not warned and time.monotonic() - t0 >= _BUSY_WARN_S:
             busy = busy_slots_report(runtime.sc, cluster_id)
             if busy:

@@ -1,10 +1,9 @@
 """``run()`` and the :class:`TFCluster` it returns: the one cluster users get (driver).
 
-``run()`` checks its arguments once, whatever runs the cluster, plans the roles, picks the
-backend (:mod:`tfos._driver.classic` for a SparkContext, :mod:`tfos._connect.client` for a
-Spark Connect session; the protocol is :mod:`tfos._driver.backend`) and lets the cluster's
-controller (:mod:`tfos._driver.lifecycle`) form it. ``TFCluster``'s methods check their own
-arguments and ask the controller, which owns the lifecycle and the restarts.
+``run()`` checks its arguments once, plans the roles, picks the backend (SparkContext:
+:mod:`tfos._driver.classic`, Spark Connect: :mod:`tfos._driver.connect_backend`; protocol:
+:mod:`tfos._driver.backend`) and lets the controller (:mod:`tfos._driver.lifecycle`) form it.
+``TFCluster``'s methods check their own arguments and ask the controller (lifecycle, restarts).
 """
 
 from __future__ import annotations
@@ -20,12 +19,13 @@ from tfos._common.deadline import Deadline
 from tfos._control.limits import heartbeat_interval_s
 from tfos._data.feed_plan import FEED_TIMEOUT_S, check_feed_timeout
 from tfos._driver import remedies
-from tfos._driver import streaming as _streaming
+from tfos._driver import stream_feeds as _streaming
 from tfos._driver.backend import ClusterPlan, InferenceCall, Launcher, TrainCall
 from tfos._driver.cluster_status import StatusMethods
 from tfos._driver.lifecycle import Controller, Lifecycle
 from tfos._driver.monitor import STALL_TIMEOUT_S, check_stall_args, summary_text
-from tfos._driver.task_world import pickle_payload
+from tfos._driver.payload import pickle_payload
+from tfos._node.launch import NodeSettings
 from tfos.cluster_template import InputMode, build_cluster_spec, build_template, roles_from_template
 from tfos.errors import ClusterFailedError, ConfigurationError, check_num_epochs
 
@@ -91,7 +91,7 @@ class TFCluster(StatusMethods):
         self.cluster_template = plan.template
         self.defaultFS = controller.backend.config.default_fs
         self.working_dir = launcher.working_dir
-        self.queues: list[str] = list(plan.settings["queues"])
+        self.queues: list[str] = list(plan.settings.queues)
         self.progress = plan.progress
 
     # ------------------------------------------------------------- properties
@@ -294,8 +294,8 @@ class TFCluster(StatusMethods):
             if _streaming.is_streaming_df(dataRDD):
                 raise ConfigurationError("inference(streaming DataFrame): use tfos.streaming.inference_stream(cluster, df, sink)")
         self._check_qname(qname)
-        data, parts, schema = self._ctl.launcher.inference_input(dataRDD, schema)
-        return self._ctl.inference(InferenceCall(data, parts, feed_timeout, qname, schema))
+        data, parts, result_schema = self._ctl.launcher.inference_input(dataRDD, schema)
+        return self._ctl.inference(InferenceCall(data, parts, feed_timeout, qname, result_schema))
 
     def row_accounting(self) -> list:
         """Rows fed vs rows trained, per node and epoch of every ``train()`` call (driver).
@@ -314,6 +314,14 @@ class TFCluster(StatusMethods):
             the current attempt; empty in InputMode.TENSORFLOW and under Spark Connect.
         """
         return self._ctl.backend.row_accounting()
+
+    def node_states(self) -> dict[str, str]:
+        """Each node's state by name (``"ps:0"``, ``"chief:0"``, ``"worker:1"``): 'registered',
+        'running', 'serving', 'finished', 'failed', 'stopped' (driver). A worker of a
+        ParameterServerStrategy cluster that was lost shows 'failed' while the cluster goes on
+        (docs/parameter_servers.md)."""
+        roles = {r.executor_id: f"{r.job_name}:{r.task_index}" for r in self._ctl.backend.config.roles}
+        return {roles.get(eid, str(eid)): getattr(state, "value", str(state)) for eid, state in self._ctl.backend.node_states().items()}
 
     # --------------------------------------------------------------- shutdown
     @_records_failure
@@ -493,7 +501,7 @@ def run(
         ClusterFailedError: A node failed while the cluster was forming
             (``RecoveryFailedError`` with ``max_restarts`` when no attempt formed).
     """
-    from tfos._connect.client import is_connect_session
+    from tfos._driver.connect_backend import is_connect_session
 
     if not is_connect_session(sc):  # before anything else (a Connect server's master is its own)
         master = getattr(sc, "master", None)
@@ -511,11 +519,10 @@ def run(
     template = build_template(num_executors, num_ps, master_node, eval_node)
     roles = tuple(roles_from_template(template))
     plan = ClusterPlan(
-        base_id=f"tfos-{uuid.uuid4().hex[:12]}", template=template, roles=roles,
-        input_mode=input_mode, payload=payload, reservation_timeout_s=float(reservation_timeout),
+        base_id=f"tfos-{uuid.uuid4().hex[:12]}", template=template, roles=roles, input_mode=input_mode, payload=payload,
         executor_wait_s=float(executor_wait_s), driver_ps_nodes=bool(driver_ps_nodes), progress=progress,
         stall_timeout_s=stall_timeout_s, stall_action=stall_action,
-        settings=dict(
+        settings=NodeSettings(
             heartbeat_interval_s=heartbeat_interval_s(len(roles), heartbeat_timeout), heartbeat_timeout_s=float(heartbeat_timeout),
             reservation_timeout_s=float(reservation_timeout), release_port=release_port, queues=queues,
             queue_chunks=queue_chunks, tensorboard=bool(tensorboard), log_dir=log_dir, forward_logs=forward_logs,
@@ -523,7 +530,7 @@ def run(
     )
     launcher: Launcher
     if is_connect_session(sc):  # Spark Connect client: docs/connect.md
-        from tfos._connect.client import ConnectLauncher
+        from tfos._driver.connect_backend import ConnectLauncher
 
         launcher = ConnectLauncher(sc, plan)
     else:

@@ -3,7 +3,7 @@
 Each fed node counts, per epoch of every ``cluster.train()`` call, the rows its feed handed
 to TensorFlow and the rows Keras's ``train_step`` consumed while that epoch was handed out,
 and, when the epoch ended, its *gap*: every row handed out so far minus every row trained so
-far (:mod:`tfos._node.row_count`); the figures reach the driver with the node's live figures.
+far (:mod:`tfos._data.row_count`); the figures reach the driver with the node's live figures.
 
 Here they are judged. A node's gap is its pipeline's read-ahead plus every row lost so far
 (negative: rows trained more than once). The read-ahead is estimated per node as the

@@ -26,8 +26,8 @@ from tfos._driver import spark_bar as _spark_bar
 from tfos._driver.console import BarConsole
 from tfos._driver.monitor import StatusMonitor
 from tfos._driver.open_clusters import any_open
+from tfos._driver.payload import AccumulatorInbox
 from tfos._driver.row_accounting import RowAccounting
-from tfos._driver.task_world import AccumulatorInbox
 from tfos._node import output as _node_output
 from tfos.cluster_template import NodeRole
 from tfos.errors import ClusterFailedError, NodeFailure, TFOSError, is_root_cause
@@ -345,6 +345,7 @@ class ClusterRuntime:
         """
         self.cancel_jobs()
         err = self.host.settle_failure(context, self._record_task_errors)
+        err.flood = self.server.flood_report()
         self.teardown_async()
         return err
 
@@ -452,7 +453,7 @@ class ClusterRuntime:
             _spark_bar.resume(self.sc)
             self._torn_down.set()
         # main_fun's accumulator updates count once, for an attempt that ended well (a
-        # failed one's nodes run again after a restart): tfos._driver.task_world.
+        # failed one's nodes run again after a restart): tfos._driver.payload.
         if failed or self.host.core.failed:
             self.accumulators.drop(self.cluster_id, "the cluster attempt failed" + (f" ({reason})" if reason else ""))
         else:

@@ -191,30 +191,8 @@ def run(
         mgr.set("state", "running")
         TFSparkNode.mgr, TFSparkNode.cluster_id = mgr, cid
 
-        client = reservation.Client(cluster_meta["server_addr"])
-        try:
-            mine = [n for n in client.get_reservations() if n.get("host") == host and n.get("executor_id") == executor_id]
-            tmp_sock: Optional[socket.socket] = None
-            if mine:
-                port = int(mine[0]["port"])
-                cluster_info = client.get_reservations()
-            else:
-                if "TENSORFLOW_PORT" in os.environ:
-                    port = int(os.environ["TENSORFLOW_PORT"])
-                else:
-                    tmp_sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                    tmp_sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                    tmp_sock.bind(("", 0))
-                    port = tmp_sock.getsockname()[1]
-                node = {
-                    "executor_id": executor_id, "host": host, "job_name": job_name, "task_index": task_index,
-                    "port": port, "tb_pid": 0, "tb_port": 0, "addr": str(mgr.address), "authkey": authkey.hex(),
-                }
-                log.info("TFSparkNode.reserve: %s", {k: v for k, v in node.items() if k != "authkey"})
-                client.register(node)
-                cluster_info = client.await_reservations()
-        finally:
-            client.close()
+        port, tmp_sock, cluster_info = _reserve(cluster_meta["server_addr"], executor_id, host, job_name, task_index,
+                                                mgr, authkey)
         spec = _get_cluster_spec(sorted(cluster_info, key=lambda n: n["executor_id"]))
         if "master" in spec or "chief" in spec:
             os.environ["TF_CONFIG"] = json.dumps({"cluster": spec, "task": {"type": job_name, "index": task_index}, "environment": "cloud"})
@@ -233,6 +211,42 @@ def run(
         log.info("finished TensorFlow %s:%d on executor %s", job_name, task_index, executor_id)
 
     return _mapfn
+
+
+
+def _reserve(server_addr: Any, executor_id: int, host: str, job_name: str, task_index: int, mgr: Any,
+             authkey: bytes) -> tuple:
+    """Registers this node with TFoS's reservation server (or finds its earlier registration)
+    and waits for the others (Spark task).
+
+    Returns:
+        ``(TF port, the socket holding it or None, every node's reservation)``.
+    """
+    client = reservation.Client(server_addr)
+    try:
+        mine = [n for n in client.get_reservations() if n.get("host") == host and n.get("executor_id") == executor_id]
+        tmp_sock: Optional[socket.socket] = None
+        if mine:
+            port = int(mine[0]["port"])
+            cluster_info = client.get_reservations()
+        else:
+            if "TENSORFLOW_PORT" in os.environ:
+                port = int(os.environ["TENSORFLOW_PORT"])
+            else:
+                tmp_sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                tmp_sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                tmp_sock.bind(("", 0))
+                port = tmp_sock.getsockname()[1]
+            node = {
+                "executor_id": executor_id, "host": host, "job_name": job_name, "task_index": task_index,
+                "port": port, "tb_pid": 0, "tb_port": 0, "addr": str(mgr.address), "authkey": authkey.hex(),
+            }
+            log.info("TFSparkNode.reserve: %s", {k: v for k, v in node.items() if k != "authkey"})
+            client.register(node)
+            cluster_info = client.await_reservations()
+    finally:
+        client.close()
+    return port, tmp_sock, cluster_info
 
 
 def _moved(name: str) -> Callable[..., Any]:

@@ -56,8 +56,8 @@ import os
 import sys
 from typing import Any, Optional, Sequence
 
+from tfos._data.row_count import ROWS
 from tfos._node import keras3_arrays, keras3_outputs, keras_steps
-from tfos._node.row_count import ROWS
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +147,9 @@ def apply(trainer: Any) -> bool:
         )
     _patch(trainer)
     keras_steps.count_steps(trainer)  # steps/s per node for the driver's status (docs/status.md)
+    from tfos._node import keras3_ps  # ParameterServerStrategy: docs/parameter_servers.md
+
+    keras3_ps.apply(trainer)
     trainer._tfos_keras3_fix = True
     log.info("tfos: applied the Keras %s fix for MultiWorkerMirroredStrategy (docs/keras.md)", version)
     return True
@@ -214,10 +217,29 @@ def _patch(trainer: Any) -> None:
             return keras3_outputs.reduce_mean_across_workers(values, strategy)
         return keras_reduce_per_replica(values, strategy, reduction)
 
-    # keras-team/keras#19246: with steps_per_execution > 1 Keras runs each step inside a
-    # tf.cond, and a step's cross-replica merge (the gradient all-reduce) inside a
-    # conditional fails ("You must feed a value for placeholder tensor"). Here the loop's
-    # condition checks that a batch is there, so the steps run unconditionally.
+    _make_function = _unconditional_steps(trainer, keras_make_function, multi_worker)
+
+    _maybe_symbolic_build.__wrapped__ = keras_symbolic_build  # type: ignore[attr-defined]
+    reduce_per_replica.__wrapped__ = keras_reduce_per_replica  # type: ignore[attr-defined]
+    _make_function.__wrapped__ = keras_make_function  # type: ignore[attr-defined]
+    trainer.TensorFlowTrainer._maybe_symbolic_build = _maybe_symbolic_build
+    trainer.TensorFlowTrainer._make_function = _make_function
+    trainer.reduce_per_replica = reduce_per_replica
+    _patch_callbacks(multi_worker)
+    keras3_arrays.patch(trainer, multi_worker)
+    from keras.src.trainers.epoch_iterator import EpochIterator
+
+    keras3_outputs.quiet_planned_end(EpochIterator, lambda: ROWS.enabled)
+
+
+def _unconditional_steps(trainer: Any, keras_make_function: Any, multi_worker: Any) -> Any:
+    """keras-team/keras#19246: with steps_per_execution > 1 Keras runs each step inside a
+    tf.cond, and a step's cross-replica merge (the gradient all-reduce) inside a
+    conditional fails ("You must feed a value for placeholder tensor"). The replacement of
+    ``TensorFlowTrainer._make_function`` returned here lets the loop's condition check that
+    a batch is there, so the steps run unconditionally (multi-worker strategies only)."""
+    import tensorflow as tf
+
     def _make_function(self: Any, step_function: Any) -> Any:
         if ROWS.enabled and getattr(step_function, "__name__", "") == "train_step":
             step_function = keras3_outputs.counting_step(step_function, ROWS.counter())  # docs/datafeed.md
@@ -257,17 +279,7 @@ def _patch(trainer: Any) -> None:
 
         return function
 
-    _maybe_symbolic_build.__wrapped__ = keras_symbolic_build  # type: ignore[attr-defined]
-    reduce_per_replica.__wrapped__ = keras_reduce_per_replica  # type: ignore[attr-defined]
-    _make_function.__wrapped__ = keras_make_function  # type: ignore[attr-defined]
-    trainer.TensorFlowTrainer._maybe_symbolic_build = _maybe_symbolic_build
-    trainer.TensorFlowTrainer._make_function = _make_function
-    trainer.reduce_per_replica = reduce_per_replica
-    _patch_callbacks(multi_worker)
-    keras3_arrays.patch(trainer, multi_worker)
-    from keras.src.trainers.epoch_iterator import EpochIterator
-
-    keras3_outputs.quiet_planned_end(EpochIterator, lambda: ROWS.enabled)
+    return _make_function
 
 
 def _patch_callbacks(multi_worker: Any) -> None:

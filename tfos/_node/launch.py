@@ -9,30 +9,25 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Optional
+from typing import Any, Optional
 
 from tfos._node.task_world import TaskWorld
 from tfos.cluster_template import InputMode, NodeRole
 from tfos.errors import ConfigurationError
 
-__all__ = ["ClusterConfig", "NodeLaunch"]
+__all__ = ["ClusterConfig", "NodeLaunch", "NodeSettings"]
 
 
 @dataclasses.dataclass(frozen=True)
-class ClusterConfig:
-    """Cluster-wide settings shared by every node (driver -> nodes).
+class NodeSettings:
+    """The cluster-wide settings ``TFCluster.run`` decides once for every attempt and every
+    node (driver -> nodes): each one's default and check are here.
 
     Attributes:
-        cluster_id: Unique id of this cluster (also its Spark job group).
-        key: The per-cluster HMAC key (32 bytes). Never logged.
-        driver_host: Address of the driver's control server.
-        driver_port: Port of the driver's control server.
-        input_mode: :class:`InputMode` of the cluster.
-        roles: One :class:`NodeRole` per executor id, ordered by id.
-        default_fs: Spark's ``fs.defaultFS`` (e.g. ``file://`` or ``hdfs://nn:8020``).
         heartbeat_interval_s: Seconds between supervisor heartbeats.
         heartbeat_timeout_s: Seconds without a heartbeat before the driver declares a node lost.
-        reservation_timeout_s: Seconds a node waits for the whole cluster to register.
+        reservation_timeout_s: Seconds a node waits for the whole cluster to register (the
+            driver waits as long for every node).
         release_port: Release the held TF port right before ``main_fun`` (TFoS semantics).
         queues: Names of the data queues of each feedable node (InputMode.SPARK).
         queue_chunks: Bound of each input queue, in chunks (a chunk is one Spark batch of
@@ -42,6 +37,49 @@ class ClusterConfig:
         forward_logs: Which nodes' stdout/stderr lines are shown on the driver's stderr:
             'all', 'chief' (the chief, or worker 0 when there is no chief) or 'none'.
         data_timeout_s: Longest a ``DataFeed`` read waits for the next chunk.
+
+    Raises:
+        ConfigurationError: A value out of range (names it).
+    """
+
+    heartbeat_interval_s: float = 1.0
+    heartbeat_timeout_s: float = 15.0
+    reservation_timeout_s: float = 600.0
+    release_port: bool = True
+    queues: tuple[str, ...] = ("input", "output", "error")
+    queue_chunks: int = 4
+    tensorboard: bool = False
+    log_dir: Optional[str] = None
+    forward_logs: str = "all"
+    data_timeout_s: float = 3600.0
+
+    def __post_init__(self) -> None:
+        if self.heartbeat_interval_s <= 0 or self.heartbeat_timeout_s <= self.heartbeat_interval_s:
+            raise ConfigurationError(
+                f"heartbeat_timeout_s ({self.heartbeat_timeout_s}) must exceed "
+                f"heartbeat_interval_s ({self.heartbeat_interval_s}) > 0"
+            )
+        if self.reservation_timeout_s <= 0:
+            raise ConfigurationError("reservation_timeout must be > 0 seconds")
+        if self.queue_chunks < 1:
+            raise ConfigurationError("queue_chunks must be >= 1")
+        if self.forward_logs not in ("chief", "all", "none"):
+            raise ConfigurationError("forward_logs must be 'chief', 'all' or 'none'")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ClusterConfig(NodeSettings):
+    """What every node of one attempt gets (driver -> nodes): the :class:`NodeSettings`
+    and the attempt's identity, key and control address.
+
+    Attributes:
+        cluster_id: Unique id of this cluster (also its Spark job group).
+        key: The per-cluster HMAC key (32 bytes). Never logged.
+        driver_host: Address of the driver's control server.
+        driver_port: Port of the driver's control server.
+        input_mode: :class:`InputMode` of the cluster.
+        roles: One :class:`NodeRole` per executor id, ordered by id.
+        default_fs: Spark's ``fs.defaultFS`` (e.g. ``file://`` or ``hdfs://nn:8020``).
         driver_working_dir: The driver's working directory, taken when the config is
             built (on the driver); it is every node's ``ctx.working_dir`` (TFoS semantics),
             so relative ``file://`` paths map to the same folder on every node.
@@ -60,39 +98,25 @@ class ClusterConfig:
     input_mode: InputMode
     roles: tuple[NodeRole, ...]
     default_fs: str = "file://"
-    heartbeat_interval_s: float = 1.0
-    heartbeat_timeout_s: float = 15.0
-    reservation_timeout_s: float = 600.0
-    release_port: bool = True
-    queues: tuple[str, ...] = ("input", "output", "error")
-    queue_chunks: int = 4
-    tensorboard: bool = False
-    log_dir: Optional[str] = None
-    forward_logs: str = "all"
-    data_timeout_s: float = 3600.0
     driver_working_dir: str = dataclasses.field(default_factory=os.getcwd)
     tf_use_legacy_keras: Optional[str] = dataclasses.field(default_factory=lambda: os.environ.get("TF_USE_LEGACY_KERAS"))
     keras3_fix: Optional[str] = dataclasses.field(default_factory=lambda: os.environ.get("TFOS_KERAS3_FIX"))
     local_master: bool = False
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if len(self.key) != 32:
             raise ConfigurationError("the cluster key must be 32 bytes")
         if not (0 < self.driver_port < 65536):
             raise ConfigurationError(f"invalid driver port {self.driver_port}")
-        if self.heartbeat_interval_s <= 0 or self.heartbeat_timeout_s <= self.heartbeat_interval_s:
-            raise ConfigurationError(
-                f"heartbeat_timeout_s ({self.heartbeat_timeout_s}) must exceed "
-                f"heartbeat_interval_s ({self.heartbeat_interval_s}) > 0"
-            )
-        if self.reservation_timeout_s <= 0:
-            raise ConfigurationError("reservation_timeout must be > 0 seconds")
-        if self.queue_chunks < 1:
-            raise ConfigurationError("queue_chunks must be >= 1")
-        if self.forward_logs not in ("chief", "all", "none"):
-            raise ConfigurationError("forward_logs must be 'chief', 'all' or 'none'")
         if [r.executor_id for r in self.roles] != list(range(len(self.roles))):
             raise ConfigurationError("roles must be ordered by executor id 0..n-1")
+
+    @classmethod
+    def of(cls, settings: NodeSettings, **attempt: Any) -> "ClusterConfig":
+        """The config of one attempt: ``settings`` and the attempt's fields (``cluster_id``,
+        ``key``, ``driver_host``, ``driver_port``, ``input_mode``, ``roles``, ...)."""
+        return cls(**{f.name: getattr(settings, f.name) for f in dataclasses.fields(NodeSettings)}, **attempt)
 
     @property
     def num_nodes(self) -> int:

@@ -38,10 +38,10 @@ from typing import Any, Callable, Optional
 from tfos._common.deadline import Deadline
 from tfos._control import messages as _msg
 from tfos._control.messages import NodeState
+from tfos._node.tf_noise import has_nvidia_driver, is_tf_noise
 from tfos.errors import ControlProtocolError, DeadlineExceededError, NodeFailure
 
-__all__ = ["NodeOutput", "emit", "is_tf_noise", "note_spark_bar", "spark_shows_progress", "tf_noise_level",
-           "TF_LOG_LEVEL_DEFAULT", "OUTPUT_MARK_ENV", "std_fds_identity", "write_failure_marks",
+__all__ = ["NodeOutput", "emit", "note_spark_bar", "spark_shows_progress", "OUTPUT_MARK_ENV", "std_fds_identity", "write_failure_marks",
            "write_finished_marks"]
 
 node_log = logging.getLogger("tfos.node")
@@ -54,9 +54,6 @@ OUTPUT_MARK_ENV = "TFOS_OUTPUT_MARK"
 #: Start of a marker line: an ASCII record separator (not in normal output), then "tfos-".
 _MARK_START = "\x1etfos-"
 
-#: The ``TF_CPP_MIN_LOG_LEVEL`` tfos sets in node processes when the user set none:
-#: TensorFlow's C++ INFO lines are dropped, warnings and errors are kept.
-TF_LOG_LEVEL_DEFAULT = "1"
 
 _REQ_ERRORS = (OSError, ControlProtocolError, DeadlineExceededError)
 #: Stderr marker kinds that carry a status report for the driver: kind -> the report (a
@@ -82,11 +79,6 @@ _QUEUED_LINES = 5000
 #: Most lines the driver shows of one request (:func:`emit`); a node sends no more at once.
 _LINES_PER_REQUEST = 1000
 # TensorFlow/absl C++ log lines: "I0000 00:00:1796080592.555864    7250 port.cc:153] ...".
-_CXX_LINE = re.compile(r"^([IWEF])\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ [^\s\]]+:\d+\] ")
-_CXX_SEVERITY = {"I": 0, "W": 1, "E": 2, "F": 3}
-_ABSL_PREINIT = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
-# The second line of TensorFlow's cpu_feature_guard INFO message.
-_CXX_CONTINUATION = "To enable the following instructions:"
 _write_lock = threading.Lock()
 #: Whether the driver's SparkContext draws Spark's console progress bar (set per cluster
 #: by :func:`note_spark_bar`): node lines then erase the bar's unfinished line first.
@@ -98,60 +90,6 @@ _ERASE_LINE = "\r\x1b[2K"
 #: ``\x1b[32m``; OSC; two-byte escapes): dropped from node lines unless the driver's stderr
 #: is a terminal.
 _ESCAPES = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[0-~])")
-
-
-def _has_nvidia_driver() -> bool:
-    return os.path.exists("/proc/driver/nvidia/version")
-
-
-def is_tf_noise(line: str, min_level: int, nvidia_driver: bool, after_dropped: bool = False) -> bool:
-    """Whether a node output line is TensorFlow C++ noise tfos hides by default (pure).
-
-    Args:
-        line: One output line, without its newline.
-        min_level: ``TF_CPP_MIN_LOG_LEVEL`` in force (0 INFO, 1 WARNING, 2 ERROR, 3 FATAL):
-            C++ lines of a lower severity are noise. TensorFlow 2.21 prints some lines
-            before absl's log initialisation, ignoring that variable; this catches them.
-        nvidia_driver: Whether the host has an NVIDIA driver. Without one, TensorFlow's
-            ``failed call to cuInit`` error only says that there is no GPU: noise. The
-            warning that ``DataFeed.as_dataset``'s generator dataset "will not be
-            optimized" is noise too (nothing the user can change).
-        after_dropped: The previous line was dropped (for two-line messages).
-
-    Returns:
-        True to drop the line.
-    """
-    if line.startswith(_ABSL_PREINIT):
-        return min_level > 0
-    if after_dropped and line.startswith(_CXX_CONTINUATION):
-        return True
-    m = _CXX_LINE.match(line)
-    if m is None:
-        return False
-    if _CXX_SEVERITY[m.group(1)] < min_level:
-        return True
-    if "Input of GeneratorDatasetOp::Dataset will not be optimized" in line:
-        return True  # about DataFeed.as_dataset's own generator: nothing the user can change
-    return not nvidia_driver and "failed call to cuInit" in line
-
-
-def tf_noise_level(env_value: Optional[str]) -> Optional[int]:
-    """The ``min_level`` of :func:`is_tf_noise` for a node's ``TF_CPP_MIN_LOG_LEVEL`` (pure).
-
-    The filter follows the level in force, whoever set it: tfos's default (``1``) or the
-    user's (``2`` must never show more than ``1``). ``0`` (every line asked for) turns it off.
-
-    Args:
-        env_value: ``TF_CPP_MIN_LOG_LEVEL`` of the TF process, or None when unset.
-
-    Returns:
-        The level (1-3), or None for no filtering.
-    """
-    try:
-        level = int(env_value if env_value is not None else TF_LOG_LEVEL_DEFAULT)
-    except ValueError:
-        level = int(TF_LOG_LEVEL_DEFAULT)
-    return min(level, 3) if level > 0 else None
 
 
 class NodeOutput:
@@ -188,7 +126,7 @@ class NodeOutput:
         self._eid = executor_id
         self._tee = tee
         self._tf_min_level = tf_min_level
-        self._nvidia = _has_nvidia_driver()
+        self._nvidia = has_nvidia_driver()
         self._lines: "collections.deque[str]" = collections.deque()
         self._lines_lock = threading.Lock()  # _lines and _dropped: readers add, the sender takes
         self._dropped = 0  # lines that gave way since the last send (they precede the queued ones)

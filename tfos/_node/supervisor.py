@@ -41,8 +41,9 @@ from tfos._control.registry import describe_exit
 from tfos._data import local_socket as _local
 from tfos._node.address_space import memory_limit_exit_hint
 from tfos._node.launch import NodeLaunch
-from tfos._node.output import NodeOutput, tf_noise_level
+from tfos._node.output import NodeOutput
 from tfos._node.start_task import read_launch, setup_process_logging, start_node_process, watch_stdin_eof
+from tfos._node.tf_noise import tf_noise_level
 from tfos.cluster_template import InputMode
 from tfos.errors import ControlProtocolError, DeadlineExceededError, NodeFailure
 

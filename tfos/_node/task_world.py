@@ -19,7 +19,7 @@ exists there unless it is handed over. This module does that:
   modules when they are first imported (a node that never imports PySpark pays nothing).
 * :func:`accumulator_updates` (the TF process, after ``main_fun``) reads what
   ``main_fun`` added to the accumulators of its payload, for the driver (see
-  :mod:`tfos._driver.task_world`).
+  :mod:`tfos._driver.payload`).
 
 The address-space limit itself is :mod:`tfos._node.address_space`'s.
 
@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 
 class Payload(bytes):
     """The cloudpickled ``(main_fun, tf_args)`` a node receives, with the Spark broadcast
-    variables it refers to (driver; built by :func:`tfos._driver.task_world.pickle_payload`).
+    variables it refers to (driver; built by :func:`tfos._driver.payload.pickle_payload`).
 
     The bytes are what the TF process unpickles. :attr:`broadcasts` holds the driver's
     ``Broadcast`` objects: the start task's closure captures them, so PySpark ships them

@@ -7,8 +7,8 @@ import queue
 from typing import Any
 
 from tfos._data.results import result_items
-from tfos._legacy.marker import EndPartition
 from tfos.errors import TFOSError
+from tfos.marker import EndPartition
 
 __all__ = ["QueueFeed"]
 

@@ -1,0 +1,219 @@
+"""Admission of connections before they authenticate (pure; the driver's control server and
+each node's data server).
+
+A client that holds the cluster key proves it in the first bytes it sends, before it reads
+anything (:func:`make_proof`: a random nonce and an HMAC of it). A server reads those bytes
+first (:class:`ProofChecker`; a nonce seen before is refused, so a proof captured on the
+wire cannot be replayed) and only then spends anything on the connection (a hello, a
+frame buffer, a thread). Connections that have not proven themselves yet are held in an
+:class:`Admission` with a cap: when it is full, a newcomer takes the place of an unproven
+connection that is older than :data:`GRACE_S` (taken from the peer address that holds the
+most, oldest first); when every unproven connection is younger than that, the server stops
+accepting for a moment and leaves the newcomers in the kernel's accept queue, where a real
+client's proof arrives while it waits. So a key holder is never evicted for a stranger, and
+a flood of strangers from one process costs the server at most the cap in sockets.
+
+:class:`FloodStats` counts what was refused, evicted and rejected, by source address, for
+the error a denied client's driver raises (docs/reliability.md "Floods").
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import hmac
+import os
+import time
+from typing import Any, Hashable, Optional
+
+__all__ = ["PROOF_BYTES", "GRACE_S", "make_proof", "ProofChecker", "Admission", "FloodStats", "REMEDY"]
+
+_NONCE_BYTES = 16
+_MAC_BYTES = 32
+#: Bytes of a proof: magic (4), nonce (16), HMAC-SHA256 (32).
+PROOF_BYTES = 4 + _NONCE_BYTES + _MAC_BYTES
+#: An unproven connection younger than this (seconds) is never evicted: a real client's
+#: proof is on its way (a loaded process, a slow link).
+GRACE_S = 1.0
+#: Nonces of accepted proofs remembered per server (a replayed proof is refused).
+_SEEN_NONCES = 1 << 16
+#: Source addresses counted by name in :class:`FloodStats` (the rest are summed).
+_ADDRESSES_NAMED = 64
+#: What to do about a flood, in every error that reports one.
+REMEDY = ("run the cluster on a private network, or firewall the driver's and the executors' ports from "
+          "other hosts (and set spark.authenticate so that only your own jobs run on the executors)")
+
+
+def make_proof(key: bytes, magic: bytes) -> bytes:
+    """The first bytes a client sends (:data:`PROOF_BYTES`): ``magic``, a fresh nonce and
+    ``HMAC-SHA256(key, magic || nonce)``.
+
+    Args:
+        key: The cluster key.
+        magic: 4 bytes naming the plane (the control and data planes use different ones,
+            so a proof for one is refused by the other).
+    """
+    nonce = os.urandom(_NONCE_BYTES)
+    return magic + nonce + hmac.new(key, magic + nonce, hashlib.sha256).digest()
+
+
+class ProofChecker:
+    """Checks clients' proofs for one server and refuses replays (pure).
+
+    Args:
+        key: The cluster key.
+        magic: The plane's 4 magic bytes (as given to :func:`make_proof`).
+    """
+
+    def __init__(self, key: bytes, magic: bytes):
+        self._key = key
+        self._magic = magic
+        self._seen: "collections.OrderedDict[bytes, None]" = collections.OrderedDict()
+
+    def check(self, data: bytes) -> Optional[str]:
+        """None when ``data`` (exactly :data:`PROOF_BYTES`) is a fresh, valid proof, else
+        why it is refused (no key material in it)."""
+        if len(data) != PROOF_BYTES or data[:4] != self._magic:
+            return "its first bytes are not a tfos proof of the cluster key (bad magic)"
+        nonce = data[4:4 + _NONCE_BYTES]
+        mac = hmac.new(self._key, data[:4 + _NONCE_BYTES], hashlib.sha256).digest()
+        if not hmac.compare_digest(mac, data[4 + _NONCE_BYTES:]):
+            return "its proof of the cluster key failed (another key, or not a tfos process)"
+        if nonce in self._seen:
+            return "it replayed a proof of the cluster key seen before"
+        self._seen[nonce] = None
+        if len(self._seen) > _SEEN_NONCES:
+            self._seen.popitem(last=False)
+        return None
+
+
+class FloodStats:
+    """What one server refused, evicted and rejected before authentication, by source
+    address (pure; not thread-safe: one owner thread writes, others read a copy).
+
+    Attributes:
+        refused: Connections closed on accept (a cap of connections).
+        evicted: Unproven connections closed to make room for newcomers.
+        rejected: Connections closed for a bad or missing proof, or a timeout.
+        deferred: Times the server left newcomers in the kernel's accept queue because
+            every unproven connection was still in its grace period.
+    """
+
+    def __init__(self) -> None:
+        self.refused = 0
+        self.evicted = 0
+        self.rejected = 0
+        self.deferred = 0
+        self.by_address: collections.Counter = collections.Counter()
+        self.first_at = 0.0
+        self.last_at = 0.0
+
+    def count(self, what: str, address: str) -> None:
+        """Counts one ``what`` ("refused", "evicted", "rejected") from ``address``."""
+        setattr(self, what, getattr(self, what) + 1)
+        now = time.time()
+        self.first_at = self.first_at or now
+        self.last_at = now
+        if address in self.by_address or len(self.by_address) < _ADDRESSES_NAMED:
+            self.by_address[address] += 1
+        else:
+            self.by_address["other addresses"] += 1
+
+    @property
+    def total(self) -> int:
+        return self.refused + self.evicted + self.rejected
+
+    def summary(self, where: str) -> str:
+        """One sentence for an error message: ``where`` (e.g. "the control port
+        10.0.0.1:41234"), the counts, the top source addresses and :data:`REMEDY`; "" when
+        nothing was counted."""
+        if not self.total:
+            return ""
+        top = ", ".join(f"{addr} ({n:,})" for addr, n in self.by_address.most_common(5))
+        when = time.strftime("%H:%M:%S", time.localtime(self.first_at))
+        return (f"{where} turned away {self.total:,} connections that did not prove they hold the cluster key "
+                f"({self.rejected:,} rejected, {self.evicted:,} evicted, {self.refused:,} refused at a cap; since "
+                f"{when}) from {top}: a flood of connections by a process without the key can keep this cluster's "
+                f"own processes out; {REMEDY}")
+
+
+class Admission:
+    """The unproven connections of one server, in accept order (pure; one thread).
+
+    Args:
+        cap: Most unproven connections held at once.
+        grace_s: Age under which an unproven connection is never evicted.
+    """
+
+    def __init__(self, cap: int, grace_s: float = GRACE_S):
+        if cap < 1:
+            raise ValueError(f"cap must be >= 1, got {cap}")
+        self.cap = cap
+        self.grace_s = grace_s
+        self._since: "collections.OrderedDict[Hashable, float]" = collections.OrderedDict()
+        self._addr: dict[Hashable, str] = {}
+        self._by_addr: collections.Counter = collections.Counter()
+
+    def __len__(self) -> int:
+        return len(self._since)
+
+    def __contains__(self, conn: Any) -> bool:
+        return conn in self._since
+
+    def add(self, conn: Hashable, address: str, now: float) -> None:
+        self._since[conn] = now
+        self._addr[conn] = address
+        self._by_addr[address] += 1
+
+    def remove(self, conn: Hashable) -> bool:
+        """Forgets ``conn`` (proven, or closed); True when it was held."""
+        if self._since.pop(conn, None) is None:
+            return False
+        address = self._addr.pop(conn)
+        self._by_addr[address] -= 1
+        if self._by_addr[address] <= 0:
+            del self._by_addr[address]
+        return True
+
+    def full(self) -> bool:
+        return len(self._since) >= self.cap
+
+    def victim(self, now: float) -> Optional[Any]:
+        """The connection to evict for a newcomer when :meth:`full`: the oldest connection
+        past its grace period of the address that holds the most unproven ones (else of
+        any address); None when every one is younger than the grace period (the caller
+        then stops accepting until :meth:`wait_s`)."""
+        if not self._since:
+            return None
+        oldest_age = now - next(iter(self._since.values()))
+        if oldest_age < self.grace_s:
+            return None
+        top = self._by_addr.most_common(1)[0][0]
+        for conn, since in self._since.items():
+            if now - since < self.grace_s:
+                break
+            if self._addr[conn] == top:
+                return conn
+        return next(iter(self._since))
+
+    def wait_s(self, now: float) -> float:
+        """Seconds until the oldest unproven connection leaves its grace period."""
+        if not self._since:
+            return 0.0
+        return max(0.0, self.grace_s - (now - next(iter(self._since.values()))))
+
+    def expired(self, now: float, timeout_s: float) -> list:
+        """The connections held longer than ``timeout_s``, oldest first."""
+        out = []
+        for conn, since in self._since.items():
+            if now - since <= timeout_s:
+                break
+            out.append(conn)
+        return out
+
+    def age(self, conn: Hashable, now: float) -> float:
+        """Seconds since ``conn`` was accepted (0.0 when it is not held)."""
+        return now - self._since.get(conn, now)
+
+    def address(self, conn: Hashable) -> str:
+        return self._addr.get(conn, "?")
