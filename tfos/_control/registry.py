@@ -28,6 +28,7 @@ import signal
 from typing import Any, Callable, Optional, Sequence
 
 from tfos._control import messages as _msg
+from tfos._control import ps_loss
 from tfos._control.effects import Effect, FirstFailure, Note, Notify
 from tfos._control.ledger import FeedLedger
 from tfos._control.messages import TERMINAL_STATES, NodeState
@@ -99,6 +100,8 @@ class Registry:
         self.exit_codes: dict[int, int] = {}
         self.last_heartbeat: dict[int, float] = {}
         self.failures: list[NodeFailure] = []
+        #: Serving workers of a ParameterServerStrategy cluster that were lost (tfos._control.ps_loss).
+        self.lost_workers: list[NodeFailure] = []
         #: Nodes that went silent while the cluster was being stopped or aborted: taken as
         #: stopped with it, never declared lost.
         self.gone: set[int] = set()
@@ -257,16 +260,6 @@ class Registry:
         """Executor ids of the chief/master/worker nodes (those that run the training)."""
         return [r.executor_id for r in self.roles if r.feedable]
 
-    def returned_without_terminate(self, executor_ids: Sequence[int], qname: str) -> list[int]:
-        """Ids among ``executor_ids`` whose main_fun returned without terminating ``qname``."""
-        return [e for e in executor_ids if self.proc_state.get(e) in (NodeState.FINISHED, NodeState.STOPPED)
-                and qname not in self.terminated_queues.get(e, ())]
-
-    def counters_fresh(self, base: dict[int, int]) -> bool:
-        """True when every node of ``base`` (id -> reports seen) reported again or ended."""
-        return all(self.counter_reports.get(e, 0) > n or e in self.exit_codes or self.proc_state.get(e) in TERMINAL_STATES
-                   for e, n in base.items())
-
     def cluster_spec(self) -> dict[str, list[str]]:
         """The cluster spec of the registered nodes."""
         return build_cluster_spec(self.nodes_snapshot())
@@ -274,14 +267,6 @@ class Registry:
     def nodes_snapshot(self) -> list[NodeInfo]:
         """The registered nodes, ordered by executor id."""
         return sorted(self.nodes.values(), key=lambda n: n.executor_id)
-
-    def checkpoints(self) -> dict[str, int]:
-        """``{node name ('job:task'): epochs}``: each node's latest checkpoint report."""
-        return {f"{self.roles[e].job_name}:{self.roles[e].task_index}": n for e, n in self.ledger.checkpoints.items()}
-
-    def rows_consumed(self) -> int:
-        """Total rows the TF processes have taken from their feeds (from their reports)."""
-        return sum(c.get("rows", 0) for c in list(self.counters.values()))
 
     def directives(self) -> dict:
         """What every node is told on each heartbeat and event poll."""
@@ -317,6 +302,9 @@ class Registry:
                 # death of its own (see _on_status, 'unprompted').
                 self.proc_state[eid] = NodeState.FAILED
                 self.notify(node_topic(eid))
+            return
+        if ps_loss.tolerate(self, failure):
+            self.notify(node_topic(eid))
             return
         self.failures.append(failure)
         if self.first_failure_at is None:

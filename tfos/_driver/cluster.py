@@ -1,7 +1,7 @@
 """``run()`` and the :class:`TFCluster` it returns: the one cluster users get (driver).
 
 ``run()`` checks its arguments once, plans the roles, picks the backend (SparkContext:
-:mod:`tfos._driver.classic`, Spark Connect: :mod:`tfos._connect.launcher`; protocol:
+:mod:`tfos._driver.classic`, Spark Connect: :mod:`tfos._driver.connect_backend`; protocol:
 :mod:`tfos._driver.backend`) and lets the controller (:mod:`tfos._driver.lifecycle`) form it.
 ``TFCluster``'s methods check their own arguments and ask the controller (lifecycle, restarts).
 """
@@ -315,6 +315,14 @@ class TFCluster(StatusMethods):
         """
         return self._ctl.backend.row_accounting()
 
+    def node_states(self) -> dict[str, str]:
+        """Each node's state by name (``"ps:0"``, ``"chief:0"``, ``"worker:1"``): 'registered',
+        'running', 'serving', 'finished', 'failed', 'stopped' (driver). A worker of a
+        ParameterServerStrategy cluster that was lost shows 'failed' while the cluster goes on
+        (docs/parameter_servers.md)."""
+        roles = {r.executor_id: f"{r.job_name}:{r.task_index}" for r in self._ctl.backend.config.roles}
+        return {roles.get(eid, str(eid)): getattr(state, "value", str(state)) for eid, state in self._ctl.backend.node_states().items()}
+
     # --------------------------------------------------------------- shutdown
     @_records_failure
     def shutdown(self, ssc: Any = None, grace_secs: float = 0, timeout: float = 259200) -> None:
@@ -493,7 +501,7 @@ def run(
         ClusterFailedError: A node failed while the cluster was forming
             (``RecoveryFailedError`` with ``max_restarts`` when no attempt formed).
     """
-    from tfos._connect.launcher import is_connect_session
+    from tfos._driver.connect_backend import is_connect_session
 
     if not is_connect_session(sc):  # before anything else (a Connect server's master is its own)
         master = getattr(sc, "master", None)
@@ -522,7 +530,7 @@ def run(
     )
     launcher: Launcher
     if is_connect_session(sc):  # Spark Connect client: docs/connect.md
-        from tfos._connect.launcher import ConnectLauncher
+        from tfos._driver.connect_backend import ConnectLauncher
 
         launcher = ConnectLauncher(sc, plan)
     else:

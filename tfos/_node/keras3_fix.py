@@ -56,8 +56,8 @@ import os
 import sys
 from typing import Any, Optional, Sequence
 
+from tfos._data.row_count import ROWS
 from tfos._node import keras3_arrays, keras3_outputs, keras_steps
-from tfos._node.row_count import ROWS
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +147,9 @@ def apply(trainer: Any) -> bool:
         )
     _patch(trainer)
     keras_steps.count_steps(trainer)  # steps/s per node for the driver's status (docs/status.md)
+    from tfos._node import keras3_ps  # ParameterServerStrategy: docs/parameter_servers.md
+
+    keras3_ps.apply(trainer)
     trainer._tfos_keras3_fix = True
     log.info("tfos: applied the Keras %s fix for MultiWorkerMirroredStrategy (docs/keras.md)", version)
     return True

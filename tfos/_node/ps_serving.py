@@ -1,0 +1,97 @@
+"""A worker that serves as TensorFlow's parameter-server tutorial writes it: ``server.join()`` (TF process).
+
+Under ``ParameterServerStrategy`` the ps and worker tasks only run a TensorFlow server; the
+tutorial's program starts one (``tf.distribute.Server(...)``, or TFoS's
+``TFNode.start_cluster_server(ctx)``) and calls ``server.join()``, which never returns. On a
+ps node tfos ends the process when the cluster stops; a worker node's ``main_fun``, though, is
+waited for by ``shutdown()``. So on a worker of a cluster with a chief and ps tasks,
+``Server.join()`` does what :func:`tfos.tf_server.run_server_and_wait` does: it tells the driver
+the node only serves now (``shutdown()`` waits for the chief alone, and a lost worker is a state,
+not the cluster's failure: docs/parameter_servers.md), then waits until the driver stops the
+cluster and returns. Everywhere else ``join()`` is TensorFlow's. Installed by the TF process
+before ``main_fun``; TensorFlow's module is patched when ``main_fun`` imports it.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import sys
+from typing import Any
+
+#: The module that defines ``tf.distribute.Server``.
+SERVER_MODULE = "tensorflow.python.training.server_lib"
+_CTX: list = []
+
+
+def coordinated(cluster_spec: Any) -> bool:
+    """Whether a cluster spec has a chief to coordinate and ps tasks (pure)."""
+    return bool(cluster_spec.get("chief")) and bool(cluster_spec.get("ps"))
+
+
+def install(ctx: Any) -> bool:
+    """Arranges for ``Server.join()`` to serve until the cluster stops on this node, when it is a
+    worker of a cluster with a chief and ps tasks (TF process). Returns whether it applies."""
+    if ctx.job_name != "worker" or not coordinated(ctx.cluster_spec):
+        return False
+    _CTX[:] = [ctx]
+    module = sys.modules.get(SERVER_MODULE)
+    if module is not None:
+        _patch(module)
+    elif not any(isinstance(f, _ServerImportHook) for f in sys.meta_path):
+        sys.meta_path.insert(0, _ServerImportHook())
+    return True
+
+
+def _patch(module: Any) -> None:
+    Server = module.Server
+    if getattr(Server.join, "_tfos_serving", False):
+        return
+    tf_join = Server.join
+
+    def join(self: Any) -> None:
+        ctx = _CTX[0] if _CTX else None
+        if ctx is None:
+            return tf_join(self)
+        if getattr(ctx, "mgr", None) is not None:
+            from tfos.errors import ConfigurationError
+
+            raise ConfigurationError(
+                f"server.join() on {ctx.job_name}:{ctx.task_index}: this node is fed by InputMode.SPARK, but a node "
+                "that only serves never reads its feed; run ParameterServerStrategy with InputMode.TENSORFLOW "
+                "(docs/parameter_servers.md)")
+        ctx.on_serving()  # the driver: shutdown() does not wait for this node
+        ctx.stop_event.wait()  # until the driver stops the cluster (the supervisor ends us if it goes)
+
+    join._tfos_serving = True  # type: ignore[attr-defined]
+    join.__wrapped__ = tf_join  # type: ignore[attr-defined]
+    Server.join = join
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    def __init__(self, loader: Any) -> None:
+        self._loader = loader
+
+    def create_module(self, spec: Any) -> Any:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self._loader.exec_module(module)
+        _patch(module)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
+
+
+class _ServerImportHook(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != SERVER_MODULE:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _PatchingLoader(spec.loader)
+                return spec
+        return None
