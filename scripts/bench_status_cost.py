@@ -38,7 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tfos._control import messages as _msg  # noqa: E402
 from tfos._control.messages import NodeState  # noqa: E402
 from tfos._driver.monitor import StatusMonitor  # noqa: E402
-from tfos._node.figures import NodeFigures, live_snapshot  # noqa: E402
+from tfos._data.figures import NodeFigures, live_snapshot  # noqa: E402
 from tfos.cluster_template import NodeRole  # noqa: E402
 
 KNOWN = {"stop": False, "feed_closed": False, "abort": "", "failed": False, "stack": 0, "report": 0}

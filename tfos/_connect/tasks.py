@@ -144,6 +144,14 @@ def _spawn_control_host(launch: HostLaunch) -> tuple[subprocess.Popen, dict]:
     return proc, info
 
 
+def _task_resources(tc: Any) -> dict:
+    """The task's resources (GPU addresses), ``{}`` where Spark cannot say (best effort)."""
+    try:
+        return {k: list(v.addresses) for k, v in tc.resources().items()}
+    except Exception:  # noqa: BLE001 - resources() is best effort
+        return {}
+
+
 def make_start_fn(spec: StartSpec):
     """The barrier ``mapInArrow`` function of the start stage (client builds, tasks run).
 
@@ -160,7 +168,8 @@ def make_start_fn(spec: StartSpec):
         import pyarrow as pa
         from pyspark import BarrierTaskContext
 
-        from tfos._node.start_task import executor_identity, node_host, spawn_supervisor
+        from tfos._common.executor import executor_identity, node_host
+        from tfos._node.start_task import spawn_supervisor
         from tfos._node.task_world import capture as capture_task_world
         from tfos.gpu_info import cuda_visible_devices
 
@@ -192,15 +201,10 @@ def make_start_fn(spec: StartSpec):
             raise TFOSError(f"{name}: the start stage failed because {lead['error']}")
         ctrl_host, ctrl_port = str(lead["ctrl"][0]), int(lead["ctrl"][1])
         config = dataclasses.replace(cfg, driver_host=ctrl_host, driver_port=ctrl_port)
-        resources: dict = {}
-        try:
-            resources = {k: list(v.addresses) for k, v in tc.resources().items()}
-        except Exception:  # noqa: BLE001 - resources() is best effort
-            resources = {}
         launch = NodeLaunch(
             config=config, role=role, host=host, executor_key=key_id, watch_pid=jvm_pid, watch_stdin=False,
             working_dir=os.getcwd(), python_path=tuple(sys.path), fn_payload=spec.fn_payload,
-            cuda_visible_devices=cuda_visible_devices(resources), attempt=spec.attempt,
+            cuda_visible_devices=cuda_visible_devices(_task_resources(tc)), attempt=spec.attempt,
             task_world=capture_task_world(),  # TaskContext and SparkFiles for main_fun (docs/connect.md)
         )
         client = ControlClient(ctrl_host, ctrl_port, cfg.key, cfg.cluster_id, connect_timeout_s=30.0)
@@ -306,8 +310,8 @@ def _report_task_error(plan: FeedPlan, exc: BaseException) -> None:
 
     from pyspark import TaskContext
 
+    from tfos._common.executor import executor_identity, node_host
     from tfos._data.feed_plan import choose_node
-    from tfos._node.start_task import executor_identity, node_host
 
     if type(exc).__name__ in _CONSEQUENCES or not plan.nodes:
         return
