@@ -35,7 +35,7 @@ def main() -> None:
     args = ap.parse_args()
     os.environ.pop("TF_USE_LEGACY_KERAS", None)
     from tfos._node import keras3_fix
-    from tfos._node.row_count import ROWS
+    from tfos._data.row_count import ROWS
 
     keras3_fix.install()
     import numpy as np

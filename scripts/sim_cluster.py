@@ -270,7 +270,7 @@ class SimNode:
             known = {k: d.get(k) for k in ("stop", "feed_closed", "abort", "failed", "stack", "report")}
 
     def figures(self) -> dict:
-        """What a real TF process sends with each poll (tfos._node.figures.live_snapshot, a
+        """What a real TF process sends with each poll (tfos._data.figures.live_snapshot, a
         Keras counter included): the same keys, plausible values."""
         if not self.cfg.get("status", True):
             return {"rows": self.rows}  # the payload before the driver kept status figures

@@ -29,11 +29,11 @@ from ._data.columns import rows_to_columns
 from ._data.feed_connection import END_OF_FEED, Chunk, FeedConnection, PartitionEnd
 from ._data.feed_datasets import FeedDatasets
 from ._data.feed_hub import FeedHub
+from ._data.figures import FIGURES
 from ._data.framing import FrameType, decode_chunk
 from ._data.input_mapping import InputMapping, row_names
 from ._data.results import result_frames, result_items
-from ._node.figures import FIGURES
-from ._node.row_count import ROWS
+from ._data.row_count import ROWS
 from .errors import FeedAbortedError, InferenceResultError, TFOSError
 
 __all__ = ["DataFeed", "rows_to_columns"]

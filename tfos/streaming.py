@@ -35,8 +35,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """
     import sys
 
-    from tfos._legacy import reservation
-    from tfos.errors import TFOSError
+    from tfos._control import key_files
+    from tfos._control import messages as _msg
+    from tfos._control.client import ControlClient
+    from tfos.errors import ControlProtocolError, DeadlineExceededError
 
     parser = argparse.ArgumentParser(prog="python -m tfos.streaming", description="Ask a streaming tfos cluster to stop.")
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -45,14 +47,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     stop.add_argument("port", type=int)
     args = parser.parse_args(argv)
     where = f"{args.host}:{args.port}"
-    try:
-        client = reservation.Client((args.host, args.port))
-    except TFOSError as exc:
-        sys.stderr.write(f"tfos.streaming stop {where}: {exc} (or that cluster has already ended: its key file is removed at shutdown)\n")
+    known = key_files.read_key_file(args.host, args.port)
+    if known is None:
+        sys.stderr.write(f"tfos.streaming stop {where}: no key file for {where} in {key_files.key_dir()} (run this as the "
+                         "driver's user on its host; or that cluster has already ended: its key file is removed at shutdown)\n")
         return 2
+    client = ControlClient(args.host, args.port, known[0], known[1], connect_timeout_s=10.0)
     try:
-        client.request_stop()
-    except (OSError, TFOSError) as exc:
+        client.call(_msg.StopRequest(), timeout_s=10.0)
+    except (OSError, ControlProtocolError, DeadlineExceededError) as exc:
         sys.stderr.write(f"tfos.streaming stop {where}: the stop endpoint did not accept the request: {exc}\n")
         return 2
     finally:

@@ -41,7 +41,7 @@ def _connect_host_processes() -> list:
     found = []
     for p in psutil.process_iter(["pid", "cmdline"]):
         cmd = " ".join(p.info.get("cmdline") or [])
-        if "tfos._connect.host" in cmd:
+        if "tfos._connect.control_host" in cmd:
             try:
                 if p.environ().get("TFOS_TEST_SESSION") == session:
                     found.append((p.info["pid"], cmd))

@@ -470,7 +470,7 @@ def test_tfos_style_text_file_stream_stopped_by_tfos_stop_script(sc, tmp_path, k
 
     from pyspark.streaming import StreamingContext
 
-    caplog.set_level(logging.INFO, logger="tfos._driver.stream_feeds")
+    caplog.set_level(logging.INFO, logger="tfos._driver.stream_stop")
     src = tmp_path / "src"
     src.mkdir()
     out = tmp_path / "out"

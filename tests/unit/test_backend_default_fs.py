@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("pyspark")
 
 from fake_backends import plan  # noqa: E402
-from tfos._connect.launcher import ConnectLauncher  # noqa: E402
+from tfos._driver.connect_backend import ConnectLauncher  # noqa: E402
 from tfos._driver.classic import _default_fs  # noqa: E402
 
 

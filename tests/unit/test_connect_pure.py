@@ -8,7 +8,7 @@ import time
 import pytest
 
 from tfos._common import wire as _wire
-from tfos._connect.host import ControlHost, HostLaunch
+from tfos._connect.control_host import ControlHost, HostLaunch
 from tfos._connect.tasks import decode_failures, encode_failures, results_to_batch
 from tfos._control.client import ControlClient
 from tfos.cluster_template import NodeInfo, build_template, roles_from_template
@@ -109,7 +109,7 @@ def test_host_launch_validates():
 def test_host_launch_record_roundtrip_and_type_check():
     import io
 
-    from tfos._connect.host import read_host_launch, write_host_launch
+    from tfos._connect.control_host import read_host_launch, write_host_launch
 
     roles = tuple(roles_from_template(build_template(2, 0, None, False)))
     launch = HostLaunch("c1", b"k" * 32, roles, "127.0.0.1", 15.0, 600.0, 0)
@@ -182,7 +182,7 @@ def test_control_host_ends_the_cluster_without_a_client():
 
 def test_run_hands_a_connect_session_to_the_connect_path():
     from tfos import TFCluster
-    from tfos._connect.launcher import is_connect_session
+    from tfos._driver.connect_backend import is_connect_session
 
     class FakeConnectSession:  # looks like pyspark.sql.connect.session.SparkSession
         pass
@@ -243,7 +243,7 @@ def test_control_host_long_polls_for_tensorboard():
 def test_too_few_slots_suggests_a_master_of_the_same_kind(master, example):
     """A Connect server with too few task slots is refused with an example master of the
     kind it runs (a local-cluster server is not told to use local[N])."""
-    from tfos._connect.launcher import _check_local_slots
+    from tfos._driver.connect_start import _check_local_slots
     from tfos.errors import ConfigurationError
 
     with pytest.raises(ConfigurationError) as info:
@@ -255,7 +255,7 @@ def test_too_few_slots_suggests_a_master_of_the_same_kind(master, example):
 # ---------------------------------------------------------------- client timeout
 @pytest.mark.parametrize("text, want", [(None, 600.0), ("", 600.0), ("20", 20.0), ("45.5", 45.5), ("3600", 3600.0)])
 def test_client_timeout_from_env(monkeypatch, text, want):
-    from tfos._connect.launcher import client_timeout_from_env
+    from tfos._driver.connect_start import client_timeout_from_env
 
     if text is None:
         monkeypatch.delenv("TFOS_CONNECT_CLIENT_TIMEOUT_S", raising=False)
@@ -267,7 +267,7 @@ def test_client_timeout_from_env(monkeypatch, text, want):
 @pytest.mark.parametrize("text", ["19.9", "0", "-5", "ten", "nan", "inf"])
 def test_client_timeout_below_the_keepalive_floor_is_refused(monkeypatch, text):
     # 20 s and less killed a live client's cluster: the keep-alive ran every 30 s (new-user helper)
-    from tfos._connect.launcher import client_timeout_from_env
+    from tfos._driver.connect_start import client_timeout_from_env
 
     monkeypatch.setenv("TFOS_CONNECT_CLIENT_TIMEOUT_S", text)
     with pytest.raises(ConfigurationError, match=r"TFOS_CONNECT_CLIENT_TIMEOUT_S=.*a number >= 20 \(default 600\)"):
@@ -277,7 +277,7 @@ def test_client_timeout_below_the_keepalive_floor_is_refused(monkeypatch, text):
 def test_idle_client_sends_keepalives_within_a_quarter_of_a_short_timeout():
     """With TFOS_CONNECT_CLIENT_TIMEOUT_S=20 the idle client's keep-alive control jobs come
     every 5 s (a quarter), not every 30 s, which outlived the timeout."""
-    from tfos._connect.launcher import ConnectBackend
+    from tfos._driver.connect_backend import ConnectBackend
     from tfos._node.launch import ClusterConfig
     from tfos.cluster_template import InputMode
 

@@ -149,8 +149,34 @@ def test_no_import_cycle_among_tfos_modules():
     understood, tested or moved apart. Break it by moving the shared piece to a module
     below both."""
     graph = import_graph()
-    assert len(graph) > 50 and "tfos._control.host" in graph["tfos._connect.host"]  # the finder sees imports
+    assert len(graph) > 50 and "tfos._control.host" in graph["tfos._connect.control_host"]  # the finder sees imports
     assert find_cycles(graph) == []
+
+
+def _plane(module: str) -> str:
+    """The plane package of a module (``tfos._driver``), or the module itself at the top."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 2 or (len(parts) == 2 and parts[1].startswith("_")) else module
+
+
+def test_folders_follow_processes_no_plane_imports_another_that_imports_it():
+    """Packages follow processes (docs/architecture.md "Package layout"): no two plane
+    packages import each other, function-local imports included, so the layers read
+    _common <- _control <- _data <- _node <- _connect <- _driver; executor code imports
+    nothing from the driver's package; streaming stops through the control server (no
+    _legacy import); _legacy is imported only by the TFoS shim modules."""
+    graph = import_graph()
+    planes: dict[str, set[str]] = {}
+    for mod, targets in graph.items():
+        planes.setdefault(_plane(mod), set()).update(_plane(t) for t in targets if _plane(t) != _plane(mod))
+    private = {p: {t for t in ts if t.startswith("tfos._")} for p, ts in planes.items() if p.startswith("tfos._")}
+    assert find_cycles(private) == []
+    for executor_side in ("tfos._node", "tfos._data", "tfos._connect", "tfos._control", "tfos._common"):
+        assert "tfos._driver" not in planes[executor_side], executor_side
+    assert not {t for t in graph["tfos._driver.stream_feeds"] if t.startswith("tfos._legacy")}
+    users = {m for m, ts in graph.items() if any(t.startswith("tfos._legacy") for t in ts) and not m.startswith("tfos._legacy")}
+    # datafeed's TFManager queue feed is the one path left to a TFoS runtime piece
+    assert users <= {"tfos.TFManager", "tfos.TFSparkNode", "tfos.reservation", "tfos.marker", "tfos.datafeed"}, users
 
 
 # Ticket ids of the project's issue tracker and failure-case list (C01-C26), as written in

@@ -13,7 +13,7 @@ import pytest
 from tfos._control.messages import NodeState
 from tfos._driver import status as st
 from tfos._driver.monitor import StatusMonitor, check_stall_args, summary_text
-from tfos._node.figures import NodeFigures, live_snapshot
+from tfos._data.figures import NodeFigures, live_snapshot
 from tfos.cluster_template import NodeRole
 from tfos.errors import ConfigurationError
 
@@ -323,7 +323,7 @@ def test_keras_steps_are_counted_per_train_function_call():
     import types
 
     from tfos._node import keras_steps
-    from tfos._node.figures import FIGURES
+    from tfos._data.figures import FIGURES
 
     class Trainer:
         steps_per_execution = 4

@@ -119,7 +119,7 @@ def test_stop_command_without_key_file_says_why_in_one_line(key_dir, capsys):
     assert streaming.main(["stop", "127.0.0.1", "1"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
-    assert "tfos.streaming stop 127.0.0.1:1: no key for reservation server 127.0.0.1:1" in err
+    assert "tfos.streaming stop 127.0.0.1:1: no key file for 127.0.0.1:1" in err
     assert "already ended" in err
 
 
@@ -137,3 +137,36 @@ def test_stop_command_stops_a_live_endpoint(key_dir, monkeypatch, capsys):
     finally:
         server.stop()
         reservation.remove_key_file(addr)
+
+
+def test_a_streaming_cluster_stops_through_its_control_server(key_dir, capsys):
+    """The stop endpoint of a streaming cluster is its control server (no second listener):
+    a StopRequest message, sent by ``python -m tfos.streaming stop`` or by TFoS's
+    ``reservation.Client((host, port)).request_stop()`` from the key file alone, ends
+    ``shutdown(ssc)``'s wait; node messages on the same server are unaffected."""
+    import types
+
+    from tfos import streaming
+    from tfos._common import wire
+    from tfos._control.host import ClusterHost
+    from tfos._driver.stream_stop import StopEndpoint
+    from tfos.cluster_template import build_template, roles_from_template
+
+    key, cid = wire.new_key(), "tfos-unit-stream-stop"
+    host = ClusterHost(cid, roles_from_template(build_template(1, 0)), 15.0)
+    server = host.serve(key, "127.0.0.1")
+    try:
+        backend = types.SimpleNamespace(server=server, config=types.SimpleNamespace(key=key, cluster_id=cid),
+                                        runtime=types.SimpleNamespace(host=host))
+        endpoint = StopEndpoint(backend)
+        assert endpoint.address == ("127.0.0.1", server.port) and not endpoint.requested
+        assert streaming.main(["stop", "127.0.0.1", str(server.port)]) == 0
+        assert endpoint.requested and "stop requested" in capsys.readouterr().err
+        endpoint2 = StopEndpoint(backend)  # TFoS's client, given a plain (host, port)
+        c = reservation.Client(("127.0.0.1", server.port))
+        assert c.request_stop() == "OK" and endpoint2.requested
+        c.close()
+        endpoint.close()
+        assert reservation.read_key_file("127.0.0.1", server.port) is None
+    finally:
+        host.close()

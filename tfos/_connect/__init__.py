@@ -1,4 +1,4 @@
-"""Spark Connect sessions: ``client`` (the Spark Connect backend of TFCluster: start stages,
-control jobs, feed and inference jobs), ``tasks`` (Spark tasks launched through mapInArrow),
-``host`` (the control host process that holds the ControlServer and ClusterHost on an
-executor host)."""
+"""Spark Connect's executor side: ``tasks`` (Spark tasks launched through mapInArrow: the
+start stage, control jobs, feed and inference tasks) and ``host`` (the control host process
+that runs the control-plane core's ClusterHost on an executor host). The client side, the
+Spark Connect backend of TFCluster, is :mod:`tfos._driver.connect_backend`."""

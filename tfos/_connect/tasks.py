@@ -5,7 +5,7 @@ Every function here is a ``mapInArrow`` function: Spark Connect has no RDD API, 
 classic path gets from ``rdd.barrier()``.
 
 * :func:`make_start_fn`: the barrier start stage. Task 0 spawns the control host
-  (:mod:`tfos._connect.host`); its address reaches every task by
+  (:mod:`tfos._connect.control_host`); its address reaches every task by
   ``BarrierTaskContext.allGather``; every task spawns its node's supervisor (the same
   :func:`tfos._node.start_task.spawn_supervisor` as the classic path) and the stage returns once
   every node registered, or raises an error naming the failed node.
@@ -32,7 +32,7 @@ import sys
 from typing import Any, Iterator, Optional
 
 from tfos._common.deadline import Deadline
-from tfos._connect.host import HostLaunch, write_host_launch
+from tfos._connect.control_host import HostLaunch, write_host_launch
 from tfos._control import messages as _msg
 from tfos._control.client import ControlClient
 from tfos._control.messages import NodeState
@@ -91,7 +91,7 @@ class StartSpec:
         config: The cluster config; its driver address is a placeholder that the start
             tasks replace with the control host's.
         fn_payload: cloudpickled ``(main_fun, tf_args)``.
-        client_timeout_s: See :class:`tfos._connect.host.HostLaunch`.
+        client_timeout_s: See :class:`tfos._connect.control_host.HostLaunch`.
         attempt: The attempt this stage starts (``ctx.attempt`` of every node).
     """
 
@@ -117,7 +117,7 @@ def _spawn_control_host(launch: HostLaunch) -> tuple[subprocess.Popen, dict]:
         TFOSError: The process did not report an address within :data:`_HOST_START_S`.
     """
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tfos._connect.host"],
+        [sys.executable, "-m", "tfos._connect.control_host"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_child_env(),
         cwd=os.getcwd(), close_fds=True, start_new_session=True,
     )
@@ -144,6 +144,14 @@ def _spawn_control_host(launch: HostLaunch) -> tuple[subprocess.Popen, dict]:
     return proc, info
 
 
+def _task_resources(tc: Any) -> dict:
+    """The task's resources (GPU addresses), ``{}`` where Spark cannot say (best effort)."""
+    try:
+        return {k: list(v.addresses) for k, v in tc.resources().items()}
+    except Exception:  # noqa: BLE001 - resources() is best effort
+        return {}
+
+
 def make_start_fn(spec: StartSpec):
     """The barrier ``mapInArrow`` function of the start stage (client builds, tasks run).
 
@@ -160,7 +168,8 @@ def make_start_fn(spec: StartSpec):
         import pyarrow as pa
         from pyspark import BarrierTaskContext
 
-        from tfos._node.start_task import executor_identity, node_host, spawn_supervisor
+        from tfos._common.executor import executor_identity, node_host
+        from tfos._node.start_task import spawn_supervisor
         from tfos._node.task_world import capture as capture_task_world
         from tfos.gpu_info import cuda_visible_devices
 
@@ -192,15 +201,10 @@ def make_start_fn(spec: StartSpec):
             raise TFOSError(f"{name}: the start stage failed because {lead['error']}")
         ctrl_host, ctrl_port = str(lead["ctrl"][0]), int(lead["ctrl"][1])
         config = dataclasses.replace(cfg, driver_host=ctrl_host, driver_port=ctrl_port)
-        resources: dict = {}
-        try:
-            resources = {k: list(v.addresses) for k, v in tc.resources().items()}
-        except Exception:  # noqa: BLE001 - resources() is best effort
-            resources = {}
         launch = NodeLaunch(
             config=config, role=role, host=host, executor_key=key_id, watch_pid=jvm_pid, watch_stdin=False,
             working_dir=os.getcwd(), python_path=tuple(sys.path), fn_payload=spec.fn_payload,
-            cuda_visible_devices=cuda_visible_devices(resources), attempt=spec.attempt,
+            cuda_visible_devices=cuda_visible_devices(_task_resources(tc)), attempt=spec.attempt,
             task_world=capture_task_world(),  # TaskContext and SparkFiles for main_fun (docs/connect.md)
         )
         client = ControlClient(ctrl_host, ctrl_port, cfg.key, cfg.cluster_id, connect_timeout_s=30.0)
@@ -306,8 +310,8 @@ def _report_task_error(plan: FeedPlan, exc: BaseException) -> None:
 
     from pyspark import TaskContext
 
+    from tfos._common.executor import executor_identity, node_host
     from tfos._data.feed_plan import choose_node
-    from tfos._node.start_task import executor_identity, node_host
 
     if type(exc).__name__ in _CONSEQUENCES or not plan.nodes:
         return

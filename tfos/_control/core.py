@@ -72,6 +72,24 @@ class ClusterCore(Registry):
             self.drain()
             raise
 
+    def returned_without_terminate(self, executor_ids: Sequence[int], qname: str) -> list[int]:
+        """Ids among ``executor_ids`` whose main_fun returned without terminating ``qname``."""
+        return [e for e in executor_ids if self.proc_state.get(e) in (NodeState.FINISHED, NodeState.STOPPED)
+                and qname not in self.terminated_queues.get(e, ())]
+
+    def counters_fresh(self, base: dict[int, int]) -> bool:
+        """True when every node of ``base`` (id -> reports seen) reported again or ended."""
+        return all(self.counter_reports.get(e, 0) > n or e in self.exit_codes or self.proc_state.get(e) in TERMINAL_STATES
+                   for e, n in base.items())
+
+    def checkpoints(self) -> dict[str, int]:
+        """``{node name ('job:task'): epochs}``: each node's latest checkpoint report."""
+        return {f"{self.roles[e].job_name}:{self.roles[e].task_index}": n for e, n in self.ledger.checkpoints.items()}
+
+    def rows_consumed(self) -> int:
+        """Total rows the TF processes have taken from their feeds (from their reports)."""
+        return sum(c.get("rows", 0) for c in list(self.counters.values()))
+
     def check_liveness(self, now: float) -> list[Effect]:
         """Declares lost every live node whose supervisor missed ``heartbeat_timeout_s``
         (the host calls it about every second, with ``now`` its monotonic clock).

@@ -6,7 +6,7 @@ may not do: the lock, the clock, the control server, the liveness thread, the wa
 teardown of the nodes and its timings, and carrying out the core's effects (logging,
 waking long-polls, the first failure's callback, node output, accumulator updates). The
 classic driver (:mod:`tfos._driver.runtime`) and the Connect control host
-(:mod:`tfos._connect.host`) both run this one class. See docs/architecture.md
+(:mod:`tfos._connect.control_host`) both run this one class. See docs/architecture.md
 "The control-plane core".
 
 Every wait is a question to the core with a deadline, woken by the host's condition

@@ -30,7 +30,7 @@ __all__ = [
     "Register", "AwaitCluster", "Heartbeat", "WaitEvent", "Status", "NodeStack", "Stack",
     "FeedError", "NodeStateQuery", "Log", "Accumulators", "TensorBoard", "PartitionSent", "PartitionDone",
     "PartitionSkipped", "Checkpoint", "ClaimPartition", "EpochHandover", "ClientWait",
-    "ClientControl", "ClientTeardown", "ClientReturned", "ClientRelease",
+    "ClientControl", "ClientTeardown", "ClientReturned", "ClientRelease", "StopRequest",
 ]
 
 
@@ -233,6 +233,16 @@ def _check(ok: bool, text: str) -> None:
         raise ValueError(text)
 
 
+# ============================================================ outside -> driver
+@_message("STOP")
+@dataclasses.dataclass(frozen=True)
+class StopRequest(Message):
+    """Asks a streaming cluster waiting in ``shutdown(ssc)`` to stop its streams and shut
+    down (``python -m tfos.streaming stop HOST PORT``; TFoS's
+    ``reservation.Client((host, port)).request_stop()`` sends the same type, so TFoS
+    programs stop a tfos cluster unchanged). Answer: ``{"data": "OK"}``."""
+
+
 # ======================================================== node processes -> driver
 @_message("register")
 @dataclasses.dataclass(frozen=True)
@@ -273,7 +283,7 @@ class Heartbeat(Message):
 @dataclasses.dataclass(frozen=True)
 class WaitEvent(Message):
     """The TF process's long-poll (up to ``poll_s``, at most 5 s) for directives that differ
-    from ``known``; carries its figures (:func:`tfos._node.figures.live_snapshot`).
+    from ``known``; carries its figures (:func:`tfos._data.figures.live_snapshot`).
     Answer: the directives plus ``stack`` (stack requests so far), ``stack_all`` (the
     last one asks for every thread) and ``report`` (counter reports asked for so far)."""
 

@@ -260,16 +260,6 @@ class Registry:
         """Executor ids of the chief/master/worker nodes (those that run the training)."""
         return [r.executor_id for r in self.roles if r.feedable]
 
-    def returned_without_terminate(self, executor_ids: Sequence[int], qname: str) -> list[int]:
-        """Ids among ``executor_ids`` whose main_fun returned without terminating ``qname``."""
-        return [e for e in executor_ids if self.proc_state.get(e) in (NodeState.FINISHED, NodeState.STOPPED)
-                and qname not in self.terminated_queues.get(e, ())]
-
-    def counters_fresh(self, base: dict[int, int]) -> bool:
-        """True when every node of ``base`` (id -> reports seen) reported again or ended."""
-        return all(self.counter_reports.get(e, 0) > n or e in self.exit_codes or self.proc_state.get(e) in TERMINAL_STATES
-                   for e, n in base.items())
-
     def cluster_spec(self) -> dict[str, list[str]]:
         """The cluster spec of the registered nodes."""
         return build_cluster_spec(self.nodes_snapshot())
@@ -277,14 +267,6 @@ class Registry:
     def nodes_snapshot(self) -> list[NodeInfo]:
         """The registered nodes, ordered by executor id."""
         return sorted(self.nodes.values(), key=lambda n: n.executor_id)
-
-    def checkpoints(self) -> dict[str, int]:
-        """``{node name ('job:task'): epochs}``: each node's latest checkpoint report."""
-        return {f"{self.roles[e].job_name}:{self.roles[e].task_index}": n for e, n in self.ledger.checkpoints.items()}
-
-    def rows_consumed(self) -> int:
-        """Total rows the TF processes have taken from their feeds (from their reports)."""
-        return sum(c.get("rows", 0) for c in list(self.counters.values()))
 
     def directives(self) -> dict:
         """What every node is told on each heartbeat and event poll."""

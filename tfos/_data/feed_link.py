@@ -344,7 +344,7 @@ def claim(plan: FeedPlan, node: NodeInfo, index: int, where: str) -> None:
 
 
 def open_link(plan: FeedPlan, index: int) -> tuple[Optional[Link], NodeInfo, str]:
-    from tfos._node.start_task import executor_identity, node_host
+    from tfos._common.executor import executor_identity, node_host
 
     epoch, part = divmod(index, plan.parts_per_epoch)
     epoch += plan.first_epoch

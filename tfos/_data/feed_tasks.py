@@ -369,14 +369,14 @@ def make_arrow_feed_fn(plan: FeedPlan, spark_schema_json: Optional[str] = None, 
             raise TFOSError("the DataFrame feed function must run in a Spark task")
         index = tc.partitionId()
 
-        def frames() -> Iterator[Any]:
+        def chunks() -> Iterator[Any]:
             for b in batches:
                 b = rename_columns(b, column_names)
                 schema = b.schema.with_metadata(meta) if meta is not None else b.schema
                 for piece in arrow_slices(b, ARROW_CHUNK_BYTES):
                     yield arrow_ipc_parts(piece, schema)
 
-        _, outcome = _feed_partition(plan, index, frames())
+        _, outcome = _feed_partition(plan, index, chunks())
         if outcome != "ok":
             _drain(batches)
         yield pa.RecordBatch.from_pydict({"partition": pa.array([index], pa.int64()), "outcome": pa.array([outcome])})

@@ -39,8 +39,8 @@ from tfos._data.chunk_columns import Column, batch_bytes, chunk_columns
 from tfos._data.epoch_order import EpochOrder
 from tfos._data.epoch_steps import EpochSteps, check_steps
 from tfos._data.feed_connection import END_OF_FEED, Chunk, PartitionEnd
-from tfos._node.figures import FIGURES
-from tfos._node.row_count import ROWS
+from tfos._data.figures import FIGURES
+from tfos._data.row_count import ROWS
 from tfos.errors import InferenceResultError, TFOSError
 
 __all__ = ["FeedBatches", "DEFAULT_BUFFER_BYTES"]

@@ -5,7 +5,7 @@ this protocol; two backends implement it:
 
 * classic, on a ``SparkContext`` (:mod:`tfos._driver.classic`): the control server runs in
   the driver, feed and inference jobs are RDD jobs under this cluster's job groups;
-* Spark Connect, on a remote ``SparkSession`` (:mod:`tfos._connect.launcher`): the control
+* Spark Connect, on a remote ``SparkSession`` (:mod:`tfos._driver.connect_backend`): the control
   plane runs on an executor host, every client operation is a Spark job.
 
 A :class:`Launcher` (one per ``run()``) knows one kind of Spark: it checks the input of

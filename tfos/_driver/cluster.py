@@ -1,7 +1,7 @@
 """``run()`` and the :class:`TFCluster` it returns: the one cluster users get (driver).
 
 ``run()`` checks its arguments once, plans the roles, picks the backend (SparkContext:
-:mod:`tfos._driver.classic`, Spark Connect: :mod:`tfos._connect.launcher`; protocol:
+:mod:`tfos._driver.classic`, Spark Connect: :mod:`tfos._driver.connect_backend`; protocol:
 :mod:`tfos._driver.backend`) and lets the controller (:mod:`tfos._driver.lifecycle`) form it.
 ``TFCluster``'s methods check their own arguments and ask the controller (lifecycle, restarts).
 """
@@ -407,15 +407,15 @@ def run(
     log_dir: Optional[str] = None,
     driver_ps_nodes: bool = False,
     master_node: Optional[str] = None,
-    reservation_timeout: float = 600,
-    queues: Sequence[str] = ("input", "output", "error"),
+    reservation_timeout: float = NodeSettings.reservation_timeout_s,
+    queues: Sequence[str] = NodeSettings.queues,
     eval_node: bool = False,
-    release_port: bool = True,
+    release_port: bool = NodeSettings.release_port,
     *,
-    heartbeat_timeout: float = 15.0,
-    forward_logs: str = "all",
+    heartbeat_timeout: float = NodeSettings.heartbeat_timeout_s,
+    forward_logs: str = NodeSettings.forward_logs,
     progress: bool = True,
-    queue_chunks: int = 4,
+    queue_chunks: int = NodeSettings.queue_chunks,
     executor_wait_s: float = 60.0,
     handle_sigterm: bool = True,
     max_restarts: int = 0,
@@ -501,7 +501,7 @@ def run(
         ClusterFailedError: A node failed while the cluster was forming
             (``RecoveryFailedError`` with ``max_restarts`` when no attempt formed).
     """
-    from tfos._connect.launcher import is_connect_session
+    from tfos._driver.connect_backend import is_connect_session
 
     if not is_connect_session(sc):  # before anything else (a Connect server's master is its own)
         master = getattr(sc, "master", None)
@@ -530,7 +530,7 @@ def run(
     )
     launcher: Launcher
     if is_connect_session(sc):  # Spark Connect client: docs/connect.md
-        from tfos._connect.launcher import ConnectLauncher
+        from tfos._driver.connect_backend import ConnectLauncher
 
         launcher = ConnectLauncher(sc, plan)
     else:

@@ -326,8 +326,9 @@ class StatusMonitor:
         return {f"{r.job_name}:{r.task_index}": t for r, t in zip(live, texts)}
 
     # ----------------------------------------------------------------- views
-    def node_rows(self) -> list[dict]:
-        """One dict per node of the attempt (see ``TFCluster.status``)."""
+    def node_rows(self, eids: Optional[set[int]] = None) -> list[dict]:
+        """One dict per node of the attempt, or of the executor ids ``eids`` (see
+        ``TFCluster.status``)."""
         st = self.state
         now = time.monotonic()
         out = []
@@ -335,6 +336,8 @@ class StatusMonitor:
             verdict, named, _ = self._verdict
         for r in st.roles:
             eid = r.executor_id
+            if eids is not None and eid not in eids:
+                continue
             samples = self._samples_of(eid)
             w = _status.window_of(samples)
             last = samples[-1] if samples else {}

@@ -1,7 +1,7 @@
 """Why is the job slow, where is it stuck: the driver's reading of the nodes' figures (pure).
 
 Every TF process sends its figures with each long-poll (about once a second,
-:func:`tfos._node.figures.live_snapshot`); the driver's status monitor
+:func:`tfos._data.figures.live_snapshot`); the driver's status monitor
 (:mod:`tfos._driver.monitor`) keeps each node's recent ones and asks this module what they
 mean. Nothing here holds a lock, a thread or a clock: samples in, figures and a verdict
 out, so every rule is unit-tested with made-up samples. The rules and their remedies are
@@ -115,7 +115,7 @@ def window_of(samples: Sequence[Mapping[str, int]], window_s: float = WINDOW_S) 
     """The figures of one node over its last ``window_s`` seconds (driver, pure).
 
     Args:
-        samples: The node's figures (:func:`tfos._node.figures.live_snapshot`), oldest
+        samples: The node's figures (:func:`tfos._data.figures.live_snapshot`), oldest
             first, each with a distinct ``clock_ms``.
         window_s: Window length, in seconds of the node's clock.
 
@@ -222,7 +222,7 @@ def judge(windows: Mapping[str, NodeWindow]) -> tuple[Verdict, list[str], str]:
 def epochs_of(sample: Mapping[str, int]) -> dict[int, dict[str, Optional[int]]]:
     """Rows per feed epoch of the node's latest ``train()`` call, from the row accounting's
     counters (``rows_fed/<feed>/<epoch>``, ``rows_trained/<feed>/<epoch>``,
-    ``rows_closed/<feed>/<epoch>``: :mod:`tfos._node.row_count`, docs/datafeed.md "Row
+    ``rows_closed/<feed>/<epoch>``: :mod:`tfos._data.row_count`, docs/datafeed.md "Row
     accounting"): ``{epoch: {"fed", "trained", "closed"}}`` (``trained`` None without Keras
     3 ``fit``); {} when the node has none (pure)."""
     feeds: dict[str, dict[int, dict[str, Optional[int]]]] = {}

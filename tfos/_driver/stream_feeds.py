@@ -7,8 +7,8 @@ Two Spark streaming APIs feed the same data plane as ``train()``/``inference()``
   with ``train()`` itself (same framing, acknowledgements and fail-fast);
   ``cluster.inference(dstream)`` returns a DStream whose every micro-batch RDD is
   ``cluster.inference(rdd)``; ``cluster.shutdown(ssc)`` waits, as TFoS did, until the
-  streaming context ends or someone asks the cluster to stop (from outside with a
-  :class:`tfos.reservation.Client` ``request_stop()``), then stops the context
+  streaming context ends or someone asks the cluster to stop (from outside with ``python -m
+  tfos.streaming stop HOST PORT``: a message to the cluster's control server), then stops the context
   gracefully (never the SparkContext), ends the feed and stops the nodes.
 - Structured Streaming: ``cluster.train(streaming_df)`` starts a query whose
   ``foreachBatch`` feeds every micro-batch DataFrame with ``train()`` (Arrow), and returns
@@ -24,7 +24,6 @@ The state kept per cluster (:class:`StreamSet`) lives in ``cluster._streams``.
 
 from __future__ import annotations
 
-import atexit
 import logging
 import threading
 import time
@@ -32,6 +31,7 @@ from typing import Any, Callable, Optional, Union
 
 from tfos._common.deadline import Deadline
 from tfos._data.feed_plan import FEED_TIMEOUT_S
+from tfos._driver.stream_stop import StopEndpoint
 from tfos.errors import ClusterFailedError, ConfigurationError, TFOSError, check_num_epochs
 
 __all__ = [
@@ -64,48 +64,6 @@ def is_streaming_df(data: Any) -> bool:
     from pyspark.sql import DataFrame
 
     return isinstance(data, DataFrame) and bool(data.isStreaming)
-
-
-class _StopServer:
-    """The authenticated stop endpoint of a streaming cluster (driver).
-
-    A :class:`tfos.reservation.Server` bound on the cluster's driver host: TFoS's
-    ``reservation.Client((host, port)).request_stop()`` ends ``shutdown(ssc)``'s wait. The
-    key goes to a key file readable only by this user (:func:`tfos.reservation.write_key_file`),
-    never to the log.
-    """
-
-    def __init__(self, host: str) -> None:
-        from tfos._legacy import reservation
-
-        class _Server(reservation.Server):
-            def get_server_ip(self) -> str:
-                return host
-
-        self._server = _Server(1)
-        self.address = self._server.start()
-        try:
-            self.key_file = reservation.write_key_file(self.address)
-        except BaseException:
-            self._server.stop()  # no endpoint without its key file
-            raise
-        atexit.register(reservation.remove_key_file, self.address)  # also when shutdown() never runs
-        log.info("streaming: ask this cluster to stop with tfos.reservation.Client((%r, %d)).request_stop() "
-                 "(or: python -m tfos.streaming stop %s %d); key file %s",
-                 self.address[0], self.address[1], self.address[0], self.address[1], self.key_file)
-
-    @property
-    def requested(self) -> bool:
-        return bool(self._server.done)
-
-    def request(self) -> None:
-        self._server.done = True
-
-    def close(self) -> None:
-        from tfos._legacy import reservation
-
-        self._server.stop()
-        reservation.remove_key_file(self.address)
 
 
 class _Feeder:
@@ -167,7 +125,7 @@ class StreamSet:
         self.contexts: list[Any] = []  # StreamingContexts of the DStreams fed
         self.queries: list[tuple[Any, _Feeder]] = []
         self.feeders: list[_Feeder] = []
-        self._stop_server: Optional[_StopServer] = None
+        self._stop_server: Optional[StopEndpoint] = None
 
     def record_error(self, exc: BaseException) -> None:
         with self.lock:
@@ -175,10 +133,10 @@ class StreamSet:
                 self.error = exc
                 log.error("streaming: a micro-batch failed; the cluster's streams stop: %s", exc)
 
-    def stop_server(self) -> _StopServer:
+    def stop_server(self) -> StopEndpoint:
         with self.lock:
             if self._stop_server is None:
-                self._stop_server = _StopServer(self.cluster._classic("streaming").config.driver_host)
+                self._stop_server = StopEndpoint(self.cluster._classic("streaming"))
             return self._stop_server
 
     def close_stop_server(self) -> None:
@@ -526,8 +484,8 @@ def stop_streams(cluster: Any, ssc: Any, deadline: Deadline) -> None:
 
     With ``ssc`` (a ``StreamingContext``, as TFoS, or a ``StreamingQuery``) this first
     waits, as TFoS's ``shutdown(ssc)`` did, until it ends by itself, a stop is requested
-    (:func:`request_stop`, or ``tfos.reservation.Client(addr).request_stop()`` from
-    another process), every worker's ``main_fun`` returned, a node failed, or ``deadline``
+    (:func:`request_stop`, or ``python -m tfos.streaming stop HOST PORT`` from another
+    process), every worker's ``main_fun`` returned, a node failed, or ``deadline``
     expires. Then every stream of the cluster is stopped gracefully: a StreamingContext
     with ``stop(stopSparkContext=False, stopGraceFully=True)`` (its running and received
     micro-batches are fed first, bounded by ``spark.streaming.gracefulStopTimeout``); a
@@ -597,8 +555,8 @@ def stop_streams(cluster: Any, ssc: Any, deadline: Deadline) -> None:
 
 
 def stop_address(cluster: Any) -> Any:
-    """The ``(host, port)`` of the cluster's stop endpoint (a
-    :class:`tfos.reservation.ServerAddress` carrying its key), started on first use (driver).
+    """The ``(host, port)`` of the cluster's stop endpoint (its control server; a
+    :class:`tfos._control.key_files.ServerAddress` carrying its key), set up on first use (driver).
 
     Raises:
         ConfigurationError: For a Spark Connect cluster (no streams there).

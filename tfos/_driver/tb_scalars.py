@@ -92,11 +92,14 @@ class ScalarWriter:
             return
         now = time.monotonic()
         step = int(now - monitor.started)
-        rows = {r["executor_id"]: r for r in monitor.node_rows()}
+        due = {eid for eid in eids if force or now - self._last.get(eid, -1e9) >= EVERY_S}
+        if not due:
+            return
+        rows = {r["executor_id"]: r for r in monitor.node_rows(due)}
         try:
-            for eid in eids:
+            for eid in sorted(due):
                 row = rows.get(eid)
-                if row is None or row["rows_per_s"] is None or (not force and now - self._last.get(eid, -1e9) < EVERY_S):
+                if row is None or row["rows_per_s"] is None:
                     continue
                 self._last[eid] = now
                 values = {

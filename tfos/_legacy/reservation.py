@@ -15,7 +15,6 @@ closure), or any ``(host, port)`` of a server started in the same process.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
@@ -25,7 +24,9 @@ import uuid
 from typing import Any, Dict, List, Optional, Tuple
 
 from tfos._common import wire as _wire
+from tfos._control import key_files as _key_files
 from tfos._control.client import ControlClient
+from tfos._control.key_files import ServerAddress
 from tfos._control.server import ControlServer, parse_port_spec
 from tfos._legacy.message_socket import MessageSocket
 from tfos.errors import (
@@ -51,23 +52,6 @@ MAX_RETRIES = 3
 
 #: Keys of servers started in this process, by (host, port).
 _LOCAL_KEYS: Dict[Tuple[str, int], Tuple[bytes, str]] = {}
-
-
-class ServerAddress(tuple):
-    """``(host, port)`` of a :class:`Server`, also carrying its key and id (never in repr).
-
-    It indexes and unpacks like TFoS's tuple and pickles with its key, so it can be shipped
-    to Spark tasks in a closure (as TFoS's ``cluster_meta['server_addr']`` was).
-    """
-
-    key: bytes
-    server_id: str
-
-    def __new__(cls, addr: Any, key: bytes = b"", server_id: str = "") -> "ServerAddress":
-        obj = super().__new__(cls, addr)
-        obj.key = key
-        obj.server_id = server_id
-        return obj
 
 
 class Reservations:
@@ -313,118 +297,14 @@ class Client:
 
 
 # ----------------- key files (docs/streaming.md "Asking a streaming cluster to stop from outside")
-#: Environment variable naming the directory of the stop-endpoint key files
-#: (default ``~/.tfos/keys``).
-TFOS_KEY_DIR = "TFOS_KEY_DIR"
-
-
-def _key_dir() -> str:
-    return os.environ.get(TFOS_KEY_DIR) or os.path.join(os.path.expanduser("~"), ".tfos", "keys")
-
-
-def _key_path(host: str, port: int) -> str:
-    safe = "".join(c if c.isalnum() or c in ".-" else "_" for c in str(host))
-    return os.path.join(_key_dir(), f"{safe}_{int(port)}.key")
-
-
-def _private_key_dir(create: bool) -> str:
-    """The key directory, checked: a real directory (not a symlink) owned by this user that
-    no other user can enter. A directory of this user with a wider mode is narrowed to 0700
-    (INFO); one owned by another user is refused.
-
-    Raises:
-        ConfigurationError: The directory is a symlink, not a directory, or owned by another
-            user (names the directory and the fix).
-        OSError: The directory cannot be created.
-    """
-    import stat
-
-    path = _key_dir()
-    if create:
-        os.makedirs(path, mode=0o700, exist_ok=True)
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode):
-        raise ConfigurationError(f"key directory {path} is not a directory (a symlink or a file): set {TFOS_KEY_DIR} to a directory of your own")
-    if hasattr(os, "getuid") and st.st_uid != os.getuid():
-        raise ConfigurationError(
-            f"key directory {path} is owned by uid {st.st_uid}, not by this user ({os.getuid()}): another user could "
-            f"read or replace the stop key; set {TFOS_KEY_DIR} to a directory of your own"
-        )
-    if st.st_mode & 0o077:
-        log.info("key directory %s had mode %o; narrowing it to 0700", path, stat.S_IMODE(st.st_mode))
-        os.chmod(path, 0o700)
-    return path
-
-
 def write_key_file(addr: ServerAddress) -> str:
     """Writes the key and id of the server at ``addr`` to a file only this user can read
-    (directory mode 0700, file mode 0600), so that a :class:`Client` given a plain
-    ``(host, port)`` in another process of this user finds it (driver).
-
-    The key is written to a new file with a random name (``O_EXCL``: never into a file, FIFO
-    or symlink somebody else placed), then renamed over ``<host>_<port>.key``.
-
-    Returns:
-        The key file's path (the key itself is never logged).
-
-    Raises:
-        ConfigurationError: The key directory is not this user's own (see ``TFOS_KEY_DIR``).
-        OSError: The directory or file cannot be written.
-    """
-    import tempfile
-
-    path = _key_path(addr[0], addr[1])
-    directory = _private_key_dir(create=True)
-    fd, tmp = tempfile.mkstemp(prefix=".", suffix=".tmp", dir=directory)  # mode 0600, O_EXCL
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump({"key": addr.key.hex(), "server_id": addr.server_id}, f)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return path
+    (see :func:`tfos._control.key_files.write_key_file`); returns its path (driver)."""
+    return _key_files.write_key_file(addr)
 
 
-def remove_key_file(addr: Any) -> None:
-    """Removes the key file of ``addr`` (no error when it is gone)."""
-    try:
-        os.unlink(_key_path(addr[0], addr[1]))
-    except FileNotFoundError:
-        pass
-
-
-def read_key_file(host: str, port: int) -> Optional[Tuple[bytes, str]]:
-    """``(key, server_id)`` from the key file of ``host:port``, or None when there is none,
-    or when it or its directory could be read or replaced by another user, or it is not a
-    regular file (then a WARNING names the file)."""
-    import stat
-
-    path = _key_path(host, port)
-    try:
-        _private_key_dir(create=False)
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
-        with os.fdopen(fd) as f:
-            st = os.fstat(f.fileno())
-            if not stat.S_ISREG(st.st_mode):
-                log.warning("ignoring key file %s: not a regular file", path)
-                return None
-            if hasattr(os, "getuid") and st.st_uid != os.getuid():
-                log.warning("ignoring key file %s: owned by uid %d, not by this user", path, st.st_uid)
-                return None
-            if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-                log.warning("ignoring key file %s: readable by other users (chmod 600 it)", path)
-                return None
-            data = json.load(f)
-        return bytes.fromhex(data["key"]), str(data["server_id"])
-    except FileNotFoundError:
-        return None
-    except ConfigurationError as exc:
-        log.warning("ignoring key file %s: %s", path, exc)
-        return None
-    except (OSError, ValueError, KeyError) as exc:
-        log.warning("cannot read key file %s: %s", path, exc)
-        return None
+remove_key_file = _key_files.remove_key_file
+read_key_file = _key_files.read_key_file
+TFOS_KEY_DIR = _key_files.TFOS_KEY_DIR
+_key_path = _key_files.key_path
+_key_dir = _key_files.key_dir

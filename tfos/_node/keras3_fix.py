@@ -56,8 +56,8 @@ import os
 import sys
 from typing import Any, Optional, Sequence
 
+from tfos._data.row_count import ROWS
 from tfos._node import keras3_arrays, keras3_outputs, keras_steps
-from tfos._node.row_count import ROWS
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ Parts of tfos's Keras 3 fix (:mod:`tfos._node.keras3_fix`, docs/keras.md):
   booleans, strings), pass through unchanged, as Keras passes a non-replica value on one
   worker.
 - :func:`counting_step`: on a fed node, adds the rows of every local batch ``train_step``
-  consumes to the row accounting's counter (:mod:`tfos._node.row_count`).
+  consumes to the row accounting's counter (:mod:`tfos._data.row_count`).
 - :func:`quiet_planned_end`: Keras warns "Your input ran out of data; interrupting
   training" whenever a dataset ends inside an epoch, also where that end is the epoch's
   planned end: on a fed node without ``steps_per_epoch``, a feed epoch ends when its rows

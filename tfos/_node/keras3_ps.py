@@ -454,13 +454,13 @@ def _join(tf: Any, shards: list, grads: list) -> Any:
 
 #: The fit() calls under a ParameterServerStrategy in progress in this process (innermost last).
 _ACTIVE: list = []
-#: Prefix of the node figures (:mod:`tfos._node.figures`) counting the training steps sent to
+#: Prefix of the node figures (:mod:`tfos._data.figures`) counting the training steps sent to
 #: each worker, e.g. ``ps_steps_worker_1``: the coordinator's TF process sends them to the driver.
 STEPS_FIGURE = "ps_steps_worker_"
 
 
 def _count_steps(worker_index: int, steps: int) -> None:
-    from tfos._node.figures import FIGURES
+    from tfos._data.figures import FIGURES
 
     FIGURES.add(f"{STEPS_FIGURE}{worker_index}", steps)
 
@@ -469,6 +469,6 @@ def steps_by_worker() -> dict:
     """Training steps each worker ran so far under ``model.fit`` in this process (the
     coordinator), by worker task index: each closure of ``steps_per_execution`` steps counts
     for the worker that finished it (a closure retried after a worker's loss counts once)."""
-    from tfos._node.figures import FIGURES
+    from tfos._data.figures import FIGURES
 
     return {int(k[len(STEPS_FIGURE):]): v for k, v in FIGURES.snapshot().items() if k.startswith(STEPS_FIGURE)}

@@ -2,7 +2,7 @@
 
 ``TensorFlowTrainer.make_train_function`` is wrapped so that every call of the train
 function Keras's ``fit`` makes adds its ``steps_per_execution`` to the ``keras_steps``
-counter of :data:`tfos._node.figures.FIGURES`: the driver's steps/s per node
+counter of :data:`tfos._data.figures.FIGURES`: the driver's steps/s per node
 (docs/status.md). One lock and one integer addition per call, next to a training step.
 Applied with tfos's Keras 3 fix, when Keras's TensorFlow trainer is imported
 (:mod:`tfos._node.keras3_fix`).
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfos._node.figures import FIGURES
+from tfos._data.figures import FIGURES
 
 __all__ = ["count_steps", "STEPS"]
 

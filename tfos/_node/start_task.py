@@ -30,6 +30,7 @@ import sys
 import threading
 from typing import IO, Any, Callable, Iterable, Iterator, Optional, TypeVar
 
+from tfos._common.executor import executor_identity, node_host
 from tfos._control import messages as _msg
 from tfos._node.launch import ClusterConfig, NodeLaunch
 from tfos._node.output import OUTPUT_MARK_ENV
@@ -38,7 +39,7 @@ from tfos.cluster_template import InputMode
 from tfos.errors import TFOSError
 from tfos.gpu_info import cuda_visible_devices
 
-__all__ = ["executor_identity", "node_host", "spawn_supervisor", "make_start_task", "write_launch", "read_launch", "write_record", "read_record"]
+__all__ = ["spawn_supervisor", "make_start_task", "write_launch", "read_launch", "write_record", "read_record"]
 
 log = logging.getLogger(__name__)
 
@@ -47,50 +48,6 @@ _R = TypeVar("_R")
 # Supervisors spawned by this Python worker, kept so they are reaped (no zombies).
 _children: list[subprocess.Popen] = []
 _children_lock = threading.Lock()
-
-
-def executor_identity() -> tuple[str, int]:
-    """Identity of the Spark executor this Python process belongs to (Spark task side).
-
-    Returns:
-        ``(key, jvm_pid)`` where key is ``"<hostname>/<pid of the nearest java ancestor>"``.
-        Every Python worker of one executor gets the same key; under ``local[N]`` every
-        worker shares the driver JVM, hence one key. ``jvm_pid`` is 0 when no java
-        ancestor is found (then the key uses this process's parent).
-    """
-    import psutil
-
-    host = socket.gethostname()
-    try:
-        for parent in psutil.Process().parents():
-            try:
-                if parent.name().startswith("java"):
-                    return f"{host}/{parent.pid}", parent.pid
-            except psutil.Error:
-                continue
-    except psutil.Error:
-        pass
-    return f"{host}/{os.getppid()}", 0
-
-
-def node_host(driver_host: str, driver_port: int) -> str:
-    """The address other nodes should use to reach this host (Spark task side).
-
-    ``TFOS_NODE_HOST`` wins; else the local address of the route to the driver (no packet
-    is sent); else ``SPARK_LOCAL_IP``; else the hostname.
-    """
-    explicit = os.environ.get("TFOS_NODE_HOST")
-    if explicit:
-        return explicit
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect((driver_host, driver_port))
-            addr = s.getsockname()[0]
-            if addr and addr != "0.0.0.0":
-                return addr
-    except OSError:
-        pass
-    return os.environ.get("SPARK_LOCAL_IP") or socket.gethostname()
 
 
 def write_record(stream: IO[bytes], record: object) -> None:

@@ -32,10 +32,11 @@ from tfos._control.client import ControlClient
 from tfos._control.limits import event_poll_s
 from tfos._control.messages import NodeState
 from tfos._data import local_socket as _local
+from tfos._data import row_count
 from tfos._data.feed_hub import FeedHub
-from tfos._node import keras3_fix, ps_serving, row_count
+from tfos._data.figures import live_snapshot, report_now
+from tfos._node import fed_shard, keras3_fix, ps_serving
 from tfos._node import task_world as _task_world
-from tfos._node.figures import live_snapshot, report_now
 from tfos._node.launch import NodeLaunch
 from tfos._node.node_failure import after_abort, node_failure
 from tfos._node.output import OUTPUT_MARK_ENV, std_fds_identity, write_failure_marks, write_finished_marks
@@ -164,7 +165,8 @@ class _NodeRun:
             keras3_fix.install(cfg.keras3_fix)  # applied when main_fun imports Keras 3 (docs/keras.md)
             ps_serving.install(ctx)  # a PSS worker's server.join() serves until the stop (docs/parameter_servers.md)
             if hub is not None:
-                row_count.start_fed_node()  # no auto-shard of fed data, row accounting (docs/datafeed.md)
+                row_count.ROWS.enable()  # row accounting (docs/datafeed.md)
+                fed_shard.install()  # no auto-shard of fed data
             self._run_main(ctx)
             self._linger()
         except BaseException as exc:  # noqa: BLE001 - every failure is reported, then the process ends

@@ -10,7 +10,7 @@ Keras epoch. Rows trained are attributed to the feed epoch whose rows the feed w
 out when they were trained: from the first row of epoch ``e`` handed to TensorFlow to the
 first row of the next epoch (or the end of ``main_fun``). At that boundary the node records
 the rows handed out but not yet trained. The figures go to the driver in the node's live figures
-(:data:`tfos._node.figures.FIGURES`), one counter per name:
+(:data:`tfos._data.figures.FIGURES`), one counter per name:
 
 - ``rows_fed/<feed>/<epoch>``: rows of that epoch handed to TensorFlow;
 - ``rows_trained/<feed>/<epoch>``: rows train_step consumed while that epoch was handed out;
@@ -33,7 +33,7 @@ import logging
 import threading
 from typing import Any, Callable, Optional
 
-from tfos._node.figures import FIGURES, NodeFigures
+from tfos._data.figures import FIGURES, NodeFigures
 
 log = logging.getLogger(__name__)
 
@@ -127,12 +127,3 @@ class RowCount:
 
 #: The TF process's row accounting.
 ROWS = RowCount()
-
-
-def start_fed_node() -> None:
-    """On a fed node, before ``main_fun``: the accounting on, and fed datasets kept from
-    TensorFlow's auto-shard (:mod:`tfos._node.fed_shard`) (TF process)."""
-    from tfos._node import fed_shard
-
-    ROWS.enable()
-    fed_shard.install()

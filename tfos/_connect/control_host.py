@@ -1,4 +1,4 @@
-"""The control host of a Spark Connect cluster: ``python -m tfos._connect.host`` (executor host).
+"""The control host of a Spark Connect cluster: ``python -m tfos._connect.control_host`` (executor host).
 
 Under Spark Connect the driver program is a remote client that executors may not reach, so
 the control plane cannot live in the client. The first task of the barrier start stage
@@ -279,7 +279,7 @@ class ControlHost:
 
 
 def main() -> int:
-    """Entry point of ``python -m tfos._connect.host``.
+    """Entry point of ``python -m tfos._connect.control_host``.
 
     Reads the :class:`HostLaunch` record from stdin, binds the control server, writes
     ``{"host": ..., "port": ...}`` as one JSON line to stdout for the start task, then
@@ -302,7 +302,7 @@ def main() -> int:
 
 if __name__ == "__main__":
     # Run main() of the imported module, not of __main__: the launch record unpickles
-    # as tfos._connect.host.HostLaunch, which must be the class main() checks against.
-    from tfos._connect.host import main as _main
+    # as tfos._connect.control_host.HostLaunch, which must be the class main() checks against.
+    from tfos._connect.control_host import main as _main
 
     raise SystemExit(_main())  # process entry point, not library code
