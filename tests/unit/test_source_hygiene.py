@@ -173,7 +173,7 @@ def test_folders_follow_processes_no_plane_imports_another_that_imports_it():
     assert find_cycles(private) == []
     for executor_side in ("tfos._node", "tfos._data", "tfos._connect", "tfos._control", "tfos._common"):
         assert "tfos._driver" not in planes[executor_side], executor_side
-    assert not {t for t in graph["tfos._driver.stream_feeds"] if t.startswith("tfos._legacy")}
+    assert not {t for t in graph["tfos._driver.streaming"] if t.startswith("tfos._legacy")}
     users = {m for m, ts in graph.items() if any(t.startswith("tfos._legacy") for t in ts) and not m.startswith("tfos._legacy")}
     # datafeed's TFManager queue feed is the one path left to a TFoS runtime piece
     assert users <= {"tfos.TFManager", "tfos.TFSparkNode", "tfos.reservation", "tfos.marker", "tfos.datafeed"}, users
@@ -242,7 +242,8 @@ def test_entry_modules_log_under_the_tfos_logger_when_run_with_dash_m():
 
 def test_the_driver_modules_log_under_tfcluster_logger():
     from tfos import TFCluster
-    from tfos._driver import runtime, stream_feeds
+    from tfos._driver import runtime
+    from tfos._driver import streaming as stream_feeds
 
     package = logging.getLogger("tfos")  # made now if no module asked for it yet
     assert TFCluster.logger is logging.getLogger("tfos._driver") and TFCluster.logger.parent is package

@@ -19,7 +19,7 @@ from tfos._common.deadline import Deadline
 from tfos._control.limits import heartbeat_interval_s
 from tfos._data.feed_plan import FEED_TIMEOUT_S, check_feed_timeout
 from tfos._driver import remedies
-from tfos._driver import stream_feeds as _streaming
+from tfos._driver import streaming as _streaming
 from tfos._driver.backend import ClusterPlan, InferenceCall, Launcher, TrainCall
 from tfos._driver.cluster_status import StatusMethods
 from tfos._driver.lifecycle import Controller, Lifecycle
