@@ -138,6 +138,14 @@ def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_cycle_finder_finds_a_lazy_import_cycle_and_ignores_type_checking():
     assert find_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+    # a package-level cycle through a public module: the planes see it
+    graph = {"tfos._node.tf_process": {"tfos.node_context"}, "tfos.node_context": {"tfos.tf_server"},
+             "tfos.tf_server": {"tfos._node.sharding"}, "tfos._node.sharding": set()}
+    planes: dict[str, set[str]] = {}
+    for mod, targets in graph.items():
+        planes.setdefault(_plane(mod), set()).update(_plane(t) for t in targets if _plane(t) != _plane(mod))
+    assert find_cycles(graph) == [] and find_cycles(planes) == [["tfos._node", "tfos.node_context", "tfos.tf_server",
+                                                                  "tfos._node"]]
     assert find_cycles({"a": {"b"}, "b": set()}) == []
     tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import x\nelse:\n    import y\n"
                      "def f():\n    import z\n")
@@ -169,6 +177,9 @@ def test_folders_follow_processes_no_plane_imports_another_that_imports_it():
     planes: dict[str, set[str]] = {}
     for mod, targets in graph.items():
         planes.setdefault(_plane(mod), set()).update(_plane(t) for t in targets if _plane(t) != _plane(mod))
+    # every plane and public module as one node: a cycle through a public module
+    # (tfos._node -> tfos.node_context -> tfos._node) is a package-level cycle too
+    assert find_cycles(planes) == []
     private = {p: {t for t in ts if t.startswith("tfos._")} for p, ts in planes.items() if p.startswith("tfos._")}
     assert find_cycles(private) == []
     for executor_side in ("tfos._node", "tfos._data", "tfos._connect", "tfos._control", "tfos._common"):
