@@ -141,10 +141,15 @@ def test_other_causes():
 
 
 def test_read_ahead_counts_up_to_a_limit():
-    # A first epoch that lost rows and never caught up: only READ_AHEAD_BATCHES batches count as in flight.
-    first, last = _node((640, 320, 320, False), (0, 0, 320, True))
-    assert first.difference == -(320 - READ_AHEAD_BATCHES * 16) and not first.ok
-    assert last.difference == -READ_AHEAD_BATCHES * 16 and not last.ok
+    # Up to READ_AHEAD_BATCHES batches of gap are read-ahead; beyond, rows lost, placed in
+    # the epoch where the gap grew (later gaps never shrink below rows lost).
+    cap = READ_AHEAD_BATCHES * 16
+    rows = _node((320, 320 - cap, cap, False), (320, 320 + cap, 0, True))
+    assert [r.difference for r in rows] == [0, 0]
+    rows = _node((320, 160, 160, False), (320, 160, 320, False), (320, 320, 320, True))  # DATA shard twice
+    assert [r.difference for r in rows] == [-160, -160, 0]
+    rows = _node((320, 300, 20, False), (320, 320, 20, False), (320, 200, 140, True))  # fit ended early
+    assert [r.difference for r in rows] == [0, 0, -140] and "fit() ended before the feed did" in rows[2].cause
 
 
 def test_a_node_that_never_ran_keras_fit_is_not_judged():

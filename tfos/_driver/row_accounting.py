@@ -6,12 +6,12 @@ and, when the epoch ended, its *gap*: every row handed out so far minus every ro
 far (:mod:`tfos._data.row_count`); the figures reach the driver with the node's live figures.
 
 Here they are judged. A node's gap is its pipeline's read-ahead plus every row lost so far
-(negative: rows trained more than once). The read-ahead is estimated per node as the
-smallest gap at the end of any of its epochs, at most :data:`READ_AHEAD_BATCHES` batches;
-the gap after ``main_fun`` returned is exact (nothing is in flight any more). The rows an
-epoch lost are the growth of the gap beyond the read-ahead during that epoch; more than one
-batch (a last partial batch that ``drop_remainder`` dropped) gives one WARNING naming the
-node, the ``train()`` call and epoch, both counts and the likely cause. :func:`judge_node`
+(negative: rows trained more than once). A gap of up to :data:`READ_AHEAD_BATCHES` batches
+is taken as read-ahead; a larger one as rows lost, except what a later epoch's smaller gap
+shows was in flight; the gap after ``main_fun`` returned is exact (nothing is in flight any
+more). The rows an epoch lost are the growth of the rows lost during it (:func:`judge_node`);
+more than one batch (a last partial batch that ``drop_remainder`` dropped) gives one WARNING
+naming the node, the ``train()`` call and epoch, both counts and the likely cause. :func:`judge_node`
 and :func:`parse` are pure; :class:`RowAccounting` reads a cluster's state. See
 docs/datafeed.md, "Row accounting".
 """
@@ -105,20 +105,34 @@ def cause_of(difference: int, fed: int, trained: int, gap: int, batch: int, work
 
 def judge_node(eid: int, node: str, counters: dict[str, int], calls: dict[str, int], workers: int) -> list[EpochRows]:
     """Every epoch of one node's figures, judged (pure); ``calls`` maps feed ids to
-    ``train()`` call indices and is extended with unseen ones."""
+    ``train()`` call indices and is extended with unseen ones.
+
+    Rows lost by the end of a closed epoch: none while its gap is within
+    :data:`READ_AHEAD_BATCHES` batches (read-ahead), else the smallest gap of it and of
+    every later closed epoch (rows lost stay lost: a later, smaller gap shows how much of
+    this one was in flight); after ``main_fun`` returned, the gap itself. An epoch's
+    difference is minus the growth of that count.
+    """
     epochs = parse(counters)
     keras = "rows_trained" in counters  # Keras's train_step ran on this node
     batch = max([v["batch"] for _, _, v in epochs] or [1])
-    closed_gaps = [max(0, v["gap"]) for _, _, v in epochs if v["closed"] and not v["final"]]
-    read_ahead = min(closed_gaps + [READ_AHEAD_BATCHES * batch])
-    out, excess_before, judging = [], 0, keras
-    for feed, epoch, v in epochs:
+    read_ahead = READ_AHEAD_BATCHES * batch
+    closed = 0
+    while closed < len(epochs) and epochs[closed][2]["closed"]:
+        closed += 1  # figures after an open epoch are not final either
+    gaps = [v["gap"] for _, _, v in epochs[:closed]]
+    out, lost_before = [], 0
+    for i, (feed, epoch, v) in enumerate(epochs):
         call = calls.setdefault(feed, len(calls))
-        judging = judging and bool(v["closed"])  # figures after an open epoch are not final either
         difference, cause = 0, ""
-        if judging:
-            excess = v["gap"] - (0 if v["final"] else min(max(0, v["gap"]), read_ahead))
-            difference, excess_before = excess_before - excess, excess
+        if keras and i < closed:
+            if v["final"]:
+                lost = v["gap"]
+            elif 0 <= v["gap"] <= read_ahead:
+                lost = min(lost_before, v["gap"])
+            else:
+                lost = min(gaps[i:])
+            difference, lost_before = lost_before - lost, lost
             cause = cause_of(difference, v["fed"], v["trained"], v["gap"], v["batch"] or batch, workers)
         out.append(EpochRows(eid, node, call, epoch, v["fed"], v["trained"] if keras else None, v["gap"],
                              bool(v["closed"]), difference, cause))
