@@ -228,7 +228,8 @@ def _try_data(hub: FeedHub, index: int, budget_s: float) -> float:
             session = _wire.client_handshake(s, KEY, deadline)
             send_json(s, session, FrameType.HEADER, {"qname": "input", "mode": "train", "partition": index,
                                                     "kind": "pickled_batch", "feed_id": f"bench-{os.getpid()}-{t0}",
-                                                    "index": index})
+                                                    "index": index, "feed_timeout_s": 60.0,
+                                                    "feed_timeout": 60.0})  # (the key's name before it was renamed)
             ftype, status = recv_json(s, session, deadline)
             assert ftype is FrameType.STATUS and status["state"] == "ok", status
             return time.monotonic() - t0

@@ -28,17 +28,18 @@ started=$SECONDS
 # that prints nothing for 10 s (Spark starting, a Spark job writing files) gets a line
 # saying it is still running and for how long.
 step() {
-  local name="$1" began=$SECONDS line
+  local name="$1" began=$SECONDS line part=""
   shift
   echo "=== [run_mnist] $name: $*" | tee -a "$LOG"
   "$@" 2>&1 | while true; do
       if IFS= read -r -t 10 line; then
-        printf '%s\n' "$line"
+        printf '%s\n' "$part$line"
+        part=""
       elif (( $? > 128 )); then
-        [ -z "$line" ] || printf '%s\n' "$line"  # a line without its newline yet
+        part+="$line"  # the start of a line whose end has not come yet: kept whole
         echo "=== [run_mnist] $name: still running, $((SECONDS - began)) s"
       else
-        [ -z "$line" ] || printf '%s\n' "$line"
+        [ -z "$part$line" ] || printf '%s\n' "$part$line"
         break
       fi
     done | tee -a "$LOG"

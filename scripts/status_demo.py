@@ -174,7 +174,7 @@ def main() -> int:
             _until(cluster, verdict)
             t.join()
         print("\n=== (c) worker:0 blocked at the second epoch (stall_timeout=20): the driver's log")
-        rdd = sc.parallelize([(i, -1.0) for i in range(400)], 4)
+        rdd = sc.parallelize([(i, -1.0) for i in range(400)], 8)  # 8 partitions an epoch: worker:0 gets some of the second
         t = threading.Thread(target=cluster.train, args=(rdd, 2), kwargs={"feed_timeout": 180}, daemon=True)
         t.start()
         deadline = time.monotonic() + 120

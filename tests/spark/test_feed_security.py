@@ -142,8 +142,9 @@ def test_relay_on_released_data_port_reads_no_row(sc, no_leftovers, tmp_path, ca
                                          "--capture", "{run}/relay")
     to_node = (run_dir / "relay.to-node").read_bytes()
     to_task = (run_dir / "relay.to-task").read_bytes() if (run_dir / "relay.to-task").exists() else b""
-    # 0 rows readable: each task sent the relay a magic, a nonce and a proof, nothing more
-    assert len(to_node) == 68 * len(conns), (len(to_node), len(conns))
+    # 0 rows readable: each task sent the relay its proof of the key (52 bytes), then a magic,
+    # a nonce and a proof bound to the node's nonce (68), nothing more
+    assert len(to_node) == (52 + 68) * len(conns), (len(to_node), len(conns))
     assert b"row-secret" not in to_node and b"row-secret" not in to_task
     # the driver's WARNING names node 0, its address, the connection and where it led
     addr = (run_dir / "node0").read_text()

@@ -12,8 +12,9 @@ One cluster (chief:0, worker:0, ``stall_timeout=20``) is fed three times by one
     line; the test then releases the Event and the run ends normally, with
     ``cluster.summary()``.
 
-A second, short cluster with ``stall_action="fail"`` (``stall_timeout=8``): ``train()``
-raises a ClusterFailedError with the stall report.
+A second, short cluster with ``stall_action="fail"`` (``stall_timeout=8``), whose nodes
+both block at their first batch: ``train()`` raises a ClusterFailedError with the stall
+report (a ``NodeStalled`` failure).
 """
 
 from __future__ import annotations
@@ -32,13 +33,13 @@ from tfos.errors import ClusterFailedError  # noqa: E402
 
 pytestmark = pytest.mark.spark
 
-BLOCK_LINE = "blocker.wait()  # the stuck worker"
+BLOCK_LINE = "blocker.wait()  # the stuck node"
 
 
 def status_main(args, ctx):
     """Rows are (i, mode): mode > 0 sleeps that long per batch (compute-bound); mode < 0
-    makes worker:0 block at its first batch of epoch ``args['block_epoch']`` or later,
-    until the file ``args['release']`` appears."""
+    makes worker:0 (every node with ``args['block_any']``) block at its first batch of epoch
+    ``args['block_epoch']`` or later, until the file ``args['release']`` appears."""
     import os
     import threading
     import time
@@ -59,10 +60,11 @@ def status_main(args, ctx):
         mode = batch[-1][1]
         if mode > 0:
             time.sleep(mode)
-        elif mode < 0 and ctx.job_name == "worker" and feed.last_origins[-1][2] >= args["block_epoch"] and not blocker.is_set():
+        elif (mode < 0 and (ctx.job_name == "worker" or args.get("block_any")) and feed.last_origins[-1][2] >= args["block_epoch"]
+              and not blocker.is_set()):
             with open(args["blocked"], "w") as f:
                 f.write(str(time.time()))
-            blocker.wait()  # the stuck worker
+            blocker.wait()  # the stuck node
 
 
 def _slow(i):
@@ -133,7 +135,8 @@ def test_status_names_producer_compute_and_a_stalled_node(sc, tmp_path, caplog, 
 
         # (c) worker:0 blocks at its first batch of the second epoch
         caplog.clear()
-        t, out = _train_async(cluster, sc.parallelize([(i, -1.0) for i in range(400)], 4), num_epochs=2, feed_timeout=180)
+        # 8 partitions an epoch: Spark hands worker:0's executor some of the second epoch's
+        t, out = _train_async(cluster, sc.parallelize([(i, -1.0) for i in range(400)], 8), num_epochs=2, feed_timeout=180)
         deadline = time.monotonic() + 90
         while not os.path.exists(args["blocked"]) and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -171,7 +174,9 @@ def test_status_names_producer_compute_and_a_stalled_node(sc, tmp_path, caplog, 
 
 
 def test_stall_action_fail_raises_with_the_stall_report(sc, tmp_path, no_leftovers):
-    args = {"release": str(tmp_path / "release"), "blocked": str(tmp_path / "blocked"), "block_epoch": 0}
+    # every node blocks at its first batch: whichever executor Spark gives the partitions to
+    # (a run where executor 0 fed both partitions to chief:0 left worker:0 nothing to block on)
+    args = {"release": str(tmp_path / "release"), "blocked": str(tmp_path / "blocked"), "block_epoch": 0, "block_any": True}
     cluster = TFCluster.run(sc, status_main, args, 2, 0, input_mode=TFCluster.InputMode.SPARK, master_node="chief",
                             reservation_timeout=120, stall_timeout=8, stall_action="fail")
     try:
@@ -180,6 +185,7 @@ def test_stall_action_fail_raises_with_the_stall_report(sc, tmp_path, no_leftove
     finally:
         open(args["release"], "w").close()
     text = str(info.value)
-    assert "worker:0 (executor 1" in text and "NodeStalled" in text and "made no progress" in text, text
-    assert BLOCK_LINE in text, text
+    stalled = [f for f in info.value.failures if f.error_type == "NodeStalled"]
+    assert stalled and stalled[0].kind == "stalled" and f"{stalled[0].job_name}:{stalled[0].task_index}" in ("chief:0", "worker:0"), text
+    assert "made no progress" in stalled[0].message and BLOCK_LINE in stalled[0].message, text
     cluster.shutdown(timeout=60)  # the failure was raised: returns

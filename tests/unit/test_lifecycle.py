@@ -120,7 +120,7 @@ def test_a_call_in_another_thread_makes_shutdown_wait():
     entered = threading.Event()
 
     def slow_feed() -> None:
-        with ctl.feeding():
+        with ctl.feeds.running():
             entered.set()
             release.wait(10)
 

@@ -288,11 +288,13 @@ class EventLoop:
     def _readable(self, conn: _Conn) -> None:
         if conn.closed:
             return
-        try:
-            data = conn.sock.recv(65536)
+        try:  # before its proof, no byte more than the proof is read
+            data = conn.sock.recv(65536 if conn.proof is None else PROOF_BYTES - len(conn.proof))
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
+            if conn.proof is not None:  # reset before its proof (connect/close churn)
+                self.flood.count("rejected", conn.peer.rsplit(":", 1)[0])
             self._close(conn)
             return
         if not data:

@@ -183,8 +183,8 @@ class FeedGate:
             data = p.sock.recv(PROOF_BYTES - len(p.got))
         except (BlockingIOError, InterruptedError):
             return
-        except OSError as exc:
-            self._reject(p, f"connection failed before its proof: {exc}")
+        except OSError as exc:  # reset before its proof (connect/close churn): counted, not logged
+            self._reject(p, f"connection failed before its proof: {exc}", log_it=False)
             return
         if not data:
             self._reject(p, "closed before its proof of the cluster key", log_it=bool(p.got))

@@ -112,8 +112,7 @@ class Controller:
         #: by shutdown() feeds its epochs after the nodes' checkpoint again.
         self._last_train: Optional[tuple[TrainCall, FeedResume]] = None
         #: train()/inference() calls running (in any thread): shutdown() waits for them.
-        self._feeds_running = 0
-        self._feeds_cond = threading.Condition()
+        self.feeds = RunningFeeds()
 
     # ------------------------------------------------------------- the state
     @property
@@ -309,19 +308,6 @@ class Controller:
                 raise
 
     # ------------------------------------------------------------- feeding
-    @contextlib.contextmanager
-    def feeding(self) -> Iterator[None]:
-        """Counts a running train()/inference() call: shutdown() from another thread waits
-        for it to end instead of ending its feed part-way."""
-        with self._feeds_cond:
-            self._feeds_running += 1
-        try:
-            yield
-        finally:
-            with self._feeds_cond:
-                self._feeds_running -= 1
-                self._feeds_cond.notify_all()
-
     def train(self, call: TrainCall) -> None:
         """Feeds ``call`` (every epoch); after a restart, from the epoch the feed resumes at.
 
@@ -330,7 +316,7 @@ class Controller:
         checkpoint report (none lost, some twice; see :class:`FeedResume`).
         """
         resume = FeedResume(call.num_epochs, call.parts, self.plan.chief()) if self.policy.max_restarts else None
-        with self.feeding():
+        with self.feeds.running():
             self._last_train = None
             if resume is not None:
                 self.call("train()", lambda backend: backend.clear_checkpoints())
@@ -356,25 +342,10 @@ class Controller:
                 resume.record_index(index)
             for node, epochs in report.checkpoints.items():
                 resume.record_checkpoint(node, epochs)
-            first = self._resume_at(resume, "train()")
+            first = _resume_at(resume, "train()", self.attempt)
             return first < call.num_epochs
 
         self.call("train()", step, after_restart=resumed)
-
-    def _resume_at(self, resume: FeedResume, context: str) -> int:
-        """After a restart: the epoch the feed resumes at (logged); ``num_epochs`` when
-        nothing is left to feed."""
-        consumed = resume.first_unconsumed()
-        first = resume.restart()
-        if resume.epochs_left == 0:
-            log.warning("%s: every partition of every epoch was consumed (and is in the reported checkpoint, if any) before "
-                        "the failure; nothing left to feed on attempt %d", context, self.attempt)
-            return first
-        ckpt = resume.checkpointed_epochs
-        log.warning("train(): attempt %d resumes the feed at epoch %d of %d (epochs numbered from 0; every row of %d epoch(s) "
-                    "consumed; %s)", self.attempt, first, resume.num_epochs, consumed,
-                    "no checkpoint reported" if ckpt is None else f"checkpoint reported after {ckpt} epoch(s)")
-        return first
 
     def inference(self, call: InferenceCall) -> Any:
         """Runs inference over ``call``; after a restart only the units whose results no
@@ -412,25 +383,10 @@ class Controller:
             log.warning("inference(): attempt %d runs the %d partition(s) whose results were not returned", self.attempt, len(ledger.missing()))
             return True
 
-        with self.feeding():
+        with self.feeds.running():
             return self.call("inference()", step, before_restart=keep, after_restart=rerun)
 
     # ------------------------------------------------------------- shutdown
-    def _await_running_feeds(self, deadline: Deadline) -> None:
-        """shutdown() called while train()/inference() runs in another thread: waits until
-        that call ends (or the cluster failed), so the feed is never ended part-way (the
-        nodes would see a clean end of feed with partitions unfed: silent data loss)."""
-        with self._feeds_cond:
-            if not self._feeds_running:
-                return
-            log.warning("tfos cluster %s: shutdown() waits for the train()/inference() call running in another thread "
-                        "(%d) to end (at most %.0f s)", self.cluster_id, self._feeds_running, deadline.remaining())
-            while self._feeds_running and not self.state.terminal and not self.backend.closed:
-                if deadline.expired():
-                    raise deadline.error(extra="a train()/inference() call in another thread was still feeding; "
-                                               "the feed was not ended and the cluster is still up")
-                self._feeds_cond.wait(deadline.slice(0.5))
-
     def shutdown(self, deadline: Deadline, grace_s: float) -> None:
         """Ends the feed, waits for every worker's ``main_fun``, stops every node
         (shutting down -> closed); a failure restarts the cluster while a restart is left
@@ -441,7 +397,7 @@ class Controller:
                 with no restart left).
             DeadlineExceededError: ``deadline`` expired first.
         """
-        self._await_running_feeds(deadline)
+        self.feeds.await_end(deadline, self.cluster_id, lambda: self.state.terminal or self.backend.closed)
         while True:
             with self._lock:
                 done = self.state.terminal  # a failure already raised by train()/inference(), or a second shutdown()
@@ -488,7 +444,7 @@ class Controller:
             resume.record_checkpoint(node, epochs)
         if resume.checkpointed_epochs is None:
             return
-        first = self._resume_at(resume, "shutdown()")
+        first = _resume_at(resume, "shutdown()", self.attempt)
         if first < call.num_epochs:
             self._feed(call, resume, first)
 
@@ -519,6 +475,62 @@ class Controller:
         log.warning("tfos cluster %s still running at interpreter exit; tearing it down", self.cluster_id)
         backend.teardown(failed=True)
         self._enter(Lifecycle.CLOSED, logging.INFO, "tfos cluster %s torn down at interpreter exit", self.cluster_id)
+
+
+class RunningFeeds:
+    """The train()/inference() calls running in any thread: shutdown() from another thread
+    waits for them to end instead of ending their feed part-way (driver)."""
+
+    def __init__(self) -> None:
+        self._count = 0
+        self._cond = threading.Condition()
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        """Counts one running call."""
+        with self._cond:
+            self._count += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._count -= 1
+                self._cond.notify_all()
+
+    def await_end(self, deadline: Deadline, cluster_id: str, gone: Callable[[], bool]) -> None:
+        """Waits until no call runs, or ``gone()`` (the cluster failed or was torn down), so
+        the feed is never ended part-way (the nodes would see a clean end of feed with
+        partitions unfed: silent data loss).
+
+        Raises:
+            DeadlineExceededError: ``deadline`` expired first (the cluster is still up).
+        """
+        with self._cond:
+            if not self._count:
+                return
+            log.warning("tfos cluster %s: shutdown() waits for the train()/inference() call running in another thread "
+                        "(%d) to end (at most %.0f s)", cluster_id, self._count, deadline.remaining())
+            while self._count and not gone():
+                if deadline.expired():
+                    raise deadline.error(extra="a train()/inference() call in another thread was still feeding; "
+                                               "the feed was not ended and the cluster is still up")
+                self._cond.wait(deadline.slice(0.5))
+
+
+def _resume_at(resume: FeedResume, context: str, attempt: int) -> int:
+    """After a restart: the epoch the feed resumes at (logged); ``num_epochs`` when
+    nothing is left to feed."""
+    consumed = resume.first_unconsumed()
+    first = resume.restart()
+    if resume.epochs_left == 0:
+        log.warning("%s: every partition of every epoch was consumed (and is in the reported checkpoint, if any) before "
+                    "the failure; nothing left to feed on attempt %d", context, attempt)
+        return first
+    ckpt = resume.checkpointed_epochs
+    log.warning("train(): attempt %d resumes the feed at epoch %d of %d (epochs numbered from 0; every row of %d epoch(s) "
+                "consumed; %s)", attempt, first, resume.num_epochs, consumed,
+                "no checkpoint reported" if ckpt is None else f"checkpoint reported after {ckpt} epoch(s)")
+    return first
 
 
 def _log_outcomes(backend: Backend, call: TrainCall, outcomes: list[tuple[int, str]]) -> None:
