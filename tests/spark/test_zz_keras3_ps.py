@@ -1,8 +1,8 @@
 """Keras 3 ``model.fit`` under ParameterServerStrategy on Spark: 2 ps + a chief + 2 workers.
 
 One cluster on ``local-cluster[5,1,1024]`` runs TensorFlow's parameter-server tutorial
-program, unchanged but for tfos's roles: ps and workers only serve
-(``ctx.run_server_and_wait()``), the chief coordinates ``model.fit`` on a model whose
+program unchanged: ps and workers only serve (``tf.distribute.Server(...).join()``; on a
+worker tfos makes ``join()`` end when the cluster stops), the chief coordinates ``model.fit`` on a model whose
 embedding a ``variable_partitioner`` splits over both ps tasks. In the middle of the second
 epoch the chief kills worker 1's TF process: training goes on on worker 0, the driver shows
 worker 1 'failed', ``shutdown()`` succeeds. Then ``cluster.inference()`` on 2 nodes scores
@@ -38,15 +38,19 @@ def main_fun(args, ctx):
     import os
 
     os.environ["GRPC_FAIL_FAST"] = "use_caller"  # TensorFlow's PS tutorial
-    if ctx.job_name in ("ps", "worker"):
-        ctx.run_server_and_wait()
+    import tensorflow as tf
+
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    if resolver.task_type in ("ps", "worker"):  # the tutorial's servers, as it writes them
+        server = tf.distribute.Server(resolver.cluster_spec(), job_name=resolver.task_type, task_index=resolver.task_id,
+                                      protocol=resolver.rpc_layer or "grpc", start=True)
+        server.join()
         return
     import json
     import signal
     import sys
 
     import keras
-    import tensorflow as tf
 
     sys.path.insert(0, args["tests"])
     import keras3_ps_cases as cases
@@ -54,7 +58,7 @@ def main_fun(args, ctx):
     cases.VOCAB, cases.BATCH = 100, 64
     ids, labels = cases.data()
     strategy = tf.distribute.ParameterServerStrategy(
-        tf.distribute.cluster_resolver.TFConfigClusterResolver(),
+        resolver,
         variable_partitioner=tf.distribute.experimental.partitioners.MinSizePartitioner(min_shard_bytes=1024, max_shards=2))
     with strategy.scope():
         model = keras.Sequential([
