@@ -543,5 +543,6 @@ def test_an_exception_in_the_with_block_tells_the_nodes_why_they_were_aborted(sc
         with TFCluster.run(sc, count_until_end, {"out": str(tmp_path)}, 2, 0, input_mode=INPUT) as cluster:
             cluster.train(sc.parallelize(range(100), 2), num_epochs=1)
             raise ValueError("driver-side bug")
-    assert cluster._ctl.backend.state.abort_reason == "the driver program raised ValueError inside `with TFCluster.run(...)`"
-    assert not cluster._ctl.backend.state.failures
+    abort_reason, failures = cluster._ctl.backend.host.read(lambda core: (core.abort_reason, list(core.failures)))
+    assert abort_reason == "the driver program raised ValueError inside `with TFCluster.run(...)`"
+    assert not failures

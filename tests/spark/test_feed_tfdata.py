@@ -240,9 +240,8 @@ def test_epoch_order_does_not_wait_for_partitions_a_terminated_node_skipped(sc, 
     assert (out / "worker1-terminated").exists(), "worker:1 never called terminate()"
     t0 = _time.monotonic()
     cluster.train(rdd, num_epochs=epochs, end_of_feed=True, feed_timeout=240)
-    state = cluster._ctl.backend.state
-    with state._cond:
-        claimed, skipped = dict(state._claimed), {k: set(v) for k, v in state._skipped.items()}
+    claimed, skipped = cluster._ctl.backend.host.read(
+        lambda core: ({k: dict(v) for k, v in core.ledger.claimed.items()}, {k: set(v) for k, v in core.ledger.skipped.items()}))
     cluster.shutdown(timeout=120)
     elapsed = _time.monotonic() - t0
     (report,) = [json.loads(p.read_text()) for p in out.glob("*.json")]

@@ -142,8 +142,9 @@ def test_executor_killed_mid_training_restarts_and_accounts_for_every_row(spark_
         # whichever executor is free: worker:1 can be in epoch 1 while worker:0 still reads a
         # partition of epoch 0. Epoch 0 must be acknowledged in full (to the driver, by the
         # feed tasks) before the kill, or the restart rightly resumes at epoch 0.
-        state = cluster._ctl.backend.state  # driver: job partition indices acknowledged, per feed id
-        if not any(set(range(PARTS)) <= state.partitions_done(f) for f in list(state._done)):
+        # driver: job partition indices acknowledged, per feed id
+        done = cluster._ctl.backend.host.read(lambda core: {f: core.ledger.partitions_done(f) for f in core.ledger.done})
+        if not any(set(range(PARTS)) <= parts for parts in done.values()):
             return False
         rows = _read_rows(tmp_path).get((0, 1), {})
         return len(rows.get(1, [])) >= 300
