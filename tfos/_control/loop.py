@@ -26,7 +26,7 @@ from tfos._common import wire as _wire
 from tfos._common.admission import PROOF_BYTES, Admission, FloodStats, ProofChecker
 from tfos._control.limits import ControlLimits
 from tfos._control.loop_accept import Accepting
-from tfos._control.loop_parts import Timeouts, _Conn, _malformed, _Poll, _Reject, _run_call
+from tfos._control.loop_parts import LoopState, Timeouts, _Conn, _malformed, _Poll, _Reject, _run_call
 from tfos._control.loop_polls import LongPolls
 from tfos._control.protocol import PROOF_MAGIC, Call, LongPoll, is_routes
 from tfos.errors import ControlProtocolError
@@ -43,7 +43,7 @@ _SWEEP_S = 0.25
 _IDLE_SWEEP_S = 5.0
 
 
-class Dispatching:
+class Dispatching(LoopState):
     """The dispatching part of :class:`EventLoop`: a request checked by its session goes to
     its handler, on the loop thread or the bounded pool, and the result comes back as an
     answer, a long-poll or a rejection."""

@@ -12,13 +12,13 @@ import socket
 import time
 
 from tfos._common.admission import PROOF_BYTES
-from tfos._control.loop_parts import _Conn
+from tfos._control.loop_parts import LoopState, _Conn
 from tfos._control.protocol import REFUSED
 
 log = logging.getLogger(__name__)
 
 
-class Accepting:
+class Accepting(LoopState):
     """The accepting/authenticating part of :class:`tfos._control.loop.EventLoop` (a mixin:
     it uses the loop's ``listener``, ``sel``, ``conns``, ``unproven``, ``checker``, ``pending``
     and ``flood``, and its ``_readable``/``_flush``/``_close``/``reject``)."""

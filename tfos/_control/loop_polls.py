@@ -6,11 +6,11 @@ from __future__ import annotations
 import heapq
 import time
 
-from tfos._control.loop_parts import _Conn, _Poll
+from tfos._control.loop_parts import LoopState, _Conn, _Poll
 from tfos._control.protocol import LongPoll
 
 
-class LongPolls:
+class LongPolls(LoopState):
     """The long-poll part of :class:`tfos._control.loop.EventLoop` (a mixin: it uses the
     loop's ``topics``, ``poll_heap``, ``dirty`` and its ``_answer``/``_close``/``reject``)."""
 
