@@ -42,6 +42,7 @@ from typing import Any, Callable, Iterator, Optional, TypeVar
 
 from tfos._common.deadline import Deadline
 from tfos._control.messages import NodeState
+from tfos._data.framing import FeedState
 from tfos._driver.backend import AttemptReport, Backend, InferenceCall, Launcher, TrainCall
 from tfos._driver.open_clusters import OPEN, install_sigterm
 from tfos._driver.restart import AttemptOutcome, FeedResume, InferenceLedger, RestartPolicy
@@ -332,7 +333,7 @@ class Controller:
             _log_outcomes(backend, call, outcomes)
             if resume is not None:
                 for index, outcome in outcomes:
-                    if outcome in ("ok", "terminated"):
+                    if outcome in (FeedState.OK, FeedState.TERMINATED):
                         resume.record_index(index)
 
         def resumed(report: AttemptReport) -> bool:
@@ -536,8 +537,8 @@ def _resume_at(resume: FeedResume, context: str, attempt: int) -> int:
 def _log_outcomes(backend: Backend, call: TrainCall, outcomes: list[tuple[int, str]]) -> None:
     """Logs the partitions a feed job skipped: after DataFeed.terminate() (INFO), or because
     main_fun had returned without it (WARNING, naming the nodes) (driver)."""
-    skipped = sum(1 for _, o in outcomes if o in ("finished", "skipped"))
-    terminated = sum(1 for _, o in outcomes if o == "terminated")
+    skipped = sum(1 for _, o in outcomes if o == FeedState.SKIPPED)
+    terminated = sum(1 for _, o in outcomes if o == FeedState.TERMINATED)
     if terminated:
         log.info("train(): %d of %d partitions skipped after DataFeed.terminate()", terminated, len(outcomes))
     if skipped:
