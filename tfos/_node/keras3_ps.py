@@ -79,7 +79,7 @@ def _patch(trainer: Any) -> None:
                       ("_make_function", _make_function), ("_maybe_symbolic_build", _maybe_symbolic_build),
                       ("_get_metrics_result_or_logs", _get_metrics_result_or_logs)):
         _KERAS[name] = getattr(Trainer, name)
-        new.__wrapped__ = _KERAS[name]  # type: ignore[attr-defined]
+        new.__wrapped__ = _KERAS[name]  # type: ignore[attr-defined, union-attr]
         setattr(Trainer, name, new)
     trainer.TFEpochIterator = _epoch_iterator_class(trainer.TFEpochIterator)
     trainer.tf = keras3_ps_vars._TensorFlowWithShardedTape(_tf())
