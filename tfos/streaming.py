@@ -3,7 +3,9 @@ cluster to stop from another process.
 
 ``cluster.train(dstream)``, ``cluster.inference(dstream)``, ``cluster.train(streaming_df)``
 and ``cluster.shutdown(ssc)`` are methods of :class:`tfos.TFCluster.TFCluster`; this module
-adds Structured Streaming inference and the stop endpoint. See docs/streaming.md.
+adds Structured Streaming inference and the stop endpoint. This is the user-facing API; the
+implementation (feeds, stop endpoint, per-cluster stream state) is
+:mod:`tfos._driver.streaming`, which runs in the driver. See docs/streaming.md.
 
 Stop a cluster waiting in ``cluster.shutdown(ssc)`` from a shell, as TFoS's
 ``stop_streaming.py`` did (run as the driver's user on the driver's host: the key is read
@@ -19,7 +21,7 @@ from __future__ import annotations
 import argparse
 from typing import Optional, Sequence
 
-from tfos._driver.stream_feeds import inference_stream, request_stop, stop_address, stream_stats
+from tfos._driver.streaming import inference_stream, request_stop, stop_address, stream_stats
 
 __all__ = ["inference_stream", "request_stop", "stop_address", "stream_stats", "main"]
 

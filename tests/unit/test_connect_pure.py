@@ -318,7 +318,7 @@ def test_streaming_entry_points_refuse_a_connect_cluster(entry):
     refuse it as train()/inference() refuse a streaming DataFrame."""
     from types import SimpleNamespace
 
-    from tfos._driver import stream_feeds  # tfos.streaming exports inference_stream
+    from tfos._driver import streaming as stream_feeds  # tfos.streaming exports inference_stream
     from tfos._driver.cluster import TFCluster
 
     cluster = object.__new__(TFCluster)  # no session needed: refused before any use

@@ -550,7 +550,7 @@ def test_control_flood_bounded_and_legit_client_gets_through(server):
 def test_control_accept_survives_a_failed_connection_setup(server, monkeypatch):
     """Any error setting up one accepted connection closes that connection only; the
     event loop goes on accepting (the server has no thread per connection to fail)."""
-    import tfos._control.loop as loop_mod
+    import tfos._control.loop_accept as loop_mod  # where connections are accepted
 
     real_conn = loop_mod._Conn
     failures = {"n": 0}

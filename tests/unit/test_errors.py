@@ -162,7 +162,7 @@ def test_every_train_path_refuses_num_epochs_zero_with_the_tfos_hint():
     classic train() (tests/spark/test_feed_cases.py), before touching the data."""
     from types import SimpleNamespace
 
-    from tfos._driver import stream_feeds
+    from tfos._driver import streaming as stream_feeds
     from tfos._driver.cluster import TFCluster
     from tfos.cluster_template import InputMode
     from tfos.errors import ConfigurationError

@@ -138,6 +138,14 @@ def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_cycle_finder_finds_a_lazy_import_cycle_and_ignores_type_checking():
     assert find_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+    # a package-level cycle through a public module: the planes see it
+    graph = {"tfos._node.tf_process": {"tfos.node_context"}, "tfos.node_context": {"tfos.tf_server"},
+             "tfos.tf_server": {"tfos._node.sharding"}, "tfos._node.sharding": set()}
+    planes: dict[str, set[str]] = {}
+    for mod, targets in graph.items():
+        planes.setdefault(_plane(mod), set()).update(_plane(t) for t in targets if _plane(t) != _plane(mod))
+    assert find_cycles(graph) == [] and find_cycles(planes) == [["tfos._node", "tfos.node_context", "tfos.tf_server",
+                                                                  "tfos._node"]]
     assert find_cycles({"a": {"b"}, "b": set()}) == []
     tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import x\nelse:\n    import y\n"
                      "def f():\n    import z\n")
@@ -169,11 +177,14 @@ def test_folders_follow_processes_no_plane_imports_another_that_imports_it():
     planes: dict[str, set[str]] = {}
     for mod, targets in graph.items():
         planes.setdefault(_plane(mod), set()).update(_plane(t) for t in targets if _plane(t) != _plane(mod))
+    # every plane and public module as one node: a cycle through a public module
+    # (tfos._node -> tfos.node_context -> tfos._node) is a package-level cycle too
+    assert find_cycles(planes) == []
     private = {p: {t for t in ts if t.startswith("tfos._")} for p, ts in planes.items() if p.startswith("tfos._")}
     assert find_cycles(private) == []
     for executor_side in ("tfos._node", "tfos._data", "tfos._connect", "tfos._control", "tfos._common"):
         assert "tfos._driver" not in planes[executor_side], executor_side
-    assert not {t for t in graph["tfos._driver.stream_feeds"] if t.startswith("tfos._legacy")}
+    assert not {t for t in graph["tfos._driver.streaming"] if t.startswith("tfos._legacy")}
     users = {m for m, ts in graph.items() if any(t.startswith("tfos._legacy") for t in ts) and not m.startswith("tfos._legacy")}
     # datafeed's TFManager queue feed is the one path left to a TFoS runtime piece
     assert users <= {"tfos.TFManager", "tfos.TFSparkNode", "tfos.reservation", "tfos.marker", "tfos.datafeed"}, users
@@ -242,7 +253,8 @@ def test_entry_modules_log_under_the_tfos_logger_when_run_with_dash_m():
 
 def test_the_driver_modules_log_under_tfcluster_logger():
     from tfos import TFCluster
-    from tfos._driver import runtime, stream_feeds
+    from tfos._driver import runtime
+    from tfos._driver import streaming as stream_feeds
 
     package = logging.getLogger("tfos")  # made now if no module asked for it yet
     assert TFCluster.logger is logging.getLogger("tfos._driver") and TFCluster.logger.parent is package

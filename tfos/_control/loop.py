@@ -13,8 +13,6 @@ See :mod:`tfos._control.server` for the rules it enforces.
 from __future__ import annotations
 
 import collections
-import errno
-import heapq
 import itertools
 import logging
 import selectors
@@ -27,8 +25,10 @@ from typing import Any, Callable, Hashable, Iterable, Optional, Union
 from tfos._common import wire as _wire
 from tfos._common.admission import PROOF_BYTES, Admission, FloodStats, ProofChecker
 from tfos._control.limits import ControlLimits
-from tfos._control.loop_parts import Timeouts, _Conn, _malformed, _Poll, _Reject, _run_call
-from tfos._control.protocol import PROOF_MAGIC, REFUSED, Call, LongPoll, is_routes
+from tfos._control.loop_accept import Accepting
+from tfos._control.loop_parts import LoopState, Timeouts, _Conn, _malformed, _Poll, _Reject, _run_call
+from tfos._control.loop_polls import LongPolls
+from tfos._control.protocol import PROOF_MAGIC, Call, LongPoll, is_routes
 from tfos.errors import ControlProtocolError
 
 __all__ = ["Timeouts", "EventLoop"]
@@ -43,7 +43,78 @@ _SWEEP_S = 0.25
 _IDLE_SWEEP_S = 5.0
 
 
-class EventLoop:
+class Dispatching(LoopState):
+    """The dispatching part of :class:`EventLoop`: a request checked by its session goes to
+    its handler, on the loop thread or the bounded pool, and the result comes back as an
+    answer, a long-poll or a rejection."""
+
+    def _request(self, conn: _Conn, body: dict) -> None:
+        try:
+            seq = conn.session.accept(body)
+        except ControlProtocolError as exc:
+            self.reject(conn.peer, str(exc))
+            self._close(conn)
+            return
+        if seq == 1:
+            self.pending.pop(conn, None)
+            conn.reader.max_bytes = _wire.MAX_CONTROL_FRAME_BYTES
+        conn.frame_since = None
+        self.partial.discard(conn)
+        self.frames_in += 1
+        conn.inflight += 1
+        if body.get("type") == "hi":  # a client's small first frame (see MAX_FIRST_FRAME_BYTES)
+            self._answer(conn, seq, {"type": "hi"})
+            return
+        try:
+            call = self.prepare(body, conn.peer)
+        except ControlProtocolError as exc:
+            self.reject(conn.peer, str(exc))
+            self._close(conn)
+            return
+        except Exception as exc:  # noqa: BLE001 - a malformed message from a key holder
+            self.reject(conn.peer, _malformed(body, exc))
+            self._close(conn)
+            return
+        if call.offload:
+            try:
+                self.pool.submit(self._pooled, conn, seq, call, body)
+            except RuntimeError:
+                if self.closing:  # the pool is shut down: the server is closing
+                    self._close(conn)
+                    return
+                # The interpreter is exiting (concurrent.futures refuses new work once the
+                # main thread ended): the teardown at exit still waits for the nodes' exit
+                # reports, so this one is served in a thread of its own.
+                threading.Thread(target=self._pooled, args=(conn, seq, call, body), name="tfos-control-handler-exit",
+                                 daemon=True).start()
+            return
+        self._complete(conn, seq, _run_call(call, body))
+
+    def _pooled(self, conn: _Conn, seq: int, call: Call, body: dict) -> None:
+        self.done.append((conn, seq, _run_call(call, body)))
+        self.wake()
+
+    def _drain_done(self) -> None:
+        while self.done:
+            conn, seq, result = self.done.popleft()
+            self._complete(conn, seq, result)
+
+    def _complete(self, conn: _Conn, seq: int, result: Union[dict, LongPoll, _Reject]) -> None:
+        if conn.closed:
+            return
+        if isinstance(result, _Reject):
+            self.reject(conn.peer, result.why)
+            self._close(conn)
+        elif isinstance(result, LongPoll):
+            self._start_poll(conn, seq, result)
+        elif isinstance(result, dict):
+            self._answer(conn, seq, result)
+        else:
+            self.reject(conn.peer, f"internal error: dispatch returned {type(result).__name__}")
+            self._close(conn)
+
+
+class EventLoop(Accepting, Dispatching, LongPolls):
     """The event loop of one control server (run in its own thread by :meth:`run`).
 
     Args:
@@ -184,106 +255,6 @@ class EventLoop:
         self._wake_r.close()
         self._wake_w.close()
 
-    # --------------------------------------------------------------- accepting
-    def _pause_accepting(self, seconds: float) -> None:
-        if not self.accept_paused_until:
-            self.sel.unregister(self.listener)
-        self.accept_paused_until = time.monotonic() + seconds
-
-    def _resume_accepting(self) -> None:
-        if self.accept_paused_until:
-            self.accept_paused_until = 0.0
-            if not self.closing and self.listener.fileno() >= 0:  # not while the loop shuts down
-                self.sel.register(self.listener, selectors.EVENT_READ, None)
-
-    def _make_room(self) -> bool:
-        """Evicts an unproven connection past its grace period when the unproven ones are
-        over their cap (a newcomer was just accepted and read); False (accepting paused)
-        when every one is still in its grace period: further newcomers wait in the kernel's
-        accept queue, a key holder's proof with them."""
-        if len(self.unproven) <= self.unproven.cap:
-            return True
-        now = time.monotonic()
-        victim = self.unproven.victim(now)
-        if victim is None:
-            self.flood.deferred += 1
-            self._pause_accepting(max(0.01, self.unproven.wait_s(now)))
-            return False
-        self.evicted += 1
-        self.flood.count("evicted", victim.peer.rsplit(":", 1)[0])
-        self.reject(victim.peer, f"evicted: it sent no proof of the cluster key in {self.unproven.age(victim, now):.1f} s "
-                                 f"while {len(self.unproven)} connections without one were open (the cap)")
-        self._close(victim)
-        return True
-
-    def _accept(self) -> None:
-        for _ in range(256):
-            try:
-                sock, addr = self.listener.accept()
-            except BlockingIOError:
-                return
-            except OSError as exc:
-                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    # Out of descriptors: stop accepting for a moment (else the listener
-                    # stays readable and the loop spins); clients retry their connects.
-                    log.warning("tfos control server cannot accept connections: %s (raise the open-files limit, "
-                                "ulimit -n)", exc)
-                    self._pause_accepting(0.5)
-                return
-            peer = f"{addr[0]}:{addr[1]}"
-            if len(self.conns) >= self.limits.max_connections:
-                self.refused += 1
-                self.flood.count("refused", addr[0])
-                self.reject(peer, f"too many connections (the cap is {self.limits.max_connections})")
-                sock.close()
-                continue
-            now = time.monotonic()
-            try:
-                sock.setblocking(False)
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                conn = _Conn(sock, peer, self.key, now)
-                self.conns[conn.fd] = conn
-                conn.mask = selectors.EVENT_READ
-                self.sel.register(sock, conn.mask, conn)
-            except Exception as exc:  # noqa: BLE001 - one connection's set-up failure closes it only
-                self.conns.pop(sock.fileno(), None)
-                self.reject(peer, f"internal error: {exc!r}")
-                sock.close()
-                continue
-            self.peak_connections = max(self.peak_connections, len(self.conns))
-            self.unproven.add(conn, addr[0], now)
-            self._readable(conn)  # its proof is often there already
-            if not self._make_room():
-                return
-
-    def _proof(self, conn: _Conn, data: bytes) -> bytes:
-        """Takes the first bytes of ``conn`` until they make a proof; returns the bytes
-        after it (for the frame reader). Closes ``conn`` on a wrong proof."""
-        assert conn.proof is not None
-        take = PROOF_BYTES - len(conn.proof)
-        conn.proof += data[:take]
-        if len(conn.proof) < PROOF_BYTES:
-            return b""
-        why = self.checker.check(bytes(conn.proof))
-        if why is not None:
-            self.flood.count("rejected", conn.peer.rsplit(":", 1)[0])
-            self.reject(conn.peer, why)
-            try:
-                conn.sock.send(REFUSED)  # the client says so at once (a key holder with another key)
-            except OSError:
-                pass
-            self._close(conn)
-            return b""
-        conn.proof = None
-        self.unproven.remove(conn)
-        if self.accept_paused_until and not self.unproven.full():
-            self._resume_accepting()
-        self.pending[conn] = time.monotonic()
-        conn.out += conn.session.hello(self.key)
-        self.frames_out += 1
-        self._flush(conn)
-        return data[take:]
-
     # ----------------------------------------------------------------- reading
     def _readable(self, conn: _Conn) -> None:
         if conn.closed:
@@ -340,134 +311,6 @@ class EventLoop:
             conn.frame_since = None
             self.partial.discard(conn)
         self._interest(conn)
-
-    def _request(self, conn: _Conn, body: dict) -> None:
-        try:
-            seq = conn.session.accept(body)
-        except ControlProtocolError as exc:
-            self.reject(conn.peer, str(exc))
-            self._close(conn)
-            return
-        if seq == 1:
-            self.pending.pop(conn, None)
-            conn.reader.max_bytes = _wire.MAX_CONTROL_FRAME_BYTES
-        conn.frame_since = None
-        self.partial.discard(conn)
-        self.frames_in += 1
-        conn.inflight += 1
-        if body.get("type") == "hi":  # a client's small first frame (see MAX_FIRST_FRAME_BYTES)
-            self._answer(conn, seq, {"type": "hi"})
-            return
-        try:
-            call = self.prepare(body, conn.peer)
-        except ControlProtocolError as exc:
-            self.reject(conn.peer, str(exc))
-            self._close(conn)
-            return
-        except Exception as exc:  # noqa: BLE001 - a malformed message from a key holder
-            self.reject(conn.peer, _malformed(body, exc))
-            self._close(conn)
-            return
-        if call.offload:
-            try:
-                self.pool.submit(self._pooled, conn, seq, call, body)
-            except RuntimeError:
-                if self.closing:  # the pool is shut down: the server is closing
-                    self._close(conn)
-                    return
-                # The interpreter is exiting (concurrent.futures refuses new work once the
-                # main thread ended): the teardown at exit still waits for the nodes' exit
-                # reports, so this one is served in a thread of its own.
-                threading.Thread(target=self._pooled, args=(conn, seq, call, body), name="tfos-control-handler-exit",
-                                 daemon=True).start()
-            return
-        self._complete(conn, seq, _run_call(call, body))
-
-    def _pooled(self, conn: _Conn, seq: int, call: Call, body: dict) -> None:
-        self.done.append((conn, seq, _run_call(call, body)))
-        self.wake()
-
-    def _drain_done(self) -> None:
-        while self.done:
-            conn, seq, result = self.done.popleft()
-            self._complete(conn, seq, result)
-
-    def _complete(self, conn: _Conn, seq: int, result: Union[dict, LongPoll, _Reject]) -> None:
-        if conn.closed:
-            return
-        if isinstance(result, _Reject):
-            self.reject(conn.peer, result.why)
-            self._close(conn)
-        elif isinstance(result, LongPoll):
-            self._start_poll(conn, seq, result)
-        elif isinstance(result, dict):
-            self._answer(conn, seq, result)
-        else:
-            self.reject(conn.peer, f"internal error: dispatch returned {type(result).__name__}")
-            self._close(conn)
-
-    # -------------------------------------------------------------- long-polls
-    def _start_poll(self, conn: _Conn, seq: int, lp: LongPoll) -> None:
-        poll = _Poll(conn, seq, lp)
-        for topic in lp.topics:  # subscribed before the first check: no change is missed
-            self.topics.setdefault(topic, set()).add(poll)
-        conn.polls.add(poll)
-        if not self._check(poll):
-            heapq.heappush(self.poll_heap, (time.monotonic() + max(0.0, lp.timeout_s), next(self._poll_ids), poll))
-
-    def _check(self, poll: _Poll) -> bool:
-        """Answers ``poll`` when it is ready; True once it is answered (or failed)."""
-        try:
-            reply = poll.lp.ready()
-        except Exception as exc:  # noqa: BLE001 - a bug in one poll closes its connection only
-            self._end_poll(poll)
-            self.reject(poll.conn.peer, f"internal error in a long-poll: {exc!r}")
-            self._close(poll.conn)
-            return True
-        if reply is None:
-            return False
-        self._end_poll(poll)
-        self._answer(poll.conn, poll.seq, reply)
-        return True
-
-    def _end_poll(self, poll: _Poll) -> None:
-        poll.done = True
-        poll.conn.polls.discard(poll)
-        for topic in poll.lp.topics:
-            polls = self.topics.get(topic)
-            if polls is not None:
-                polls.discard(poll)
-                if not polls:
-                    del self.topics[topic]
-
-    def _recheck(self) -> None:
-        if not self.dirty:
-            return
-        with self._lock:
-            dirty, self.dirty = self.dirty, set()
-        seen: set[_Poll] = set()
-        for topic in dirty:
-            for poll in list(self.topics.get(topic, ())):
-                if poll not in seen and not poll.done:
-                    seen.add(poll)
-                    self._check(poll)
-
-    def _expire(self, now: float) -> None:
-        heap = self.poll_heap
-        while heap and heap[0][0] <= now:
-            _, _, poll = heapq.heappop(heap)
-            if poll.done:
-                continue
-            if self._check(poll):
-                continue
-            self._end_poll(poll)
-            try:
-                reply = poll.lp.expire()
-            except Exception as exc:  # noqa: BLE001 - a bug in one poll closes its connection only
-                self.reject(poll.conn.peer, f"internal error in a long-poll: {exc!r}")
-                self._close(poll.conn)
-                continue
-            self._answer(poll.conn, poll.seq, reply)
 
     # ----------------------------------------------------------------- writing
     def _answer(self, conn: _Conn, seq: int, reply: dict) -> None:

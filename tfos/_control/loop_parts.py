@@ -4,11 +4,18 @@ See :mod:`tfos._control.loop`."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import itertools
+import selectors
 import socket
-from typing import Any, Optional
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Hashable, Optional, Union
 
 from tfos._common import wire as _wire
+from tfos._common.admission import Admission, FloodStats, ProofChecker
+from tfos._control.limits import ControlLimits
 from tfos._control.protocol import Call, FrameReader, LongPoll, ServerSession
 from tfos.errors import ControlProtocolError
 
@@ -87,3 +94,61 @@ def _run_call(call: Call, body: dict) -> Any:
         return _Reject(str(exc))
     except Exception as exc:  # noqa: BLE001 - a malformed message from a key holder
         return _Reject(_malformed(body, exc))
+
+
+class LoopState:
+    """What the event loop's parts share (:class:`tfos._control.loop.EventLoop` sets it all
+    in its ``__init__``): the attributes and the methods one part calls in another."""
+
+    key: bytes
+    limits: ControlLimits
+    listener: socket.socket
+    sel: selectors.BaseSelector
+    prepare: Callable[[dict, str], Call]
+    conns: dict[int, _Conn]
+    unproven: Admission
+    checker: ProofChecker
+    flood: FloodStats
+    pending: dict[_Conn, float]
+    partial: set[_Conn]
+    topics: dict[Hashable, set[_Poll]]
+    poll_heap: list[tuple[float, int, _Poll]]
+    _poll_ids: itertools.count
+    dirty: set[Hashable]
+    done: collections.deque
+    pool: ThreadPoolExecutor
+    closing: bool
+    accept_paused_until: float
+    _lock: threading.Lock
+    refused: int
+    evicted: int
+    frames_in: int
+    frames_out: int
+    peak_connections: int
+
+    def wake(self) -> None:
+        raise NotImplementedError
+
+    def reject(self, peer: str, why: str) -> None:
+        raise NotImplementedError
+
+    def _readable(self, conn: _Conn) -> None:
+        raise NotImplementedError
+
+    def _flush(self, conn: _Conn) -> None:
+        raise NotImplementedError
+
+    def _close(self, conn: _Conn) -> None:
+        raise NotImplementedError
+
+    def _answer(self, conn: _Conn, seq: int, reply: dict) -> None:
+        raise NotImplementedError
+
+    def _start_poll(self, conn: _Conn, seq: int, lp: LongPoll) -> None:
+        raise NotImplementedError
+
+    def _resume_accepting(self) -> None:
+        raise NotImplementedError
+
+    def _complete(self, conn: _Conn, seq: int, result: Union[dict, LongPoll, _Reject]) -> None:
+        raise NotImplementedError

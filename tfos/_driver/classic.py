@@ -30,11 +30,11 @@ from tfos._driver.backend import AttemptReport, ClusterPlan, InferenceCall, Trai
 from tfos._driver.runtime import ClusterRuntime, JobThread, Progress, spark_error_text
 from tfos._driver.spark_checks import busy_slots_report, check_spark, live_executors
 from tfos._driver.tb_scalars import scalar_writer
+from tfos._node.context import normalize_default_fs
 from tfos._node.launch import ClusterConfig
 from tfos._node.start_task import launch_local_node, make_start_task
 from tfos.cluster_template import InputMode, NodeInfo, format_template
 from tfos.errors import ClusterFailedError, ConfigurationError, DeadlineExceededError, ReservationTimeoutError
-from tfos.node_context import normalize_default_fs
 
 __all__ = ["ClassicLauncher", "ClassicBackend"]
 

@@ -19,7 +19,7 @@ from tfos._common.deadline import Deadline
 from tfos._control.limits import heartbeat_interval_s
 from tfos._data.feed_plan import FEED_TIMEOUT_S, check_feed_timeout
 from tfos._driver import remedies
-from tfos._driver import stream_feeds as _streaming
+from tfos._driver import streaming as _streaming
 from tfos._driver.backend import ClusterPlan, InferenceCall, Launcher, TrainCall
 from tfos._driver.cluster_status import StatusMethods
 from tfos._driver.lifecycle import Controller, Lifecycle
@@ -403,6 +403,33 @@ def _check_seconds(name: str, value: Any, allow_zero: bool = False) -> None:
         raise ConfigurationError(f"{name} must be a finite number of seconds {'>= 0' if allow_zero else '> 0'}, got {value!r}")
 
 
+
+def _check_master(sc: Any) -> None:
+    """Raises ConfigurationError for a master URL Spark cannot parse (a Spark Connect
+    session is skipped: its server's master is its own)."""
+    from tfos._driver.connect_backend import is_connect_session
+
+    if is_connect_session(sc):
+        return
+    master = getattr(sc, "master", None)
+    if master is None and hasattr(sc, "sparkContext"):
+        master = sc.sparkContext.master
+    if master is not None:
+        remedies.check_master_url(master)
+
+
+def _launcher(sc: Any, plan: ClusterPlan) -> Launcher:
+    """The launcher of ``plan``'s attempts: Spark Connect (docs/connect.md) or classic."""
+    from tfos._driver.connect_backend import is_connect_session
+
+    if is_connect_session(sc):
+        from tfos._driver.connect_backend import ConnectLauncher
+
+        return ConnectLauncher(sc, plan)
+    from tfos._driver.classic import ClassicLauncher
+
+    return ClassicLauncher(sc, plan)
+
 def run(
     sc: Any,
     map_fun: Callable[[Any, Any], Any],
@@ -431,91 +458,52 @@ def run(
 ) -> TFCluster:
     """Starts a TensorFlow cluster on Spark executors and runs ``map_fun`` on every node (driver).
 
-    Reserves one executor per node (a barrier stage, so all nodes are gang-scheduled),
-    gives each a role from the template (ps, then ``master_node``, then the evaluator,
-    then workers), sets ``TF_CONFIG`` and calls ``map_fun(tf_args, ctx)`` in a TF process on
-    each node. Returns once every node has registered; training then proceeds in the
-    background until :meth:`TFCluster.shutdown`.
+    Reserves one executor per node (a barrier stage: all nodes are gang-scheduled), gives
+    each a role (ps, then ``master_node``, then the evaluator, then workers), sets
+    ``TF_CONFIG`` and calls ``map_fun(tf_args, ctx)`` in a TF process on each node. Returns
+    once every node has registered; training goes on in the background until
+    :meth:`TFCluster.shutdown`. Every argument is explained at length in docs/api.md
+    ("TFCluster.run").
 
     Args:
-        sc: The SparkContext, or a Spark Connect ``SparkSession`` (then the cluster is fed
-            with DataFrames and its control plane runs on an executor host; see
-            docs/connect.md).
-        map_fun: ``main_fun(args, ctx)``, run on every node (must be picklable by cloudpickle).
-        tf_args: Passed to ``map_fun`` unchanged: an argparse Namespace, a dict or argv list.
+        sc: The SparkContext, or a Spark Connect ``SparkSession`` (docs/connect.md).
+        map_fun: ``main_fun(args, ctx)``, run on every node (picklable by cloudpickle).
+        tf_args: Passed to ``map_fun`` unchanged (argparse Namespace, dict or argv list).
         num_executors: Number of nodes (ps included).
         num_ps: Number of parameter-server nodes.
         tensorboard: Start TensorBoard on the chief (or worker 0).
         input_mode: :class:`InputMode`.TENSORFLOW or .SPARK.
         log_dir: TensorBoard log directory.
-        driver_ps_nodes: Run the ps nodes as processes on the driver host instead of
-            executors (then only ``num_executors - num_ps`` executors are needed; not
-            under Spark Connect).
+        driver_ps_nodes: Run the ps nodes as processes on the driver host (not under Connect).
         master_node: None, 'chief' or 'master': the job name of the first non-ps node.
         reservation_timeout: Seconds to wait for every node to register.
         queues: Queue names of fed nodes (InputMode.SPARK).
         eval_node: Make one node an 'evaluator'.
-        release_port: Release each node's held TF port before ``map_fun`` (set False and
-            call ``ctx.release_port()`` yourself, or use ``ctx.start_cluster_server``).
+        release_port: Release each node's held TF port before ``map_fun``.
         heartbeat_timeout: Seconds of silence after which a node is declared lost.
-        forward_logs: Whose stdout/stderr lines are shown on the driver's stderr, each
-            prefixed with its node (``[worker:0] ``): 'all' (default), 'chief' (or worker 0)
-            or 'none'. Attach a handler to the 'tfos.node' logger to get them as log
-            records instead. (Under Spark Connect they go to the control host's log.)
-        progress: Show a progress line on the driver during train()/inference()
-            (also off with ``TFOS_PROGRESS=0``; not under Spark Connect). Spark's own
-            console progress bar is off while the cluster is open either way (docs/api.md
-            "Node output").
+        forward_logs: Whose stdout/stderr lines reach the driver's stderr: 'all', 'chief', 'none'.
+        progress: Show a progress line during train()/inference() (``TFOS_PROGRESS=0``: off).
         queue_chunks: Bound of each node's input queue, in chunks.
-        executor_wait_s: Longest wait for Spark executors to register before launching.
-        handle_sigterm: Let a SIGTERM to the driver tear the cluster down as Ctrl-C does,
-            then exit (status 143) with a logged message. tfos installs its handler only
-            from the main thread and only while SIGTERM has its default disposition (a
-            handler of yours, or of your framework, is never replaced), and removes it
-            when the last cluster is shut down. Without it, SIGTERM kills the driver
-            outright and the nodes end themselves ``heartbeat_timeout`` later.
-        max_restarts: Restarts allowed after a node failure (exception in ``main_fun``,
-            a TF process killed, an executor or host lost). 0 (default): none, the failure
-            is raised. N > 0: the cluster is torn down and a fresh one started (a new
-            barrier stage on whatever executors Spark offers; ``ctx.attempt`` tells
-            ``main_fun`` to restore its checkpoint) up to N times, each failed attempt
-            logged as a WARNING with its root causes; then a ``RecoveryFailedError`` lists
-            every attempt's. A failure no restart can fix stops early (a
-            ``ConfigurationError``, or the same exception again at the first step; see
-            docs/reliability.md "Recovery"). InputMode.TENSORFLOW: transparent,
-            ``shutdown()`` returns when the last attempt finished. InputMode.SPARK:
-            ``train()`` resumes the feed at the first epoch not consumed in full (rows
-            can be fed twice, none is lost); ``inference()`` re-runs only the partitions
-            whose results were not returned (under Spark Connect: all of them).
-        stall_timeout: Seconds a chief/master/worker node may make no progress (no row
-            taken, no Keras step, no CPU, main_fun outside the feed) before the driver
-            logs one WARNING naming it, what it last did, every thread's stack of its TF
-            process and the nodes waiting on it (docs/status.md "Where is it stuck?").
-            0: off. Default 600.
-        stall_action: 'warn' (default): only that WARNING. 'fail': the cluster fails
-            instead, and ``train()``/``shutdown()`` raise a ``ClusterFailedError`` with
-            the same text (a restart follows when ``max_restarts`` allows one).
+        executor_wait_s: Longest wait, in seconds, for Spark executors to register.
+        handle_sigterm: A SIGTERM to the driver tears the cluster down as Ctrl-C does, then
+            exits with status 143 (installed only over SIGTERM's default disposition).
+        max_restarts: Restarts allowed after a node failure (0: the failure is raised);
+            docs/reliability.md "Recovery".
+        stall_timeout: Seconds a chief/master/worker may make no progress before one WARNING
+            naming it (0: off); docs/status.md "Where is it stuck?".
+        stall_action: 'warn' (only the WARNING) or 'fail' (the cluster fails with that text).
 
     Returns:
         The running :class:`TFCluster`.
 
     Raises:
-        ConfigurationError: A master URL Spark cannot parse (checked first; the message names
-            it and lists the forms Spark accepts), bad arguments or Spark configuration (dynamic allocation, more
-            than one task slot per executor, too few executors or slots; see
-            docs/deploy.md), before anything is launched.
+        ConfigurationError: A master URL Spark cannot parse, bad arguments or Spark
+            configuration (docs/deploy.md), before anything is launched.
         ReservationTimeoutError: Not every node registered within ``reservation_timeout``.
         ClusterFailedError: A node failed while the cluster was forming
             (``RecoveryFailedError`` with ``max_restarts`` when no attempt formed).
     """
-    from tfos._driver.connect_backend import is_connect_session
-
-    if not is_connect_session(sc):  # before anything else (a Connect server's master is its own)
-        master = getattr(sc, "master", None)
-        if master is None and hasattr(sc, "sparkContext"):
-            master = sc.sparkContext.master
-        if master is not None:
-            remedies.check_master_url(master)
+    _check_master(sc)  # before anything else
     _check_seconds("reservation_timeout", reservation_timeout)
     _check_seconds("heartbeat_timeout", heartbeat_timeout)
     _check_seconds("executor_wait_s", executor_wait_s, allow_zero=True)
@@ -535,16 +523,7 @@ def run(
             queue_chunks=queue_chunks, tensorboard=bool(tensorboard), log_dir=log_dir, forward_logs=forward_logs,
         ),
     )
-    launcher: Launcher
-    if is_connect_session(sc):  # Spark Connect client: docs/connect.md
-        from tfos._driver.connect_backend import ConnectLauncher
-
-        launcher = ConnectLauncher(sc, plan)
-    else:
-        from tfos._driver.classic import ClassicLauncher
-
-        launcher = ClassicLauncher(sc, plan)
-    controller = Controller(launcher, max_restarts, handle_sigterm)
+    controller = Controller(_launcher(sc, plan), max_restarts, handle_sigterm)
     controller.start()
     return TFCluster(controller)
 

@@ -54,10 +54,10 @@ from tfos._driver.connect_start import (
     client_timeout_from_env,
 )
 from tfos._driver.spark_checks import warn_key_transport
+from tfos._node.context import normalize_default_fs
 from tfos._node.launch import ClusterConfig
 from tfos.cluster_template import NodeInfo
 from tfos.errors import ClusterFailedError, ConfigurationError, NodeFailure, ReservationTimeoutError, TFOSError
-from tfos.node_context import normalize_default_fs
 
 __all__ = ["ConnectLauncher", "ConnectBackend", "is_connect_session", "DEFAULT_CLIENT_TIMEOUT_S"]
 

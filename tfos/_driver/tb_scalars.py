@@ -45,7 +45,7 @@ def scalar_dir(log_dir: Optional[str], default_fs: str, driver_working_dir: str)
     Returns:
         The directory, or None when it is not on a local file system.
     """
-    from tfos.node_context import absolute_path
+    from tfos._node.context import absolute_path
 
     path = absolute_path(log_dir, default_fs, driver_working_dir) if log_dir else os.path.join(driver_working_dir, "tensorboard_tfos")
     if path.startswith("file://"):

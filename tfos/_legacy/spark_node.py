@@ -27,8 +27,8 @@ from typing import Any, Callable, Dict, Iterable, List, Optional
 
 from tfos import gpu_info, util
 from tfos._legacy import manager, reservation
+from tfos._node.context import TFNodeContext
 from tfos.errors import TFOSError
-from tfos.node_context import TFNodeContext
 
 __all__ = ["TFNodeContext", "TFSparkNode", "run"]
 

@@ -15,9 +15,9 @@ from typing import Optional
 from tfos._common.deadline import Deadline
 from tfos._control import messages as _msg
 from tfos._control.client import ControlClient
+from tfos._node.context import TFNodeContext, absolute_path
 from tfos._node.launch import NodeLaunch
 from tfos.errors import ControlProtocolError, DeadlineExceededError
-from tfos.node_context import TFNodeContext, absolute_path
 
 __all__ = ["start_tensorboard"]
 

@@ -37,6 +37,7 @@ from tfos._data.feed_hub import FeedHub
 from tfos._data.figures import live_snapshot, report_now
 from tfos._node import fed_shard, keras3_fix, ps_serving
 from tfos._node import task_world as _task_world
+from tfos._node.context import TFNodeContext
 from tfos._node.launch import NodeLaunch
 from tfos._node.node_failure import after_abort, node_failure
 from tfos._node.output import OUTPUT_MARK_ENV, std_fds_identity, write_failure_marks, write_finished_marks
@@ -47,7 +48,6 @@ from tfos._node.tensorboard import start_tensorboard
 from tfos._node.tf_noise import TF_LOG_LEVEL_DEFAULT
 from tfos.cluster_template import InputMode, NodeInfo, tf_config_json
 from tfos.errors import ControlProtocolError, DeadlineExceededError, NodeFailure, ReservationTimeoutError
-from tfos.node_context import TFNodeContext
 
 # Run as ``python -m``: __name__ is "__main__" there, outside the 'tfos' logger and its
 # handler (its records went to stderr bare, its INFO lines nowhere); __spec__ has the real name.
@@ -81,8 +81,8 @@ def reserve_port(host: str = "") -> socket.socket:
 
 def _tf_server_started() -> bool:
     """Whether main_fun started a TF server with ``start_cluster_server`` (TF process); only
-    asked when tfos.tf_server was imported, so nodes that never use it import nothing."""
-    mod = sys.modules.get("tfos.tf_server")
+    asked when tfos._node.server was imported, so nodes that never use it import nothing."""
+    mod = sys.modules.get("tfos._node.server")
     return bool(mod is not None and mod.server_started())
 
 

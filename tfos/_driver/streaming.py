@@ -1,4 +1,6 @@
-"""Streaming feeds of a :class:`~tfos._driver.cluster.TFCluster` (driver only).
+"""Streaming feeds of a :class:`~tfos._driver.cluster.TFCluster` (driver only): the
+implementation; the public, TFoS-compatible module :mod:`tfos.streaming` is the user-facing
+API over it (Structured Streaming inference, the stop command) and re-exports its entry points.
 
 Two Spark streaming APIs feed the same data plane as ``train()``/``inference()``:
 
