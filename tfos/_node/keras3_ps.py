@@ -24,6 +24,11 @@ What this module changes, only when the model's strategy is a ``ParameterServerS
   itself, reading the variables from the ps tasks: TensorFlow's "inline, direct"
   evaluation, exact (every batch once). A sidecar evaluator needs nothing from here.
 * the model is built from the dataset's element spec (Keras would draw a batch).
+* InputMode.SPARK: ``DataFeed.as_dataset`` in the dataset function reads the feed of the
+  worker that runs each step (:mod:`tfos._data.worker_feeds`, :mod:`tfos._node.ps_feed`); the
+  first worker whose dataset ends ends the fit, and every worker's feed is ended when it returns.
+* variables on ps tasks (sharded gradients and updates, atomic ``assign_add``):
+  :mod:`tfos._node.keras3_ps_vars`.
 
 How it is applied: :func:`tfos._node.keras3_fix.apply` calls :func:`apply` when Keras 3's
 trainer is imported in a tfos TF process, with the same version guard (a WARNING for an
