@@ -278,7 +278,7 @@ def _server(plane: str):
         pass
 
     def close() -> None:
-        hub.close("finished", "bench over")
+        hub.close("main_fun_returned", "bench over")
 
     return "127.0.0.1", hub.port, cap, lambda i, b: _try_data(hub, i, b), close, lambda: {"rejected": hub.rejected}
 

@@ -607,9 +607,9 @@ def run_cluster(workers: Workers, n: int, timeout_s: float, steady_s: float, kin
                          hb_interval_s=out["hb_interval_s"], poll_s=out["poll_s"], tf_startup_s=tf_startup_s, status=STATUS)
         outcome = ""
         deadline = Deadline(300.0, f"{n} simulated nodes to register")
-        while outcome not in ("registered", "failed", "expired"):
+        while outcome not in ("all_registered", "cluster_failed", "expired"):
             outcome = host.wait_until_registered(deadline, lambda: False)
-        if outcome != "registered":
+        if outcome != "all_registered":
             raise TFOSError(f"the simulated cluster did not form: {outcome}; missing {state.missing()[:10]}")
         out["registered_s"] = time.monotonic() - t0
         if STATUS:

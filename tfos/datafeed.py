@@ -30,7 +30,7 @@ from ._data.feed_connection import END_OF_FEED, Chunk, FeedConnection, Partition
 from ._data.feed_datasets import FeedDatasets
 from ._data.feed_hub import FeedHub
 from ._data.figures import FIGURES
-from ._data.framing import FrameType, decode_chunk
+from ._data.framing import FeedState, FrameType, decode_chunk
 from ._data.input_mapping import InputMapping, row_names
 from ._data.results import result_frames, result_items
 from ._data.row_count import ROWS
@@ -363,7 +363,7 @@ class DataFeed(FeedDatasets):
                 f"(partition {origin[1]}, rows {origin[3]}-{origin[3] + n - 1}); main_fun must return exactly "
                 "one result per input row"
             )
-            self._hub.finish_connection(conn, FrameType.ERROR, {"state": "failed", "message": msg})
+            self._hub.finish_connection(conn, FrameType.ERROR, {"state": FeedState.MAIN_FUN_FAILED, "message": msg})
             raise InferenceResultError(msg)
         conn.pending -= 1
         for frame in result_frames(items):

@@ -681,10 +681,10 @@ def test_wait_until_registered_answers_each_outcome():
     st = _state()
     dl = Deadline(5.0, "registration")
     assert st.wait_until_registered(dl, lambda: False, tick_s=0.05) == "tick"
-    assert st.wait_until_registered(dl, lambda: True, tick_s=0.05) == "stopped"
+    assert st.wait_until_registered(dl, lambda: True, tick_s=0.05) == "stop_asked"
     threading.Timer(0.1, lambda: _register_all(st)).start()
     t0 = time.monotonic()
-    assert st.wait_until_registered(dl, lambda: False, tick_s=5.0) == "registered"
+    assert st.wait_until_registered(dl, lambda: False, tick_s=5.0) == "all_registered"
     assert time.monotonic() - t0 < 4.0  # woken by the registration, not by the tick
     assert ClusterHost(CID, st.core.roles, 15.0).wait_until_registered(Deadline(0.0, "x"), lambda: False) == "expired"
 

@@ -129,12 +129,12 @@ def test_control_host_registry_failures_and_teardown():
     key = host.launch.key
     try:
         c = ControlClient("127.0.0.1", host.server.port, key, "c1", connect_timeout_s=5.0)
-        st = _send(c, "client_wait", until="registered", poll_s=0.2)
+        st = _send(c, "client_wait", until="all_registered", poll_s=0.2)
         assert st["done"] is False and st["missing"] == [0, 1]
         for eid in (0, 1):
             node = NodeInfo(eid, "worker", eid, "127.0.0.1", 4000 + eid, 5000 + eid, 100 + eid, f"h/{eid}")
             assert _send(c, "register", node=node.to_dict())["ok"]
-        st = _send(c, "client_wait", until="registered", poll_s=0.2)
+        st = _send(c, "client_wait", until="all_registered", poll_s=0.2)
         assert st["done"] is True and [n["executor_id"] for n in st["nodes"]] == [0, 1]
         # A node failure aborts the cluster; the client gets it with its traceback.
         _send(c, "status", executor_id=1, state="failed", failure=_failure(1).to_dict())

@@ -67,7 +67,7 @@ def _evil_pickle(path: str) -> bytes:
 def hub():
     h = FeedHub("127.0.0.1", KEY, ("input",), 8, "worker:0 (executor 0, test)")
     yield h
-    h.close("finished", "test over")
+    h.close("main_fun_returned", "test over")
 
 
 def _header(**over) -> dict:
@@ -329,7 +329,7 @@ def test_partition_already_delivered_for_the_feed_is_refused(hub):
     s.close()
     # Spark re-runs the task (stage resubmission: attempt 0 again): same feed, same index.
     s2, _, status2 = _open_partition(hub, index=7)
-    assert status2["state"] == "error"
+    assert status2["state"] == "refused"
     assert "already received partition index 7 of this feed" in status2["message"]
     assert "worker:0 (executor 0, test)" in status2["message"]
     s2.close()
@@ -389,7 +389,7 @@ def test_unauthenticated_flood_costs_no_thread_and_never_evicts_a_key_holder(mon
         for f in flood:
             f.close()
     finally:
-        h.close("finished", "test over")
+        h.close("main_fun_returned", "test over")
 
 
 def test_authenticated_connection_cap(hub, monkeypatch):
@@ -406,7 +406,7 @@ def test_authenticated_connection_cap(hub, monkeypatch):
 
 def test_hub_close_ends_accept_loop_and_pending(hub):
     idle = socket.create_connection(("127.0.0.1", hub.port), timeout=20)
-    hub.close("finished", "done")
+    hub.close("main_fun_returned", "done")
     assert _closed(idle)  # the pending handshake is ended, not left to its timeout
     hub.gate.thread.join(10)
     assert not hub.gate.thread.is_alive()

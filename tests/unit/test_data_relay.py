@@ -28,7 +28,7 @@ from tfos._common.deadline import Deadline
 from tfos._data.feed_hub import FeedHub
 from tfos._data.feed_link import Link as _Link
 from tfos._data.feed_plan import FeedPlan
-from tfos._data.framing import FrameType, recv_json, send_frame, send_json
+from tfos._data.framing import FeedState, FrameType, recv_json, send_frame, send_json
 from tfos.cluster_template import NodeInfo
 from tfos.datafeed import DataFeed
 
@@ -46,7 +46,7 @@ def live_node():
     node = NodeInfo(1, "worker", 1, "127.0.0.1", 2223, hub.port, os.getpid(), "h/2", hub.path)
     hub.identity = _wire.node_identity(node)
     yield hub, node
-    hub.close("finished", "test over")
+    hub.close(FeedState.MAIN_FUN_RETURNED, "test over")
 
 
 @pytest.fixture

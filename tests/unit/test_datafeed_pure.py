@@ -359,7 +359,7 @@ def test_inference_wrong_result_count(hub):
     assert "batch_results() got 2 results for a batch of 3 rows (partition 4, rows 0-2)" in msg
     ftype, info = a.frame()
     assert ftype is FrameType.ERROR
-    assert info["state"] == "failed" and info["message"] == msg
+    assert info["state"] == "main_fun_failed" and info["message"] == msg
 
 
 def test_abort_cuts_the_feed_off_and_is_never_an_end_of_feed(hub):

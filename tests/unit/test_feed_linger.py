@@ -19,7 +19,7 @@ from tfos._data.feed_hub import FeedHub
 from tfos._data.feed_link import Link as _Link
 from tfos._data.feed_plan import FeedPlan
 from tfos._data.feed_tasks import _Packing, _stream
-from tfos._data.framing import ChunkKind, FrameType
+from tfos._data.framing import ChunkKind, FeedState, FrameType
 from tfos._data.outbox import LINGER_ENV, InputFailed, Outbox, feed_linger_s
 from tfos.cluster_template import NodeInfo
 from tfos.datafeed import DataFeed
@@ -165,7 +165,7 @@ def test_a_slow_producers_rows_reach_main_fun_within_the_linger_time(kind):
         task.join(30)
     finally:
         link.close()
-        hub.close("finished", "test over")
+        hub.close(FeedState.MAIN_FUN_RETURNED, "test over")
     assert "error" not in result, result
     assert result == {"state": "sent", "answer": FrameType.ACK}
     assert got == [(i, f"row-{i}") for i in range(40)]
@@ -202,4 +202,4 @@ def test_an_input_that_raises_sends_no_end_marker():
         assert hub.queues["input"].empty()  # no PartitionEnd: the broken connection ends nothing
     finally:
         link.close()
-        hub.close("finished", "test over")
+        hub.close(FeedState.MAIN_FUN_RETURNED, "test over")

@@ -31,7 +31,7 @@ FEED_TIMEOUT_S = 1.0
 def hub():
     h = FeedHub("127.0.0.1", KEY, ("input",), 4, "worker:0 (executor 0, test)")
     yield h
-    h.close("finished", "test over")
+    h.close("main_fun_returned", "test over")
 
 
 def _link(hub: FeedHub) -> _Link:

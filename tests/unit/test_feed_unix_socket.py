@@ -30,7 +30,7 @@ OTHER_KEY = _wire.new_key()
 def hub():
     h = FeedHub("127.0.0.1", KEY, ("input",), 8, "worker:0 (executor 0, test)")
     yield h
-    h.close("finished", "test over")
+    h.close("main_fun_returned", "test over")
 
 
 def _node(hub: FeedHub, path: str | None = None) -> NodeInfo:
@@ -58,7 +58,7 @@ def test_hub_listens_in_a_private_directory_and_removes_it(hub):
     st = os.stat(os.path.dirname(hub.path))
     assert stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == os.getuid()
     assert stat.S_ISSOCK(os.stat(hub.path).st_mode)
-    hub.close("finished", "done")
+    hub.close("main_fun_returned", "done")
     assert not os.path.exists(os.path.dirname(hub.path))
 
 

@@ -211,7 +211,7 @@ def test_lines_that_only_look_like_markers_reach_the_executor_log_unchanged(tmp_
     client = _Client()
     out = NodeOutput(client, 5, tee=True)
     data = (b"\x1etfos-failure deadbeef {}\r\n\xff\xfe junk \x1etfos-x\r\n"
-            + b"y" * (output._LONG_LINE_BYTES - 100) + b"\x1etfos-finished 0000 {}" + b"z" * 300 + b"\nend\n")
+            + b"y" * (output._LONG_LINE_BYTES - 100) + b"\x1etfos-returned 0000 {}" + b"z" * 300 + b"\nend\n")
     log_path = tmp_path / "executor.log"
     with open(log_path, "wb") as log:
         _read_through(out, [data], log.fileno(), which=2)

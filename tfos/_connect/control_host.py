@@ -166,22 +166,22 @@ class ControlHost:
 
     def _condition(self, until: str) -> bool:
         core = self.host.core
-        if until == "registered":
+        if until == _msg.WaitUntil.ALL_REGISTERED:
             return core.all_registered()
-        if until == "workers_done":
+        if until == _msg.WaitUntil.WORKERS_DONE:
             return core.workers_done()
-        if until == "exited":
+        if until == _msg.WaitUntil.ALL_EXITED:
             return core.all_exited()
-        if until == "failed":
+        if until == _msg.WaitUntil.CLUSTER_FAILED:
             return core.failed
-        if until == "tensorboard":
+        if until == _msg.WaitUntil.TENSORBOARD:
             return core.tensorboard_url is not None or bool(core.tensorboard_error)
-        if until == "now":
+        if until == _msg.WaitUntil.NOW:
             return True
         raise ValueError(f"unknown wait condition {until!r}")
 
     def _client_wait_poll(self, until: str, poll_s: float) -> LongPoll:
-        """The deferred answer of a client wait: the status once ``until`` holds ("exited"
+        """The deferred answer of a client wait: the status once ``until`` holds (ALL_EXITED
         is awaited after a failure too; any other wait ends at a failure), else at the end
         of ``poll_s`` (at most :data:`MAX_POLL_S`).
 
@@ -191,7 +191,7 @@ class ControlHost:
         self._condition(until)
 
         def ready() -> Optional[dict]:
-            if self._condition(until) or (self.host.core.failed and until != "exited"):
+            if self._condition(until) or (self.host.core.failed and until != _msg.WaitUntil.ALL_EXITED):
                 return self.status(done=self._condition(until))
             return None
 

@@ -216,7 +216,7 @@ def make_start_fn(spec: StartSpec):
             )
             status: dict = {}
             while True:
-                status = client.call(_msg.ClientWait(until="registered", poll_s=2.0), timeout_s=30.0)
+                status = client.call(_msg.ClientWait(until=_msg.WaitUntil.ALL_REGISTERED, poll_s=2.0), timeout_s=30.0)
                 failures = [NodeFailure.from_dict(f) for f in status.get("failures", [])]
                 if failures:
                     _raise_failed(cfg.cluster_id, failures, "run()")
@@ -285,7 +285,7 @@ def _touch(plan: FeedPlan) -> None:
     """Tells the control host the client is still there (a feed can outlast its lease)."""
     client = ControlClient(plan.driver_host, plan.driver_port, plan.key, plan.cluster_id, connect_timeout_s=10.0)
     try:
-        client.call(_msg.ClientWait(until="now", poll_s=0.0), timeout_s=10.0)
+        client.call(_msg.ClientWait(until=_msg.WaitUntil.NOW, poll_s=0.0), timeout_s=10.0)
     except _REQ_ERRORS:
         pass
     finally:

@@ -15,6 +15,7 @@ variable (every change the core reports notifies it).
 
 from __future__ import annotations
 
+import enum
 import functools
 import json
 import logging
@@ -31,7 +32,7 @@ from tfos._control.registry import MAX_POLL_S
 from tfos.cluster_template import NodeRole
 from tfos.errors import ClusterFailedError, ControlProtocolError, DeadlineExceededError, NodeFailure
 
-__all__ = ["ClusterHost", "STOP_TIMEOUT_S", "ATTRIBUTION_S", "SETTLE_S", "LIVENESS_TICK_S"]
+__all__ = ["ClusterHost", "Registration", "STOP_TIMEOUT_S", "ATTRIBUTION_S", "SETTLE_S", "LIVENESS_TICK_S"]
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,18 @@ ATTRIBUTION_S = 5.0
 SETTLE_S = 0.2
 #: Seconds between two liveness checks.
 LIVENESS_TICK_S = 1.0
+
+
+
+class Registration(enum.StrEnum):
+    """How :meth:`ClusterHost.wait_until_registered` ended (a wait's outcome, not a node state)."""
+
+    ALL_REGISTERED = "all_registered"
+    CLUSTER_FAILED = "cluster_failed"
+    STOP_ASKED = "stop_asked"
+    EXPIRED = "expired"
+    TICK = "tick"
+
 
 #: Messages whose handling may block (their effects log, write the driver's stderr or
 #: cancel Spark jobs): served off the control server's event loop.
@@ -365,23 +378,24 @@ class ClusterHost:
         """Waits for every node to register (``run()``); ``stop_waiting()`` also ends it.
 
         Returns:
-            'registered', 'failed', 'stopped' (``stop_waiting()`` held), 'expired' or 'tick'
-            (``tick_s`` passed: the caller may report progress and call again).
+            A :class:`Registration`: ALL_REGISTERED, CLUSTER_FAILED, STOP_ASKED
+            (``stop_waiting()`` held), EXPIRED or TICK (``tick_s`` passed: the caller may
+            report progress and call again).
         """
         end = Deadline(min(tick_s, max(0.0, deadline.remaining())), "a registration tick")
         core = self.core
         with self._cond:
             while True:
                 if core.failures:
-                    return "failed"
+                    return Registration.CLUSTER_FAILED
                 if core.all_registered():
-                    return "registered"
+                    return Registration.ALL_REGISTERED
                 if stop_waiting():
-                    return "stopped"
+                    return Registration.STOP_ASKED
                 if deadline.expired():
-                    return "expired"
+                    return Registration.EXPIRED
                 if end.expired():
-                    return "tick"
+                    return Registration.TICK
                 self._cond.wait(end.slice(MAX_POLL_S))
 
     def returned_without_terminate(self, executor_ids: Sequence[int], qname: str, timeout_s: float) -> list[str]:

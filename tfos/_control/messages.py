@@ -53,6 +53,18 @@ class NodeState(enum.StrEnum):
     EXITED = "exited"
 
 
+class WaitUntil(enum.StrEnum):
+    """What a Spark Connect client's :class:`ClientWait` waits for (cluster conditions,
+    not node states)."""
+
+    NOW = "now"
+    ALL_REGISTERED = "all_registered"
+    WORKERS_DONE = "workers_done"
+    ALL_EXITED = "all_exited"
+    CLUSTER_FAILED = "cluster_failed"
+    TENSORBOARD = "tensorboard"
+
+
 #: States after which main_fun no longer runs on the node.
 TERMINAL_STATES = frozenset({NodeState.FINISHED, NodeState.FAILED, NodeState.STOPPED})
 
@@ -481,7 +493,7 @@ class EpochHandover(Message):
 @dataclasses.dataclass(frozen=True)
 class ClientWait(Message):
     """Optionally a control ``action`` first, then long-poll (up to ``poll_s``) until
-    ``until`` holds. Answer: the cluster status with ``done``."""
+    ``until`` (a :class:`WaitUntil`) holds. Answer: the cluster status with ``done``."""
 
     until: str = "now"
     poll_s: float = 10.0

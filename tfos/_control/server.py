@@ -1,43 +1,15 @@
 """The driver's control server (driver, or the control host under Spark Connect).
 
-One listener per cluster, bound to the driver host's address (never to every interface),
-served by one event-loop thread (:mod:`selectors`: epoll on Linux) whatever the number of
-nodes. Requests are authenticated frames (:mod:`tfos._common.wire`); the replay protection
-is :class:`tfos._control.protocol.ServerSession`: every connection starts with a MAC'd
-``hello`` carrying a fresh server nonce; every client frame must carry that nonce, the
-client's own nonce (``cn``, fixed for the connection) and the next sequence number, so
-replayed frames are refused; every answer carries both nonces and the sequence number it
-answers. A client may send its next requests before the answers came (one connection
-serves all the threads of a node process); answers may come in any order.
-
-How a request is served (see :class:`tfos._control.protocol.Call`):
-
-* most handlers only read or update the cluster state under its lock: they run on the
-  loop thread;
-* long-polls (``await_cluster``, ``wait_event``, ``node_stack``, a Connect client's
-  ``client_wait``) return a :class:`~tfos._control.protocol.LongPoll`: the answer is
-  deferred, not a blocked thread; the loop checks it again whenever the cluster state
-  changes on one of its topics, and answers it when its poll time ends;
-* handlers that may block (a failure report, on which the driver cancels Spark jobs; a
-  node's output lines written to the driver's stderr) run on a small bounded thread pool
-  (:attr:`ControlLimits.handler_threads`), so one slow handler never stalls the others.
-
-A client's first bytes prove it holds the cluster key
-(:func:`tfos._control.protocol.client_proof`); the server reads them before it sends its
-hello. Until then a connection costs one socket and at most 52 bytes of buffer: at most
-:attr:`ControlLimits.max_unauthenticated` such connections are kept (a newcomer evicts one
-past its grace period, :class:`tfos._common.admission.Admission`; while every one is in its
-grace period, newcomers wait in the kernel's accept queue), and at most
-:attr:`ControlLimits.max_connections` in all; both are derived from the number of nodes
-(:meth:`ControlLimits.for_nodes`). A proven connection is never evicted; its first frame is
-capped at :data:`tfos._common.wire.MAX_FIRST_FRAME_BYTES`. What a flood cost is in
-:meth:`ControlServer.flood_report`, which the driver's errors quote. An authenticated message that is
-malformed (missing or mistyped fields, NaN/Infinity) is a protocol error that closes that
-connection only.
-
-Hostile input (garbage, truncated frames, oversize length prefixes, wrong keys, replays,
-slow-loris peers) is rejected and logged without key material, and never affects the
-cluster: such connections are simply closed.
+One listener per cluster, bound to the driver host's address, served by one event-loop
+thread (:mod:`tfos._control.loop`) whatever the number of nodes. Every request is an
+authenticated frame (:mod:`tfos._common.wire`) on a connection whose first bytes proved the
+cluster key; :class:`tfos._control.protocol.ServerSession` refuses replays. Handlers run on
+the loop thread, as deferred answers (:class:`~tfos._control.protocol.LongPoll`), or on a
+bounded pool when they may block (:class:`~tfos._control.protocol.Call`). The caps
+(:class:`tfos._control.limits.ControlLimits`) bound what a connection costs before and
+after its proof; hostile input closes that connection only and never affects the cluster.
+The rules and their figures: docs/architecture.md "Control plane" and docs/reliability.md
+"Security" ("Control plane", "Bounded resources before authentication", "Floods").
 """
 
 from __future__ import annotations

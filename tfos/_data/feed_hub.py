@@ -24,7 +24,7 @@ from tfos._common.deadline import Deadline
 from tfos._data import local_socket as _local
 from tfos._data.feed_connection import END_OF_FEED, PROGRESS_EVERY_S, Chunk, FeedConnection, PartitionEnd
 from tfos._data.feed_gate import FeedGate
-from tfos._data.framing import FrameType, recv_frame, recv_json, send_json
+from tfos._data.framing import FeedState, FrameType, recv_frame, recv_json, send_json
 from tfos._data.local_socket import SocketDir
 from tfos.errors import TFOSError
 
@@ -69,7 +69,7 @@ class FeedHub:
         #: raises FeedAbortedError instead of ever reporting an end of feed.
         self.aborted = ""
         self._marker_thread: Optional[threading.Thread] = None
-        self.state = "ok"  # or 'finished' once main_fun returned
+        self.state = FeedState.OK  # MAIN_FUN_RETURNED/MAIN_FUN_FAILED once closed
         self.rows_taken = 0
         self._conns: set[FeedConnection] = set()
         self._lock = threading.Lock()
@@ -157,7 +157,7 @@ class FeedHub:
             with self._lock:
                 status = _refusal(self, qname, q, feed_key)
                 if status is None:
-                    status = {"state": "ok"}
+                    status = {"state": FeedState.OK}
                     conn = FeedConnection(sock, session, header)
                     if feed_key[0]:
                         self.delivered.add(feed_key)
@@ -360,11 +360,11 @@ class FeedHub:
         self._marker_thread = t
         t.start()
 
-    def close(self, state: str = "finished", reason: str = "") -> None:
+    def close(self, state: FeedState = FeedState.MAIN_FUN_RETURNED, reason: str = "") -> None:
         """Closes the data server (TF process exit): tells open feed tasks why.
 
         Args:
-            state: 'finished' (main_fun returned) or 'failed'.
+            state: ``FeedState.MAIN_FUN_RETURNED`` or ``FeedState.MAIN_FUN_FAILED``.
             reason: Text for the feed tasks' logs/errors.
         """
         with self._lock:
@@ -388,7 +388,7 @@ class FeedHub:
             except OSError:
                 pass
         if self._unix is not None:
-            try:  # a feed task arriving now gets ENOENT and uses TCP, which says "finished"
+            try:  # a feed task arriving now gets ENOENT and uses TCP, which says main_fun returned
                 st = os.lstat(self.path)
                 if (st.st_dev, st.st_ino) == self._sock_id:
                     os.unlink(self.path)
@@ -408,15 +408,15 @@ def _refusal(hub: FeedHub, qname: str, q: Optional[queue.Queue], feed_key: tuple
     """The status answering a feed connection the node does not take, or None when it takes
     it (called under the hub's lock)."""
     if q is None:
-        return {"state": "error", "message": f"node {hub.node_name} has no queue {qname!r}; declare it with TFCluster.run(queues=[...])"}
+        return {"state": FeedState.REFUSED, "message": f"node {hub.node_name} has no queue {qname!r}; declare it with TFCluster.run(queues=[...])"}
     if hub.aborted:
-        return {"state": "failed", "message": f"node {hub.node_name}: the cluster aborted ({hub.aborted})"}
+        return {"state": FeedState.MAIN_FUN_FAILED, "message": f"node {hub.node_name}: the cluster aborted ({hub.aborted})"}
     if qname in hub.terminated:
-        return {"state": "terminated"}
-    if hub.state != "ok" or hub._closing:
-        return {"state": hub.state if hub.state != "ok" else "finished"}
+        return {"state": FeedState.TERMINATED}
+    if hub.state != FeedState.OK or hub._closing:
+        return {"state": hub.state if hub.state != FeedState.OK else FeedState.MAIN_FUN_RETURNED}
     if feed_key[0] and feed_key in hub.delivered:
-        return {"state": "error", "message": (
+        return {"state": FeedState.REFUSED, "message": (
             f"node {hub.node_name} already received partition index {feed_key[1]} of this feed; "
             "Spark re-ran its feed task (a task retry or a stage resubmission), and tfos never feeds "
             "a partition twice because its rows would be trained on again. Fix the cause of the "

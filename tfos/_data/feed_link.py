@@ -21,6 +21,7 @@ from tfos._data import local_socket as _local
 from tfos._data.feed_plan import FeedPlan, choose_node
 from tfos._data.framing import (
     ChunkKind,
+    FeedState,
     FrameType,
     parse_json,
     recv_frame,
@@ -91,7 +92,7 @@ class Link:
         except BaseException:
             self.close()
             raise
-        self.status = status if ftype is FrameType.STATUS else {"state": "error", "message": f"bad {ftype.name} frame instead of a status"}
+        self.status = status if ftype is FrameType.STATUS else {"state": FeedState.REFUSED, "message": f"bad {ftype.name} frame instead of a status"}
         self.sock.settimeout(plan.feed_timeout_s)
 
     @staticmethod
@@ -257,9 +258,9 @@ def node_gone(plan: FeedPlan, node: NodeInfo, where: str, exc: BaseException) ->
     if state.get("state") in (_msg.NodeState.FINISHED, _msg.NodeState.STOPPED) and not state.get("failure"):
         if plan.qname in state.get("terminated", ()):
             log.info("%s: main_fun called DataFeed.terminate() and returned; skipping the partition", where)
-            return "terminated"
+            return FeedState.TERMINATED
         log.warning("%s: main_fun on the node already returned; skipping the partition", where)
-        return "skipped"
+        return FeedState.SKIPPED
     cause = state.get("failure") or f"{type(exc).__name__}: {exc}"
     msg = f"lost the data connection while feeding {where}: {cause}"
     report(plan, node, msg)
@@ -387,7 +388,7 @@ def open_link(plan: FeedPlan, index: int) -> tuple[Optional[Link], NodeInfo, str
                 continue
             return None, cand, node_gone(plan, cand, where, exc)
         state = link.status.get("state")
-        if state == "ok":
+        if state == FeedState.OK:
             try:
                 claim(plan, cand, index, where)
             except BaseException:
@@ -395,9 +396,9 @@ def open_link(plan: FeedPlan, index: int) -> tuple[Optional[Link], NodeInfo, str
                 raise
             if refused:
                 log.warning("%s: failed over after %d node(s) did not authenticate", where, len(refused))
-            return link, cand, "ok"
+            return link, cand, FeedState.OK
         link.close()
-        if state == "error":
+        if state == FeedState.REFUSED:
             msg = f"{where}: {link.status.get('message')}"
             report(plan, cand, msg)
             raise FeedError(msg)
@@ -415,11 +416,11 @@ def drain_answer(link: Link) -> tuple[str, dict]:
     ftype, payload = link.recv()
     info = parse_json(ftype, payload)
     if ftype is FrameType.ACK:
-        return "ok", info
+        return FeedState.OK, info
     if ftype is FrameType.TERMINATED:
-        return "terminated", info
+        return FeedState.TERMINATED, info
     if ftype is FrameType.ERROR:
-        return str(info.get("state", "failed")), info
+        return str(info.get("state", FeedState.MAIN_FUN_FAILED)), info
     raise ConnectionError(f"unexpected {ftype.name} frame from the node")
 
 

@@ -54,7 +54,7 @@ from tfos._data.feed_link import (
     timed_out,
 )
 from tfos._data.feed_plan import FeedPlan
-from tfos._data.framing import MAX_DATA_FRAME_BYTES, ChunkKind, FrameType, parse_json
+from tfos._data.framing import MAX_DATA_FRAME_BYTES, ChunkKind, FeedState, FrameType, parse_json
 from tfos._data.outbox import InputFailed, Outbox
 from tfos.errors import FeedError, FeedTimeoutError, TFOSError
 
@@ -165,7 +165,7 @@ class _InputRaised(Exception):
 def _send_loop(link: Link, outbox: Outbox, packing: _Packing, out: dict, watch_node: bool) -> None:
     """The sender thread of one partition: frames from ``outbox`` to the node, then the
     end marker (Spark task). Sets ``out["state"]`` ('sent', 'interrupted': the node spoke
-    first, 'failed': the input raised) or ``out["error"]``. With ``watch_node`` (train) it
+    first, 'input_failed': the input raised) or ``out["error"]``. With ``watch_node`` (train) it
     stops as soon as the node sent something (T or X); inference results come while it
     sends, so an inference task does not watch."""
     try:
@@ -181,7 +181,7 @@ def _send_loop(link: Link, outbox: Outbox, packing: _Packing, out: dict, watch_n
                 return
             link.send(FrameType.DATA, packing.payload(items, outbox))
     except InputFailed:
-        out["state"] = "failed"  # no END: the partition was not read to its end
+        out["state"] = "input_failed"  # no END: the partition was not read to its end
     except BaseException as exc:  # noqa: BLE001 - re-raised by _stream in the task's thread
         out["error"] = exc
         outbox.stop()
@@ -235,15 +235,15 @@ def _feed_partition(plan: FeedPlan, index: int, items: Iterator[Any]) -> tuple[i
     ``plan.kind`` says) to its node and waits for the node's answer (Spark task).
 
     Returns:
-        ``(index, outcome)``: 'ok', 'terminated', 'skipped' or the node's final state.
+        ``(index, outcome)``: a :class:`FeedState` (OK, TERMINATED, SKIPPED).
     """
     link, node, state = open_link(plan, index)
     if link is None:
         tell_skipped(plan, index)
         tell_sent(plan, index)
-        if state == "terminated":
+        if state == FeedState.TERMINATED:
             tell_done(plan, index)
-        return index, state
+        return index, FeedState.SKIPPED if state == FeedState.MAIN_FUN_RETURNED else state
     try:
         failed: Optional[Exception] = None
         try:
@@ -262,12 +262,12 @@ def _feed_partition(plan: FeedPlan, index: int, items: Iterator[Any]) -> tuple[i
             # The RDD's own code failed (an OSError of a remote read too), not the node:
             # raised as it is, outside the except clause so that its own cause stays.
             raise failed
-        if state in ("ok", "terminated"):
+        if state in (FeedState.OK, FeedState.TERMINATED):
             tell_done(plan, index)
             return index, state
-        if state == "finished":
+        if state == FeedState.MAIN_FUN_RETURNED:
             log.warning("%s: main_fun returned before the partition was consumed", link.where)
-            return index, "skipped"
+            return index, FeedState.SKIPPED
         msg = f"{link.where}: the node failed: {info.get('message', '')}"
         report(plan, node, msg)
         raise FeedError(msg)
@@ -280,8 +280,8 @@ def _feed_partition(plan: FeedPlan, index: int, items: Iterator[Any]) -> tuple[i
 def make_feed_fn(plan: FeedPlan):
     """The ``mapPartitionsWithIndex`` function of a train feed job (driver builds, task runs).
 
-    Yields one ``(partition index, outcome)`` per partition, outcome in 'ok', 'terminated'
-    (node called terminate), 'finished'/'skipped' (node's main_fun had returned).
+    Yields one ``(partition index, outcome)`` per partition, outcome a :class:`FeedState`:
+    OK, TERMINATED (node called terminate), SKIPPED (node's main_fun had returned).
 
     Raises (in the task):
         FeedError, FeedTimeoutError: The node failed, died or stopped reading; both name
@@ -290,7 +290,7 @@ def make_feed_fn(plan: FeedPlan):
 
     def _feed(index: int, rows: Iterator[Any]) -> Iterator[tuple[int, str]]:
         result = _feed_partition(plan, index, rows)
-        if result[1] != "ok":
+        if result[1] != FeedState.OK:
             _drain(rows)
         yield result
 
@@ -377,7 +377,7 @@ def make_arrow_feed_fn(plan: FeedPlan, spark_schema_json: Optional[str] = None, 
                     yield arrow_ipc_parts(piece, schema)
 
         _, outcome = _feed_partition(plan, index, chunks())
-        if outcome != "ok":
+        if outcome != FeedState.OK:
             _drain(batches)
         yield pa.RecordBatch.from_pydict({"partition": pa.array([index], pa.int64()), "outcome": pa.array([outcome])})
 
@@ -399,7 +399,7 @@ def make_infer_fn(plan: FeedPlan):
     def _infer(index: int, rows: Iterator[Any]) -> Iterator[Union[bytes, bytearray]]:
         link, node, state = open_link(plan, index)
         if link is None:
-            if state == "terminated":
+            if state == FeedState.TERMINATED:
                 _drain(rows)
                 return
             msg = f"partition {index} -> {node.name}: the node is not running inference (state {state})"

@@ -38,7 +38,7 @@ from tfos._common.wire import loads_strict, recv_into
 from tfos._data.arrow_codec import arrow_rows
 
 __all__ = [
-    "FrameType", "ChunkKind", "send_frame", "send_frame_parts", "recv_frame", "send_json", "recv_json", "decode_chunk",
+    "FrameType", "FeedState", "ChunkKind", "send_frame", "send_frame_parts", "recv_frame", "send_json", "recv_json", "decode_chunk",
     "MAX_DATA_FRAME_BYTES", "MAX_CONTROL_DATA_FRAME_BYTES",
 ]
 
@@ -66,6 +66,28 @@ class FrameType(bytes, enum.Enum):
     #: partition) while this partition waits in the queue; the task's ``feed_timeout``
     #: clock starts again. JSON ``{"rows": rows of this partition taken so far}``.
     PROGRESS = b"P"
+
+
+class FeedState(enum.StrEnum):
+    """What a node's data server says of one feed connection (the ``state`` of its STATUS
+    and ERROR frames) and a train feed task's outcome per partition. Not a node's state
+    (that is :class:`tfos._control.messages.NodeState`).
+
+    Attributes:
+        OK: The node takes (or took) the partition.
+        TERMINATED: ``DataFeed.terminate()`` was called on the queue: the partition is skipped.
+        MAIN_FUN_RETURNED: main_fun returned; the node reads no more.
+        MAIN_FUN_FAILED: main_fun failed, the cluster aborted or a result was wrong.
+        REFUSED: The node refuses this connection (no such queue, partition already delivered).
+        SKIPPED: A feed task's outcome: the node's main_fun had returned before the partition.
+    """
+
+    OK = "ok"
+    TERMINATED = "terminated"
+    MAIN_FUN_RETURNED = "main_fun_returned"
+    MAIN_FUN_FAILED = "main_fun_failed"
+    REFUSED = "refused"
+    SKIPPED = "skipped"
 
 
 class ChunkKind(str, enum.Enum):

@@ -227,9 +227,9 @@ class Backend(Protocol):
         """Runs one feed job: epochs ``first_epoch..num_epochs-1`` of ``call``, back to back.
 
         Returns:
-            ``(job partition index, outcome)`` per partition: 'ok', 'terminated' (the node
-            had called ``DataFeed.terminate()``), 'skipped'/'finished' (its ``main_fun``
-            had returned).
+            ``(job partition index, outcome)`` per partition, a
+            :class:`tfos._data.framing.FeedState`: OK, TERMINATED (the node had called
+            ``DataFeed.terminate()``), SKIPPED (its ``main_fun`` had returned).
         """
 
     def returned_without_terminate(self, executor_ids: Sequence[int], qname: str, wait_s: float) -> list[str]:

@@ -19,7 +19,7 @@ from typing import Any, Optional, Sequence
 
 from tfos._common import wire as _wire
 from tfos._common.deadline import Deadline
-from tfos._control.host import ATTRIBUTION_S
+from tfos._control.host import ATTRIBUTION_S, Registration
 from tfos._control.messages import NodeState
 from tfos._data.arrow_codec import binary_as_bytes, feed_schema_json
 from tfos._data.feed_plan import FeedPlan
@@ -370,11 +370,11 @@ def _await_registration(runtime: ClusterRuntime, start: JobThread, input_mode: I
         # A start job that ended (error, or in TENSORFLOW mode every node already exited)
         # ends the wait too. The 1 s tick only times the busy-slots warning below.
         outcome = host.wait_until_registered(deadline, lambda: start.error is not None or (start.done.is_set() and tf_mode), tick_s=1.0)
-        if outcome == "registered":
+        if outcome == Registration.ALL_REGISTERED:
             return
-        if outcome == "failed":
+        if outcome == Registration.CLUSTER_FAILED:
             raise runtime.fail("run()")
-        if outcome == "stopped":
+        if outcome == Registration.STOP_ASKED:
             # The node's own failure report names the real cause: give it a moment.
             if host.wait_until(lambda: state.failed or state.all_registered(), ATTRIBUTION_S) and state.all_registered() and not state.failed:
                 return
@@ -390,7 +390,7 @@ def _await_registration(runtime: ClusterRuntime, start: JobThread, input_mode: I
             err = ClusterFailedError(cluster_id, [state.make_failure(state.missing()[0] if state.missing() else 0, kind, etype, what)], "run()")
             err.flood = runtime.server.flood_report()
             raise err from start.error
-        if outcome == "expired":
+        if outcome == Registration.EXPIRED:
             missing = state.missing()
             busy = busy_slots_report(runtime.sc, cluster_id) or busy
             runtime.teardown(failed=True)

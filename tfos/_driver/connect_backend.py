@@ -269,7 +269,7 @@ class ConnectBackend:
             if self._busy or time.monotonic() - self._last_op < every_s:
                 continue
             try:
-                self._status("now", 0.0, "keep-alive")
+                self._status(_msg.WaitUntil.NOW, 0.0, "keep-alive")
             except Exception as exc:  # noqa: BLE001 - the next client call reports real trouble
                 log.debug("tfos keep-alive job failed: %s", exc)
 
@@ -379,7 +379,7 @@ class ConnectBackend:
         # The first poll also ends the feed (InputMode.SPARK).
         action = "close_feed" if end_feed else ""
         while True:
-            status = self._op(_msg.ClientWait(until="workers_done", poll_s=10.0, action=action), "shutdown()", timeout_s=30.0)
+            status = self._op(_msg.ClientWait(until=_msg.WaitUntil.WORKERS_DONE, poll_s=10.0, action=action), "shutdown()", timeout_s=30.0)
             self._last_status = status
             action = ""
             self._raise_failures(status, "shutdown()")
@@ -391,7 +391,7 @@ class ConnectBackend:
     def wait_for_failure(self, timeout_s: float) -> bool:
         end = Deadline(float(timeout_s), "grace period")
         while not end.expired():
-            if self._status("failed", min(10.0, max(0.0, end.remaining())), "shutdown()").get("failures"):
+            if self._status(_msg.WaitUntil.CLUSTER_FAILED, min(10.0, max(0.0, end.remaining())), "shutdown()").get("failures"):
                 return True
         return False
 
@@ -463,7 +463,7 @@ class ConnectBackend:
         while True:
             # The control host answers when TensorBoard reported its URL or its start-up
             # error, a node failed, or the poll (at most 10 s) ended.
-            st = self._status("tensorboard", deadline.slice(10.0), "tensorboard_url()")
+            st = self._status(_msg.WaitUntil.TENSORBOARD, deadline.slice(10.0), "tensorboard_url()")
             self._raise_failures(st, "tensorboard_url()")
             if st.get("tensorboard_url") or st.get("done") or deadline.expired():
                 return st.get("tensorboard_url")

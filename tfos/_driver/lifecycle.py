@@ -1,34 +1,15 @@
-"""The lifecycle of a tfos cluster: its named states and the controller that moves it
-between them (driver).
-
-::
-
-    forming ──────────────▶ running ──────────────▶ shutting down ──────────────▶ closed
-       │    every node         │  ▲    shutdown()        │     every main_fun returned,
-       │    registered         │  │                      │     every node stopped
-       │                       │  │ the next             │
-       │ a node fails          │  │ attempt formed       │ a node fails before every
-       │                       ▼  │                      │ main_fun returned
-       └──────────────────▶ restarting ◀─────────────────┘
-                             │    ▲
-                             └────┘ the next attempt failed to form
-
-    Every arrow into restarting needs a restart left (``max_restarts``); without one, the
-    failure ends in failed. failed: from any state but closed, a failure no restart
-    recovers or an error of tfos that ends the cluster (e.g. shutdown()'s timeout). closed,
-    also from forming, running and restarting: the program ended the cluster (an exception
-    inside ``with TFCluster.run(...)``, Ctrl-C, SIGTERM, interpreter exit).
+"""The lifecycle of a tfos cluster: its named states (forming, running, shutting down,
+restarting, closed, failed) and the controller that moves it between them (driver). The
+state diagram and its rules: docs/architecture.md "Driver plane".
 
 :class:`Controller` is the one place where the state changes. It holds the running
-attempt's :class:`~tfos._driver.backend.Backend`, and owns what spans attempts: the restart
-loop and its policy (:class:`~tfos._driver.restart.RestartPolicy`), where a restarted feed
-resumes (:class:`~tfos._driver.restart.FeedResume`), which inference results an attempt
-kept (:class:`~tfos._driver.restart.InferenceLedger`), and the SIGTERM and interpreter-exit
-handling (:mod:`tfos._driver.open_clusters`). ``TFCluster.train``/``inference``/``shutdown``
-ask it; it asks the backend. Every transition is logged once, on this module's logger (a
-child of ``TFCluster.logger``, ``tfos._driver``), with the state in the record
-(``record.tfos_state``). See docs/architecture.md "Driver plane" and docs/reliability.md
-"Recovery".
+attempt's :class:`~tfos._driver.backend.Backend` and owns what spans attempts: the restart
+policy (:class:`~tfos._driver.restart.RestartPolicy`), where a restarted feed resumes
+(:class:`~tfos._driver.restart.FeedResume`), the inference results an attempt kept
+(:class:`~tfos._driver.restart.InferenceLedger`), SIGTERM and interpreter exit
+(:mod:`tfos._driver.open_clusters`). Every transition is logged once on this module's
+logger (a child of ``TFCluster.logger``), with the state in ``record.tfos_state``. See
+docs/reliability.md "Recovery".
 """
 
 from __future__ import annotations
@@ -42,6 +23,7 @@ from typing import Any, Callable, Iterator, Optional, TypeVar
 
 from tfos._common.deadline import Deadline
 from tfos._control.messages import NodeState
+from tfos._data.framing import FeedState
 from tfos._driver.backend import AttemptReport, Backend, InferenceCall, Launcher, TrainCall
 from tfos._driver.open_clusters import OPEN, install_sigterm
 from tfos._driver.restart import AttemptOutcome, FeedResume, InferenceLedger, RestartPolicy
@@ -332,7 +314,7 @@ class Controller:
             _log_outcomes(backend, call, outcomes)
             if resume is not None:
                 for index, outcome in outcomes:
-                    if outcome in ("ok", "terminated"):
+                    if outcome in (FeedState.OK, FeedState.TERMINATED):
                         resume.record_index(index)
 
         def resumed(report: AttemptReport) -> bool:
@@ -536,8 +518,8 @@ def _resume_at(resume: FeedResume, context: str, attempt: int) -> int:
 def _log_outcomes(backend: Backend, call: TrainCall, outcomes: list[tuple[int, str]]) -> None:
     """Logs the partitions a feed job skipped: after DataFeed.terminate() (INFO), or because
     main_fun had returned without it (WARNING, naming the nodes) (driver)."""
-    skipped = sum(1 for _, o in outcomes if o in ("finished", "skipped"))
-    terminated = sum(1 for _, o in outcomes if o == "terminated")
+    skipped = sum(1 for _, o in outcomes if o == FeedState.SKIPPED)
+    terminated = sum(1 for _, o in outcomes if o == FeedState.TERMINATED)
     if terminated:
         log.info("train(): %d of %d partitions skipped after DataFeed.terminate()", terminated, len(outcomes))
     if skipped:

@@ -1,44 +1,17 @@
 """Restart bookkeeping for ``TFCluster.run(..., max_restarts=N)`` (pure; driver).
 
 Nothing here touches Spark, sockets or TensorFlow: the driver feeds in what it observed
-(each failed attempt's root causes, which feed partitions the nodes consumed, which
-inference partitions returned results) and asks what to do next. Three pieces:
+(each failed attempt's root causes, the feed partitions the nodes consumed, the inference
+partitions that returned results) and asks what to do next:
 
-* :class:`RestartPolicy`: restart or stop after a failed attempt, and the final
+* :class:`RestartPolicy`: restart or stop after a failed attempt (no restart for a failure
+  in :data:`NON_RETRYABLE`, nor for the same exceptions at the first step twice in a row,
+  compared by :func:`failure_signature`), and the final
   :class:`~tfos.errors.RecoveryFailedError` listing every attempt's root causes.
-* :class:`FeedResume`: the epoch a restarted ``train()`` feeds from, and its delivery
-  guarantee.
-* :class:`InferenceLedger`: which ``inference()`` partitions returned their results, so a
-  restart re-runs only the others.
+* :class:`FeedResume`: the epoch a restarted ``train()`` feeds from.
+* :class:`InferenceLedger`: the ``inference()`` partitions a restart re-runs.
 
-When is a failure "the same" as the previous attempt's
-------------------------------------------------------
-
-Each root cause gets a :func:`failure_signature`: its kind, its exception type, its message
-with the parts that differ from run to run masked (memory addresses, IP addresses and
-ports, temporary paths, process/executor/task/attempt/port numbers, cluster ids), and the
-innermost frame of its remote traceback (file base name, line, function). Which node
-failed is *not* part of it: a bug that hits worker 1 on one attempt and worker 0 on the
-next is the same bug. An attempt's signature is the set of its root causes' signatures.
-
-Early stop (before the budget is spent)
----------------------------------------
-
-After a failed attempt no restart is made when:
-
-1. any root cause is an error no restart can fix (:data:`NON_RETRYABLE`: a
-   ``ConfigurationError``, a malformed fed row, a wrong number of inference results, a
-   ``SyntaxError`` in ``main_fun``'s code); or
-2. the attempt failed *on its first step* with *the same* exceptions as the attempt
-   before it: every root cause is kind 'exception' (``main_fun`` raised; process deaths
-   and lost hosts never count), the attempt's signature equals the previous attempt's,
-   and the attempt made no progress. Progress is what the driver can see: rows consumed
-   by the nodes (InputMode.SPARK). When the driver cannot see progress (InputMode.
-   TENSORFLOW: TensorFlow reads its own data) an identical repeat counts as a first-step
-   repeat: a fresh cluster on fresh processes that raises the same exception at the same
-   line twice in a row is treated as deterministic.
-
-Otherwise the attempt is retried while the budget lasts.
+The rules ("the same" failure, "first step", early stop): docs/reliability.md "Recovery".
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ import uuid
 from typing import Any, Callable, Dict, Iterable, List, Optional
 
 from tfos import gpu_info, util
+from tfos._control.messages import NodeState
 from tfos._legacy import manager, reservation
 from tfos._node.context import TFNodeContext
 from tfos.errors import TFOSError
@@ -188,7 +189,7 @@ def run(
                 log.debug("old TFManager shutdown: %s", exc)
         authkey = uuid.uuid4().bytes
         mgr: Any = manager.start(authkey, list(queues), "local")
-        mgr.set("state", "running")
+        mgr.set("state", str(NodeState.RUNNING))  # TFoS's manager state
         TFSparkNode.mgr, TFSparkNode.cluster_id = mgr, cid
 
         port, tmp_sock, cluster_info = _reserve(cluster_meta["server_addr"], executor_id, host, job_name, task_index,

@@ -60,7 +60,7 @@ _REQ_ERRORS = (OSError, ControlProtocolError, DeadlineExceededError)
 #: Status message) of node ``eid``, from the marker's JSON (see :func:`_write_marks`).
 _REPORTS: dict[str, Callable[[int, dict], _msg.Status]] = {
     "failure": lambda eid, body: _msg.Status(executor_id=eid, state=NodeState.FAILED, failure=NodeFailure.from_dict(body)),
-    "finished": lambda eid, body: _msg.Status(executor_id=eid, state=NodeState.FINISHED,
+    "returned": lambda eid, body: _msg.Status(executor_id=eid, state=NodeState.FINISHED,
                                               terminated=tuple(str(q) for q in body.get("terminated", []))),
 }
 #: Longest (re)connect to the driver for one request of the output sender, in seconds: a
@@ -409,7 +409,7 @@ def write_failure_marks(token: str, failure: dict, fds_identity: Optional[tuple]
 def write_finished_marks(token: str, terminated: list, fds_identity: Optional[tuple] = None) -> bool:
     """Hands the report that ``main_fun`` returned to the supervisor in line with the
     output (TF process), as :func:`write_failure_marks` does for a failure: the driver
-    gets the node's last lines, then the ``finished`` status.
+    gets the node's last lines, then its ``NodeState.FINISHED`` status.
 
     Args:
         token: The supervisor's ``TFOS_OUTPUT_MARK``; "" means the lines are not forwarded.
@@ -419,7 +419,7 @@ def write_finished_marks(token: str, terminated: list, fds_identity: Optional[tu
     Returns:
         False when nothing was handed over (the caller reports to the driver itself).
     """
-    return _write_marks(token, "finished", {"terminated": [str(q) for q in terminated]}, fds_identity)
+    return _write_marks(token, "returned", {"terminated": [str(q) for q in terminated]}, fds_identity)
 
 
 def _write_marks(token: str, kind: str, body: dict, fds_identity: Optional[tuple]) -> bool:

@@ -9,7 +9,7 @@ Steps, in order:
 4. register with the driver, then wait for the full cluster;
 5. set ``TF_CONFIG`` (always) and ``CUDA_VISIBLE_DEVICES`` (when Spark assigned GPUs);
 6. start TensorBoard on the lead node when asked;
-7. run ``main_fun(args, ctx)`` and report 'finished' or 'failed' with the traceback.
+7. run ``main_fun(args, ctx)`` and report ``NodeState.FINISHED``, or ``FAILED`` with the traceback.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from tfos._data import local_socket as _local
 from tfos._data import row_count
 from tfos._data.feed_hub import FeedHub
 from tfos._data.figures import live_snapshot, report_now
+from tfos._data.framing import FeedState
 from tfos._node import fed_shard, keras3_fix, ps_serving
 from tfos._node import task_world as _task_world
 from tfos._node.context import TFNodeContext
@@ -278,7 +279,7 @@ class _NodeRun:
         report_now(self.client, self.eid, self.hub)  # main_fun's last rows and Keras steps, for the driver's summary
         _task_world.send_accumulator_updates(self.client, self.eid)  # before 'finished': the driver applies them at shutdown
         if hub is not None:
-            hub.close("finished", f"main_fun on {launch.node_name} returned")
+            hub.close(FeedState.MAIN_FUN_RETURNED, f"main_fun on {launch.node_name} returned")
         # The queues main_fun terminated: feed tasks that find the data server gone then
         # skip their partitions as 'terminated', not as 'main_fun returned early'
         # (docs/datafeed.md "Ending early").
@@ -320,7 +321,7 @@ class _NodeRun:
         if hub is not None and hub.aborted:
             failure = after_abort(failure, hub.aborted)
         if hub is not None:
-            hub.close("failed", f"main_fun on {launch.node_name} failed: {failure.error_type}: {failure.message}")
+            hub.close(FeedState.MAIN_FUN_FAILED, f"main_fun on {launch.node_name} failed: {failure.error_type}: {failure.message}")
         log.error("tfos node %s failed:\n%s", launch.node_name, failure.traceback)
         # A forwarded node's supervisor reports the failure after the lines main_fun
         # printed before it, so the driver shows them before it raises.
