@@ -267,3 +267,44 @@ def test_one_warning_per_node_and_epoch(caplog):
     assert "worker:0 (executor 1, host h), train() call 0, epoch 0: 320 rows fed to TensorFlow, 160 trained" in lines[0]
     table = acct.table()
     assert [(r.executor_id, r.epoch, r.closed, r.ok) for r in table] == [(0, 0, True, True), (1, 0, True, False), (1, 1, False, True)]
+
+
+def test_the_policy_noted_is_that_of_a_dataset_that_can_read_the_feed(monkeypatch):
+    # A validation dataset in memory (AUTO, no Python) distributed between two fed epochs
+    # must not stand for the fed dataset's policy; a generator's (the feed's way) does.
+    tf = pytest.importorskip("tensorflow")
+    monkeypatch.delenv(fed_shard.OPT_OUT, raising=False)
+    noted = []
+    monkeypatch.setattr("tfos._data.row_count.ROWS.distributed", noted.append)
+    gen = tf.data.Dataset.from_generator(lambda: iter([[1.0]]), output_signature=tf.TensorSpec((1,), tf.float32))
+    memory = tf.data.Dataset.from_tensor_slices([[1.0], [2.0]])
+    policy = tf.data.experimental.AutoShardPolicy
+
+    def with_policy(ds, p):
+        options = tf.data.Options()
+        options.experimental_distribute.auto_shard_policy = p
+        return ds.with_options(options)
+
+    fed_shard.note_policy(fed_shard.unsharded(gen), True)               # tfos set OFF
+    fed_shard.note_policy(memory, False)                                # AUTO, in memory: not noted
+    fed_shard.note_policy(with_policy(gen, policy.DATA))                # the program's DATA on a generator
+    fed_shard.note_policy(with_policy(memory, policy.DATA))             # DATA on memory: not the feed
+    fed_shard.note_policy(with_policy(memory, policy.OFF))              # OFF is always noted
+    assert noted == [POLICY_CODES["OFF"], POLICY_CODES["DATA"], POLICY_CODES["OFF"]]
+
+
+def test_a_dataset_from_function_forgets_an_earlier_policy(monkeypatch):
+    # distribute_datasets_from_function never auto-shards: a DATA noted for an earlier fit
+    # must not be named for the epochs it feeds.
+    noted = []
+    monkeypatch.setattr("tfos._data.row_count.ROWS.distributed", noted.append)
+
+    class Strategy:
+        def experimental_distribute_dataset(self, dataset, options=None):
+            return dataset
+
+        def distribute_datasets_from_function(self, dataset_fn, options=None):
+            return dataset_fn(None)
+
+    fed_shard.patch(type("module", (), {"CollectiveAllReduceStrategy": Strategy}))
+    assert Strategy().distribute_datasets_from_function(lambda ctx: "ds") == "ds" and noted == [0]
