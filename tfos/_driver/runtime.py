@@ -499,7 +499,8 @@ class Progress:
         rate = rows / max(1e-6, time.monotonic() - self._t0)
         epoch = min(self._epochs, done // max(1, self._parts) + 1)
         mark = self._verdict()
-        self._bar.set_postfix_str(f"epoch {epoch}/{self._epochs}, {rows:,} rows, {rate:,.0f} rows/s{', ' + mark if mark else ''}", refresh=False)
+        figures = f"{rows:,} rows, {rate:,.0f} rows/s" if rows else "starting"  # no rate before the first rows
+        self._bar.set_postfix_str(f"epoch {epoch}/{self._epochs}, {figures}{', ' + mark if mark and rows else ''}", refresh=False)
         self._bar.update(done - self._bar.n)
 
     def update(self) -> None:
