@@ -267,6 +267,23 @@ class ClusterRuntime:
         self.jobs.append(job)
         return job
 
+    def stages_active(self) -> bool:
+        """True while a stage of one of this cluster's Spark jobs is active: the tasks of a
+        cancelled job still run (driver; False when Spark cannot be asked)."""
+        try:
+            tracker = self.sc.statusTracker()
+            active = set(tracker.getActiveStageIds())
+            if not active:
+                return False
+            for job in self.jobs:
+                for jid in tracker.getJobIdsForGroup(job.group):
+                    info = tracker.getJobInfo(jid)
+                    if info is not None and active.intersection(info.stageIds):
+                        return True
+        except Exception:  # noqa: BLE001 - a stopped context: nothing runs
+            return False
+        return False
+
     def job_group(self, kind: str) -> str:
         """The job group of the last job of ``kind`` started (or about to be)."""
         return f"{self.cluster_id}-{kind}-{self._job_seq}"
@@ -450,7 +467,7 @@ class ClusterRuntime:
             if self.monitor is not None:
                 self.monitor.stop()  # a last read of the figures, for the summary
             self.host.close()
-            _spark_bar.resume(self.sc)
+            _spark_bar.resume(self.sc, self.stages_active)
             self._torn_down.set()
         # main_fun's accumulator updates count once, for an attempt that ended well (a
         # failed one's nodes run again after a restart): tfos._driver.payload.
