@@ -25,7 +25,7 @@ from tfos._control.host import ATTRIBUTION_S, STOP_TIMEOUT_S, ClusterHost
 from tfos._driver import spark_bar as _spark_bar
 from tfos._driver.console import BarConsole
 from tfos._driver.monitor import StatusMonitor
-from tfos._driver.open_clusters import any_open
+from tfos._driver.open_clusters import OPEN, any_open
 from tfos._driver.payload import AccumulatorInbox
 from tfos._driver.row_accounting import RowAccounting
 from tfos._node import output as _node_output
@@ -239,6 +239,7 @@ class ClusterRuntime:
         self.monitor: Optional[StatusMonitor] = None
         install_py4j_redaction()
         self.server = self.host.serve(key, driver_host)
+        OPEN.note_context(sc)  # stopped at interpreter exit on local-cluster (tfos._driver.open_clusters)
         _spark_bar.pause(sc)  # Spark's console bar is off while this cluster lives (tfos._driver.spark_bar)
         _node_output.note_spark_bar(_spark_bar.showing(sc))
 
