@@ -157,4 +157,4 @@ def test_a_fed_node_that_would_only_serve_fails_at_once():
     with pytest.raises(ConfigurationError) as info:
         run_server_and_wait(ctx, timeout_s=30)
     assert str(info.value).startswith("run_server_and_wait() on worker:1: this node is fed by InputMode.SPARK")
-    assert "InputMode.TENSORFLOW" in str(info.value) and "docs/parameter_servers.md" in str(info.value)
+    assert "chief and ps tasks" in str(info.value) and "docs/parameter_servers.md" in str(info.value)

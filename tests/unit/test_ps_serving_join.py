@@ -8,7 +8,6 @@ import types
 import pytest
 
 from tfos._node import ps_serving
-from tfos.errors import ConfigurationError
 
 SPEC = {"ps": ["h:1"], "chief": ["h:2"], "worker": ["h:3", "h:4"]}
 
@@ -57,9 +56,16 @@ def test_ps_nodes_and_clusters_without_a_chief_keep_tensorflows_join():
     assert module.Server.joined == 1
 
 
-def test_a_fed_worker_that_only_serves_is_refused():
+def test_a_fed_worker_serves_its_feed_to_the_coordinators_datasets(monkeypatch):
+    """InputMode.SPARK: a fed worker's join() registers its feed reader (tfos._node.ps_feed)
+    before it reports serving."""
+    from tfos._node import ps_feed
+
+    order = []
+    monkeypatch.setattr(ps_feed, "serve", lambda ctx: order.append(("feed", ctx.job_name)) or True)
     ctx, module = _Ctx(mgr=object()), _fake_server_module()
+    ctx.on_serving = lambda: (order.append(("serving",)), ctx.stop_event.set())
     ps_serving.install(ctx)
     ps_serving._patch(module)
-    with pytest.raises(ConfigurationError, match="worker:0"):
-        module.Server().join()
+    module.Server().join()
+    assert order == [("feed", "worker"), ("serving",)] and module.Server.joined == 0

@@ -69,6 +69,9 @@ class FeedDatasets:
         first iteration on, the dataset is the feed's only reader. docs/datafeed.md "tf.data"
         gives the whole behaviour; in short:
 
+        * Called in the dataset function of ``model.fit`` under ParameterServerStrategy (on
+          the chief): each worker reads its own feed (docs/parameter_servers.md).
+
         * ``per_epoch=True``: every iteration is one epoch of ``cluster.train(data, n)``; call
           ``model.fit(ds, initial_epoch=e, epochs=e + 1)`` once per epoch.
         * ``steps_per_epoch=S`` (the same on every node, e.g. from :meth:`steps_per_epoch`):
@@ -124,9 +127,14 @@ class FeedDatasets:
                 :class:`~tfos.errors.FeedAbortedError`); the driver counts it as a
                 consequence of the abort either way.
         """
+        from tfos._data import worker_feeds
         from tfos._data.chunk_columns import check_batch_dims, columns_of
         from tfos._data.tfdata import FeedBatches
 
+        if worker_feeds.building_state() is not None:  # model.fit under ParameterServerStrategy: the workers' feeds
+            return worker_feeds.workers_dataset(self, batch_size, output_signature, per_epoch,
+                                           drop_remainder=drop_remainder, prefetch=prefetch, buffer_batches=buffer_batches,
+                                           steps_per_epoch=steps_per_epoch, shuffle_rows=shuffle_rows, shuffle_seed=shuffle_seed)
         columns, single = columns_of(output_signature)
         check_batch_dims(output_signature, batch_size)
         reader = FeedBatches(self, batch_size, columns, single=single, per_epoch=per_epoch, drop_remainder=drop_remainder,

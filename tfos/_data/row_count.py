@@ -52,6 +52,7 @@ class RowCount:
         self._open_trained = 0  # the trained counter when the open epoch began
         self._handed = 0  # rows handed to TensorFlow on this node, every epoch
         self._batch = 0
+        self._python_trained = 0
 
     def enable(self) -> None:
         """Turns the accounting on (TF process of a fed node, before ``main_fun``)."""
@@ -74,6 +75,19 @@ class RowCount:
                 variable = self._variable
                 self._read = lambda: int(variable.read_value().numpy())
             return self._variable
+
+    def count_in_python(self) -> None:
+        """Counts rows trained in Python, through :meth:`add_trained`, instead of a variable:
+        on a fed ParameterServerStrategy worker the steps are the coordinator's closures, and
+        each tells the worker that runs it its batch's rows (:mod:`tfos._node.ps_feed`)."""
+        with self._lock:
+            self._python_trained = 0
+            self._read = lambda: self._python_trained
+
+    def add_trained(self, rows: int) -> None:
+        """Adds ``rows`` rows trained (after :meth:`count_in_python`)."""
+        with self._lock:
+            self._python_trained += int(rows)
 
     def trained(self) -> int:
         """Rows train_step consumed on this node so far (0 before the first step)."""

@@ -87,6 +87,8 @@ class TrainCall:
         feed_timeout_s: Seconds a node may accept no data before the feed fails.
         qname: The node queue fed.
         end_of_feed: End the feed once every partition was handed over.
+        feed_chief: Feed the chief node too (False: a ParameterServerStrategy coordinator
+            reads no feed; its share goes to the workers).
     """
 
     data: Any
@@ -95,6 +97,7 @@ class TrainCall:
     feed_timeout_s: float
     qname: str
     end_of_feed: bool = False
+    feed_chief: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,11 +159,27 @@ def feed_plan(config: ClusterConfig, nodes: Sequence[NodeInfo], call: "TrainCall
     """
     train = isinstance(call, TrainCall)
     return FeedPlan(
-        config.cluster_id, config.key, config.driver_host, config.driver_port, tuple(n for n in nodes if n.role.feedable),
+        config.cluster_id, config.key, config.driver_host, config.driver_port, fed_nodes(nodes, getattr(call, "feed_chief", True)),
         call.qname, "train" if train else "inference", kind, parts, call.feed_timeout_s, feed_id=uuid.uuid4().hex,
         report_sent=train and bool(getattr(call, "end_of_feed", False)),
         first_epoch=first_epoch, report_done=report_done, last_epoch=last_epoch,
     )
+
+
+def fed_nodes(nodes: Sequence[NodeInfo], feed_chief: bool = True) -> tuple[NodeInfo, ...]:
+    """The nodes a feed job sends partitions to (pure): the feedable ones (chief, master,
+    worker), without the chief when ``feed_chief`` is False (a ParameterServerStrategy
+    coordinator: its share goes to the workers, docs/parameter_servers.md "InputMode.SPARK").
+
+    Raises:
+        ConfigurationError: ``feed_chief=False`` leaves no node to feed.
+    """
+    fed = tuple(n for n in nodes if n.role.feedable and (feed_chief or n.job_name != "chief"))
+    if not fed and not feed_chief:
+        from tfos.errors import ConfigurationError
+
+        raise ConfigurationError("train(feed_chief=False): the cluster has no master or worker node to feed")
+    return fed
 
 
 class Backend(Protocol):

@@ -193,7 +193,7 @@ class TFCluster(StatusMethods):
 
     @_records_failure
     def train(self, dataRDD: Any, num_epochs: int = 1, feed_timeout: float = FEED_TIMEOUT_S, qname: str = "input", end_of_feed: bool = False,
-              **stream_options: Any) -> Any:
+              feed_chief: bool = True, **stream_options: Any) -> Any:
         """Feeds an RDD or DataFrame to the nodes' ``DataFeed`` for ``num_epochs`` epochs (driver).
 
         Streams (docs/streaming.md; SparkContext only): a ``DStream`` registers a feed of
@@ -222,6 +222,11 @@ class TFCluster(StatusMethods):
                 data: the worker that runs out then sees the end of its dataset while the
                 others still train, and TensorFlow ends them in step (docs/datafeed.md).
                 No further ``train()`` call is possible afterwards.
+            feed_chief: Feed the chief node (``master_node='chief'``) too, as TFoS does.
+                False for a ParameterServerStrategy program whose chief coordinates
+                ``model.fit`` and whose workers serve: the chief reads no feed, so its share
+                of the partitions goes to the workers (docs/parameter_servers.md
+                "InputMode.SPARK"). A TF1 between-graph chief reads its feed: keep True.
 
         Raises:
             ConfigurationError: Not InputMode.SPARK, ``num_epochs`` < 1, unknown ``qname``,
@@ -235,6 +240,8 @@ class TFCluster(StatusMethods):
         if self._ctl.launcher.streams and (_streaming.is_dstream(dataRDD) or _streaming.is_streaming_df(dataRDD)):
             if end_of_feed:
                 raise ConfigurationError("train(stream, end_of_feed=True): a stream's feed ends at shutdown()")
+            if not feed_chief:
+                raise ConfigurationError("train(stream, feed_chief=False): streams feed every chief/master/worker node")
             if _streaming.is_dstream(dataRDD):
                 if stream_options:
                     raise ConfigurationError(f"train(DStream): unexpected options {sorted(stream_options)}")
@@ -245,7 +252,7 @@ class TFCluster(StatusMethods):
         check_num_epochs(num_epochs)
         self._check_qname(qname)
         data, parts = self._ctl.launcher.train_input(dataRDD, num_epochs, end_of_feed, count=self._ctl.policy.max_restarts > 0)
-        self._ctl.train(TrainCall(data, parts, num_epochs, feed_timeout, qname, end_of_feed))
+        self._ctl.train(TrainCall(data, parts, num_epochs, feed_timeout, qname, end_of_feed, bool(feed_chief)))
         return None
 
     def _check_qname(self, qname: str) -> None:

@@ -53,12 +53,9 @@ def _patch(module: Any) -> None:
         if ctx is None:
             return tf_join(self)
         if getattr(ctx, "mgr", None) is not None:
-            from tfos.errors import ConfigurationError
+            from tfos._node import ps_feed
 
-            raise ConfigurationError(
-                f"server.join() on {ctx.job_name}:{ctx.task_index}: this node is fed by InputMode.SPARK, but a node "
-                "that only serves never reads its feed; run ParameterServerStrategy with InputMode.TENSORFLOW "
-                "(docs/parameter_servers.md)")
+            ps_feed.serve(ctx)  # fed (InputMode.SPARK): the coordinator's per-worker datasets read this node's feed
         ctx.on_serving()  # the driver: shutdown() does not wait for this node
         ctx.stop_event.wait()  # until the driver stops the cluster (the supervisor ends us if it goes)
 

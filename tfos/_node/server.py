@@ -211,6 +211,29 @@ def server_started() -> bool:
     return _SERVER_STARTED.is_set()
 
 
+def _check_fed(ctx: Any) -> bool:
+    """Whether ``ctx`` is a fed worker of a cluster with a chief and ps tasks, whose feed the
+    coordinator's per-worker datasets read (tfos._node.ps_feed).
+
+    Raises:
+        ConfigurationError: Any other fed node (InputMode.SPARK, a chief/worker with a data
+            queue): one that only serves never reads its feed, and train() would wait
+            feed_timeout for it. Raised at once.
+    """
+    from tfos._node.ps_serving import coordinated
+
+    if getattr(ctx, "mgr", None) is None:
+        return False
+    if getattr(ctx, "job_name", "") == "worker" and coordinated(getattr(ctx, "cluster_spec", None) or {}):
+        return True
+    raise ConfigurationError(
+        f"run_server_and_wait() on {getattr(ctx, 'job_name', '?')}:{getattr(ctx, 'task_index', '?')}: this node is "
+        "fed by InputMode.SPARK, but a node that only serves never reads its feed. Under ParameterServerStrategy "
+        "only workers of a cluster with a chief and ps tasks serve their feed to the coordinator's per-worker "
+        "datasets (docs/parameter_servers.md)"
+    )
+
+
 def run_server_and_wait(
     ctx: ServerContext,
     stop_event: threading.Event | None = None,
@@ -261,26 +284,24 @@ def run_server_and_wait(
 
     Raises:
         ValueError: If the context is inconsistent or ``poll_interval_s`` <= 0.
-        ConfigurationError: On a node fed by InputMode.SPARK (``ctx.mgr`` set): a node
-            that only serves would never read its feed.
+        ConfigurationError: On a node fed by InputMode.SPARK (``ctx.mgr`` set) that is not
+            a worker of a cluster with a chief and ps tasks: a node that only serves would
+            never read its feed (a ParameterServerStrategy worker's feed is read by the
+            coordinator's per-worker datasets: docs/parameter_servers.md "InputMode.SPARK").
         PortUnavailableError: If the port stays in use by another process.
         TFServerError: If TF fails to create the server for another reason.
     """
     if poll_interval_s <= 0:
         raise ValueError(f"tfos: poll_interval_s must be > 0, got {poll_interval_s}.")
-    if getattr(ctx, "mgr", None) is not None:
-        # A fed node (InputMode.SPARK, a chief/worker with a data queue) that only serves
-        # never reads its feed: train() would wait feed_timeout for it. Fail at once.
-        raise ConfigurationError(
-            f"run_server_and_wait() on {getattr(ctx, 'job_name', '?')}:{getattr(ctx, 'task_index', '?')}: this node is "
-            "fed by InputMode.SPARK, but a node that only serves never reads its feed. ParameterServerStrategy "
-            "does not fit InputMode.SPARK (its workers run no main_fun loop): run the cluster with "
-            "InputMode.TENSORFLOW and read the data with tf.data (docs/parameter_servers.md)"
-        )
+    fed_worker = _check_fed(ctx)
     import tensorflow as tf
 
     cluster = tf.train.ClusterSpec(node_cluster(ctx))
     create_server(ctx, cluster, "grpc", None, max_attempts, retry_backoff_s)
+    if fed_worker:
+        from tfos._node import ps_feed
+
+        ps_feed.serve(ctx)  # the coordinator's per-worker datasets read this node's feed (docs/parameter_servers.md)
     on_serving = getattr(ctx, "on_serving", None)
     if callable(on_serving):
         # Tells the driver this node only serves now: shutdown() must not wait for it.
