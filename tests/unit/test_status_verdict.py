@@ -435,6 +435,7 @@ def test_the_progress_line_says_starting_before_the_first_rows(monkeypatch):
     monkeypatch.setattr("sys.stderr", io.StringIO())
     p = Progress(tracker, SimpleNamespace(core=core), "g", 4, 4, 5, "tfos train", verdict=lambda: "skew: worker:0")
     try:
+        assert p._bar.postfix == "epoch 1/5, starting"  # the first line drawn
         p._show(0)
         assert p._bar.postfix == "epoch 1/5, starting"
         taken["n"] = 1234

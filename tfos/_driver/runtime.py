@@ -498,7 +498,7 @@ class Progress:
         self._total, self._parts, self._epochs = total, parts, epochs
         self._console = BarConsole(sys.stderr, interval_s=10.0)
         self._bar = tqdm(total=total, desc=desc, unit="part", file=self._console.bar_file,
-                         mininterval=0.5 if self._console.terminal else 10.0, leave=True)
+                         mininterval=0.5 if self._console.terminal else 10.0, leave=True, postfix=f"epoch 1/{epochs}, starting")
         self._console.start()
         self._t0, self._rows0 = time.monotonic(), state.core.rows_consumed()
 
