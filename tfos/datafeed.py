@@ -114,6 +114,7 @@ class DataFeed(FeedDatasets):
         if qname_in not in mgr.queues:
             raise TFOSError(f"no queue {qname_in!r} on this node; queues are {sorted(mgr.queues)}")
         self._hub = mgr
+        ROWS.reader(self)  # its unread rows when main_fun returns (docs/datafeed.md "Row accounting")
         self._q: queue.Queue = mgr.queues[qname_in]
         self._timeout_s = timeout_s if timeout_s is not None else getattr(mgr, "data_timeout_s", 3600.0)
         self._rows: list = []

@@ -39,6 +39,49 @@ def test_rows_trained_are_attributed_to_the_epoch_being_handed_out():
     assert snap["rows_batch/f/0"] == 16 and snap["rows_trained"] == 48
 
 
+class _Conn:
+    def __init__(self, epoch, qname="input", mode="train"):
+        self.epoch, self.qname, self.mode, self.feed_id, self.kind = epoch, qname, mode, "f", None
+
+
+def test_rows_received_but_never_read_are_counted_when_main_fun_returns():
+    import pickle
+    import queue
+
+    from tfos._data.feed_connection import Chunk, PartitionEnd
+    from tfos._data.framing import ChunkKind
+
+    figures = NodeFigures()
+    rows = RowCount(figures)
+    rows.enable()
+    rows._read = lambda: 300
+    rows.distributed(POLICY_CODES["OFF"])
+    rows.handed("f", 0, 320)
+    current, later = _Conn(0), _Conn(1)
+    current.kind = later.kind = ChunkKind.PICKLED_BATCH
+    reader = type("Feed", (), {})()
+    reader._conn, reader._rows, reader._pos, reader._peeked = current, list(range(512)), 320, None
+    rows.reader(reader)
+    ready = queue.Queue()  # an as_dataset reader's ready batches: ((dataset epoch, columns), bytes)
+    ready.put(((3, ([0.0] * 16, [1.0] * 16)), 0))
+    ready.put(("end marker", 0))
+    tf_reader = type("FeedBatches", (), {})()
+    tf_reader._out, tf_reader.epoch_keys, tf_reader._feed = ready, {3: ("f", 1)}, type("F", (), {"qname_in": "input"})()
+    rows.reader(tf_reader)
+    q = queue.Queue()
+    for item in (PartitionEnd(current), Chunk(later, bytearray(pickle.dumps(list(range(100))))),
+                 Chunk(_Conn(1, mode="inference"), b"")):
+        q.put(item)
+    terminated = queue.Queue()
+    terminated.put(Chunk(_Conn(1, qname="other"), bytearray(pickle.dumps([1, 2]))))
+    hub = type("Hub", (), {"queues": {"input": q, "other": terminated}, "terminated": {"other"}, "_conns": {later}})()
+    rows.close(hub)
+    snap = figures.snapshot()
+    assert snap["rows_shard/f/0"] == POLICY_CODES["OFF"] and snap["rows_fed/f/0"] == 320
+    assert snap["rows_unread/f/0"] == 192 and snap["rows_unended/f/0"] == 0 and snap["rows_final/f/0"] == 1
+    assert snap["rows_unread/f/1"] == 116 and snap["rows_unended/f/1"] == 1 and snap["rows_closed/f/1"] == 1
+
+
 def test_a_node_without_a_feed_counts_nothing():
     figures = NodeFigures()
     rows = RowCount(figures)
@@ -100,17 +143,24 @@ def test_the_end_of_data_warning(fed, steps_per_epoch, steps_seen, warned):
 
 
 # ----------------------------------------------------------------- the driver's verdict
-from tfos._driver.row_accounting import READ_AHEAD_BATCHES, RowAccounting, judge_node  # noqa: E402
+from tfos._data.row_count import POLICY_CODES  # noqa: E402
+from tfos._driver.row_accounting import READ_AHEAD_BATCHES, RowAccounting, fed_text, judge_node  # noqa: E402
 
 
-def _node(*epochs, keras=True):
-    """Figures of one node: ``(fed, trained, gap, final)`` per epoch of feed ``a``, batch 16."""
+def _node(*epochs, keras=True, policy="OFF", unread=None):
+    """Figures of one node: ``(fed, trained, gap, final)`` per epoch of feed ``a``, batch 16,
+    every epoch distributed with auto-shard ``policy``; ``unread``: ``{epoch: (rows, partitions)}``."""
     counters = {"rows_trained": 1} if keras else {}
     for e, (fed, trained, gap, final) in enumerate(epochs):
         counters.update({f"rows_fed/a/{e}": fed, f"rows_trained/a/{e}": trained, f"rows_gap/a/{e}": gap,
                          f"rows_batch/a/{e}": 16, f"rows_closed/a/{e}": 1})
+        if policy:
+            counters[f"rows_shard/a/{e}"] = POLICY_CODES[policy]
         if final:
             counters[f"rows_final/a/{e}"] = 1
+    for e, (rows, parts) in (unread or {}).items():
+        counters.update({f"rows_unread/a/{e}": rows, f"rows_unended/a/{e}": parts, f"rows_final/a/{e}": 1,
+                         f"rows_closed/a/{e}": 1})
     return judge_node(1, "worker:0", counters, {}, 2)
 
 
@@ -126,14 +176,51 @@ def test_a_last_partial_batch_dropped_is_within_one_batch():
 
 
 def test_data_auto_shard_is_named_in_the_epoch_that_lost_rows():
-    rows = _node((320, 320, 0, False), (320, 160, 160, False), (320, 320, 160, True))
+    rows = _node((320, 320, 0, False), (320, 160, 160, False), (320, 320, 160, True), policy="DATA")
     assert [r.difference for r in rows] == [0, -160, 0]
-    assert rows[0].ok and rows[2].ok and "AutoShardPolicy.DATA" in rows[1].cause and "2 workers kept 1/2" in rows[1].cause
+    assert rows[0].ok and rows[2].ok and "AutoShardPolicy.DATA" in rows[1].cause and "2 workers kept about 1/2" in rows[1].cause
+    (row,) = _node((320, 160, 160, True), policy="AUTO")  # the user's own AUTO (or TFOS_FEED_AUTO_SHARD=auto)
+    assert "AutoShardPolicy.AUTO, which falls back to DATA" in row.cause and row.policy == "AUTO"
+
+
+@pytest.mark.parametrize("policy", ["OFF", ""])  # tfos's OFF, or no auto-shard (distribute_datasets_from_function)
+def test_half_the_rows_lost_without_auto_shard_names_the_pipeline(policy):
+    # A filter() keeping about half the rows, with auto-shard OFF: the ratio alone would say
+    # "DATA auto-shard"; the policy the node distributed with says it was not.
+    (row,) = _node((1024, 519, 505, True), policy=policy)
+    assert not row.ok and "AutoShard" not in row.cause and "filter()" in row.cause, row.cause
+    assert ("auto-shard was OFF: not the cause" in row.cause) is (policy == "OFF")
+
+
+def test_rows_main_fun_never_read_are_counted_and_named():
+    # ds.unbatch().take(300).batch(32): 320 rows handed to TensorFlow, 300 trained, 704 rows
+    # received but never read, one partition not consumed to its end.
+    (row,) = _node((320, 300, 20, True), unread={0: (704, 1)})
+    assert (row.fed, row.trained, row.unread, row.at_least, row.difference) == (1024, 300, 704, True, -724)
+    assert "main_fun stopped reading the feed" in row.cause and "take()" in row.cause
+    assert fed_text(row) == "at least 1024 rows fed to the node (704 never read by main_fun)"
+    # A later epoch only received, never handed out: judged on its own (nothing trained).
+    rows = _node((320, 320, 0, True), unread={1: (320, 1)})
+    assert [(r.epoch, r.fed, r.trained, r.difference) for r in rows] == [(0, 320, 320, 0), (1, 320, 0, -320)]
+    assert rows[0].ok and "stopped reading the feed" in rows[1].cause
+
+
+def test_an_untrained_epoch_is_never_within_tolerance():
+    # from_generator + steps_per_epoch = rows // (B * workers): fed epoch 1 (32 rows on this
+    # node, one batch) never trained. One batch of difference is otherwise allowed.
+    rows = _node((32, 32, 0, False), (32, 0, 32, True))
+    assert rows[0].ok and not rows[1].ok and rows[1].difference == -32 and "nothing trained" in rows[1].cause
+
+
+def test_read_ahead_left_when_main_fun_returns_is_not_a_loss():
+    # A TFoS-style fit(steps_per_epoch=...) that ends with a few batches read ahead, partitions unread.
+    (row,) = _node((320, 256, 64, True), unread={0: (32, 1)})
+    assert row.ok and row.difference == -96
 
 
 def test_other_causes():
     (row,) = _node((640, 100, 540, True))
-    assert row.difference == -540 and "take()" in row.cause
+    assert row.difference == -540 and "take()" in row.cause and "auto-shard was OFF" in row.cause
     _, row = _node((320, 320, 0, False), (320, 640, -320, True))
     assert row.difference == 320 and "repeat()" in row.cause
     (row,) = _node((640, 0, 640, True))

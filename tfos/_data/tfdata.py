@@ -231,6 +231,7 @@ class FeedBatches:
             if owner is not None and owner is not self:
                 raise TFOSError("this DataFeed is already read by another as_dataset()/FeedBatches; create one per feed")
             self._feed._fast_reader = self
+            ROWS.reader(self)  # its ready batches, if main_fun returns without them (docs/datafeed.md "Row accounting")
             self._thread = threading.Thread(target=self._run, name="tfos-tfdata-reader", daemon=True)
             self._thread.start()
 

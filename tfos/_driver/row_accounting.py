@@ -27,7 +27,9 @@ log = logging.getLogger(__name__)
 #: The most batches of read-ahead (tf.data prefetch, the distributed iterator's buffer) a
 #: node's gap is taken to hold before the rest counts as rows lost.
 READ_AHEAD_BATCHES = 8
-_FIELDS = ("fed", "trained", "gap", "batch", "closed", "final")
+_FIELDS = ("fed", "trained", "gap", "batch", "closed", "final", "shard", "unread", "unended")
+#: Auto-shard policy names by the code a node counts (:data:`tfos._data.row_count.POLICY_CODES`).
+POLICIES = {1: "OFF", 2: "AUTO", 3: "FILE", 4: "DATA", 5: "HINT"}
 
 
 @dataclass(frozen=True)
@@ -39,7 +41,8 @@ class EpochRows:
         node: ``job:index (executor N, host H)``.
         train_call: 0-based index of the ``train()`` call (in the order the node was fed).
         epoch: 0-based epoch within that call (``num_epochs`` of ``train()``; not a Keras epoch).
-        fed: Rows of the epoch the feed handed to TensorFlow on this node.
+        fed: Rows of the epoch Spark fed this node that reached it: those the feed handed
+            to TensorFlow plus ``unread``.
         trained: Rows Keras's ``train_step`` consumed on this node while the feed handed
             out this epoch; None when the node never trained with Keras ``fit`` (a custom
             loop: the epoch is not judged).
@@ -50,6 +53,13 @@ class EpochRows:
         difference: Rows this epoch trained beyond (+) or short of (-) what it was fed,
             read-ahead excluded (0 while open or not judged).
         cause: Empty when the counts agree (or the epoch is open), else the likely cause.
+        unread: Rows of the epoch the node received but ``main_fun`` never took (it returned
+            without ``DataFeed.terminate()``).
+        at_least: ``fed`` is a lower bound: a partition of the epoch was not consumed to its
+            end, and Spark's tasks may have had more rows for the node that never reached it.
+        policy: The auto-shard policy the epoch's dataset was distributed with (``OFF``,
+            ``AUTO``, ``FILE``, ``DATA``, ``HINT``; ``""`` when unknown, e.g. a dataset made
+            by ``distribute_datasets_from_function``, which is never auto-sharded).
     """
 
     executor_id: int
@@ -62,6 +72,9 @@ class EpochRows:
     closed: bool
     difference: int
     cause: str
+    unread: int = 0
+    at_least: bool = False
+    policy: str = ""
 
     @property
     def ok(self) -> bool:
@@ -85,19 +98,40 @@ def parse(counters: dict[str, int]) -> list[tuple[str, int, dict[str, int]]]:
     return [(f, e, v) for (f, e), v in found.items()]
 
 
-def cause_of(difference: int, fed: int, trained: int, gap: int, batch: int, workers: int) -> str:
-    """The likely cause of an epoch's ``difference`` (``""``: none worth a warning) (pure)."""
-    tolerance = max(1, batch)
+def cause_of(difference: int, fed: int, trained: int, gap: int, batch: int, workers: int, policy: str = "",
+             unread: int = 0, final: bool = False) -> str:
+    """The likely cause of an epoch's ``difference`` (``""``: none worth a warning) (pure).
+
+    Allowed without a warning: one batch (a last partial batch ``drop_remainder`` dropped),
+    or :data:`READ_AHEAD_BATCHES` batches in the epoch that ended with ``main_fun`` (its
+    read-ahead); never an epoch with rows fed and none trained. The cause follows what the
+    node knows: an auto-shard policy that shards (``DATA``, ``FILE``, ``AUTO``, ``HINT``)
+    is named only when the epoch's dataset had one; with ``OFF`` (tfos's default for fed
+    datasets) or no auto-shard at all, the pipeline or ``main_fun`` is.
+    """
+    tolerance = max(1, batch) * (READ_AHEAD_BATCHES if final else 1)
+    if difference < 0 and fed > 0 and trained == 0:
+        if unread:
+            return (f"main_fun stopped reading the feed before this epoch's rows ({unread} rows received were never "
+                    "read): a take() in the pipeline, steps_per_epoch x batch size below the fed rows, or fit() "
+                    "ending early (docs/datafeed.md \"Row accounting\")")
+        return ("nothing trained while this epoch was fed: main_fun does not train it with Keras fit(), its fit() "
+                "ended before reading this epoch's rows, or steps_per_epoch covers fewer fed epochs (with a "
+                "dataset given to fit() directly, steps = rows of all nodes / batch: docs/datafeed.md \"steps_per_epoch for each fed form\")")
     if difference < -tolerance:
-        if trained == 0:
-            return ("nothing trained while this epoch was fed: main_fun does not train it with Keras fit(), "
-                    "or its fit() ended before reading this epoch's rows")
-        if workers > 1 and abs(trained * workers - fed) <= tolerance * workers:
-            return (f"TensorFlow auto-sharded the fed dataset (AutoShardPolicy.DATA): each of the {workers} workers "
-                    f"kept 1/{workers} of its own rows; fed rows are already split by Spark: leave the policy at AUTO "
-                    "(tfos turns it off for fed datasets) or set OFF (docs/datafeed.md)")
-        return ("rows handed to TensorFlow were not trained: a take() or filter() in the pipeline, steps_per_epoch "
-                "x batch size below this node's rows, or fit() ended before the feed did")
+        if workers > 1 and policy in ("DATA", "FILE", "AUTO", "HINT"):
+            share = (f": each of the {workers} workers kept about 1/{workers} of its own rows"
+                     if abs(trained * workers - fed) <= max(1, batch) * workers else "")
+            fallback = ", which falls back to DATA on a dataset that reads no files" if policy == "AUTO" else ""
+            return (f"TensorFlow auto-sharded the fed dataset (AutoShardPolicy.{policy}{fallback}){share}; fed rows "
+                    "are already split by Spark: do not set a policy on a dataset over the feed (tfos sets OFF) "
+                    "or set OFF (docs/datafeed.md \"Auto-shard policy\")")
+        if unread:
+            return (f"main_fun stopped reading the feed (e.g. a take() in the pipeline or fit() ending early): {unread} "
+                    "rows this node received were never read, besides rows handed to TensorFlow and not trained")
+        shard = f" (auto-shard was {policy}: not the cause)" if policy == "OFF" else ""
+        return (f"rows handed to TensorFlow were not trained{shard}: a filter() or take() in the pipeline, "
+                "steps_per_epoch x batch size below this node's rows, or fit() ended before the feed did")
     if difference > tolerance and gap < -tolerance:
         return "rows trained more than once: a repeat() or cache() over the feed, or steps_per_epoch beyond the fed rows"
     return ""
@@ -121,22 +155,34 @@ def judge_node(eid: int, node: str, counters: dict[str, int], calls: dict[str, i
     while closed < len(epochs) and epochs[closed][2]["closed"]:
         closed += 1  # figures after an open epoch are not final either
     gaps = [v["gap"] for _, _, v in epochs[:closed]]
-    out, lost_before = [], 0
+    out, lost_before, unread, gap = [], 0, 0, 0
     for i, (feed, epoch, v) in enumerate(epochs):
         call = calls.setdefault(feed, len(calls))
         difference, cause = 0, ""
+        unread += v["unread"]
+        gap = v["gap"] if v["fed"] else gap  # an epoch only received, never handed out: the last gap
         if keras and i < closed:
             if v["final"]:
-                lost = v["gap"]
+                lost = gap + unread  # exact but for rows never received (at_least)
             elif 0 <= v["gap"] <= read_ahead:
                 lost = min(lost_before, v["gap"])
             else:
                 lost = min(gaps[i:])
             difference, lost_before = lost_before - lost, lost
-            cause = cause_of(difference, v["fed"], v["trained"], v["gap"], v["batch"] or batch, workers)
-        out.append(EpochRows(eid, node, call, epoch, v["fed"], v["trained"] if keras else None, v["gap"],
-                             bool(v["closed"]), difference, cause))
+            cause = cause_of(difference, v["fed"] + v["unread"], v["trained"], v["gap"], v["batch"] or batch, workers,
+                             POLICIES.get(v["shard"], ""), v["unread"], bool(v["final"]))
+        out.append(EpochRows(eid, node, call, epoch, v["fed"] + v["unread"], v["trained"] if keras else None, v["gap"],
+                             bool(v["closed"]), difference, cause, v["unread"], bool(v["unended"]),
+                             POLICIES.get(v["shard"], "")))
     return out
+
+
+def fed_text(r: EpochRows) -> str:
+    """``"320 rows fed to TensorFlow"``, or with rows never read, ``"at least 1024 rows fed
+    to the node (704 never read by main_fun)"`` (pure)."""
+    if not r.unread and not r.at_least:
+        return f"{r.fed} rows fed to TensorFlow"
+    return f"{'at least ' if r.at_least else ''}{r.fed} rows fed to the node ({r.unread} never read by main_fun)"
 
 
 class RowAccounting:
@@ -168,7 +214,7 @@ class RowAccounting:
             key = (r.executor_id, r.train_call, r.epoch)
             if r.closed and not r.ok and key not in self._warned:
                 self._warned.add(key)
-                log.warning("tfos row accounting: node %s, train() call %d, epoch %d: %d rows fed to TensorFlow, %d "
-                            "trained by Keras's train_step (%+d rows, read-ahead excluded); likely cause: %s",
-                            r.node, r.train_call, r.epoch, r.fed, r.trained, r.difference, r.cause)
+                log.warning("tfos row accounting: node %s, train() call %d, epoch %d: %s, %d trained by Keras's "
+                            "train_step (%+d rows, read-ahead excluded); likely cause: %s",
+                            r.node, r.train_call, r.epoch, fed_text(r), r.trained, r.difference, r.cause)
         return rows

@@ -86,6 +86,18 @@ def unsharded(dataset: Any) -> Any:
     return dataset.with_options(options)
 
 
+def note_policy(dataset: Any) -> None:
+    """Tells the row accounting the auto-shard policy ``dataset`` is distributed with (the
+    cause it names depends on it; docs/datafeed.md "Row accounting") (TF process)."""
+    from tfos._data.row_count import POLICY_CODES, ROWS
+
+    try:
+        policy = dataset.options().experimental_distribute.auto_shard_policy
+        ROWS.distributed(POLICY_CODES.get(policy.name, 0))
+    except Exception:  # noqa: BLE001 - not a tf.data.Dataset (a distributed one, an iterator): unknown
+        ROWS.distributed(0)
+
+
 def patch(module: Any) -> None:
     """Wraps ``experimental_distribute_dataset`` of the module's ``CollectiveAllReduceStrategy``
     (``tf.distribute.MultiWorkerMirroredStrategy``) with :func:`unsharded` (idempotent)."""
@@ -97,6 +109,7 @@ def patch(module: Any) -> None:
     def experimental_distribute_dataset(self: Any, dataset: Any, options: Any = None) -> Any:
         if self.extended._num_workers > 1:
             dataset = unsharded(dataset)
+            note_policy(dataset)
         return tf_distribute(self, dataset, options)
 
     experimental_distribute_dataset.__wrapped__ = tf_distribute  # type: ignore[attr-defined]

@@ -258,7 +258,7 @@ class _NodeRun:
                 raise
         self.main_done.set()
         if hub is not None:
-            row_count.ROWS.close()  # the last epoch's rows trained, in the report below (docs/datafeed.md)
+            row_count.ROWS.close(hub)  # the last epoch's rows trained, in the report below (docs/datafeed.md)
         report_now(self.client, self.eid, self.hub)  # main_fun's last rows and Keras steps, for the driver's summary
         _task_world.send_accumulator_updates(self.client, self.eid)  # before 'finished': the driver applies them at shutdown
         if hub is not None:
