@@ -375,7 +375,7 @@ def server_handshake(sock: socket.socket, key: bytes, deadline: Deadline, identi
         ConnectionError, DeadlineExceededError: The peer went away or was too slow.
     """
     if not proven:
-        why = ProofChecker(key, DATA_PROOF_MAGIC).check(recv_exact(sock, PROOF_BYTES, deadline))
+        why = ProofChecker(key, DATA_PROOF_MAGIC, identity).check(recv_exact(sock, PROOF_BYTES, deadline))
         if why is not None:
             try:
                 sock.sendall(DATA_REFUSED)
@@ -426,7 +426,7 @@ def client_handshake(sock: socket.socket, key: bytes, deadline: Deadline, identi
             the port is not this cluster's node (e.g. it took over a released port).
         ConnectionError, DeadlineExceededError: The server went away or was too slow.
     """
-    sock.sendall(make_proof(key, DATA_PROOF_MAGIC))  # first: a flood of strangers never evicts it
+    sock.sendall(make_proof(key, DATA_PROOF_MAGIC, identity))  # first; bound to the node (refused by any other)
     hello = recv_exact(sock, _HELLO.size, deadline)
     if hello[:4] == DATA_PROOF_MAGIC:  # the peer speaks first as a client too: no hello will come
         recv_exact(sock, PROOF_BYTES - _HELLO.size, deadline)
