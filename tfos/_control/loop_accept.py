@@ -58,9 +58,11 @@ class Accepting(LoopState):
         holder's SYN, retried only after 1, 3, 7 s), reads each newcomer's proof when it is
         there already, then sheds unproven connections over their cap."""
         try:
-            for _ in range(_ACCEPT_BURST):
+            for i in range(1, _ACCEPT_BURST + 1):
                 if not self._accept_one():
                     return
+                if i % 512 == 0:
+                    self._shed()  # sockets held stay near the cap during a burst
         finally:
             self._shed()
 
