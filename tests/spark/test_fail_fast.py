@@ -184,3 +184,8 @@ def test_a_program_ends_within_seconds_of_a_node_error_with_no_false_loss(tmp_pa
     assert "tfos node failed: worker:1 (executor 1, host 127.0.0.1): ValueError: a bug in main_fun on one node" in stderr
     assert "NodeLost" not in stderr and "tfos node failed: worker:0" not in stderr, stderr[-5000:]
     assert ended - error_at < 10.0, f"the program ended {ended - error_at:.1f} s after the error:\n{stderr[-3000:]}"
+    # no wall of Spark errors at exit: on local-cluster the JVM's shutdown hooks once killed
+    # the executors before the application ended, and the Master relaunched them during the
+    # shutdown (300-1,400 lines of 'Failed to launch executor' / 'failed 21 times; removing it')
+    assert "Failed to launch executor" not in stderr and "removing it" not in stderr, stderr[-3000:]
+    assert "Shutdown hooks cannot be modified" not in stderr, stderr[-3000:]

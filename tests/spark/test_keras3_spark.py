@@ -323,7 +323,7 @@ def lingering_worker_main(args, ctx):
     with strategy.scope():
         v = tf.Variable(1.0)
     total = strategy.experimental_local_results(strategy.run(lambda: tf.distribute.get_replica_context().all_reduce("SUM", v)))[0]
-    if ctx.task_index == 1:
+    if ctx.task_index == args.get("late", 1):
         time.sleep(args["linger_s"])  # longer than the workers' coordination heartbeat interval
     print(f"{ctx.job_name}:{ctx.task_index} summed {float(total)}", flush=True)
 
@@ -340,3 +340,15 @@ def test_a_worker_that_ends_after_the_leader_logs_no_coordination_error(sc, capf
     text = captured.out + captured.err
     assert "worker:0 summed 2.0" in text and "worker:1 summed 2.0" in text, text[-3000:]
     assert "coordination service" not in text and "StartAbort" not in text, text[-3000:]
+    # The other way round: the leader (worker 0) is still busy 15 s after worker 1 returned.
+    # worker 1's process keeps heartbeating until the cluster stops; before, it exited and
+    # the leader printed "StartAbort UNAVAILABLE ... The following tasks are unhealthy
+    # (stopped sending heartbeats): /job:worker/replica:0/task:1 The tasks have crashed"
+    # about 10 s later, in a run that went well.
+    cluster = TFCluster.run(sc, lingering_worker_main, {"linger_s": 15.0, "late": 0}, 2, 0, False,
+                            TFCluster.InputMode.TENSORFLOW, reservation_timeout=120)
+    cluster.shutdown(timeout=120)
+    captured = capfd.readouterr()
+    text = captured.out + captured.err
+    assert "worker:0 summed 2.0" in text and "worker:1 summed 2.0" in text, text[-3000:]
+    assert "unhealthy" not in text and "StartAbort" not in text and "have crashed" not in text, text[-3000:]

@@ -3,6 +3,8 @@ against a fake py4j JVM; the real one is exercised by tests/spark/test_quickstar
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from tfos._driver import spark_bar
@@ -165,3 +167,42 @@ def test_a_connect_session_is_left_alone():
 
     spark_bar.pause(Connect())  # no _jsc: nothing to stop, no error
     assert spark_bar.showing(Connect())
+
+
+def test_the_bar_comes_back_only_after_the_clusters_stages_ended(monkeypatch):
+    """After a failure the cancelled feed tasks still run: Spark's bar would draw their
+    stage and glue its frames to the log lines (`[Stage 5:====(3 + 1) / 4]END`)."""
+    monkeypatch.setattr(spark_bar, "_stderr_is_terminal", lambda: False)
+    monkeypatch.setattr(spark_bar, "POLL_S", 0.01)
+    sc = SC()
+    tasks = {"running": True}
+    spark_bar.pause(sc)
+    spark_bar.resume(sc, lambda: tasks["running"])
+    time.sleep(0.2)
+    assert not sc.jsc.progressBar().isDefined() and sc._jvm.made == []  # its stage still active
+    tasks["running"] = False
+    deadline = time.monotonic() + 30
+    while not sc.jsc.progressBar().isDefined() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sc.jsc.progressBar().get() is sc._jvm.made[0]
+
+
+def test_a_new_cluster_or_a_stopped_context_keeps_the_bar_off(monkeypatch):
+    monkeypatch.setattr(spark_bar, "_stderr_is_terminal", lambda: False)
+    monkeypatch.setattr(spark_bar, "POLL_S", 0.01)
+    sc = SC()
+    tasks = {"running": True}
+    spark_bar.pause(sc)
+    spark_bar.resume(sc, lambda: tasks["running"])
+    spark_bar.pause(sc)  # the next cluster of the program starts meanwhile
+    tasks["running"] = False
+    time.sleep(0.2)
+    assert sc._jvm.made == [] and not spark_bar.showing(sc)
+    spark_bar.resume(sc)
+    assert len(sc._jvm.made) == 1
+    other = SC()
+    spark_bar.pause(other)
+    spark_bar.resume(other, lambda: True)
+    other.jsc.stopped = True
+    time.sleep(0.2)
+    assert other._jvm.made == []

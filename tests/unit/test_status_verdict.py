@@ -90,12 +90,31 @@ def test_skew_names_the_node_far_behind():
 
 def test_a_node_neither_taking_nor_awaiting_rows_while_others_wait_is_far_behind():
     starved = st.window_of(samples(rows_per_s=0, wait_share=1.0, queue=0))
-    stuck = st.window_of(samples(rows_per_s=0, wait_share=0.0, cpu_share=0.0))
+    stuck = st.window_of([dict(s, rows=300) for s in samples(rows_per_s=0, wait_share=0.0, cpu_share=0.0)])
     kind, nodes, text = st.judge({"chief:0": starved, "worker:0": stuck})
     assert kind is st.Verdict.SKEW and nodes == ["worker:0"] and "while chief:0 waited for rows" in text
     # nobody waits: the idle node is left out
     busy = st.window_of(samples(rows_per_s=100, wait_share=0.02, queue=4))
     assert st.judge({"chief:0": busy, "worker:0": stuck})[:2] == (st.Verdict.COMPUTE, ["chief:0"])
+
+
+def test_no_verdict_before_enough_evidence():
+    """A tiny job's first seconds: no verdict flaps (skew, then producer) before every
+    node sent VERDICT_SPAN_S seconds of figures and the rates rest on enough rows."""
+    starved = st.window_of(samples(rows_per_s=0, wait_share=1.0, queue=0))
+    building = st.window_of(samples(rows_per_s=0, wait_share=0.0, cpu_share=1.0))  # no first row yet: its model
+    assert st.judge({"chief:0": starved, "worker:0": building})[0] is st.Verdict.PRODUCER  # not skew: worker:0
+    young = st.window_of(samples(n=6, rows_per_s=100, wait_share=0.9, queue=0))  # 5 s of figures
+    old = st.window_of(samples(rows_per_s=100, wait_share=0.9, queue=0))
+    kind, nodes, text = st.judge({"chief:0": old, "worker:0": young})
+    assert (kind, nodes) == (st.Verdict.NONE, []) and text.startswith("too few figures yet: worker:0")
+    # 2 rows/s against 0.6 rows/s: 20 and 6 rows in 10 s say nothing of a rate
+    few = st.window_of(samples(rows_per_s=2, wait_share=0.02, queue=4))
+    fewer = st.window_of(samples(rows_per_s=0.6, wait_share=0.1, queue=4))
+    assert st.judge({"chief:0": few, "worker:0": fewer})[0] is st.Verdict.NONE
+    many = st.window_of(samples(rows_per_s=20, wait_share=0.02, queue=4))
+    behind = st.window_of(samples(rows_per_s=6, wait_share=0.1, queue=4))
+    assert st.judge({"chief:0": many, "worker:0": behind})[:2] == (st.Verdict.SKEW, ["worker:0"])
 
 
 def test_no_feed_no_verdict():
@@ -401,3 +420,27 @@ def test_rows_by_epoch_of_the_latest_train_call():
               "rows_fed/f2/0": 60, "rows_trained/f2/0": 58, "rows_closed/f2/0": 1, "rows_fed/f2/1": 20, "rows": 180}
     assert st.epochs_of(sample) == {0: {"fed": 60, "trained": 58, "closed": 1}, 1: {"fed": 20, "trained": None, "closed": 0}}
     assert st.epochs_of({"rows": 3}) == {}
+
+
+def test_the_progress_line_says_starting_before_the_first_rows(monkeypatch):
+    """No `0 rows, 0 rows/s` (nor a verdict) before main_fun took its first rows."""
+    import io
+    from types import SimpleNamespace
+
+    from tfos._driver.runtime import Progress
+
+    taken = {"n": 0}
+    core = SimpleNamespace(rows_consumed=lambda: taken["n"])
+    tracker = SimpleNamespace(getJobIdsForGroup=lambda g: [])
+    monkeypatch.setattr("sys.stderr", io.StringIO())
+    p = Progress(tracker, SimpleNamespace(core=core), "g", 4, 4, 5, "tfos train", verdict=lambda: "skew: worker:0")
+    try:
+        assert p._bar.postfix == "epoch 1/5, starting"  # the first line drawn
+        p._show(0)
+        assert p._bar.postfix == "epoch 1/5, starting"
+        taken["n"] = 1234
+        p._show(0)
+        assert p._bar.postfix.startswith("epoch 1/5, 1,234 rows, ") and p._bar.postfix.endswith(" rows/s, skew: worker:0")
+    finally:
+        p._bar.close()
+        p._console.stop()

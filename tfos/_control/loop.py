@@ -24,6 +24,7 @@ from typing import Any, Callable, Hashable, Iterable, Optional, Union
 
 from tfos._common import wire as _wire
 from tfos._common.admission import PROOF_BYTES, Admission, FloodStats, ProofChecker
+from tfos._control.accept_queue import QueueWatch
 from tfos._control.limits import ControlLimits
 from tfos._control.loop_accept import Accepting
 from tfos._control.loop_parts import LoopState, Timeouts, _Conn, _malformed, _Poll, _Reject, _run_call
@@ -156,6 +157,7 @@ class EventLoop(Accepting, Dispatching, LongPolls):
         self.unproven = Admission(limits.max_unauthenticated)  # no proof of the key yet (evictable)
         self.checker = ProofChecker(key, PROOF_MAGIC)
         self.flood = FloodStats()
+        self.queue = QueueWatch(listener)  # evidence of this listener's own accept queue overflowing
         self.pending: dict[_Conn, float] = {}  # proven, no first frame yet -> proof time (oldest first)
         self.partial: set[_Conn] = set()  # a frame started and not finished
         self.topics: dict[Hashable, set[_Poll]] = {}
@@ -215,6 +217,8 @@ class EventLoop(Accepting, Dispatching, LongPolls):
                             self._readable(data)
                         if mask & selectors.EVENT_WRITE and not data.closed:
                             self._flush(data)
+                if accept or self.accept_paused_until:
+                    self.queue.sample()
                 if accept:
                     self._accept()
                 self._drain_done()

@@ -104,18 +104,6 @@ def _raise_fd_limit(want: int) -> int:
     return soft
 
 
-def _listen_drops() -> int:
-    """The host's count of connection attempts dropped at a full accept queue (Linux
-    ``/proc/net/netstat`` TcpExt ListenDrops; 0 elsewhere)."""
-    try:
-        with open("/proc/net/netstat") as f:
-            lines = [ln.split() for ln in f if ln.startswith("TcpExt:")]
-        names, values = lines[0], lines[1]
-        return int(values[names.index("ListenDrops")])
-    except (OSError, IndexError, ValueError):
-        return 0
-
-
 def _timeouts() -> Timeouts:
     """The deadlines of this module, as they are now (tests shorten them)."""
     return Timeouts(FIRST_FRAME_TIMEOUT_S, FRAME_TIMEOUT_S, IDLE_TIMEOUT_S, WRITE_TIMEOUT_S)
@@ -176,7 +164,6 @@ class ControlServer:
                 "Set TFOS_SERVER_HOST / TFOS_SERVER_PORT to a free address or range"
             )
         self.host, self.port = listener.getsockname()[:2]
-        self._drops_at_start = _listen_drops()
         self._loop = EventLoop(listener, key, dispatch, limits, _timeouts)
         self._closed = False
         self._thread = threading.Thread(target=self._loop.run, name="tfos-control-server", daemon=True)
@@ -209,17 +196,17 @@ class ControlServer:
         }
 
     def flood_report(self) -> str:
-        """A sentence for the driver's errors when connections without the key were turned
-        away, or the kernel dropped connection attempts to a full accept queue on this host,
-        since the server started: the port, the counts, the top source addresses and the
-        remedy (docs/reliability.md "Floods"); "" when neither happened."""
+        """A sentence for the driver's errors when there is evidence of a flood on this
+        server's own port since it started: connections without the key turned away
+        (rejected, evicted, refused at a cap), or its own accept queue found full (with the
+        host's ListenDrops rise over those spans): the port, the counts, the top source
+        addresses and the remedy (docs/reliability.md "Floods"); "" otherwise, whatever
+        other listeners of the host went through."""
         where = f"the tfos control port {self.host}:{self.port}"
         text = self._loop.flood.summary(where)
-        drops = _listen_drops() - self._drops_at_start
-        if drops > 0:
-            text = ((text + "; ") if text else f"{where}: ") + (
-                f"the kernel of this host dropped {drops:,} connection attempts to full accept queues meanwhile "
-                f"(TcpExt ListenDrops, every listener of the host)" + ("" if text else f"; {REMEDY}"))
+        queue = self._loop.queue.summary()
+        if queue:
+            text = (text + "; " + queue) if text else f"{where}: {queue}; {REMEDY}"
         return text
 
     def close(self, timeout_s: float = 5.0) -> None:

@@ -82,6 +82,7 @@ class TFCluster(StatusMethods):
     def __init__(self, controller: Controller) -> None:
         """Built by :func:`run` around the cluster's controller; not meant to be called directly."""
         self._ctl = controller
+        self._shut_down = False  # a shutdown() returned: a second one does nothing
         launcher = controller.launcher
         plan = controller.plan
         self.sc = launcher.sc
@@ -369,6 +370,8 @@ class TFCluster(StatusMethods):
         """
         _check_seconds("shutdown(): timeout", timeout, allow_zero=True)
         _check_seconds("shutdown(): grace_secs", grace_secs, allow_zero=True)
+        if self._shut_down:  # e.g. inside `with TFCluster.run(...)`, whose exit calls it again
+            return
         if self._ctl.launcher.streams:  # stop the streams feeding this cluster before the feed ends
             try:
                 _streaming.stop_streams(self, ssc, Deadline(timeout, "the stream to end or a stop request"))
@@ -379,6 +382,7 @@ class TFCluster(StatusMethods):
         # nodes still get ``timeout`` to see the end of the feed and return.
         deadline = Deadline(timeout, "main_fun to return on every chief/master/worker node", "a main_fun that never ends (e.g. waiting for data after terminate())")
         self._ctl.shutdown(deadline, float(grace_secs))
+        self._shut_down = True
         if self._monitor_or_none() is not None:
             log.info("%s", summary_text(self.summary()))
 

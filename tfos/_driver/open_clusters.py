@@ -5,6 +5,17 @@ starts forming it until its teardown after closed or failed ended, so a cluster 
 attempts (restarting) stays open. While any is open, tfos's SIGTERM handler is installed
 (only over SIGTERM's default disposition; see :func:`install_sigterm`), and interpreter exit
 tears down whatever is still open.
+
+Then, at interpreter exit, the SparkContexts a tfos cluster ran on with a
+``local-cluster[...]`` master are stopped unless the program stopped them. Without it the
+driver JVM's shutdown hooks kill the executors of the Workers it hosts before the
+SparkContext's own stop hook ends the application, so the Master relaunches executors
+during the JVM's shutdown and each relaunch fails: hundreds of ``ERROR Worker: Failed to
+launch executor ... Shutdown hooks cannot be modified during shutdown`` lines and ``ERROR
+Master: Application ... failed N times; removing it`` after the program's own traceback
+(plain PySpark does the same on local-cluster). Stopping the context first is what Spark's
+stop hook would do, only earlier; other masters' executors run in processes of their own
+and are left to Spark (docs/reliability.md "Interpreter exit").
 """
 
 from __future__ import annotations
@@ -37,6 +48,8 @@ class _OpenClusters:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.controllers: dict[int, _Controller] = {}
+        #: id(SparkContext) -> the SparkContexts tfos clusters ran on.
+        self.contexts: dict[int, Any] = {}
         #: True while tfos's SIGTERM handler is installed.
         self.sigterm_installed = False
 
@@ -50,6 +63,11 @@ class _OpenClusters:
             empty = not self.controllers
         if empty and threading.current_thread() is threading.main_thread():
             _remove_sigterm()
+
+    def note_context(self, sc: Any) -> None:
+        """Remembers the SparkContext a cluster runs on (for :func:`_teardown_at_exit`)."""
+        with self.lock:
+            self.contexts[id(sc)] = sc
 
     def snapshot(self) -> list[_Controller]:
         with self.lock:
@@ -105,9 +123,27 @@ def _remove_sigterm() -> None:
 
 @atexit.register
 def _teardown_at_exit() -> None:
-    """Interpreter exit with clusters still open: tear them down, bounded (driver)."""
+    """Interpreter exit: tears down the clusters still open, bounded, then stops the
+    local-cluster SparkContexts they ran on (driver)."""
     for controller in OPEN.snapshot():
         try:
             controller.at_exit()
         except Exception as exc:  # noqa: BLE001 - best effort at exit
             log.warning("teardown of %s at exit failed: %s", controller.cluster_id, exc)
+    _stop_local_cluster_contexts()
+
+
+def _stop_local_cluster_contexts() -> None:
+    """Stops the ``local-cluster[...]`` SparkContexts tfos clusters ran on that are still
+    running, before the JVM's shutdown hooks kill their executors (driver, interpreter exit;
+    see the module docstring)."""
+    with OPEN.lock:
+        contexts = list(OPEN.contexts.values())
+        OPEN.contexts.clear()
+    for sc in contexts:
+        try:
+            if not str(sc.master).startswith("local-cluster") or sc._jsc is None or sc._jsc.sc().isStopped():
+                continue
+            sc.stop()
+        except Exception as exc:  # noqa: BLE001 - best effort at exit: the JVM's hook stops it then
+            log.debug("could not stop the SparkContext at interpreter exit: %s", exc)

@@ -25,7 +25,7 @@ from tfos._control.host import ATTRIBUTION_S, STOP_TIMEOUT_S, ClusterHost
 from tfos._driver import spark_bar as _spark_bar
 from tfos._driver.console import BarConsole
 from tfos._driver.monitor import StatusMonitor
-from tfos._driver.open_clusters import any_open
+from tfos._driver.open_clusters import OPEN, any_open
 from tfos._driver.payload import AccumulatorInbox
 from tfos._driver.row_accounting import RowAccounting
 from tfos._node import output as _node_output
@@ -239,6 +239,7 @@ class ClusterRuntime:
         self.monitor: Optional[StatusMonitor] = None
         install_py4j_redaction()
         self.server = self.host.serve(key, driver_host)
+        OPEN.note_context(sc)  # stopped at interpreter exit on local-cluster (tfos._driver.open_clusters)
         _spark_bar.pause(sc)  # Spark's console bar is off while this cluster lives (tfos._driver.spark_bar)
         _node_output.note_spark_bar(_spark_bar.showing(sc))
 
@@ -266,6 +267,23 @@ class ClusterRuntime:
         job = JobThread(self.sc, self.job_group(kind), description, action, self.host.poke)
         self.jobs.append(job)
         return job
+
+    def stages_active(self) -> bool:
+        """True while a stage of one of this cluster's Spark jobs is active: the tasks of a
+        cancelled job still run (driver; False when Spark cannot be asked)."""
+        try:
+            tracker = self.sc.statusTracker()
+            active = set(tracker.getActiveStageIds())
+            if not active:
+                return False
+            for job in self.jobs:
+                for jid in tracker.getJobIdsForGroup(job.group):
+                    info = tracker.getJobInfo(jid)
+                    if info is not None and active.intersection(info.stageIds):
+                        return True
+        except Exception:  # noqa: BLE001 - a stopped context: nothing runs
+            return False
+        return False
 
     def job_group(self, kind: str) -> str:
         """The job group of the last job of ``kind`` started (or about to be)."""
@@ -450,7 +468,7 @@ class ClusterRuntime:
             if self.monitor is not None:
                 self.monitor.stop()  # a last read of the figures, for the summary
             self.host.close()
-            _spark_bar.resume(self.sc)
+            _spark_bar.resume(self.sc, self.stages_active)
             self._torn_down.set()
         # main_fun's accumulator updates count once, for an attempt that ended well (a
         # failed one's nodes run again after a restart): tfos._driver.payload.
@@ -480,7 +498,7 @@ class Progress:
         self._total, self._parts, self._epochs = total, parts, epochs
         self._console = BarConsole(sys.stderr, interval_s=10.0)
         self._bar = tqdm(total=total, desc=desc, unit="part", file=self._console.bar_file,
-                         mininterval=0.5 if self._console.terminal else 10.0, leave=True)
+                         mininterval=0.5 if self._console.terminal else 10.0, leave=True, postfix=f"epoch 1/{epochs}, starting")
         self._console.start()
         self._t0, self._rows0 = time.monotonic(), state.core.rows_consumed()
 
@@ -499,7 +517,8 @@ class Progress:
         rate = rows / max(1e-6, time.monotonic() - self._t0)
         epoch = min(self._epochs, done // max(1, self._parts) + 1)
         mark = self._verdict()
-        self._bar.set_postfix_str(f"epoch {epoch}/{self._epochs}, {rows:,} rows, {rate:,.0f} rows/s{', ' + mark if mark else ''}", refresh=False)
+        figures = f"{rows:,} rows, {rate:,.0f} rows/s" if rows else "starting"  # no rate before the first rows
+        self._bar.set_postfix_str(f"epoch {epoch}/{self._epochs}, {figures}{', ' + mark if mark and rows else ''}", refresh=False)
         self._bar.update(done - self._bar.n)
 
     def update(self) -> None:

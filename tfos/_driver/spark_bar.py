@@ -14,7 +14,11 @@ SparkContext's ``ConsoleProgressBar`` is stopped and detached (Spark checks for 
 each use), tfos shows its own progress bar during ``train()`` and ``inference()`` (on a
 terminal; elsewhere whole lines every 10 s), and, when the bar had drawn and stderr is not a
 terminal, a newline ends the bar's last frame so the next line starts on a line of its own.
-When the last cluster is torn down, a new ``ConsoleProgressBar`` is attached, as Spark made it.
+When the last cluster is torn down and no stage of its Spark jobs is active any more (the
+tasks of a cancelled feed job can run on for seconds after a failure), a new
+``ConsoleProgressBar`` is attached, as Spark made it; until then a watcher thread polls
+(every 0.5 s, at most :data:`RESUME_WAIT_S`, after which the bar stays off), and a stopped
+SparkContext gets none.
 When the JVM refuses (another Spark version's internals), Spark's bar stays and tfos falls
 back to showing none of its own, erasing the bar's line before node lines on a terminal
 (:func:`tfos._node.output.note_spark_bar`). See docs/api.md "Node output".
@@ -25,7 +29,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Any
+import time
+from typing import Any, Callable
 
 from tfos._node.output import spark_shows_progress as _conf_on
 
@@ -36,6 +41,12 @@ log = logging.getLogger(__name__)
 _lock = threading.Lock()
 #: id(SparkContext) -> open clusters that paused its bar.
 _paused: dict[int, int] = {}
+#: id(SparkContext) -> the closed clusters' "a stage of my jobs is still active" checks.
+_running: dict[int, list] = {}
+#: Longest wait, in seconds, for a torn-down cluster's Spark stages to end before the bar
+#: comes back; past it the bar stays off (never glued to the lines of tasks still running).
+RESUME_WAIT_S = 600.0
+POLL_S = 0.5
 
 
 def _field(sc: Any, cls_name: str, name: str) -> Any:
@@ -95,25 +106,75 @@ def pause(sc: Any) -> None:
         _paused[key] = 1
 
 
-def resume(sc: Any) -> None:
-    """Ends one open cluster's pause; the last one attaches a new Spark console bar (driver,
-    after the cluster's teardown). Best effort: a stopped SparkContext gets none."""
+def resume(sc: Any, running: Callable[[], bool] = lambda: False) -> None:
+    """Ends one open cluster's pause (driver, after the cluster's teardown). When it was the
+    last, a new Spark console bar is attached once no closed cluster's job of ``sc`` has an
+    active stage any more (``running()`` False for each), by a watcher thread when one still
+    has (at most :data:`RESUME_WAIT_S`). Best effort: a stopped SparkContext gets none.
+
+    Args:
+        sc: The SparkContext.
+        running: True while a stage of this cluster's Spark jobs is active (its tasks
+            still run, e.g. cancelled feed tasks); must not raise.
+    """
     with _lock:
         key = id(sc)
         if not _paused.get(key):
             return
         _paused[key] -= 1
+        _running.setdefault(key, []).append(running)
         if _paused[key]:
             return
         del _paused[key]
-        try:
-            jsc = sc._jsc.sc()
-            if jsc.isStopped() or jsc.progressBar().isDefined():
+        if not _busy(key):
+            _running.pop(key, None)
+            _attach(sc)
+            return
+    threading.Thread(target=_attach_when_idle, args=(sc, key), name="tfos-spark-bar", daemon=True).start()
+
+
+def _busy(key: int) -> bool:
+    checks = _running.get(key, [])
+    checks[:] = [c for c in checks if c()]
+    return bool(checks)
+
+
+def _attach_when_idle(sc: Any, key: int) -> None:
+    deadline = time.monotonic() + RESUME_WAIT_S
+    while time.monotonic() < deadline:
+        time.sleep(POLL_S)
+        with _lock:
+            if _paused.get(key):  # a new cluster paused it again: its own resume decides
                 return
-            bar = sc._jvm.org.apache.spark.ui.ConsoleProgressBar(jsc)
-            _field(sc, "org.apache.spark.SparkContext", "_progressBar").set(jsc, sc._jvm.scala.Some(bar))
-        except Exception as exc:  # noqa: BLE001 - a stopped context or gateway: nothing to draw on
-            log.debug("could not turn Spark's console progress bar back on: %s", exc)
+            if _stopped(sc):
+                _running.pop(key, None)
+                return
+            if not _busy(key):
+                _running.pop(key, None)
+                _attach(sc)
+                return
+    with _lock:
+        _running.pop(key, None)
+    log.debug("Spark's console progress bar stays off: stages of a tfos job still active after %g s", RESUME_WAIT_S)
+
+
+def _stopped(sc: Any) -> bool:
+    try:
+        return bool(sc._jsc.sc().isStopped())
+    except Exception:  # noqa: BLE001 - a gateway gone: as good as stopped
+        return True
+
+
+def _attach(sc: Any) -> None:
+    """Attaches a new ConsoleProgressBar unless the context is stopped or has one (lock held)."""
+    try:
+        jsc = sc._jsc.sc()
+        if jsc.isStopped() or jsc.progressBar().isDefined():
+            return
+        bar = sc._jvm.org.apache.spark.ui.ConsoleProgressBar(jsc)
+        _field(sc, "org.apache.spark.SparkContext", "_progressBar").set(jsc, sc._jvm.scala.Some(bar))
+    except Exception as exc:  # noqa: BLE001 - a stopped context or gateway: nothing to draw on
+        log.debug("could not turn Spark's console progress bar back on: %s", exc)
 
 
 def showing(sc: Any) -> bool:

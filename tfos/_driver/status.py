@@ -18,7 +18,10 @@ Verdicts (:class:`Verdict`), from each fed node's last :data:`WINDOW_S` seconds:
   queue holds rows: main_fun (the TF step) is the slow part;
 - ``skew``: one node takes rows far more slowly (below :data:`SKEW_RATIO` of the median
   of the fed nodes): it is far behind the others;
-- ``none``: none of these holds (or no node takes rows).
+- ``none``: none of these holds (or no node takes rows), or too few figures yet: every
+  verdict waits until each judged node's window spans :data:`VERDICT_SPAN_S` seconds, and
+  the rate comparisons (``skew`` by rate, ``compute``) until the fed nodes took
+  :data:`VERDICT_ROWS` rows each on average in their windows.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from typing import Mapping, Optional, Sequence
 
 __all__ = [
     "Verdict", "NodeWindow", "window_of", "waited_ms", "in_tensorflow", "innermost_of_main", "epochs_of", "node_class", "judge", "progress_mark", "idle",
-    "WINDOW_S", "STARVED_SHARE", "BUSY_SHARE", "EMPTY_SHARE", "SKEW_RATIO", "IDLE_CPU_SHARE",
+    "WINDOW_S", "VERDICT_SPAN_S", "VERDICT_ROWS", "STARVED_SHARE", "BUSY_SHARE", "EMPTY_SHARE", "SKEW_RATIO", "IDLE_CPU_SHARE",
 ]
 
 #: Seconds of a node's own clock over which rates and shares are computed.
@@ -48,6 +51,13 @@ BUSY_SHARE = 0.2
 EMPTY_SHARE = 0.5
 #: A fed node taking rows below this share of the median rate is far behind (skew).
 SKEW_RATIO = 0.5
+#: Least span, in seconds, of every judged node's window before any verdict: a verdict
+#: from the first seconds of a job (one node fed first, another still building its model)
+#: flaps as the job settles.
+VERDICT_SPAN_S = 8.0
+#: Least rows per fed node, over the fed nodes' windows together, before the rates are
+#: compared (``skew`` by rate, ``compute``): a few rows say nothing of a rate.
+VERDICT_ROWS = 50
 #: CPU below this share of one core (with no row and no step) counts as no progress.
 IDLE_CPU_SHARE = 0.05
 
@@ -183,7 +193,13 @@ def judge(windows: Mapping[str, NodeWindow]) -> tuple[Verdict, list[str], str]:
     fed = {n: w for n, w in windows.items() if w.fed}
     if not fed:
         return Verdict.NONE, [], "no node is taking rows from a feed"
-    absent = [n for n in windows if n not in fed]
+    short = [n for n, w in windows.items() if w.span_s < VERDICT_SPAN_S]
+    if short:
+        return Verdict.NONE, [], (f"too few figures yet: {_names(short)} sent less than {VERDICT_SPAN_S:g} s of them "
+                                  "(docs/status.md \"Verdicts\")")
+    rows_enough = sum(w.rows_per_s * w.span_s for w in fed.values()) >= VERDICT_ROWS * len(fed)
+    # a node that has not taken its first row yet is starting (its model, its TF server), not behind
+    absent = [n for n, w in windows.items() if n not in fed and w.rows > 0]
     waiting = [n for n, w in fed.items() if w.feed_wait_share >= STARVED_SHARE]
     if absent and waiting:
         return Verdict.SKEW, absent, (
@@ -191,7 +207,7 @@ def judge(windows: Mapping[str, NodeWindow]) -> tuple[Verdict, list[str], str]:
             "main_fun there is busy elsewhere or stuck (cluster.stacks() shows where)")
     rates = [w.rows_per_s for w in fed.values()]
     median = statistics.median(rates)
-    if len(fed) >= 2 and median > 0:
+    if len(fed) >= 2 and median > 0 and rows_enough:
         behind = [n for n, w in fed.items() if w.rows_per_s < SKEW_RATIO * median]
         if behind:
             r = {n: fed[n].rows_per_s for n in behind}
@@ -211,7 +227,7 @@ def judge(windows: Mapping[str, NodeWindow]) -> tuple[Verdict, list[str], str]:
             why = "rows wait in their input queues: unpacking them (the feed) is the slow part"
         return kind, named, f"{_names(named)}: main_fun waits for rows {share:.0%} of the time and {why}"
     busy = [n for n, c in classes.items() if c is Verdict.COMPUTE]
-    if busy:
+    if busy and rows_enough:
         share = max(fed[n].feed_wait_share for n in busy)
         return Verdict.COMPUTE, busy, (
             f"{_names(busy)}: main_fun runs {1 - share:.0%} of the time or more while rows wait in the queue: "

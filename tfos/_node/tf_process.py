@@ -36,6 +36,7 @@ from tfos._data import row_count
 from tfos._data.feed_hub import FeedHub
 from tfos._data.figures import live_snapshot, report_now
 from tfos._data.framing import FeedState
+from tfos._node import coordination as _coordination
 from tfos._node import fed_shard, keras3_fix, ps_serving
 from tfos._node import task_world as _task_world
 from tfos._node.context import TFNodeContext
@@ -85,24 +86,6 @@ def _tf_server_started() -> bool:
     asked when tfos._node.server was imported, so nodes that never use it import nothing."""
     mod = sys.modules.get("tfos._node.server")
     return bool(mod is not None and mod.server_started())
-
-
-def _coordination_leader(role) -> bool:
-    """Whether this TF process leads TensorFlow's coordination service (TF process, after
-    ``main_fun`` returned): ``MultiWorkerMirroredStrategy`` makes the chief (else worker 0)
-    the service every other worker heartbeats to; when the leader's process exits before
-    theirs, TensorFlow logs ``StartAbort UNAVAILABLE: Failed to send RPC to coordination
-    service`` on each of them, an error in a run that went well. Only asked when TensorFlow
-    was imported."""
-    mod = sys.modules.get("tensorflow.python.eager.context")
-    if mod is None:
-        return False
-    try:
-        config = mod.context().coordination_service
-    except Exception:  # noqa: BLE001 - a TensorFlow without it: nothing to wait for
-        return False
-    leader = getattr(config, "service_leader", "") if config is not None else ""
-    return bool(leader) and leader == f"/job:{role.job_name}/replica:0/task:{role.task_index}"
 
 
 def run_node(launch: NodeLaunch) -> int:
@@ -293,12 +276,24 @@ class _NodeRun:
         """After main_fun returned: keeps the process up while it must serve the cluster."""
         name = self.launch.node_name
         serving = _tf_server_started()
-        if _coordination_leader(self.role) and not self.stop_event.is_set():
+        part = _coordination.part_of(self.role) if not self.stop_event.is_set() else ""
+        if part == "leader":
             # The other workers heartbeat to this process until they exit: it stays up until
             # the driver stops the cluster, after every main_fun returned (or a node failed).
             log.info("tfos node %s: main_fun returned; it leads TensorFlow's coordination service, "
                      "so its process waits for the cluster to stop", name)
             self.stop_event.wait()
+        elif part == "member":
+            # Its coordination agent heartbeats to the leader while this process lives: it
+            # stays up until the driver stops the cluster (every main_fun returned, or a node
+            # failed), at most coordination_linger_s(). Its FINISHED status is already sent,
+            # so neither shutdown() nor a failure report waits for this.
+            limit = _coordination.linger_s()
+            log.info("tfos node %s: main_fun returned; its process keeps heartbeating to TensorFlow's coordination "
+                     "service until the cluster stops (at most %g s)", name, limit)
+            if not self.stop_event.wait(limit):
+                log.warning("tfos node %s: the cluster did not stop within %g s after main_fun returned; the process "
+                            "exits (the coordination service's leader may report it crashed)", name, limit)
         elif serving or (self.tb_proc is not None and self.tb_proc.poll() is None):
             # Keep TensorBoard, and a TF server main_fun started with start_cluster_server,
             # up until the driver stops the cluster (the supervisor ends this process if the
