@@ -134,7 +134,7 @@ def test_squatter_on_released_data_port_gets_nothing(sc, no_leftovers, tmp_path)
 def test_relay_on_released_data_port_reads_no_row(sc, no_leftovers, tmp_path, caplog):
     """Node 0's main_fun returns; a local process without the key takes its data port and
     relays every connection to node 1. Feed tasks meant for node 0 reach node 1 through
-    it, which refuses their handshake (it names another node); they fail over to node 1
+    it, which refuses their proof (bound to node 0; the refusal names node 1); they fail over to node 1
     directly. The relay reads no row, and the driver logs a WARNING naming node 0 and the
     intruding connection."""
     with caplog.at_level(logging.WARNING, logger="tfos._driver.runtime"):
@@ -142,9 +142,9 @@ def test_relay_on_released_data_port_reads_no_row(sc, no_leftovers, tmp_path, ca
                                          "--capture", "{run}/relay")
     to_node = (run_dir / "relay.to-node").read_bytes()
     to_task = (run_dir / "relay.to-task").read_bytes() if (run_dir / "relay.to-task").exists() else b""
-    # 0 rows readable: each task sent the relay its proof of the key (52 bytes), then a magic,
-    # a nonce and a proof bound to the node's nonce (68), nothing more
-    assert len(to_node) == (52 + 68) * len(conns), (len(to_node), len(conns))
+    # 0 rows readable: each task sent the relay its proof of the key bound to node 0 (52 bytes),
+    # which node 1 refused, naming itself; nothing more
+    assert len(to_node) == 52 * len(conns), (len(to_node), len(conns))
     assert b"row-secret" not in to_node and b"row-secret" not in to_task
     # the driver's WARNING names node 0, its address, the connection and where it led
     addr = (run_dir / "node0").read_text()

@@ -25,7 +25,7 @@ import time
 from typing import Callable, cast
 
 from tfos._common.admission import PROOF_BYTES, UNPROVEN_CAP, Admission, FloodStats, ProofChecker
-from tfos._common.wire import DATA_PROOF_MAGIC, DATA_REFUSED
+from tfos._common.wire import DATA_PROOF_MAGIC, data_refusal
 
 __all__ = ["FeedGate", "MAX_UNPROVEN"]
 
@@ -68,6 +68,8 @@ class FeedGate:
         self.address = address
         self._admit = admit
         self._on_reject = on_reject
+        self._key = key
+        self._identity = identity
         self._checker = ProofChecker(key, DATA_PROOF_MAGIC, identity)
         self.unproven = Admission(MAX_UNPROVEN)
         self.flood = FloodStats()
@@ -210,7 +212,8 @@ class FeedGate:
         why = self._checker.check(bytes(p.got))
         if why is not None:
             try:
-                p.sock.send(DATA_REFUSED)  # a feed task with another key fails at once
+                # a feed task with another key fails at once; one whose proof was for another node learns which
+                p.sock.send(data_refusal(self._key, bytes(p.got), self._identity()))
             except OSError:
                 pass
             self._reject(p, why)
