@@ -102,6 +102,9 @@ class FakeBackend:
     def row_accounting(self) -> list:
         return []
 
+    def rows_skipped(self, nodes: Sequence[str]) -> None:
+        pass
+
     def node_states(self) -> dict[int, str]:
         return {n.executor_id: "finished" for n in self._nodes}
 

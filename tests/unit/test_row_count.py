@@ -205,6 +205,23 @@ def test_rows_main_fun_never_read_are_counted_and_named():
     assert rows[0].ok and "stopped reading the feed" in rows[1].cause
 
 
+def test_partitions_skipped_after_main_fun_returned_make_the_last_epoch_at_least(caplog):
+    # take(300): every row main_fun received was counted, but its later partitions were
+    # refused (the driver's "not consumed to their end"): fed is a lower bound.
+    counters = {"rows_trained": 300, "rows_fed/a/0": 320, "rows_trained/a/0": 300, "rows_gap/a/0": 20,
+                "rows_batch/a/0": 32, "rows_closed/a/0": 1, "rows_final/a/0": 1, "rows_unread/a/0": 192,
+                "rows_unended/a/0": 0, "rows_shard/a/0": POLICY_CODES["OFF"]}
+    acct = RowAccounting(_State({1: counters}))
+    (row,) = acct.table()
+    assert not row.at_least and row.fed == 512
+    acct.note_skipped(["worker:0 (executor 1, host h)"])
+    with caplog.at_level("WARNING", logger="tfos._driver.row_accounting"):
+        (row,) = acct.check()
+    assert row.at_least and row.difference == -212 and "main_fun stopped reading the feed" in row.cause
+    assert ("worker:0 (executor 1, host h), train() call 0, epoch 0: at least 512 rows fed to the node (192 never read "
+            "by main_fun), 300 trained") in caplog.records[0].getMessage()
+
+
 def test_an_untrained_epoch_is_never_within_tolerance():
     # from_generator + steps_per_epoch = rows // (B * workers): fed epoch 1 (32 rows on this
     # node, one batch) never trained. One batch of difference is otherwise allowed.
@@ -213,9 +230,12 @@ def test_an_untrained_epoch_is_never_within_tolerance():
 
 
 def test_read_ahead_left_when_main_fun_returns_is_not_a_loss():
-    # A TFoS-style fit(steps_per_epoch=...) that ends with a few batches read ahead, partitions unread.
+    # A TFoS-style fit(steps_per_epoch=...) that ends with a few batches read ahead (handed
+    # to TensorFlow, not trained): up to READ_AHEAD_BATCHES batches; rows never read count.
+    (row,) = _node((320, 256, 64, True))
+    assert row.ok and row.difference == -64
     (row,) = _node((320, 256, 64, True), unread={0: (32, 1)})
-    assert row.ok and row.difference == -96
+    assert not row.ok and row.difference == -96 and "stopped reading the feed" in row.cause
 
 
 def test_other_causes():
@@ -235,8 +255,11 @@ def test_read_ahead_counts_up_to_a_limit():
     assert [r.difference for r in rows] == [0, 0]
     rows = _node((320, 160, 160, False), (320, 160, 320, False), (320, 320, 320, True))  # DATA shard twice
     assert [r.difference for r in rows] == [-160, -160, 0]
-    rows = _node((320, 300, 20, False), (320, 320, 20, False), (320, 200, 140, True))  # fit ended early
-    assert [r.difference for r in rows] == [0, 0, -140] and "fit() ended before the feed did" in rows[2].cause
+    rows = _node((320, 300, 20, False), (320, 320, 20, False), (320, 150, 190, True))  # fit ended early
+    assert [r.difference for r in rows] == [0, 0, -190] and "fit() ended before the feed did" in rows[2].cause
+    # ... but up to READ_AHEAD_BATCHES batches handed out and untrained when main_fun returned are its read-ahead.
+    rows = _node((320, 300, 20, False), (320, 320, 20, False), (320, 200, 140, True))
+    assert [r.difference for r in rows] == [0, 0, -140] and rows[2].ok
 
 
 def test_a_node_that_never_ran_keras_fit_is_not_judged():
@@ -267,3 +290,44 @@ def test_one_warning_per_node_and_epoch(caplog):
     assert "worker:0 (executor 1, host h), train() call 0, epoch 0: 320 rows fed to TensorFlow, 160 trained" in lines[0]
     table = acct.table()
     assert [(r.executor_id, r.epoch, r.closed, r.ok) for r in table] == [(0, 0, True, True), (1, 0, True, False), (1, 1, False, True)]
+
+
+def test_the_policy_noted_is_that_of_a_dataset_that_can_read_the_feed(monkeypatch):
+    # A validation dataset in memory (AUTO, no Python) distributed between two fed epochs
+    # must not stand for the fed dataset's policy; a generator's (the feed's way) does.
+    tf = pytest.importorskip("tensorflow")
+    monkeypatch.delenv(fed_shard.OPT_OUT, raising=False)
+    noted = []
+    monkeypatch.setattr("tfos._data.row_count.ROWS.distributed", noted.append)
+    gen = tf.data.Dataset.from_generator(lambda: iter([[1.0]]), output_signature=tf.TensorSpec((1,), tf.float32))
+    memory = tf.data.Dataset.from_tensor_slices([[1.0], [2.0]])
+    policy = tf.data.experimental.AutoShardPolicy
+
+    def with_policy(ds, p):
+        options = tf.data.Options()
+        options.experimental_distribute.auto_shard_policy = p
+        return ds.with_options(options)
+
+    fed_shard.note_policy(fed_shard.unsharded(gen), True)               # tfos set OFF
+    fed_shard.note_policy(memory, False)                                # AUTO, in memory: not noted
+    fed_shard.note_policy(with_policy(gen, policy.DATA))                # the program's DATA on a generator
+    fed_shard.note_policy(with_policy(memory, policy.DATA))             # DATA on memory: not the feed
+    fed_shard.note_policy(with_policy(memory, policy.OFF))              # OFF is always noted
+    assert noted == [POLICY_CODES["OFF"], POLICY_CODES["DATA"], POLICY_CODES["OFF"]]
+
+
+def test_a_dataset_from_function_forgets_an_earlier_policy(monkeypatch):
+    # distribute_datasets_from_function never auto-shards: a DATA noted for an earlier fit
+    # must not be named for the epochs it feeds.
+    noted = []
+    monkeypatch.setattr("tfos._data.row_count.ROWS.distributed", noted.append)
+
+    class Strategy:
+        def experimental_distribute_dataset(self, dataset, options=None):
+            return dataset
+
+        def distribute_datasets_from_function(self, dataset_fn, options=None):
+            return dataset_fn(None)
+
+    fed_shard.patch(type("module", (), {"CollectiveAllReduceStrategy": Strategy}))
+    assert Strategy().distribute_datasets_from_function(lambda ctx: "ds") == "ds" and noted == [0]

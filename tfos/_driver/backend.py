@@ -223,6 +223,11 @@ class Backend(Protocol):
         """Judges the nodes' row figures (one WARNING per newly closed epoch whose counts
         disagree) and returns them (:class:`tfos._driver.row_accounting.EpochRows`)."""
 
+    def rows_skipped(self, nodes: Sequence[str]) -> None:
+        """Notes that partitions of a train feed were skipped because ``main_fun`` of these
+        nodes (``job:index (executor N, host H)``) had returned: their last epoch's fed
+        rows are a lower bound (row accounting, docs/datafeed.md)."""
+
     def feed(self, call: TrainCall, first_epoch: int, report_done: bool) -> list[tuple[int, str]]:
         """Runs one feed job: epochs ``first_epoch..num_epochs-1`` of ``call``, back to back.
 

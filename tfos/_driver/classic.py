@@ -319,6 +319,9 @@ class ClassicBackend:
     def row_accounting(self) -> list:
         return self.runtime.rows.check() or []
 
+    def rows_skipped(self, nodes: Sequence[str]) -> None:
+        self.runtime.rows.note_skipped(nodes)
+
     def stop(self) -> None:
         self.runtime.teardown(failed=False)
         if self.host.core.failed:

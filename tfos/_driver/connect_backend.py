@@ -398,6 +398,9 @@ class ConnectBackend:
     def row_accounting(self) -> list:
         return []  # the nodes' row figures stay with the Spark Connect server
 
+    def rows_skipped(self, nodes: Sequence[str]) -> None:
+        pass  # judged with the figures, on the Spark Connect server
+
     def node_states(self) -> dict[int, NodeState]:
         return {int(k): NodeState(v) for k, v in self._last_status.get("states", {}).items()}
 

@@ -525,6 +525,7 @@ def _log_outcomes(backend: Backend, call: TrainCall, outcomes: list[tuple[int, s
     if skipped:
         fed = [n.executor_id for n in backend.nodes() if n.role.feedable]
         done = backend.returned_without_terminate(fed, call.qname, 2.0)
+        backend.rows_skipped(done)  # their last epoch's fed rows are "at least" (docs/datafeed.md "Row accounting")
         log.warning(
             "train(): %d of %d partitions were not consumed to their end because main_fun on their node had "
             "returned (it stopped reading without DataFeed.terminate()); their unread rows were not trained on%s",

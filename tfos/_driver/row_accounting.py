@@ -99,17 +99,18 @@ def parse(counters: dict[str, int]) -> list[tuple[str, int, dict[str, int]]]:
 
 
 def cause_of(difference: int, fed: int, trained: int, gap: int, batch: int, workers: int, policy: str = "",
-             unread: int = 0, final: bool = False) -> str:
+             unread: int = 0, read_ahead: int = 0) -> str:
     """The likely cause of an epoch's ``difference`` (``""``: none worth a warning) (pure).
 
-    Allowed without a warning: one batch (a last partial batch ``drop_remainder`` dropped),
-    or :data:`READ_AHEAD_BATCHES` batches in the epoch that ended with ``main_fun`` (its
-    read-ahead); never an epoch with rows fed and none trained. The cause follows what the
+    Allowed without a warning: one batch (a last partial batch ``drop_remainder`` dropped)
+    plus ``read_ahead`` (in the epoch that ended with ``main_fun``: the rows handed to
+    TensorFlow and not trained, up to :data:`READ_AHEAD_BATCHES` batches; rows ``main_fun``
+    never read get no allowance); never an epoch with rows fed and none trained. The cause follows what the
     node knows: an auto-shard policy that shards (``DATA``, ``FILE``, ``AUTO``, ``HINT``)
     is named only when the epoch's dataset had one; with ``OFF`` (tfos's default for fed
     datasets) or no auto-shard at all, the pipeline or ``main_fun`` is.
     """
-    tolerance = max(1, batch) * (READ_AHEAD_BATCHES if final else 1)
+    tolerance = max(1, batch) + max(0, read_ahead)
     if difference < 0 and fed > 0 and trained == 0:
         if unread:
             return (f"main_fun stopped reading the feed before this epoch's rows ({unread} rows received were never "
@@ -137,9 +138,12 @@ def cause_of(difference: int, fed: int, trained: int, gap: int, batch: int, work
     return ""
 
 
-def judge_node(eid: int, node: str, counters: dict[str, int], calls: dict[str, int], workers: int) -> list[EpochRows]:
+def judge_node(eid: int, node: str, counters: dict[str, int], calls: dict[str, int], workers: int,
+               skipped: bool = False) -> list[EpochRows]:
     """Every epoch of one node's figures, judged (pure); ``calls`` maps feed ids to
-    ``train()`` call indices and is extended with unseen ones.
+    ``train()`` call indices and is extended with unseen ones; ``skipped``: partitions for
+    the node were skipped after its ``main_fun`` returned (its last epochs' ``fed`` is a
+    lower bound).
 
     Rows lost by the end of a closed epoch: none while its gap is within
     :data:`READ_AHEAD_BATCHES` batches (read-ahead), else the smallest gap of it and of
@@ -168,11 +172,13 @@ def judge_node(eid: int, node: str, counters: dict[str, int], calls: dict[str, i
                 lost = min(lost_before, v["gap"])
             else:
                 lost = min(gaps[i:])
+            # after main_fun returned, what it left handed out and untrained is its read-ahead
+            allowance = min(max(0, gap - lost_before), read_ahead) if v["final"] else 0
             difference, lost_before = lost_before - lost, lost
             cause = cause_of(difference, v["fed"] + v["unread"], v["trained"], v["gap"], v["batch"] or batch, workers,
-                             POLICIES.get(v["shard"], ""), v["unread"], bool(v["final"]))
+                             POLICIES.get(v["shard"], ""), v["unread"], allowance)
         out.append(EpochRows(eid, node, call, epoch, v["fed"] + v["unread"], v["trained"] if keras else None, v["gap"],
-                             bool(v["closed"]), difference, cause, v["unread"], bool(v["unended"]),
+                             bool(v["closed"]), difference, cause, v["unread"], bool(v["unended"] or (skipped and v["final"])),
                              POLICIES.get(v["shard"], "")))
     return out
 
@@ -192,6 +198,12 @@ class RowAccounting:
         self._state = state
         self._warned: set[tuple[int, int, int]] = set()
         self._calls: dict[str, int] = {}
+        self._skipped: set[str] = set()
+
+    def note_skipped(self, nodes: Any) -> None:
+        """Nodes (by name) whose ``main_fun`` returned before partitions fed to them
+        (:meth:`tfos._driver.backend.Backend.rows_skipped`)."""
+        self._skipped.update(nodes)
 
     def table(self) -> list[EpochRows]:
         """Every node's epochs, ordered by ``train()`` call, epoch and executor id."""
@@ -200,7 +212,7 @@ class RowAccounting:
         rows: list[EpochRows] = []
         for eid in sorted(counters):
             node = self._state.node_name(eid)
-            rows.extend(judge_node(eid, node, dict(counters[eid]), self._calls, workers))
+            rows.extend(judge_node(eid, node, dict(counters[eid]), self._calls, workers, node in self._skipped))
         return sorted(rows, key=lambda r: (r.train_call, r.epoch, r.executor_id))
 
     def check(self) -> Optional[list[EpochRows]]:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import Any, Optional
 
 log = logging.getLogger(__name__)
 
@@ -86,21 +86,48 @@ def unsharded(dataset: Any) -> Any:
     return dataset.with_options(options)
 
 
-def note_policy(dataset: Any) -> None:
-    """Tells the row accounting the auto-shard policy ``dataset`` is distributed with (the
-    cause it names depends on it; docs/datafeed.md "Row accounting") (TF process)."""
+def note_policy(dataset: Any, reads_python: Optional[bool] = None) -> None:
+    """Tells the row accounting the auto-shard policy a dataset that may read the feed is
+    distributed with (the cause it names depends on it; docs/datafeed.md "Row accounting")
+    (TF process).
+
+    ``OFF`` is always noted (``as_dataset``, tfos's own ``OFF``, a program's). A sharding
+    policy (``AUTO``, ``DATA``, ``FILE``, ``HINT``) is noted only for a dataset whose
+    pipeline calls Python (the only way to read the feed), so an in-memory validation
+    dataset distributed between two fed epochs does not stand for the fed one.
+    ``reads_python``: whether it does, when :func:`unsharded` already read the graph (None:
+    read it here when needed).
+    """
+    import tensorflow as tf
+
     from tfos._data.row_count import POLICY_CODES, ROWS
 
-    try:
-        policy = dataset.options().experimental_distribute.auto_shard_policy
-        ROWS.distributed(POLICY_CODES.get(policy.name, 0))
-    except Exception:  # noqa: BLE001 - not a tf.data.Dataset (a distributed one, an iterator): unknown
-        ROWS.distributed(0)
+    if not isinstance(dataset, tf.data.Dataset):
+        return
+    policy = dataset.options().experimental_distribute.auto_shard_policy
+    if policy != tf.data.experimental.AutoShardPolicy.OFF:
+        if reads_python is None:
+            try:
+                reads_python = bool(ops_of(dataset) & PYTHON_OPS)
+            except Exception:  # noqa: BLE001 - a graph that cannot be serialized: not known to read the feed
+                reads_python = False
+        if not reads_python:
+            return
+    ROWS.distributed(POLICY_CODES.get(policy.name, 0))
+
+
+def _is_auto(dataset: Any) -> bool:
+    import tensorflow as tf
+
+    return (isinstance(dataset, tf.data.Dataset)
+            and dataset.options().experimental_distribute.auto_shard_policy == tf.data.experimental.AutoShardPolicy.AUTO)
 
 
 def patch(module: Any) -> None:
     """Wraps ``experimental_distribute_dataset`` of the module's ``CollectiveAllReduceStrategy``
-    (``tf.distribute.MultiWorkerMirroredStrategy``) with :func:`unsharded` (idempotent)."""
+    (``tf.distribute.MultiWorkerMirroredStrategy``) with :func:`unsharded` and
+    :func:`note_policy`, and ``distribute_datasets_from_function`` (never auto-sharded) so
+    that the row accounting forgets an earlier dataset's policy (idempotent)."""
     cls = module.CollectiveAllReduceStrategy
     if getattr(cls, "_tfos_fed_shard", False):
         return
@@ -108,13 +135,27 @@ def patch(module: Any) -> None:
 
     def experimental_distribute_dataset(self: Any, dataset: Any, options: Any = None) -> Any:
         if self.extended._num_workers > 1:
-            dataset = unsharded(dataset)
-            note_policy(dataset)
+            shaped = unsharded(dataset)
+            # unsharded() read the graph of an AUTO dataset it left alone: it reads no Python
+            left_alone = shaped is dataset and _is_auto(dataset) and not opted_out()
+            note_policy(shaped, True if shaped is not dataset else (False if left_alone else None))
+            dataset = shaped
         return tf_distribute(self, dataset, options)
 
     experimental_distribute_dataset.__wrapped__ = tf_distribute  # type: ignore[attr-defined]
     experimental_distribute_dataset.__doc__ = tf_distribute.__doc__
     cls.experimental_distribute_dataset = experimental_distribute_dataset
+    tf_from_function = cls.distribute_datasets_from_function
+
+    def distribute_datasets_from_function(self: Any, dataset_fn: Any, options: Any = None) -> Any:
+        from tfos._data.row_count import ROWS
+
+        ROWS.distributed(0)  # no auto-shard policy applies: the accounting names none
+        return tf_from_function(self, dataset_fn, options)
+
+    distribute_datasets_from_function.__wrapped__ = tf_from_function  # type: ignore[attr-defined]
+    distribute_datasets_from_function.__doc__ = tf_from_function.__doc__
+    cls.distribute_datasets_from_function = distribute_datasets_from_function
     cls._tfos_fed_shard = True
 
 
