@@ -18,10 +18,17 @@ loaded TF process takes 50-200 ms there; a slow link as long). Floods:
   closes is opened again at once;
 * ``idle``: the same with silent connections;
 * ``churn``: connect and close at the highest rate one process reaches;
-* ``idle5000``: 5,000 silent connections, reopened when closed.
+* ``idle5000``: 5,000 silent connections, reopened when closed;
+* ``fill[:PENDING[:STALE_MS[:NSRC]]]``: the kernel-queue filler (one process, epoll):
+  ``PENDING`` (3,000) non-blocking connects always in flight from ``NSRC`` (2,000)
+  loopback source addresses 127.0.x.y, each unanswered after ``STALE_MS`` (200) replaced
+  by a fresh SYN, up to 20,000 connected silent sockets held (reopened when closed, the
+  rest reset): it keeps a server's accept queue full when the server leaves connections
+  there, so a key holder's SYN is dropped (retried after 1, 3, 7 s).
 
 Printed: answered of ``--tries`` per cell, and the median / max seconds of an answered
-try per flood; the attacker's connection rate.
+try per flood; the attacker's rate (connections completed per second; for ``fill`` also
+SYNs sent per second).
 
 ``--resources``: RSS and threads of this process before and under floods of ``--sizes``
 silent connections (as before), and a legitimate client's time.
@@ -103,6 +110,73 @@ _ATTACKER = textwrap.dedent(
                     pass
                 s.close()
         note(f"0 {made} {made / max(1e-9, time.monotonic() - t0):.0f}")
+        sys.exit(0)
+    if mode.startswith("fill"):
+        # fill[:PENDING[:STALE_MS[:NSRC]]]: hold up to n connected silent sockets, and keep PENDING
+        # non-blocking connects in flight from NSRC loopback source addresses (127.0.x.y), a
+        # SYN_SENT older than STALE_MS replaced by a fresh one: it keeps a server's kernel accept
+        # queue full when the server leaves connections there.
+        parts = mode.split(":")
+        want = int(parts[1]) if len(parts) > 1 else 3000
+        stale = (float(parts[2]) if len(parts) > 2 else 200.0) / 1000.0
+        nsrc = int(parts[3]) if len(parts) > 3 else 2000
+        srcs = [f"127.0.{2 + i // 254}.{1 + i % 254}" for i in range(nsrc)]
+        ep = select.epoll()
+        pend, held = {}, {}  # fd -> (socket, since) / socket
+        made = syns = 0
+        t0 = time.monotonic()
+        si = 0
+        note("0")
+        def drop(fd, s):
+            try:
+                ep.unregister(fd)
+            except OSError:
+                pass
+            s.close()
+        while not os.path.exists(stop) and time.monotonic() < end:
+            now = time.monotonic()
+            while len(pend) < want:
+                s = socket.socket()
+                s.setblocking(False)
+                s.setsockopt(socket.SOL_IP, 24, 1)  # IP_BIND_ADDRESS_NO_PORT: many sources, few ports each
+                try:
+                    s.bind((srcs[si % nsrc], 0))
+                except OSError:
+                    s.close()
+                    break
+                si += 1
+                try:
+                    s.connect((host, port))
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    s.close()
+                    continue
+                syns += 1
+                pend[s.fileno()] = (s, now)
+                ep.register(s.fileno(), select.EPOLLOUT | select.EPOLLIN | select.EPOLLRDHUP)
+            for fd, ev in ep.poll(0.01):
+                if fd in pend:
+                    s, _ = pend.pop(fd)
+                    if ev & (select.EPOLLERR | select.EPOLLHUP) or s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+                        drop(fd, s)
+                        continue
+                    made += 1
+                    if len(held) >= n:
+                        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                        drop(fd, s)
+                        continue
+                    held[fd] = s
+                    ep.modify(fd, select.EPOLLIN | select.EPOLLRDHUP)
+                elif fd in held:
+                    drop(fd, held.pop(fd))  # the server closed it: reopened by the loop above
+            now = time.monotonic()
+            for fd, (s, since) in list(pend.items()):
+                if now - since > stale:
+                    del pend[fd]
+                    drop(fd, s)
+        dt = max(1e-9, time.monotonic() - t0)
+        note(f"{len(held)} {made} {made / dt:.0f} {syns / dt:.0f}")
         sys.exit(0)
     def open_one():
         s = socket.socket()
@@ -287,7 +361,7 @@ def table(plane: str, floods: list, delays: list, tries: int, budget_s: float, t
     rows = []
     for flood in floods:
         host, port, cap, try_fn, close, stats = _server(plane)
-        n = {"half": cap, "idle": cap, "idle5000": 5000}.get(flood, 0)
+        n = {"half": cap, "idle": cap, "idle5000": 5000}.get(flood, 20000 if flood.startswith("fill") else 0)
         proc = ready = stop = None
         if flood != "none":
             proc, ready, stop = _attack(host, port, n, flood, tmp)

@@ -334,6 +334,8 @@ class ClusterFailedError(TFOSError):
         consequences: The other failures recorded (not causes), for inspection.
         flood: "" or what the driver's control port turned away meanwhile (connections
             without the cluster key: a flood that may have kept nodes out), with the remedy.
+            It leads the message when no node failed in main_fun or stalled (nodes lost
+            or gone at start-up: the flood is the likely cause); else it ends it.
     """
 
     flood: str = ""
@@ -355,13 +357,19 @@ class ClusterFailedError(TFOSError):
             f"tfos cluster {self.cluster_id} failed{where}: {len(nodes)} node(s) reported "
             f"{len(groups)} distinct error(s)"
         ]
+        flood_first = self.flood and not any(f.kind in ("exception", "stalled") for f in self.failures)
+        if flood_first:  # nodes lost or gone at start-up while strangers flooded the port: the likely cause
+            lines = [f"tfos cluster {self.cluster_id} failed{where}, most likely because of a flood of connections "
+                     f"without the cluster key: {self.flood}",
+                     f"{len(nodes)} node(s) reported {len(groups)} distinct error(s) (consequences of the flood, most "
+                     "likely; docs/reliability.md \"Floods\")"]
         for group in groups:
             first = group[0]
             names = ", ".join(f.node_name for f in group)
             lines.append(f"- [{first.kind}] {names}: {first.error_type}: {first.message}")
             if first.traceback:
                 lines.extend("    " + ln for ln in first.traceback.rstrip().splitlines())
-        if self.flood:
+        if self.flood and not flood_first:
             lines.append(f"- meanwhile {self.flood}")
         return "\n".join(lines)
 

@@ -37,6 +37,7 @@ SPARK = TFCluster.InputMode.SPARK
 
 #: The squatter and the relay: separate processes without the cluster key.
 INTRUDERS = Path(__file__).resolve().parents[1] / "unit" / "intruders.py"
+BENCH_FLOOD = Path(__file__).resolve().parents[2] / "scripts" / "bench_flood.py"
 
 
 def _touch(path: str, text: str) -> None:
@@ -134,7 +135,7 @@ def test_squatter_on_released_data_port_gets_nothing(sc, no_leftovers, tmp_path)
 def test_relay_on_released_data_port_reads_no_row(sc, no_leftovers, tmp_path, caplog):
     """Node 0's main_fun returns; a local process without the key takes its data port and
     relays every connection to node 1. Feed tasks meant for node 0 reach node 1 through
-    it, which refuses their handshake (it names another node); they fail over to node 1
+    it, which refuses their proof (bound to node 0; the refusal names node 1); they fail over to node 1
     directly. The relay reads no row, and the driver logs a WARNING naming node 0 and the
     intruding connection."""
     with caplog.at_level(logging.WARNING, logger="tfos._driver.runtime"):
@@ -142,9 +143,9 @@ def test_relay_on_released_data_port_reads_no_row(sc, no_leftovers, tmp_path, ca
                                          "--capture", "{run}/relay")
     to_node = (run_dir / "relay.to-node").read_bytes()
     to_task = (run_dir / "relay.to-task").read_bytes() if (run_dir / "relay.to-task").exists() else b""
-    # 0 rows readable: each task sent the relay its proof of the key (52 bytes), then a magic,
-    # a nonce and a proof bound to the node's nonce (68), nothing more
-    assert len(to_node) == (52 + 68) * len(conns), (len(to_node), len(conns))
+    # 0 rows readable: each task sent the relay its proof of the key bound to node 0 (52 bytes),
+    # which node 1 refused, naming itself; nothing more
+    assert len(to_node) == 52 * len(conns), (len(to_node), len(conns))
     assert b"row-secret" not in to_node and b"row-secret" not in to_task
     # the driver's WARNING names node 0, its address, the connection and where it led
     addr = (run_dir / "node0").read_text()
@@ -256,12 +257,29 @@ def _count_rows(args, ctx):
     _touch(os.path.join(args["out"], f"rows{ctx.executor_id}"), f"{n} {total}")
 
 
+def _filler(host: str, port: int, tmp: Path, name: str) -> subprocess.Popen:
+    """The kernel-queue filler of scripts/bench_flood.py (one key-less process: 6,000 silent
+    connections held, more than the cap of unproven ones, 300 non-blocking connects always in
+    flight from 500 loopback source addresses)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_bench_flood", BENCH_FLOOD)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TFOS")}
+    ready, stop = str(tmp / f"{name}.ready"), str(tmp / "stop")
+    return subprocess.Popen([sys.executable, "-c", bench._ATTACKER, host, str(port), "6000", "fill:300:200:500",
+                             ready, stop], env=env)
+
+
 def test_run_and_train_succeed_under_a_flood_without_the_key(sc, no_leftovers, tmp_path, monkeypatch):
-    """A process without the key floods the driver's control port from before run() (more
-    half-sent and silent connections than the cap of unproven ones, each reopened when
-    closed, and connect/close churn in between), and once the nodes are up their data ports
-    too: run() succeeds, train() feeds every row exactly once, and heartbeats stay on time
-    (the cluster is not declared lost). The flood report counts what was turned away."""
+    """Key-less processes flood the driver's control port from before run() (a kernel-queue
+    filler holding more connections than the cap of unproven ones, from many source
+    addresses, plus half-sent and silent connections reopened when closed and churn), a
+    second filler starts on it right after run() returned, and the nodes' data ports are
+    flooded too: run() succeeds, train() feeds every row exactly once, and heartbeats stay
+    on time (the cluster is not declared lost). The flood report counts what was turned
+    away."""
     host = sc.getConf().get("spark.driver.host", "127.0.0.1")
     probe = socket.socket()
     probe.bind((host, 0))
@@ -271,21 +289,26 @@ def test_run_and_train_succeed_under_a_flood_without_the_key(sc, no_leftovers, t
     stop = tmp_path / "stop"
     env = {k: v for k, v in os.environ.items() if not k.startswith("TFOS")}
     flooders = [subprocess.Popen([sys.executable, str(INTRUDERS), "flood", "--listen", f"{host}:{port}", "--hold", "150",
-                                  "--stop", str(stop), "--log", str(tmp_path / "flood.log")], env=env)]
+                                  "--stop", str(stop), "--log", str(tmp_path / "flood.log")], env=env),
+                _filler(host, port, tmp_path, "fill-before")]
     cluster = None
     try:
         cluster = TFCluster.run(sc, _count_rows, {"out": str(tmp_path)}, 2, 0, input_mode=SPARK)
+        flooders.append(_filler(host, port, tmp_path, "fill-after"))  # right after run() returned
         targets = ",".join(f"{i['host']}:{i['data_port']}" for i in cluster.cluster_info)
         flooders.append(subprocess.Popen([sys.executable, str(INTRUDERS), "flood", "--listen", targets, "--hold", "150",
                                           "--stop", str(stop), "--log", str(tmp_path / "flood.log")], env=env))
         rows = 4000
         cluster.train(sc.parallelize(range(rows), 8), num_epochs=1)
         report = cluster.server.flood_report()
+        evicted = cluster.server.stats()["evicted"]
         cluster.shutdown()
         cluster = None
         got = [(tmp_path / f"rows{e}").read_text().split() for e in (0, 1)]
         assert sum(int(n) for n, _ in got) == rows and sum(int(s) for _, s in got) == rows * (rows - 1) // 2
         assert f"{port}" in report and "turned away" in report, report
+        assert evicted > 0  # the fillers went beyond the cap of unproven connections
+        assert (tmp_path / "fill-before.ready").exists() and (tmp_path / "fill-after.ready").exists()
     finally:
         stop.touch()
         for f in flooders:

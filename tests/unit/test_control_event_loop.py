@@ -501,4 +501,10 @@ def test_a_cluster_error_quotes_the_flood_report():
                                                "exited right after start-up")], "run()")
     assert "meanwhile" not in str(err)
     err.flood = "the tfos control port 127.0.0.1:9 turned away 70 connections ... from 127.0.0.1 (70)"
+    first = str(err).splitlines()[0]  # no node failed in main_fun: the flood leads
+    assert "most likely because of a flood" in first and first.endswith("turned away 70 connections ... from 127.0.0.1 (70)")
+    assert "meanwhile" not in str(err) and "exited right after start-up" in str(err)
+    err = ClusterFailedError(CID, [NodeFailure(0, "worker", 0, "127.0.0.1", "exception", "ValueError", "bad shape")], "train()")
+    err.flood = "the tfos control port 127.0.0.1:9 turned away 70 connections ... from 127.0.0.1 (70)"
+    assert str(err).splitlines()[0].startswith(f"tfos cluster {CID} failed during train(): 1 node(s)")  # main_fun's error leads
     assert str(err).splitlines()[-1] == "- meanwhile the tfos control port 127.0.0.1:9 turned away 70 connections ... from 127.0.0.1 (70)"

@@ -92,8 +92,8 @@ def test_a_relay_to_another_node_is_refused_and_named(live_node, relay):
     assert f"-> 127.0.0.1:{port}" in ei.value.connection and "listener uid" in ei.value.connection
     Deadline(10, "node 1 to refuse the relayed handshake").wait_for(lambda: hub.rejected >= 1)
     time.sleep(0.2)  # let the relay write what it forwarded
-    assert len(_seen(capture, "to-node")) == 52 + 68  # its proof of the key, magic, nonce and bound proof: nothing else
-    assert len(_seen(capture, "to-task")) == 36 + 32  # node 1's hello and its refusal
+    assert len(_seen(capture, "to-node")) == 52  # its proof of the key, bound to node 0: nothing else
+    assert len(_seen(capture, "to-task")) == 36  # node 1's refusal, naming node 1
     assert hub.queues["input"].empty()
     # Failing over, the task reaches node 1 itself and feeds it.
     link = _Link(plan, node1, 0, 0, 0)

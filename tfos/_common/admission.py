@@ -2,16 +2,19 @@
 each node's data server).
 
 A client that holds the cluster key proves it in the first bytes it sends, before it reads
-anything (:func:`make_proof`: a random nonce and an HMAC of it). A server reads those bytes
-first (:class:`ProofChecker`; a nonce seen before is refused, so a proof captured on the
-wire cannot be replayed) and only then spends anything on the connection (a hello, a
-frame buffer, a thread). Connections that have not proven themselves yet are held in an
-:class:`Admission` with a cap: when it is full, a newcomer takes the place of an unproven
-connection that is older than :data:`GRACE_S` (taken from the peer address that holds the
-most, oldest first); when every unproven connection is younger than that, the server stops
-accepting for a moment and leaves the newcomers in the kernel's accept queue, where a real
-client's proof arrives while it waits. So a key holder is never evicted for a stranger, and
-a flood of strangers from one process costs the server at most the cap in sockets.
+anything (:func:`make_proof`: a random nonce and an HMAC of it, bound to the destination:
+a proof made for one node is refused by another). A server reads those bytes first
+(:class:`ProofChecker`; a nonce seen before is refused, so a proof captured on the wire
+cannot be replayed) and only then spends anything on the connection (a hello, a frame
+buffer, a thread). A server never leaves connections in the kernel's accept queue: it
+accepts until the queue is empty on every turn of its loop (a full queue drops a key
+holder's SYN, and the kernel retries it only after 1, 3, 7 s), and holds the connections
+that have not proven themselves yet in an :class:`Admission` with a cap: over the cap it
+sheds them, oldest first (those past a short grace first, from the peer address that
+holds the most). The cap (:data:`UNPROVEN_CAP`) is sized so that at the highest rate one
+process opens connections here an unproven connection lives long enough for a loaded key
+holder's proof to arrive; a proven connection is never shed. So a flood of strangers from
+one process costs a server at most the cap in sockets and a key holder gets in.
 
 :class:`FloodStats` counts what was refused, evicted and rejected, by source address, for
 the error a denied client's driver raises (docs/reliability.md "Floods").
@@ -24,17 +27,23 @@ import hashlib
 import hmac
 import os
 import time
-from typing import Any, Hashable, Optional
+from typing import Any, Callable, Hashable, Optional
 
-__all__ = ["PROOF_BYTES", "GRACE_S", "make_proof", "ProofChecker", "Admission", "FloodStats", "REMEDY"]
+__all__ = ["PROOF_BYTES", "GRACE_S", "UNPROVEN_CAP", "listen_backlog", "make_proof", "ProofChecker", "Admission", "FloodStats", "REMEDY"]
 
 _NONCE_BYTES = 16
 _MAC_BYTES = 32
 #: Bytes of a proof: magic (4), nonce (16), HMAC-SHA256 (32).
 PROOF_BYTES = 4 + _NONCE_BYTES + _MAC_BYTES
-#: An unproven connection younger than this (seconds) is never evicted: a real client's
-#: proof is on its way (a loaded process, a slow link).
-GRACE_S = 1.0
+#: An unproven connection younger than this (seconds) is shed only when no older one is
+#: left: a real client's proof is on its way (a loaded process, a slow link).
+GRACE_S = 0.25
+#: Most unproven connections one server holds. One process on a 2-core host completes up to
+#: about 10,000 connections/s here (scripts/bench_flood.py ``fill``); a server that accepts
+#: them all keeps each one for the cap / that rate (0.4 s at 4,096) before shedding it, time
+#: for a key holder's 52-byte proof, which follows its connect at once, under load
+#: (docs/reliability.md "Floods"). Each costs a socket (no buffer beyond 52 bytes).
+UNPROVEN_CAP = 4096
 #: Nonces of accepted proofs remembered per server (a replayed proof is refused).
 _SEEN_NONCES = 1 << 16
 #: Source addresses counted by name in :class:`FloodStats` (the rest are summed).
@@ -44,17 +53,36 @@ REMEDY = ("run the cluster on a private network, or firewall the driver's and th
           "other hosts (and set spark.authenticate so that only your own jobs run on the executors)")
 
 
-def make_proof(key: bytes, magic: bytes) -> bytes:
+def listen_backlog(want: int) -> int:
+    """The listen backlog to ask for: the host's most (``net.core.somaxconn``, read from
+    /proc; 4096 when it cannot be read), at least ``want``. The kernel caps it anyway; a
+    long queue lets a server that drains it at full speed ride out a burst of SYNs."""
+    try:
+        with open("/proc/sys/net/core/somaxconn") as f:
+            most = int(f.read().strip())
+    except (OSError, ValueError):
+        most = 4096
+    return max(int(want), most)
+
+
+def _mac(key: bytes, magic: bytes, nonce: bytes, bound: bytes) -> bytes:
+    return hmac.new(key, magic + nonce + len(bound).to_bytes(2, "big") + bound, hashlib.sha256).digest()
+
+
+def make_proof(key: bytes, magic: bytes, bound: bytes = b"") -> bytes:
     """The first bytes a client sends (:data:`PROOF_BYTES`): ``magic``, a fresh nonce and
-    ``HMAC-SHA256(key, magic || nonce)``.
+    ``HMAC-SHA256(key, magic || nonce || len(bound) || bound)``.
 
     Args:
         key: The cluster key.
         magic: 4 bytes naming the plane (the control and data planes use different ones,
             so a proof for one is refused by the other).
+        bound: The destination the proof is for (a node's identity, at most 65,535 bytes):
+            a server checking with another ``bound`` refuses it, so a proof captured on the
+            way to one node is no use at another node of the cluster.
     """
     nonce = os.urandom(_NONCE_BYTES)
-    return magic + nonce + hmac.new(key, magic + nonce, hashlib.sha256).digest()
+    return magic + nonce + _mac(key, magic, nonce, bound)
 
 
 class ProofChecker:
@@ -63,11 +91,14 @@ class ProofChecker:
     Args:
         key: The cluster key.
         magic: The plane's 4 magic bytes (as given to :func:`make_proof`).
+        bound: This server's destination (as given to :func:`make_proof`), or a callable
+            that returns it at check time (a node learns its identity after it listens).
     """
 
-    def __init__(self, key: bytes, magic: bytes):
+    def __init__(self, key: bytes, magic: bytes, bound: "bytes | Callable[[], bytes]" = b""):
         self._key = key
         self._magic = magic
+        self._bound = bound
         self._seen: "collections.OrderedDict[bytes, None]" = collections.OrderedDict()
 
     def check(self, data: bytes) -> Optional[str]:
@@ -76,9 +107,11 @@ class ProofChecker:
         if len(data) != PROOF_BYTES or data[:4] != self._magic:
             return "its first bytes are not a tfos proof of the cluster key (bad magic)"
         nonce = data[4:4 + _NONCE_BYTES]
-        mac = hmac.new(self._key, data[:4 + _NONCE_BYTES], hashlib.sha256).digest()
+        bound = self._bound() if callable(self._bound) else self._bound
+        mac = _mac(self._key, self._magic, nonce, bound)
         if not hmac.compare_digest(mac, data[4 + _NONCE_BYTES:]):
-            return "its proof of the cluster key failed (another key, or not a tfos process)"
+            return ("its proof of the cluster key failed (another key, a proof made for another node of the "
+                    "cluster, or not a tfos process)")
         if nonce in self._seen:
             return "it replayed a proof of the cluster key seen before"
         self._seen[nonce] = None
@@ -95,15 +128,12 @@ class FloodStats:
         refused: Connections closed on accept (a cap of connections).
         evicted: Unproven connections closed to make room for newcomers.
         rejected: Connections closed for a bad or missing proof, or a timeout.
-        deferred: Times the server left newcomers in the kernel's accept queue because
-            every unproven connection was still in its grace period.
     """
 
     def __init__(self) -> None:
         self.refused = 0
         self.evicted = 0
         self.rejected = 0
-        self.deferred = 0
         self.by_address: collections.Counter = collections.Counter()
         self.first_at = 0.0
         self.last_at = 0.0
@@ -141,11 +171,11 @@ class Admission:
     """The unproven connections of one server, in accept order (pure; one thread).
 
     Args:
-        cap: Most unproven connections held at once.
-        grace_s: Age under which an unproven connection is never evicted.
+        cap: Most unproven connections held at once (:meth:`over` then names whom to shed).
+        grace_s: Age under which an unproven connection is shed only when no older one is.
     """
 
-    def __init__(self, cap: int, grace_s: float = GRACE_S):
+    def __init__(self, cap: int = UNPROVEN_CAP, grace_s: float = GRACE_S):
         if cap < 1:
             raise ValueError(f"cap must be >= 1, got {cap}")
         self.cap = cap
@@ -178,29 +208,27 @@ class Admission:
     def full(self) -> bool:
         return len(self._since) >= self.cap
 
-    def victim(self, now: float) -> Optional[Any]:
-        """The connection to evict for a newcomer when :meth:`full`: the oldest connection
-        past its grace period of the address that holds the most unproven ones (else of
-        any address); None when every one is younger than the grace period (the caller
-        then stops accepting until :meth:`wait_s`)."""
-        if not self._since:
-            return None
-        oldest_age = now - next(iter(self._since.values()))
-        if oldest_age < self.grace_s:
-            return None
+    def over(self, now: float) -> list:
+        """The connections to shed now to be back at the cap (empty when at or under it),
+        in the order to shed them: of those past the grace period, the address that holds
+        the most first, oldest first; then the rest, oldest first (a server that accepted
+        a burst sheds its oldest newcomers: it never leaves a newcomer in the kernel's
+        accept queue, where a key holder's SYN would be dropped)."""
+        n = len(self._since) - self.cap
+        if n <= 0:
+            return []
         top = self._by_addr.most_common(1)[0][0]
+        first, old, young = [], [], []
         for conn, since in self._since.items():
             if now - since < self.grace_s:
+                young.append(conn)
+            elif self._addr[conn] == top:
+                first.append(conn)
+            else:
+                old.append(conn)
+            if len(first) >= n:
                 break
-            if self._addr[conn] == top:
-                return conn
-        return next(iter(self._since))
-
-    def wait_s(self, now: float) -> float:
-        """Seconds until the oldest unproven connection leaves its grace period."""
-        if not self._since:
-            return 0.0
-        return max(0.0, self.grace_s - (now - next(iter(self._since.values()))))
+        return (first + old + young)[:n]
 
     def expired(self, now: float, timeout_s: float) -> list:
         """The connections held longer than ``timeout_s``, oldest first."""

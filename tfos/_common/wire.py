@@ -325,6 +325,18 @@ _DATA_MAGIC = b"TFD3"
 DATA_PROOF_MAGIC = b"TFA1"
 #: What a node sends instead of its hello when a feed task's proof of the key failed.
 DATA_REFUSED = b"TFDX" + bytes(_CHALLENGE_BYTES)
+_REFUSED_MAGIC = b"TFDR"
+
+
+def data_refusal(key: bytes, proof: bytes, identity: bytes) -> bytes:
+    """What a node sends instead of its hello when a feed task's first bytes (``proof``) are
+    refused (:data:`DATA_REFUSED`'s size): ``"TFDR" | HMAC(key, "refuse0" proof-nonce
+    identity)`` when ``proof`` has a proof's shape, so that a feed task whose proof was made
+    for another node (a relay took its node's address) learns which node it reached;
+    :data:`DATA_REFUSED` otherwise."""
+    if len(proof) != PROOF_BYTES or proof[:4] != DATA_PROOF_MAGIC:
+        return DATA_REFUSED
+    return _REFUSED_MAGIC + _bound(key, b" refuse0 ", proof[4:4 + 16], b"", identity)
 _HELLO = struct.Struct(">4s32s")  # magic, nonce
 _IDENTITY_LEN = struct.Struct(">H")
 
@@ -375,10 +387,11 @@ def server_handshake(sock: socket.socket, key: bytes, deadline: Deadline, identi
         ConnectionError, DeadlineExceededError: The peer went away or was too slow.
     """
     if not proven:
-        why = ProofChecker(key, DATA_PROOF_MAGIC).check(recv_exact(sock, PROOF_BYTES, deadline))
+        first = recv_exact(sock, PROOF_BYTES, deadline)
+        why = ProofChecker(key, DATA_PROOF_MAGIC, identity).check(first)
         if why is not None:
             try:
-                sock.sendall(DATA_REFUSED)
+                sock.sendall(data_refusal(key, first, identity))
             except OSError:
                 pass
             raise DataAuthError(f"data connection authentication failed: {why}")
@@ -426,11 +439,19 @@ def client_handshake(sock: socket.socket, key: bytes, deadline: Deadline, identi
             the port is not this cluster's node (e.g. it took over a released port).
         ConnectionError, DeadlineExceededError: The server went away or was too slow.
     """
-    sock.sendall(make_proof(key, DATA_PROOF_MAGIC))  # first: a flood of strangers never evicts it
+    first = make_proof(key, DATA_PROOF_MAGIC, identity)
+    sock.sendall(first)  # first; bound to the node (refused by any other)
     hello = recv_exact(sock, _HELLO.size, deadline)
     if hello[:4] == DATA_PROOF_MAGIC:  # the peer speaks first as a client too: no hello will come
         recv_exact(sock, PROOF_BYTES - _HELLO.size, deadline)
         hello = recv_exact(sock, _HELLO.size, deadline)  # ends at the deadline, as with a silent server
+    if hello[:4] == _REFUSED_MAGIC:
+        for other, name in (others or {}).items():
+            if hmac.compare_digest(hello, data_refusal(key, first, other)):
+                err = DataRelayError(f"the handshake reached {name}, which refused it: a process in between relayed it there")
+                err.reached = name
+                raise err
+        hello = DATA_REFUSED
     if hello == DATA_REFUSED:
         raise DataAuthError("the node refused this feed task's proof of the cluster key (another key: a feed task "
                             "of another cluster, or not this cluster's node at that address)")

@@ -234,7 +234,12 @@ class ControlClient:
             finally:
                 if sock is not None:  # a failed attempt (wrong key, bad hello...) must not leak it
                     sock.close()
-        raise ConnectionError(f"{deadline.error().args[0]} (last error: {last_err!r})")
+        flood = ""
+        if isinstance(last_err, (TimeoutError, socket.timeout, DeadlineExceededError)):
+            flood = ("; connects timed out: a flood of connections to the driver's control port (its host drops "
+                     "SYNs when the port's queue is full) keeps this process out too, see docs/reliability.md "
+                     "\"Floods\"")
+        raise ConnectionError(f"{deadline.error().args[0]} (last error: {last_err!r}){flood}")
 
     def _connection(self, timeout_s: Optional[float]) -> _Connection:
         if self._pid != os.getpid():  # a forked child never uses its parent's connection

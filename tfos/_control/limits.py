@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from tfos._common.admission import UNPROVEN_CAP, listen_backlog
+
 __all__ = ["ControlLimits", "heartbeat_interval_s", "event_poll_s", "HEARTBEATS_PER_S", "EVENT_POLLS_PER_S",
            "CONNECTIONS_PER_NODE", "FORMING_CONNECTIONS_PER_NODE", "START_POLLS_PER_S", "start_poll_s"]
 
@@ -71,22 +73,23 @@ class ControlLimits:
     """The control server's caps (driver, or the control host under Spark Connect).
 
     Attributes:
-        max_connections: Connections served at once; more are closed on accept.
+        max_connections: Connections that proved they hold the key served at once; more
+            are closed on accept.
         max_unauthenticated: Connections that have not yet proven they hold the key (their
-            first 52 bytes, :func:`tfos._control.protocol.client_proof`). At the cap a
-            newcomer evicts one that is past its grace period
+            first 52 bytes, :func:`tfos._control.protocol.client_proof`), on top of
+            ``max_connections``. Over the cap the oldest are shed
             (:class:`tfos._common.admission.Admission`); a proven connection is never
-            evicted, so a flood of strangers cannot lock the cluster's own processes out.
-        backlog: The listen backlog (the kernel caps it at ``net.core.somaxconn``): while
-            every unproven connection is in its grace period, newcomers wait there.
+            shed, so a flood of strangers cannot lock the cluster's own processes out.
+        backlog: The listen backlog (the kernel caps it at ``net.core.somaxconn``; the
+            server empties the queue on every turn of its loop).
         handler_threads: Threads that run the requests whose handlers may block.
         max_inflight: Unanswered requests of one connection after which the server stops
             reading it until answers went out (backpressure on one peer).
     """
 
     max_connections: int = 512
-    max_unauthenticated: int = 256
-    backlog: int = 1024
+    max_unauthenticated: int = UNPROVEN_CAP
+    backlog: int = 4096
     handler_threads: int = 4
     max_inflight: int = 32
 
@@ -106,6 +109,6 @@ class ControlLimits:
         n = max(0, int(num_nodes))
         return cls(
             max_connections=max(512, CONNECTIONS_PER_NODE * n + 64),
-            max_unauthenticated=max(256, FORMING_CONNECTIONS_PER_NODE * n + 64),
-            backlog=max(1024, FORMING_CONNECTIONS_PER_NODE * n),
+            max_unauthenticated=max(UNPROVEN_CAP, FORMING_CONNECTIONS_PER_NODE * n + 64),
+            backlog=listen_backlog(max(1024, FORMING_CONNECTIONS_PER_NODE * n)),
         )

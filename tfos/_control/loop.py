@@ -409,8 +409,7 @@ class EventLoop(Accepting, Dispatching, LongPolls):
         for poll in list(conn.polls):
             self._end_poll(poll)
         self.pending.pop(conn, None)
-        if self.unproven.remove(conn) and self.accept_paused_until and not self.unproven.full():
-            self._resume_accepting()
+        self.unproven.remove(conn)
         self.partial.discard(conn)
         self.resume.discard(conn)
         self.conns.pop(conn.fd, None)

@@ -1,6 +1,6 @@
 """Accepting and authenticating connections on the control event loop (driver, or the
 control host under Spark Connect): the caps on open and unproven connections, eviction,
-pausing the listener, and each newcomer's proof of the cluster key before any frame is read.
+shedding strangers, and each newcomer's proof of the cluster key before any frame is read.
 See :mod:`tfos._control.loop` and the rules in :mod:`tfos._control.server`."""
 
 from __future__ import annotations
@@ -16,6 +16,10 @@ from tfos._control.loop_parts import LoopState, _Conn
 from tfos._control.protocol import REFUSED
 
 log = logging.getLogger(__name__)
+
+#: Most connections accepted in one turn of the loop before it serves its other sockets
+#: (more than the listen backlog a host usually allows: the queue empties in one turn).
+_ACCEPT_BURST = 8192
 
 
 class Accepting(LoopState):
@@ -34,65 +38,72 @@ class Accepting(LoopState):
             if not self.closing and self.listener.fileno() >= 0:  # not while the loop shuts down
                 self.sel.register(self.listener, selectors.EVENT_READ, None)
 
-    def _make_room(self) -> bool:
-        """Evicts an unproven connection past its grace period when the unproven ones are
-        over their cap (a newcomer was just accepted and read); False (accepting paused)
-        when every one is still in its grace period: further newcomers wait in the kernel's
-        accept queue, a key holder's proof with them."""
-        if len(self.unproven) <= self.unproven.cap:
-            return True
+    def _shed(self) -> None:
+        """Closes unproven connections until they are back at their cap, in the order
+        :meth:`Admission.over` gives (oldest first, past a short grace first)."""
         now = time.monotonic()
-        victim = self.unproven.victim(now)
-        if victim is None:
-            self.flood.deferred += 1
-            self._pause_accepting(max(0.01, self.unproven.wait_s(now)))
-            return False
-        self.evicted += 1
-        self.flood.count("evicted", victim.peer.rsplit(":", 1)[0])
-        self.reject(victim.peer, f"evicted: it sent no proof of the cluster key in {self.unproven.age(victim, now):.1f} s "
-                                 f"while {len(self.unproven)} connections without one were open (the cap)")
-        self._close(victim)
-        return True
+        victims = self.unproven.over(now)
+        if not victims:
+            return
+        held = len(self.unproven)
+        for victim in victims:
+            self.evicted += 1
+            self.flood.count("evicted", victim.peer.rsplit(":", 1)[0])
+            self.reject(victim.peer, f"evicted: it sent no proof of the cluster key in {self.unproven.age(victim, now):.2f} s "
+                                     f"while {held} connections without one were open (the cap is {self.unproven.cap})")
+            self._close(victim)
 
     def _accept(self) -> None:
-        for _ in range(256):
-            try:
-                sock, addr = self.listener.accept()
-            except BlockingIOError:
-                return
-            except OSError as exc:
-                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    # Out of descriptors: stop accepting for a moment (else the listener
-                    # stays readable and the loop spins); clients retry their connects.
-                    log.warning("tfos control server cannot accept connections: %s (raise the open-files limit, "
-                                "ulimit -n)", exc)
-                    self._pause_accepting(0.5)
-                return
-            peer = f"{addr[0]}:{addr[1]}"
-            if len(self.conns) >= self.limits.max_connections:
-                self.refused += 1
-                self.flood.count("refused", addr[0])
-                self.reject(peer, f"too many connections (the cap is {self.limits.max_connections})")
-                sock.close()
-                continue
-            now = time.monotonic()
-            try:
-                sock.setblocking(False)
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                conn = _Conn(sock, peer, self.key, now)
-                self.conns[conn.fd] = conn
-                conn.mask = selectors.EVENT_READ
-                self.sel.register(sock, conn.mask, conn)
-            except Exception as exc:  # noqa: BLE001 - one connection's set-up failure closes it only
-                self.conns.pop(sock.fileno(), None)
-                self.reject(peer, f"internal error: {exc!r}")
-                sock.close()
-                continue
-            self.peak_connections = max(self.peak_connections, len(self.conns))
-            self.unproven.add(conn, addr[0], now)
-            self._readable(conn)  # its proof is often there already
-            if not self._make_room():
-                return
+        """Accepts until the kernel's accept queue is empty (a full queue drops a key
+        holder's SYN, retried only after 1, 3, 7 s), reads each newcomer's proof when it is
+        there already, then sheds unproven connections over their cap."""
+        try:
+            for i in range(1, _ACCEPT_BURST + 1):
+                if not self._accept_one():
+                    return
+                if i % 512 == 0:
+                    self._shed()  # sockets held stay near the cap during a burst
+        finally:
+            self._shed()
+
+    def _accept_one(self) -> bool:
+        """Accepts one connection; False when the queue is empty (or accepting paused)."""
+        try:
+            sock, addr = self.listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                # Out of descriptors: stop accepting for a moment (else the listener
+                # stays readable and the loop spins); clients retry their connects.
+                log.warning("tfos control server cannot accept connections: %s (raise the open-files limit, "
+                            "ulimit -n)", exc)
+                self._pause_accepting(0.5)
+            return False
+        peer = f"{addr[0]}:{addr[1]}"
+        if len(self.conns) - len(self.unproven) >= self.limits.max_connections:
+            self.refused += 1  # proven connections at their cap (unproven ones have a cap of their own)
+            self.flood.count("refused", addr[0])
+            self.reject(peer, f"too many connections (the cap is {self.limits.max_connections})")
+            sock.close()
+            return True
+        now = time.monotonic()
+        try:
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn = _Conn(sock, peer, self.key, now)
+            self.conns[conn.fd] = conn
+            conn.mask = selectors.EVENT_READ
+            self.sel.register(sock, conn.mask, conn)
+        except Exception as exc:  # noqa: BLE001 - one connection's set-up failure closes it only
+            self.conns.pop(sock.fileno(), None)
+            self.reject(peer, f"internal error: {exc!r}")
+            sock.close()
+            return True
+        self.peak_connections = max(self.peak_connections, len(self.conns))
+        self.unproven.add(conn, addr[0], now)
+        self._readable(conn)  # its proof is often there already
+        return True
 
     def _proof(self, conn: _Conn, data: bytes) -> bytes:
         """Takes the first bytes of ``conn`` until they make a proof; returns the bytes
@@ -114,8 +125,6 @@ class Accepting(LoopState):
             return b""
         conn.proof = None
         self.unproven.remove(conn)
-        if self.accept_paused_until and not self.unproven.full():
-            self._resume_accepting()
         self.pending[conn] = time.monotonic()
         conn.out += conn.session.hello(self.key)
         self.frames_out += 1

@@ -136,13 +136,15 @@ class ControlServer:
         host = os.environ.get("TFOS_SERVER_HOST") or host
         ports = parse_port_spec(os.environ.get("TFOS_SERVER_PORT") or port_spec)
         limits = limits or ControlLimits.for_nodes(num_nodes)
-        fds = _raise_fd_limit(limits.max_connections + _FD_RESERVE)
-        if fds < limits.max_connections + _FD_RESERVE:
-            fitting = max(64, fds - _FD_RESERVE)
-            log.warning("the open-files limit of the driver process (%d) holds only %d control connections, not %d; "
-                        "raise it (ulimit -n) for a cluster of this size", fds, fitting, limits.max_connections)
-            limits = ControlLimits(fitting, min(limits.max_unauthenticated, fitting), limits.backlog,
-                                   limits.handler_threads, limits.max_inflight)
+        want = limits.max_connections + limits.max_unauthenticated + _FD_RESERVE
+        fds = _raise_fd_limit(want)
+        if fds < want:
+            fitting = max(64, (fds - _FD_RESERVE) // 2)
+            log.warning("the open-files limit of the driver process (%d) holds only %d control connections and as many "
+                        "unauthenticated ones, not %d and %d; raise it (ulimit -n) for a cluster of this size", fds,
+                        fitting, limits.max_connections, limits.max_unauthenticated)
+            limits = ControlLimits(min(fitting, limits.max_connections), min(limits.max_unauthenticated, fitting),
+                                   limits.backlog, limits.handler_threads, limits.max_inflight)
         self.limits = limits
         last: Optional[OSError] = None
         listener: Optional[socket.socket] = None
@@ -182,8 +184,7 @@ class ControlServer:
         """Figures of the server so far: ``frames_in`` (requests), ``frames_out`` (answers
         and hellos), ``connections``, ``peak_connections``, ``long_polls`` (open now),
         ``rejected``, ``refused`` (by the connection cap), ``evicted`` (unproven
-        connections evicted for newer ones), ``unproven`` (open now), ``deferred`` (times
-        newcomers were left in the accept queue), ``turned_away`` (connections without a
+        connections shed over their cap), ``unproven`` (open now), ``turned_away`` (connections without a
         proof closed: rejected, evicted or refused)."""
         loop = self._loop
         conns = list(loop.conns.values())
@@ -191,7 +192,7 @@ class ControlServer:
             "frames_in": loop.frames_in, "frames_out": loop.frames_out, "connections": len(conns),
             "peak_connections": loop.peak_connections, "long_polls": sum(len(c.polls) for c in conns),
             "rejected": loop.rejected, "refused": loop.refused, "evicted": loop.evicted,
-            "unproven": len(loop.unproven), "deferred": loop.flood.deferred, "turned_away": loop.flood.total,
+            "unproven": len(loop.unproven), "turned_away": loop.flood.total,
         }
 
     def flood_report(self) -> str:

@@ -5,10 +5,13 @@ One thread serves the node's listeners (its TCP port and its Unix-domain socket)
 proof that the feed task holds the cluster key (:func:`tfos._common.admission.make_proof`,
 sent by :func:`tfos._common.wire.client_handshake` before it reads anything), and only then
 hands the connection to the hub (a thread of its own, the mutual handshake, the frames).
-A connection without a proof costs a socket and 52 bytes, never a thread; at most
-:data:`MAX_UNPROVEN` are held, and a newcomer evicts one past its grace period
-(:class:`tfos._common.admission.Admission`), so a flood of strangers never evicts a real
-feed task, even one on a slow link (docs/reliability.md "Floods").
+A connection without a proof costs a socket and 52 bytes, never a thread. The gate empties
+its listeners' kernel queues on every turn (a stranger never waits there in a feed task's
+way), holds at most :data:`MAX_UNPROVEN` unproven connections and sheds the oldest over
+that (:class:`tfos._common.admission.Admission`), so a feed task's proof, which follows
+its connect at once, is read before a flood of strangers from one process could shed it
+(docs/reliability.md "Floods"). A proof is bound to the node's identity: one captured on
+the way to another node of the cluster is refused here.
 """
 
 from __future__ import annotations
@@ -21,15 +24,17 @@ import threading
 import time
 from typing import Callable, cast
 
-from tfos._common.admission import PROOF_BYTES, Admission, FloodStats, ProofChecker
-from tfos._common.wire import DATA_PROOF_MAGIC, DATA_REFUSED
+from tfos._common.admission import PROOF_BYTES, UNPROVEN_CAP, Admission, FloodStats, ProofChecker
+from tfos._common.wire import DATA_PROOF_MAGIC, data_refusal
 
 __all__ = ["FeedGate", "MAX_UNPROVEN"]
 
 log = logging.getLogger(__name__)
 
 #: Most connections held at once before they proved they hold the key.
-MAX_UNPROVEN = 256
+MAX_UNPROVEN = UNPROVEN_CAP
+#: Most connections accepted in one turn before the gate reads its other sockets.
+_ACCEPT_BURST = 8192
 #: Seconds a connection may take to send its proof.
 PROOF_TIMEOUT_S = 10.0
 _SWEEP_S = 0.25
@@ -53,15 +58,19 @@ class FeedGate:
         node_name: For log messages.
         on_reject: Called once per connection turned away (the hub's counter).
         address: The TCP listener's ``host:port``, for the flood report.
+        identity: Returns the node's identity (:func:`tfos._common.wire.node_identity`;
+            b"" until it is known), to which a feed task binds its proof.
     """
 
     def __init__(self, listeners: list, key: bytes, admit: Callable[[socket.socket, tuple], None], node_name: str,
-                 on_reject: Callable[[], None], address: str = ""):
+                 on_reject: Callable[[], None], address: str = "", identity: Callable[[], bytes] = lambda: b""):
         self.node_name = node_name
         self.address = address
         self._admit = admit
         self._on_reject = on_reject
-        self._checker = ProofChecker(key, DATA_PROOF_MAGIC)
+        self._key = key
+        self._identity = identity
+        self._checker = ProofChecker(key, DATA_PROOF_MAGIC, identity)
         self.unproven = Admission(MAX_UNPROVEN)
         self.flood = FloodStats()
         self._listeners = [s for s in listeners if s is not None]
@@ -137,46 +146,54 @@ class FeedGate:
                     self._sel.register(lst, selectors.EVENT_READ, None)
 
     def _accept(self, lst: socket.socket) -> None:
-        for _ in range(64):
-            try:
-                sock, peer = lst.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:
-                if self._closing:
+        """Accepts until ``lst``'s kernel queue is empty (a full queue drops a feed task's
+        SYN, retried only after 1, 3, 7 s), reads each newcomer's proof when it is there
+        already, then sheds unproven connections over their cap."""
+        try:
+            for i in range(1, _ACCEPT_BURST + 1):
+                if not self._accept_one(lst):
                     return
-                log.warning("node %s: accepting a data connection failed: %s", self.node_name, exc)
-                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    self._pause(0.5)
-                return
-            if sock.family not in (socket.AF_INET, socket.AF_INET6):
-                peer = ("local", "unix")
-            p = _Pending(sock, peer)
-            try:
-                sock.setblocking(False)
-                self._sel.register(sock, selectors.EVENT_READ, p)
-            except (OSError, ValueError):
-                sock.close()
-                continue
-            self.unproven.add(p, str(peer[0]), time.monotonic())
-            self._read(p)  # the proof is often there already
-            if len(self.unproven) > self.unproven.cap and not self._make_room():
-                return
+                if i % 512 == 0:
+                    self._shed()  # sockets held stay near the cap during a burst
+        finally:
+            self._shed()
 
-    def _make_room(self) -> bool:
-        """Evicts the unproven connection :meth:`Admission.victim` names; False (accepting
-        paused) when every one is still in its grace period: further newcomers wait in the
-        kernel's accept queue, a feed task's proof with them."""
-        now = time.monotonic()
-        victim = self.unproven.victim(now)
-        if victim is None:
-            self.flood.deferred += 1
-            self._pause(max(0.01, self.unproven.wait_s(now)))
+    def _accept_one(self, lst: socket.socket) -> bool:
+        try:
+            sock, peer = lst.accept()
+        except (BlockingIOError, InterruptedError):
             return False
-        self.flood.count("evicted", str(victim.peer[0]))
-        self._reject(victim, f"evicted: no proof of the cluster key in {self.unproven.age(victim, now):.1f} s "
-                             f"while {len(self.unproven)} connections without one were open", count=False)
+        except OSError as exc:
+            if self._closing:
+                return False
+            log.warning("node %s: accepting a data connection failed: %s", self.node_name, exc)
+            if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                self._pause(0.5)
+            return False
+        if sock.family not in (socket.AF_INET, socket.AF_INET6):
+            peer = ("local", "unix")
+        p = _Pending(sock, peer)
+        try:
+            sock.setblocking(False)
+            self._sel.register(sock, selectors.EVENT_READ, p)
+        except (OSError, ValueError):
+            sock.close()
+            return True
+        self.unproven.add(p, str(peer[0]), time.monotonic())
+        self._read(p)  # the proof is often there already
         return True
+
+    def _shed(self) -> None:
+        """Closes unproven connections until they are back at their cap, in the order
+        :meth:`Admission.over` gives (oldest first, past a short grace first)."""
+        now = time.monotonic()
+        victims = self.unproven.over(now)
+        held = len(self.unproven)
+        for victim in victims:
+            self.flood.count("evicted", str(victim.peer[0]))
+            self._reject(victim, f"evicted: no proof of the cluster key in {self.unproven.age(victim, now):.2f} s "
+                                 f"while {held} connections without one were open (the cap is {self.unproven.cap})",
+                         count=False)
 
     def _read(self, p: _Pending) -> None:
         try:
@@ -195,7 +212,8 @@ class FeedGate:
         why = self._checker.check(bytes(p.got))
         if why is not None:
             try:
-                p.sock.send(DATA_REFUSED)  # a feed task with another key fails at once
+                # a feed task with another key fails at once; one whose proof was for another node learns which
+                p.sock.send(data_refusal(self._key, bytes(p.got), self._identity()))
             except OSError:
                 pass
             self._reject(p, why)
@@ -219,7 +237,7 @@ class FeedGate:
                 p.sock.close()
             except OSError:
                 pass
-        if self._paused_until and not self.unproven.full():
+        if self._paused_until and not self.unproven.full() and time.monotonic() >= self._paused_until:
             self._resume()
 
     def _reject(self, p: _Pending, why: str, count: bool = True, log_it: bool = True) -> None:

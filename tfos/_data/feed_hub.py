@@ -20,6 +20,7 @@ import time
 from typing import Any, Callable, Optional
 
 from tfos._common import wire as _wire
+from tfos._common.admission import listen_backlog
 from tfos._common.deadline import Deadline
 from tfos._data import local_socket as _local
 from tfos._data.feed_connection import END_OF_FEED, PROGRESS_EVERY_S, Chunk, FeedConnection, PartitionEnd
@@ -92,7 +93,7 @@ class FeedHub:
         self.ask_driver: Optional[Callable[..., dict]] = None
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.bind((host, 0))
-        self._listener.listen(64)
+        self._listener.listen(listen_backlog(1024))  # emptied on every turn of the gate
         self.port = self._listener.getsockname()[1]
         #: Path of the Unix-domain listener for feed tasks on this host ("" when there is none).
         self.path = ""
@@ -103,7 +104,8 @@ class FeedHub:
             listening = _local.open_listener(socket_dir, node_name)
             if listening is not None:
                 self._unix, self.path, self._own_dir, self._sock_id = listening
-        self.gate = FeedGate([self._listener, self._unix], key, self._admit, node_name, self._count_reject, f"{host}:{self.port}")
+        self.gate = FeedGate([self._listener, self._unix], key, self._admit, node_name, self._count_reject, f"{host}:{self.port}",
+                             lambda: self.identity)
 
     # -------------------------------------------------------------- accepting
     def _count_reject(self) -> None:

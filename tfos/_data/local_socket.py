@@ -29,6 +29,8 @@ import tempfile
 import time
 from typing import Optional
 
+from tfos._common.admission import listen_backlog
+
 log = logging.getLogger(__name__)
 
 PREFIX = "tfos-feed-"
@@ -295,7 +297,7 @@ def open_listener(socket_dir: Optional[SocketDir], node_name: str) -> Optional[t
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.bind(sd.socket_path)
-        sock.listen(64)
+        sock.listen(listen_backlog(1024))  # the node's feed gate empties it on every turn
     except OSError as exc:
         sock.close()
         log.info("node %s: no Unix-domain data socket (%s); same-host feed tasks use TCP", node_name, exc)

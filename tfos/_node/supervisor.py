@@ -67,8 +67,10 @@ _REQUEST_TIMEOUT_S = 5.0
 REFUSED_GIVE_UP_S = 3.0
 #: Longest connection attempt of one heartbeat: the loop tries again (the silence budget
 #: still ends the node heartbeat_timeout after the driver's last answer), and sees
-#: refused connections within REFUSED_GIVE_UP_S.
-_CONNECT_SLICE_S = 2.0
+#: refused connections within REFUSED_GIVE_UP_S (a refusal comes at once). Long enough for
+#: the kernel's SYN retransmissions (after 1 and 3 s; the third leaves at 7 s) when a
+#: flood makes the driver's host drop a SYN.
+_CONNECT_SLICE_S = 7.5
 
 
 def spark_executor_id(cmdline: list[str]) -> Optional[str]:
@@ -344,6 +346,7 @@ class _Supervision:
         # Its own process group, so that whatever main_fun starts (subprocesses, forks,
         # TensorBoard) is ended with the node: see _end_group. Its output is read here (it
         # outlives the TF process), filtered, teed to the executor log and forwarded.
+        threading.Thread(target=self._first_heartbeat, name="tfos-first-heartbeat", daemon=True).start()
         output = self.output = node_output(launch, self.client)  # its lines go over the heartbeat's connection
         try:
             if output is None:
@@ -359,6 +362,20 @@ class _Supervision:
             raise
         log.info("tfos node %s: TF process pid %d started", launch.node_name, self.tf.pid)
         self.started = time.monotonic()
+
+    def _first_heartbeat(self) -> None:
+        """Opens the heartbeat connection while the TF process starts (so before run()
+        returns on the driver; a thread, so that the start is not delayed) and keeps it: a
+        connection that proved it holds the key is never shed, so a flood that starts later
+        cannot keep the heartbeats out. A failure is logged; the heartbeat loop retries
+        within the silence budget."""
+        try:
+            self.client.call(_msg.Heartbeat(executor_id=self.eid, pid=os.getpid(), host=self.launch.host, rss=0),
+                             timeout_s=_REQUEST_TIMEOUT_S, retry=False,
+                             connect_timeout_s=max(0.1, min(self.cfg.heartbeat_timeout_s, _CONNECT_SLICE_S)))
+        except (OSError, ControlProtocolError, DeadlineExceededError) as exc:
+            log.warning("tfos node %s: the first heartbeat got no answer from the driver (%s); retrying while the "
+                        "TF process starts", self.launch.node_name, exc)
 
     def _tick(self) -> Optional[int]:
         """One tick's checks and heartbeat; the exit status once the TF process was ended."""
