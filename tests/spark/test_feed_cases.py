@@ -525,7 +525,7 @@ def test_shutdown_from_another_thread_waits_for_the_running_train(sc, tmp_path, 
     t = threading.Thread(target=_train)
     t.start()
     end = time.monotonic() + QUICK_S
-    while cluster._ctl._feeds_running == 0 and time.monotonic() < end:
+    while cluster._ctl.feeds._count == 0 and time.monotonic() < end:
         time.sleep(0.05)
     time.sleep(1.0)
     assert t.is_alive(), "train() ended before shutdown() was called: the test proves nothing"
