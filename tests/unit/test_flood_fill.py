@@ -103,3 +103,29 @@ def test_a_feed_task_gets_into_a_node_while_a_filler_keeps_its_queue_busy(bench,
         tail = bench._stop(proc, ready, stop)
         hub.close("main_fun_returned", "test over")
     assert int(tail.split()[1]) > 1000, tail
+
+
+def test_a_client_whose_connects_time_out_names_a_flood():
+    """A control port whose accept queue stays full (nothing accepts it: the kernel drops the
+    SYNs, as under a flood) times the client's connects out: its error says a flood may be
+    why, besides the usual causes."""
+    lst = socket.socket()
+    lst.bind(("127.0.0.1", 0))
+    lst.listen(0)
+    port = lst.getsockname()[1]
+    held = []
+    try:
+        for _ in range(4):  # fill the queue (a backlog of 0 holds one or two)
+            s = socket.socket()
+            s.setblocking(False)
+            s.connect_ex(("127.0.0.1", port))
+            held.append(s)
+        time.sleep(0.2)
+        c = ControlClient("127.0.0.1", port, _wire.new_key(), "tfos-unit", connect_timeout_s=2)
+        with pytest.raises(ConnectionError, match="a flood of connections to the driver's control port"):
+            c._request("ping", {}, 2.0, True, None)
+        c.close()
+    finally:
+        for s in held:
+            s.close()
+        lst.close()
