@@ -247,7 +247,7 @@ def test_key_stays_out_of_py4j_debug_log(sc, tmp_path):
     assert "Answer received" in during  # the rest of py4j's DEBUG log is kept
 
 
-def _count_rows(args, ctx):
+def _count_and_sum(args, ctx):
     feed = ctx.get_data_feed(train_mode=True)
     n = total = 0
     while not feed.should_stop():
@@ -293,7 +293,7 @@ def test_run_and_train_succeed_under_a_flood_without_the_key(sc, no_leftovers, t
                 _filler(host, port, tmp_path, "fill-before")]
     cluster = None
     try:
-        cluster = TFCluster.run(sc, _count_rows, {"out": str(tmp_path)}, 2, 0, input_mode=SPARK)
+        cluster = TFCluster.run(sc, _count_and_sum, {"out": str(tmp_path)}, 2, 0, input_mode=SPARK)
         flooders.append(_filler(host, port, tmp_path, "fill-after"))  # right after run() returned
         targets = ",".join(f"{i['host']}:{i['data_port']}" for i in cluster.cluster_info)
         flooders.append(subprocess.Popen([sys.executable, str(INTRUDERS), "flood", "--listen", targets, "--hold", "150",

@@ -50,7 +50,7 @@ class JobThread:
     """
 
     def __init__(self, sc: Any, group: str, description: str, action: Callable[[], Any], on_done: Callable[[], None] = lambda: None):
-        from pyspark import InheritableThread
+        from pyspark import InheritableThread, SparkContext
 
         self.sc, self.group = sc, group
         self.result: Any = None
@@ -70,7 +70,12 @@ class JobThread:
                 self.done.set()
                 on_done()  # wakes the driver thread waiting on the cluster state
 
-        self.thread = InheritableThread(target=_run, name=f"tfos-job-{group}", daemon=True)
+        # InheritableThread copies the SparkContext's local properties (job group, pool) into
+        # the thread; it asserts an active SparkContext in pinned-thread mode, so anything
+        # else (the scale simulator's stand-in context) gets a plain thread.
+        real = isinstance(sc, SparkContext) and SparkContext._active_spark_context is sc
+        thread_class = InheritableThread if real else threading.Thread
+        self.thread = thread_class(target=_run, name=f"tfos-job-{group}", daemon=True)
         self.thread.start()
 
     def cancel(self) -> None:
