@@ -61,9 +61,8 @@ def test_install_imports_nothing_and_patches_the_trainer_when_main_fun_imports_i
 def test_off_switch_node_environment_wins_over_the_drivers_value(fake_keras, node_env, driver, installed):
     env = {} if node_env is None else {"TFOS_KERAS3_FIX": node_env}
     out = _run(f"""
-        import sys
-        from tfos._node import keras3_fix
-        print(keras3_fix.install({driver!r}), any(isinstance(f, keras3_fix._TrainerImportHook) for f in sys.meta_path))
+        from tfos._node import import_hooks, keras3_fix
+        print(keras3_fix.install({driver!r}), import_hooks.waiting(keras3_fix.TRAINER_MODULE))
     """, fake_keras, **env)
     assert out.split() == [str(installed), str(installed)]
 

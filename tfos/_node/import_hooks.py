@@ -28,6 +28,12 @@ def _run(name: str, module: Any, function: Callable[[Any], None]) -> None:
         log.warning("tfos: could not adjust %s (it runs unchanged)", name, exc_info=True)
 
 
+def waiting(name: str) -> bool:
+    """Whether functions wait for module ``name`` to be imported."""
+    with _lock:
+        return bool(_pending.get(name))
+
+
 def when_imported(name: str, function: Callable[[Any], None]) -> None:
     """Calls ``function(module)`` once module ``name`` is imported (now, if it is)."""
     module = sys.modules.get(name)
@@ -35,7 +41,9 @@ def when_imported(name: str, function: Callable[[Any], None]) -> None:
         _run(name, module, function)
         return
     with _lock:
-        _pending.setdefault(name, []).append(function)
+        functions = _pending.setdefault(name, [])
+        if function not in functions:  # installed twice: applied once
+            functions.append(function)
         if not any(isinstance(f, _Finder) for f in sys.meta_path):
             sys.meta_path.insert(0, _Finder())
 

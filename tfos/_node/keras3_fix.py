@@ -50,14 +50,13 @@ Delete this module once Keras fixes the issues above. See docs/keras.md.
 
 from __future__ import annotations
 
-import importlib.abc
 import logging
 import os
 import sys
 from typing import Any, Optional, Sequence
 
 from tfos._data.row_count import ROWS
-from tfos._node import keras3_arrays, keras3_outputs, keras_steps
+from tfos._node import import_hooks, keras3_arrays, keras3_outputs, keras_steps
 
 log = logging.getLogger(__name__)
 
@@ -90,11 +89,7 @@ def install(driver_value: Optional[str] = None) -> bool:
     if not _enabled():
         log.info("the Keras 3 multi-worker fix is off (%s=%s)", OFF_SWITCH, os.environ.get(OFF_SWITCH))
         return False
-    trainer = sys.modules.get(TRAINER_MODULE)
-    if trainer is not None:
-        apply(trainer)
-    elif not any(isinstance(f, _TrainerImportHook) for f in sys.meta_path):
-        sys.meta_path.insert(0, _TrainerImportHook())
+    import_hooks.when_imported(TRAINER_MODULE, _apply_on_import)
     return True
 
 
@@ -365,41 +360,11 @@ def _patch_callbacks(multi_worker: Any) -> None:
     TensorBoard.on_train_end = tensorboard_on_train_end
 
 
-class _PatchingLoader(importlib.abc.Loader):
-    """Loads the trainer module with its own loader, then applies the fix to it."""
-
-    def __init__(self, loader: Any) -> None:
-        self._loader = loader
-
-    def create_module(self, spec: Any) -> Any:
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module: Any) -> None:
-        self._loader.exec_module(module)
-        try:
-            apply(module)
-        except Exception:  # noqa: BLE001 - never break the user's import of Keras
-            log.warning("tfos: could not apply the Keras 3 multi-worker fix (Keras runs unchanged)", exc_info=True)
-
-    def __getattr__(self, name: str) -> Any:  # get_source, get_filename, ... for inspect and linecache
-        return getattr(self._loader, name)
-
-
-class _TrainerImportHook(importlib.abc.MetaPathFinder):
-    """A ``sys.meta_path`` entry that waits for :data:`TRAINER_MODULE` to be imported."""
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname != TRAINER_MODULE:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _PatchingLoader(spec.loader)
-                return spec
-        return None
+def _apply_on_import(trainer: Any) -> None:
+    try:
+        apply(trainer)
+    except Exception:  # noqa: BLE001 - never break the user's import of Keras
+        log.warning("tfos: could not apply the Keras 3 multi-worker fix (Keras runs unchanged)", exc_info=True)
 
 
 def default_legacy_keras(driver_value: Optional[str]) -> None:

@@ -14,9 +14,9 @@ before ``main_fun``; TensorFlow's module is patched when ``main_fun`` imports it
 
 from __future__ import annotations
 
-import importlib.abc
-import sys
 from typing import Any
+
+from tfos._node import import_hooks
 
 #: The module that defines ``tf.distribute.Server``.
 SERVER_MODULE = "tensorflow.python.training.server_lib"
@@ -34,11 +34,7 @@ def install(ctx: Any) -> bool:
     if ctx.job_name != "worker" or not coordinated(ctx.cluster_spec):
         return False
     _CTX[:] = [ctx]
-    module = sys.modules.get(SERVER_MODULE)
-    if module is not None:
-        _patch(module)
-    elif not any(isinstance(f, _ServerImportHook) for f in sys.meta_path):
-        sys.meta_path.insert(0, _ServerImportHook())
+    import_hooks.when_imported(SERVER_MODULE, _patch)
     return True
 
 
@@ -62,33 +58,3 @@ def _patch(module: Any) -> None:
     join._tfos_serving = True  # type: ignore[attr-defined]
     join.__wrapped__ = tf_join  # type: ignore[attr-defined]
     Server.join = join
-
-
-class _PatchingLoader(importlib.abc.Loader):
-    def __init__(self, loader: Any) -> None:
-        self._loader = loader
-
-    def create_module(self, spec: Any) -> Any:
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module: Any) -> None:
-        self._loader.exec_module(module)
-        _patch(module)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._loader, name)
-
-
-class _ServerImportHook(importlib.abc.MetaPathFinder):
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname != SERVER_MODULE:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _PatchingLoader(spec.loader)
-                return spec
-        return None
