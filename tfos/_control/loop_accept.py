@@ -20,6 +20,13 @@ log = logging.getLogger(__name__)
 #: Most connections accepted in one turn of the loop before it serves its other sockets
 #: (more than the listen backlog a host usually allows: the queue empties in one turn).
 _ACCEPT_BURST = 8192
+#: Longest turn of accepting (seconds): a flood that refills the accept queue as fast as a
+#: loaded loop drains it must not keep the loop from its proven connections (answers,
+#: heartbeats) and from reading newcomers' proofs. The rest of the queue is taken in the
+#: next turn, after the loop served its other sockets.
+ACCEPT_SLICE_S = 0.05
+#: Connections accepted between two reads of the proofs that arrived meanwhile.
+_READ_EVERY = 256
 
 
 class Accepting(LoopState):
@@ -55,16 +62,30 @@ class Accepting(LoopState):
 
     def _accept(self) -> None:
         """Accepts until the kernel's accept queue is empty (a full queue drops a key
-        holder's SYN, retried only after 1, 3, 7 s), reads each newcomer's proof when it is
-        there already, then sheds unproven connections over their cap."""
+        holder's SYN, retried only after 1, 3, 7 s) or :data:`ACCEPT_SLICE_S` passed, reads
+        each newcomer's proof when it is there already, and the proofs that arrived during
+        the turn, then sheds unproven connections over their cap: a connection is never
+        shed before the loop read what it sent."""
+        deadline = time.monotonic() + ACCEPT_SLICE_S
         try:
             for i in range(1, _ACCEPT_BURST + 1):
-                if not self._accept_one():
+                if self.closing or not self._accept_one():
                     return
-                if i % 512 == 0:
+                if i % _READ_EVERY == 0:
+                    self._read_proofs()
                     self._shed()  # sockets held stay near the cap during a burst
+                    if time.monotonic() >= deadline:
+                        return  # the loop serves its other sockets, then accepts on
         finally:
+            self._read_proofs()
             self._shed()
+
+    def _read_proofs(self) -> None:
+        """Reads the unproven connections that have bytes waiting (no wait)."""
+        for key, mask in self.sel.select(0):
+            conn = key.data
+            if isinstance(conn, _Conn) and conn.proof is not None and mask & selectors.EVENT_READ and not conn.closed:
+                self._readable(conn)
 
     def _accept_one(self) -> bool:
         """Accepts one connection; False when the queue is empty (or accepting paused)."""
