@@ -129,3 +129,19 @@ def test_a_client_whose_connects_time_out_names_a_flood():
         for s in held:
             s.close()
         lst.close()
+
+
+def test_rejections_are_logged_first_twenty_then_once_per_interval():
+    """A flood of 10,000 connections/s wrote a WARNING every 100th rejection (100 lines a
+    second); now the first 20, then one line per 10 s, each with the running count."""
+    from tfos._common.admission import RejectLog
+
+    now = [0.0]
+    rl = RejectLog(10.0, clock=lambda: now[0])
+    logged = []
+    for n in range(1, 200_001):
+        now[0] = n / 8192  # 8,192 rejections a second (exact in binary) for 24 s
+        if rl.due(n):
+            logged.append(n)
+    # the first 20, then one line 10 s after the 20th, then 10 s after that one
+    assert logged == list(range(1, 21)) + [20 + 81_920, 20 + 2 * 81_920]

@@ -29,7 +29,7 @@ import os
 import time
 from typing import Any, Callable, Hashable, Optional
 
-__all__ = ["PROOF_BYTES", "GRACE_S", "UNPROVEN_CAP", "listen_backlog", "make_proof", "ProofChecker", "Admission", "FloodStats", "REMEDY"]
+__all__ = ["PROOF_BYTES", "GRACE_S", "UNPROVEN_CAP", "listen_backlog", "make_proof", "ProofChecker", "Admission", "FloodStats", "RejectLog", "REMEDY"]
 
 _NONCE_BYTES = 16
 _MAC_BYTES = 32
@@ -118,6 +118,28 @@ class ProofChecker:
         if len(self._seen) > _SEEN_NONCES:
             self._seen.popitem(last=False)
         return None
+
+
+class RejectLog:
+    """Which rejections to log: the first :attr:`first` of them, then at most one line every
+    ``interval_s`` seconds (a flood of 10,000 connections/s must not write 100 lines a second;
+    every line carries the running count).
+    """
+
+    first = 20
+
+    def __init__(self, interval_s: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.interval_s = interval_s
+        self._clock = clock
+        self._last = -float("inf")
+
+    def due(self, n: int) -> bool:
+        """Whether the ``n``-th rejection (from 1) gets a log line."""
+        now = self._clock()
+        if n <= self.first or now - self._last >= self.interval_s:
+            self._last = now
+            return True
+        return False
 
 
 class FloodStats:

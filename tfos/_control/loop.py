@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Hashable, Iterable, Optional, Union
 
 from tfos._common import wire as _wire
-from tfos._common.admission import PROOF_BYTES, Admission, FloodStats, ProofChecker
+from tfos._common.admission import PROOF_BYTES, Admission, FloodStats, ProofChecker, RejectLog
 from tfos._control.accept_queue import QueueWatch
 from tfos._control.limits import ControlLimits
 from tfos._control.loop_accept import Accepting
@@ -172,6 +172,7 @@ class EventLoop(Accepting, Dispatching, LongPolls):
         self.accept_paused_until = 0.0
         # figures (read by other threads without the lock: plain ints)
         self.rejected = 0
+        self.reject_log = RejectLog()
         self.refused = 0
         self.evicted = 0
         self.frames_in = 0
@@ -427,5 +428,5 @@ class EventLoop(Accepting, Dispatching, LongPolls):
     def reject(self, peer: str, why: str) -> None:
         self.rejected += 1
         n = self.rejected
-        if n <= 20 or n % 100 == 0:
+        if self.reject_log.due(n):
             log.warning("tfos control server rejected a connection from %s: %s (%d rejected so far)", peer, why, n)

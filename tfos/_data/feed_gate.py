@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Callable, cast
 
-from tfos._common.admission import PROOF_BYTES, UNPROVEN_CAP, Admission, FloodStats, ProofChecker
+from tfos._common.admission import PROOF_BYTES, UNPROVEN_CAP, Admission, FloodStats, ProofChecker, RejectLog
 from tfos._common.wire import DATA_PROOF_MAGIC, data_refusal
 
 __all__ = ["FeedGate", "MAX_UNPROVEN"]
@@ -86,6 +86,7 @@ class FeedGate:
         self._paused_until = 0.0
         self._closing = False
         self._logged = 0
+        self._reject_log = RejectLog()
         self.thread = threading.Thread(target=self._run, name="tfos-feed-accept", daemon=True)
         self.thread.start()
 
@@ -270,7 +271,7 @@ class FeedGate:
         if log_it:
             self._logged += 1
             n = self._logged
-            if n <= 20 or n % 100 == 0:
+            if self._reject_log.due(n):
                 log.warning("node %s rejected a data connection from %s:%s: %s (%d so far)",
                             self.node_name, p.peer[0], p.peer[1], why, n)
 

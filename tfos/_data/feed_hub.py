@@ -20,7 +20,7 @@ import time
 from typing import Any, Callable, Optional
 
 from tfos._common import wire as _wire
-from tfos._common.admission import listen_backlog
+from tfos._common.admission import RejectLog, listen_backlog
 from tfos._common.deadline import Deadline
 from tfos._data import local_socket as _local
 from tfos._data.feed_connection import END_OF_FEED, PROGRESS_EVERY_S, Chunk, FeedConnection, PartitionEnd
@@ -85,6 +85,7 @@ class FeedHub:
         self.delivered: set[tuple[str, int]] = set()
         #: Connections refused or closed before authentication, for figures and tests.
         self.rejected = 0
+        self._reject_log = RejectLog()
         #: Longest wait for the next chunk in DataFeed (and for queue room for END_OF_FEED).
         self.data_timeout_s = 3600.0
         #: ``ask_driver(message) -> dict``: one control message to the driver
@@ -185,7 +186,8 @@ class FeedHub:
                 with self._lock:
                     self.rejected += 1
                     n = self.rejected
-                if n <= 20 or n % 100 == 0:
+                    due = self._reject_log.due(n)
+                if due:
                     log.warning("node %s rejected a data connection from %s:%s: %s (%d rejected so far)",
                                 self.node_name, peer[0], peer[1], exc, n)
                 _close_quietly(sock)
