@@ -13,6 +13,7 @@ import uuid
 from typing import Any, Optional
 
 from tfos._common import wire as _wire
+from tfos._common.admission import REMEDY
 from tfos._common.deadline import Deadline
 from tfos._common.wire import DataAuthError
 from tfos._control import messages as _msg
@@ -233,8 +234,12 @@ def timed_out(plan: FeedPlan, node: NodeInfo, exc: FeedTimeoutError) -> FeedTime
     return FeedTimeoutError(msg)
 
 
-def node_gone(plan: FeedPlan, node: NodeInfo, where: str, exc: BaseException) -> str:
+def node_gone(plan: FeedPlan, node: NodeInfo, where: str, exc: BaseException, connecting: bool = False) -> str:
     """Asks the driver what happened to ``node`` (Spark task).
+
+    ``connecting``: the data connection never opened (connect or handshake failed); when the
+    node is still running, the error names its data port and a flood or a firewall as the
+    likely cause.
 
     Returns:
         'terminated' when main_fun called ``DataFeed.terminate()`` on this queue and then
@@ -263,6 +268,10 @@ def node_gone(plan: FeedPlan, node: NodeInfo, where: str, exc: BaseException) ->
         return FeedState.SKIPPED
     cause = state.get("failure") or f"{type(exc).__name__}: {exc}"
     msg = f"lost the data connection while feeding {where}: {cause}"
+    if connecting and not state.get("failure") and state.get("state") == _msg.NodeState.RUNNING:
+        msg = (f"could not open a data connection for {where} at {node.host}:{node.data_port} within "
+               f"{_CONNECT_TIMEOUT_S:g} s ({cause}) while the node is running: a flood of connections to that port "
+               f"(the node's log names their sources and counts) or a firewall between the executors does this; {REMEDY}")
     report(plan, node, msg)
     raise FeedError(msg) from None
 
@@ -386,7 +395,7 @@ def open_link(plan: FeedPlan, index: int) -> tuple[Optional[Link], NodeInfo, str
                 log.warning("%s: cannot fail over to this node: %s", where, exc)
                 refused.append(f"{cand.name}: unreachable ({exc})")
                 continue
-            return None, cand, node_gone(plan, cand, where, exc)
+            return None, cand, node_gone(plan, cand, where, exc, connecting=True)
         state = link.status.get("state")
         if state == FeedState.OK:
             try:
