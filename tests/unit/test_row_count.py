@@ -331,3 +331,16 @@ def test_a_dataset_from_function_forgets_an_earlier_policy(monkeypatch):
 
     fed_shard.patch(type("module", (), {"CollectiveAllReduceStrategy": Strategy}))
     assert Strategy().distribute_datasets_from_function(lambda ctx: "ds") == "ds" and noted == [0]
+
+
+def test_rows_of_earlier_epochs_taken_as_read_ahead_are_named_in_the_epoch_that_counts_them():
+    # Batch 16: epoch 0 loses 96 rows (6 batches, within the 8-batch read-ahead allowance:
+    # not yet a loss), epoch 1 loses 96 more and the node returns: epoch 1 carries all 192
+    # rows lost, and its WARNING says 96 of them are epoch 0's (a user-style check found
+    # '320 fed, 160 trained (-320 rows)' not adding up).
+    from tfos._driver.row_accounting import earlier_text
+
+    rows = _node((320, 224, 96, False), (320, 224, 192, True), policy="DATA")
+    assert [(r.ok, r.difference) for r in rows] == [(True, 0), (False, -192)]
+    assert earlier_text(rows[1]) == ", of which 96 rows of earlier epochs, taken as read-ahead when they ended"
+    assert earlier_text(rows[0]) == ""

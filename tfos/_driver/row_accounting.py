@@ -191,6 +191,18 @@ def fed_text(r: EpochRows) -> str:
     return f"{'at least ' if r.at_least else ''}{r.fed} rows fed to the node ({r.unread} never read by main_fun)"
 
 
+def earlier_text(r: EpochRows) -> str:
+    """``", of which 160 rows of earlier epochs, taken as read-ahead when they ended"`` when an
+    epoch's difference holds rows lost in earlier epochs (their gap was within the read-ahead
+    allowance then), else ``""`` (pure)."""
+    if r.trained is None or r.difference >= 0:
+        return ""
+    earlier = (r.fed - r.trained) + r.difference  # negative: rows lost before this epoch
+    if earlier >= 0:
+        return ""
+    return f", of which {-earlier} rows of earlier epochs, taken as read-ahead when they ended"
+
+
 class RowAccounting:
     """Judges a cluster's row figures and warns once per node and epoch (driver)."""
 
@@ -227,6 +239,6 @@ class RowAccounting:
             if r.closed and not r.ok and key not in self._warned:
                 self._warned.add(key)
                 log.warning("tfos row accounting: node %s, train() call %d, epoch %d: %s, %d trained by Keras's "
-                            "train_step (%+d rows, read-ahead excluded); likely cause: %s",
-                            r.node, r.train_call, r.epoch, fed_text(r), r.trained, r.difference, r.cause)
+                            "train_step (%+d rows, read-ahead excluded%s); likely cause: %s",
+                            r.node, r.train_call, r.epoch, fed_text(r), r.trained, r.difference, earlier_text(r), r.cause)
         return rows
