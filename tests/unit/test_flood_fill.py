@@ -16,10 +16,10 @@ import pytest
 from tfos._common import wire as _wire
 from tfos._common.admission import Admission, ProofChecker, make_proof
 from tfos._common.deadline import Deadline
+from tfos._common.wire import DataAuthError
 from tfos._control.client import ControlClient
 from tfos._control.server import ControlServer
 from tfos._data.feed_hub import FeedHub
-from tfos._common.wire import DataAuthError
 
 _BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "bench_flood.py")
 
@@ -145,3 +145,40 @@ def test_rejections_are_logged_first_twenty_then_once_per_interval():
             logged.append(n)
     # the first 20, then one line 10 s after the 20th, then 10 s after that one
     assert logged == list(range(1, 21)) + [20 + 81_920, 20 + 2 * 81_920]
+
+
+def test_a_nodes_data_port_flood_reaches_the_drivers_error(bench):
+    """Connections without the key that a node's data port turned away travel with the
+    node's figures, and the driver's flood report (the one its ClusterFailedError quotes)
+    names that data port, the node, the counts and the sources."""
+    from tfos._common.admission import FloodStats
+    from tfos._control.host import ClusterHost
+    from tfos._data.figures import live_snapshot
+    from tfos.cluster_template import NodeInfo, build_template, roles_from_template
+
+    hub = FeedHub("127.0.0.1", bench.KEY, ("input",), 1 << 20, "worker:0 (executor 1, test)", local_socket=False)
+    try:
+        for _ in range(3):  # a proof of the right length made with another key
+            with socket.create_connection(("127.0.0.1", hub.port), timeout=10) as s:
+                s.sendall(make_proof(b"k" * 32, b"TFA1")[:52])
+                s.settimeout(10)
+                try:
+                    s.recv(64)
+                except OSError:
+                    pass
+        Deadline(30, "the gate's count").wait_for(lambda: hub.gate.flood.rejected >= 3)
+        snap = live_snapshot(hub)
+    finally:
+        hub.close("main_fun_returned", "test over")
+    assert snap["flood_data/rejected"] >= 3 and snap["flood_data_src/127.0.0.1"] >= 3
+    assert FloodStats.from_counters(snap, "flood_data").total == FloodStats.from_counters(snap, "flood_data").rejected
+
+    host = ClusterHost("tfos-flood", roles_from_template(build_template(2, num_ps=0)), 15.0)
+    host.core.nodes[1] = NodeInfo(1, "worker", 1, "10.0.0.7", 2001, data_port=hub.port)
+    host.core.counters[1] = snap
+    report = host.flood_report()
+    assert report.startswith(f"the tfos data port 10.0.0.7:{hub.port} of node {host.core.node_name(1)} turned away ")
+    assert host.core.node_name(1).startswith("worker:1 (executor 1")
+    assert "turned away" in report and "127.0.0.1 (" in report and "spark.authenticate" in report
+    host.core.counters[1] = {"rows": 5}
+    assert host.flood_report() == ""

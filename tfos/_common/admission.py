@@ -29,7 +29,7 @@ import os
 import time
 from typing import Any, Callable, Hashable, Optional
 
-__all__ = ["PROOF_BYTES", "GRACE_S", "UNPROVEN_CAP", "listen_backlog", "make_proof", "ProofChecker", "Admission", "FloodStats", "RejectLog", "REMEDY"]
+__all__ = ["PROOF_BYTES", "GRACE_S", "UNPROVEN_CAP", "listen_backlog", "make_proof", "ProofChecker", "Admission", "FloodStats", "RejectLog", "REMEDY", "DATA_FLOOD", "data_port_reports"]
 
 _NONCE_BYTES = 16
 _MAC_BYTES = 32
@@ -142,6 +142,25 @@ class RejectLog:
         return False
 
 
+#: Prefix of a node's figures that count its data port's flood (:meth:`FloodStats.counters`).
+DATA_FLOOD = "flood_data"
+
+
+def data_port_reports(counters: dict, where: Callable[[int], str], most: int = 3) -> list[str]:
+    """One flood sentence per node whose data port turned connections away, from the
+    nodes' latest figures (``{executor id: figures}``; driver, pure); ``where(executor
+    id)`` names the port and node. At most ``most`` nodes, then one line for the rest."""
+    found = []
+    for eid in sorted(counters):
+        stats = FloodStats.from_counters(counters[eid], DATA_FLOOD)
+        if stats.total:
+            found.append((eid, stats))
+    out = [stats.summary(where(eid)) for eid, stats in found[:most]]
+    if len(found) > most:
+        out.append(f"and the data ports of {len(found) - most} more node(s) turned connections away too")
+    return out
+
+
 class FloodStats:
     """What one server refused, evicted and rejected before authentication, by source
     address (pure; not thread-safe: one owner thread writes, others read a copy).
@@ -174,6 +193,33 @@ class FloodStats:
     @property
     def total(self) -> int:
         return self.refused + self.evicted + self.rejected
+
+    def counters(self, prefix: str) -> dict[str, int]:
+        """The counts as integer figures for a node's long-poll (``{}`` when nothing was
+        counted): ``<prefix>/rejected``, ``/evicted``, ``/refused``, ``/since`` (Unix
+        seconds) and ``<prefix>_src/<address>`` for the named source addresses. Safe to
+        call from another thread than the owner's (one C-level copy of the addresses)."""
+        if not self.total:
+            return {}
+        out = {f"{prefix}/rejected": self.rejected, f"{prefix}/evicted": self.evicted,
+               f"{prefix}/refused": self.refused, f"{prefix}/since": int(self.first_at)}
+        for address, n in dict.copy(self.by_address).items():
+            out[f"{prefix}_src/{address}"] = int(n)
+        return out
+
+    @classmethod
+    def from_counters(cls, counters: dict, prefix: str) -> "FloodStats":
+        """The stats :meth:`counters` gave, rebuilt (the driver's side; empty when absent)."""
+        stats = cls()
+        stats.rejected = int(counters.get(f"{prefix}/rejected", 0))
+        stats.evicted = int(counters.get(f"{prefix}/evicted", 0))
+        stats.refused = int(counters.get(f"{prefix}/refused", 0))
+        stats.first_at = float(counters.get(f"{prefix}/since", 0))
+        src = f"{prefix}_src/"
+        for name, n in counters.items():
+            if name.startswith(src):
+                stats.by_address[name[len(src):]] = int(n)
+        return stats
 
     def summary(self, where: str) -> str:
         """One sentence for an error message: ``where`` (e.g. "the control port

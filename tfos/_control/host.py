@@ -23,6 +23,7 @@ import threading
 import time
 from typing import Any, Callable, Hashable, Iterable, Optional, Sequence
 
+from tfos._common.admission import data_port_reports
 from tfos._common.deadline import Deadline
 from tfos._control import messages as _msg
 from tfos._control.core import ClusterCore
@@ -66,6 +67,17 @@ _OFFLOAD: dict[type, Callable[[Any], bool]] = {
     _msg.FeedError: lambda m: True, _msg.Log: lambda m: True, _msg.TensorBoard: lambda m: True,
     _msg.DataIntrusion: lambda m: True,
 }
+
+
+def _data_port_texts(core: ClusterCore) -> list[str]:
+    """The nodes' data-port flood sentences from their latest figures (pure)."""
+
+    def where(eid: int) -> str:
+        node = core.nodes.get(eid)
+        port = f" {node.host}:{node.data_port}" if node is not None else ""
+        return f"the tfos data port{port} of node {core.node_name(eid)}"
+
+    return data_port_reports({eid: dict(c) for eid, c in core.counters.items()}, where)
 
 
 class ClusterHost:
@@ -124,6 +136,16 @@ class ClusterHost:
         self._liveness_stop.set()
         if self.server is not None:
             self.server.close()
+
+    def flood_report(self) -> str:
+        """What connections without the key were turned away meanwhile, for the driver's
+        errors (``""`` when none): the control port's (:meth:`ControlServer.flood_report`)
+        and every node's data port's, from the nodes' latest figures (docs/reliability.md
+        "Floods")."""
+        texts = [self.server.flood_report()] if self.server is not None else []
+        with self._cond:
+            texts += _data_port_texts(self.core)
+        return "; ".join(t for t in texts if t)
 
     def route(self, msg_type: type, handler: Callable[[Any], Reply], offload: bool = False) -> None:
         """Serves ``msg_type`` with ``handler(msg)`` (a placement's own requests)."""

@@ -13,6 +13,8 @@ import threading
 import time
 from typing import Any, Optional
 
+from tfos._common.admission import DATA_FLOOD
+
 
 class NodeFigures:
     """Thread-safe integer counters of one TF process (TF process).
@@ -79,13 +81,18 @@ def live_snapshot(hub: Optional[Any] = None) -> dict[str, int]:
     Added: ``clock_ms`` (this process's monotonic clock, so the driver computes rates
     over the node's own time), ``cpu_ms`` (CPU time of every thread of the TF process),
     and with a data server ``rows`` (rows handed to main_fun), ``queue_chunks`` (chunks
-    waiting in the fullest input queue now) and ``queue_capacity`` (its bound).
+    waiting in the fullest input queue now), ``queue_capacity`` (its bound) and, once its
+    data port turned connections without the key away, their counts and sources
+    (:data:`DATA_FLOOD`).
     """
     out = FIGURES.snapshot()
     out["clock_ms"] = int(time.monotonic() * 1000)
     out["cpu_ms"] = int(time.process_time() * 1000)
     if hub is not None:
         out["rows"] = int(hub.rows_taken)
+        gate = getattr(hub, "gate", None)
+        if gate is not None:  # connections without the key turned away at the node's data port
+            out.update(gate.flood.counters(DATA_FLOOD))
         queues = list(getattr(hub, "queues", {}).values())
         out["queue_chunks"] = max((q.qsize() for q in queues), default=0)
         out["queue_capacity"] = max((q.maxsize for q in queues), default=0)

@@ -391,13 +391,13 @@ def _await_registration(runtime: ClusterRuntime, start: JobThread, input_mode: I
                 what = f"a Spark executor was lost while the cluster formed: {what}"
             runtime.teardown(failed=True)
             err = ClusterFailedError(cluster_id, [state.make_failure(state.missing()[0] if state.missing() else 0, kind, etype, what)], "run()")
-            err.flood = runtime.server.flood_report()
+            err.flood = runtime.host.flood_report()
             raise err from start.error
         if outcome == Registration.EXPIRED:
             missing = state.missing()
             busy = busy_slots_report(runtime.sc, cluster_id) or busy
             runtime.teardown(failed=True)
-            flood = runtime.server.flood_report()
+            flood = runtime.host.flood_report()
             raise deadline.error(ReservationTimeoutError, f"executor ids {missing} never registered" + (f"; {busy}" if busy else "")
                                  + (f"; meanwhile {flood}" if flood else ""))
         if not warned and time.monotonic() - t0 >= _BUSY_WARN_S:

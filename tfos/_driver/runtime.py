@@ -368,7 +368,7 @@ class ClusterRuntime:
         """
         self.cancel_jobs()
         err = self.host.settle_failure(context, self._record_task_errors)
-        err.flood = self.server.flood_report()
+        err.flood = self.host.flood_report()
         self.teardown_async()
         return err
 
