@@ -197,14 +197,19 @@ class FloodStats:
     def counters(self, prefix: str) -> dict[str, int]:
         """The counts as integer figures for a node's long-poll (``{}`` when nothing was
         counted): ``<prefix>/rejected``, ``/evicted``, ``/refused``, ``/since`` (Unix
-        seconds) and ``<prefix>_src/<address>`` for the named source addresses. Safe to
+        seconds) and ``<prefix>_src/<address>`` for the 5 top source addresses (the rest
+        summed as ``other addresses``: a long-poll stays small). Safe to
         call from another thread than the owner's (one C-level copy of the addresses)."""
         if not self.total:
             return {}
         out = {f"{prefix}/rejected": self.rejected, f"{prefix}/evicted": self.evicted,
                f"{prefix}/refused": self.refused, f"{prefix}/since": int(self.first_at)}
-        for address, n in dict.copy(self.by_address).items():
+        named = collections.Counter(dict.copy(self.by_address)).most_common()
+        for address, n in named[:5]:  # as many as summary() names; the rest summed
             out[f"{prefix}_src/{address}"] = int(n)
+        rest = sum(n for _, n in named[5:])
+        if rest:
+            out[f"{prefix}_src/other addresses"] = out.get(f"{prefix}_src/other addresses", 0) + int(rest)
         return out
 
     @classmethod
