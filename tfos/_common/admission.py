@@ -29,7 +29,7 @@ import os
 import time
 from typing import Any, Callable, Hashable, Optional
 
-__all__ = ["PROOF_BYTES", "GRACE_S", "UNPROVEN_CAP", "listen_backlog", "make_proof", "ProofChecker", "Admission", "FloodStats", "RejectLog", "REMEDY", "DATA_FLOOD", "data_port_reports"]
+__all__ = ["PROOF_BYTES", "GRACE_S", "UNPROVEN_CAP", "listen_backlog", "make_proof", "ProofChecker", "Admission", "FloodStats", "RejectLog", "REMEDY", "DATA_FLOOD", "data_port_reports", "accept_turn", "ACCEPT_SLICE_S"]
 
 _NONCE_BYTES = 16
 _MAC_BYTES = 32
@@ -140,6 +140,41 @@ class RejectLog:
             self._last = now
             return True
         return False
+
+
+#: Most connections accepted in one turn of a server's loop (more than the listen backlog a
+#: host usually allows: the queue empties in one turn when nothing refills it).
+ACCEPT_BURST = 8192
+#: Longest turn of accepting (seconds): a flood that refills the accept queue as fast as a
+#: loaded loop drains it must not keep the loop from its proven connections (answers,
+#: heartbeats) and from reading newcomers' proofs. The rest of the queue is taken in the
+#: next turn, after the loop served its other sockets.
+ACCEPT_SLICE_S = 0.05
+#: Connections accepted between two reads of the proofs that arrived meanwhile.
+READ_EVERY = 256
+
+
+def accept_turn(accept_one: Callable[[], bool], read_proofs: Callable[[], None], shed: Callable[[], None],
+                closing: Callable[[], bool]) -> None:
+    """One turn of accepting on a listener (the control loop's and a node's data gate):
+    ``accept_one()`` until it returns False (the kernel's queue is empty: a full queue drops
+    a key holder's SYN, retried only after 1, 3, 7 s), ``closing()``, or
+    :data:`ACCEPT_SLICE_S` passed; ``read_proofs()`` then ``shed()`` every
+    :data:`READ_EVERY` connections and at the end, so a connection is never shed before the
+    loop read what it sent (docs/reliability.md "Floods")."""
+    deadline = time.monotonic() + ACCEPT_SLICE_S
+    try:
+        for i in range(1, ACCEPT_BURST + 1):
+            if closing() or not accept_one():
+                return
+            if i % READ_EVERY == 0:
+                read_proofs()
+                shed()  # sockets held stay near the cap during a burst
+                if time.monotonic() >= deadline:
+                    return  # the loop serves its other sockets, then accepts on
+    finally:
+        read_proofs()
+        shed()
 
 
 #: Prefix of a node's figures that count its data port's flood (:meth:`FloodStats.counters`).

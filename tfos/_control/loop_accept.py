@@ -11,23 +11,11 @@ import selectors
 import socket
 import time
 
-from tfos._common.admission import PROOF_BYTES
+from tfos._common.admission import PROOF_BYTES, accept_turn
 from tfos._control.loop_parts import LoopState, _Conn
 from tfos._control.protocol import REFUSED
 
 log = logging.getLogger(__name__)
-
-#: Most connections accepted in one turn of the loop before it serves its other sockets
-#: (more than the listen backlog a host usually allows: the queue empties in one turn).
-_ACCEPT_BURST = 8192
-#: Longest turn of accepting (seconds): a flood that refills the accept queue as fast as a
-#: loaded loop drains it must not keep the loop from its proven connections (answers,
-#: heartbeats) and from reading newcomers' proofs. The rest of the queue is taken in the
-#: next turn, after the loop served its other sockets.
-ACCEPT_SLICE_S = 0.05
-#: Connections accepted between two reads of the proofs that arrived meanwhile.
-_READ_EVERY = 256
-
 
 class Accepting(LoopState):
     """The accepting/authenticating part of :class:`tfos._control.loop.EventLoop` (a mixin:
@@ -61,24 +49,10 @@ class Accepting(LoopState):
             self._close(victim)
 
     def _accept(self) -> None:
-        """Accepts until the kernel's accept queue is empty (a full queue drops a key
-        holder's SYN, retried only after 1, 3, 7 s) or :data:`ACCEPT_SLICE_S` passed, reads
-        each newcomer's proof when it is there already, and the proofs that arrived during
-        the turn, then sheds unproven connections over their cap: a connection is never
-        shed before the loop read what it sent."""
-        deadline = time.monotonic() + ACCEPT_SLICE_S
-        try:
-            for i in range(1, _ACCEPT_BURST + 1):
-                if self.closing or not self._accept_one():
-                    return
-                if i % _READ_EVERY == 0:
-                    self._read_proofs()
-                    self._shed()  # sockets held stay near the cap during a burst
-                    if time.monotonic() >= deadline:
-                        return  # the loop serves its other sockets, then accepts on
-        finally:
-            self._read_proofs()
-            self._shed()
+        """One turn of accepting (:func:`tfos._common.admission.accept_turn`): newcomers'
+        proofs are read when they are there already, the proofs that arrived during the turn
+        before anyone is shed, then unproven connections over their cap are shed."""
+        accept_turn(self._accept_one, self._read_proofs, self._shed, lambda: self.closing)
 
     def _read_proofs(self) -> None:
         """Reads the unproven connections that have bytes waiting (no wait)."""

@@ -24,7 +24,15 @@ import threading
 import time
 from typing import Callable, cast
 
-from tfos._common.admission import PROOF_BYTES, UNPROVEN_CAP, Admission, FloodStats, ProofChecker, RejectLog
+from tfos._common.admission import (
+    PROOF_BYTES,
+    UNPROVEN_CAP,
+    Admission,
+    FloodStats,
+    ProofChecker,
+    RejectLog,
+    accept_turn,
+)
 from tfos._common.wire import DATA_PROOF_MAGIC, data_refusal
 
 __all__ = ["FeedGate", "MAX_UNPROVEN"]
@@ -33,13 +41,6 @@ log = logging.getLogger(__name__)
 
 #: Most connections held at once before they proved they hold the key.
 MAX_UNPROVEN = UNPROVEN_CAP
-#: Most connections accepted in one turn before the gate reads its other sockets.
-_ACCEPT_BURST = 8192
-#: Longest turn of accepting (seconds); the rest of the queue is taken in the next turn,
-#: after the proofs that arrived were read (see the control plane's rule,
-#: :data:`tfos._control.loop_accept.ACCEPT_SLICE_S`).
-ACCEPT_SLICE_S = 0.05
-_READ_EVERY = 256
 #: Seconds a connection may take to send its proof.
 PROOF_TIMEOUT_S = 10.0
 _SWEEP_S = 0.25
@@ -152,24 +153,10 @@ class FeedGate:
                     self._sel.register(lst, selectors.EVENT_READ, None)
 
     def _accept(self, lst: socket.socket) -> None:
-        """Accepts until ``lst``'s kernel queue is empty (a full queue drops a feed task's
-        SYN, retried only after 1, 3, 7 s) or :data:`ACCEPT_SLICE_S` passed, reads each
-        newcomer's proof when it is there already, and the proofs that arrived during the
-        turn, then sheds unproven connections over their cap: a connection is never shed
-        before the gate read what it sent."""
-        deadline = time.monotonic() + ACCEPT_SLICE_S
-        try:
-            for i in range(1, _ACCEPT_BURST + 1):
-                if self._closing or not self._accept_one(lst):
-                    return
-                if i % _READ_EVERY == 0:
-                    self._read_proofs()
-                    self._shed()  # sockets held stay near the cap during a burst
-                    if time.monotonic() >= deadline:
-                        return  # the gate reads its other sockets, then accepts on
-        finally:
-            self._read_proofs()
-            self._shed()
+        """One turn of accepting on ``lst`` (:func:`tfos._common.admission.accept_turn`):
+        newcomers' proofs are read when they are there already, the proofs that arrived
+        during the turn before anyone is shed, then unproven connections over their cap."""
+        accept_turn(lambda: self._accept_one(lst), self._read_proofs, self._shed, lambda: self._closing)
 
     def _read_proofs(self) -> None:
         """Reads the unproven connections that have bytes waiting (no wait)."""
