@@ -58,7 +58,9 @@ class Accepting(LoopState):
         """Reads the unproven connections that have bytes waiting (no wait)."""
         for key, mask in self.sel.select(0):
             conn = key.data
-            if isinstance(conn, _Conn) and conn.proof is not None and mask & selectors.EVENT_READ and not conn.closed:
+            if conn is None or isinstance(conn, str):  # the listener, the wake-up pipe
+                continue
+            if conn.proof is not None and mask & selectors.EVENT_READ and not conn.closed:
                 self._readable(conn)
 
     def _accept_one(self) -> bool:

@@ -309,8 +309,10 @@ class _NodeRun:
         if isinstance(exc, BrokenPipeError) and (_SUPERVISOR_GONE.is_set() or _output_reader_gone()):
             # main_fun's print hit the pipes of a supervisor that just died: the supervisor
             # watch reports SupervisorDied (the root cause, not this) and ends this process;
-            # only if it has not within the wait is this failure reported as main_fun's own.
-            time.sleep(_SUPERVISOR_GONE_WAIT_S)
+            # only if it has not reported within the waits is this failure main_fun's own.
+            if _SUPERVISOR_GONE.wait(_SUPERVISOR_GONE_WAIT_S) and _SUPERVISOR_REPORTED.wait(_SUPERVISOR_REPORT_WAIT_S):
+                self.main_done.set()
+                return
         self.main_done.set()
         failure = node_failure(launch, exc)
         if hub is not None and hub.aborted:
@@ -454,6 +456,11 @@ _SUPERVISOR_GONE_WAIT_S = 5.0
 #: Set by the supervisor watch when it starts handling the supervisor's death (it then
 #: points descriptors 1 and 2 at /dev/null, so they no longer show the broken pipes).
 _SUPERVISOR_GONE = threading.Event()
+#: Set by the supervisor watch once its SupervisorDied report was sent (or failed), right
+#: before it ends this process.
+_SUPERVISOR_REPORTED = threading.Event()
+#: Longest wait, in seconds, for that report (its connect and its call: 2 s each).
+_SUPERVISOR_REPORT_WAIT_S = 10.0
 
 
 def _output_reader_gone() -> bool:
@@ -501,6 +508,7 @@ def _supervisor_gone(launch: NodeLaunch, sock_dir: "Optional[_local.SocketDir]" 
     except BaseException:  # noqa: BLE001 - the exit below must happen whatever the report did
         pass
     finally:
+        _SUPERVISOR_REPORTED.set()
         # What main_fun started is in this process's group (the supervisor made the TF
         # process a group leader, and would have ended the group itself), or below this
         # process in a session of its own: end it with us.
