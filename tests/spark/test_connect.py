@@ -326,7 +326,9 @@ def test_main_fun_returning_early_is_named_in_the_warning(spark, tmp_path, caplo
     with TFCluster.run(spark, read_ten_and_return_fun, {"out": str(tmp_path)}, 2, 0, input_mode=InputMode.SPARK,
                        reservation_timeout=180) as cluster:
         cluster.train(df)
-    assert {p.stem: json.loads(p.read_text())["rows"] for p in tmp_path.glob("*.json")} == {"worker0": 10, "worker1": 10}
+    # 10 rows per node fed (Spark may run every feed task on one executor: the other then reads none)
+    rows = {p.stem: json.loads(p.read_text())["rows"] for p in tmp_path.glob("*.json")}
+    assert set(rows) == {"worker0", "worker1"} and set(rows.values()) <= {0, 10} and 10 in rows.values(), rows
     warned = [r.getMessage() for r in caplog.records if r.name.startswith("tfos._driver.") and r.levelno == logging.WARNING
               and "not consumed to their end" in r.getMessage()]
     node = r"worker:[01] \(executor [01], host [^)]+\)"

@@ -191,7 +191,11 @@ def test_c02_main_fun_returns_early_skips_rest_with_warning(sc, tmp_path, caplog
     cluster.train(rdd, num_epochs=1)
     assert time.monotonic() - t0 < QUICK_S
     cluster.shutdown(timeout=QUICK_S)
-    assert {k: v["rows"] for k, v in _reports(tmp_path).items()} == {"worker0": 10, "worker1": 10}
+    # Each node reads 10 rows of the partitions fed to it; Spark may run every feed task on
+    # one executor (its scheduling, seen once in a fresh-clone run), and the other node then
+    # gets no partition and reads none before the feed ends.
+    rows = {k: v["rows"] for k, v in _reports(tmp_path).items()}
+    assert set(rows) == {"worker0", "worker1"} and set(rows.values()) <= {0, 10} and 10 in rows.values(), rows
     # (the once-per-process spark.authenticate WARNING of tfos._driver.spark_checks comes
     # with the first cluster of the process: not this test's concern)
     warnings = [r.getMessage() for r in caplog.records if r.name.startswith("tfos._driver.")
